@@ -1,0 +1,3 @@
+from ernie_tui.cli import main
+
+raise SystemExit(main())

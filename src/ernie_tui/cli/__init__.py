@@ -1,0 +1,76 @@
+"""The `ernie-tui` command line.
+
+With no subcommand it opens the dashboard. Each subcommand lives in its own
+`cmd_*.py` module here exposing `register(subparsers)`; modules are found by
+name so adding a command touches no shared file. Heavy imports (Textual,
+httpx, vLLM helpers) happen inside each command's run function, so `--help`
+stays fast.
+
+Errors meant for people are raised as CliError (or PresetError) and printed
+as one line with exit status 1, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import pkgutil
+import sys
+
+from ernie_tui import __version__
+
+
+class CliError(Exception):
+    """An error whose message is the whole story for the user."""
+
+
+def _command_modules() -> list[str]:
+    import ernie_tui.cli as pkg
+
+    return sorted(m.name for m in pkgutil.iter_modules(pkg.__path__) if m.name.startswith("cmd_"))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="ernie-tui",
+        description=(
+            "Terminal dashboard for tuning a vLLM server live. With no command it opens the "
+            "dashboard in control mode (start/stop/restart a server from a preset), or monitors "
+            "a running server (--attach), or replays a captured llm.log (--replay)."
+        ),
+    )
+    parser.add_argument("--version", action="version", version=f"ernie-tui {__version__}")
+    parser.add_argument("--preset", metavar="NAME", help="preset to select (control mode)")
+    parser.add_argument("--presets", metavar="FILE", action="append", default=[],
+                        help="extra presets TOML file (may repeat); overrides built-ins and the user file")
+    parser.add_argument("--model", metavar="DIR", help="model directory for presets that name none")
+    parser.add_argument("--attach", metavar="URL", help="monitor a server this tool did not start; never stops it")
+    parser.add_argument("--log", metavar="PATH", help="with --attach: the server's llm.log to tail")
+    parser.add_argument("--replay", metavar="LOG", help="open a captured llm.log offline (no server)")
+    parser.add_argument("--start", action="store_true", help="control mode: start the selected preset at once")
+    parser.add_argument("--on-exit", choices=["ask", "stop", "leave"], default="ask",
+                        help="control mode: on quit, stop the server, leave it running, or ask (default); "
+                             "a lost SSH session (SIGHUP) stops it unless this is 'leave'")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in _command_modules():
+        importlib.import_module(f"ernie_tui.cli.{name}").register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    from ernie_tui.presets import PresetError
+
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        if args.command is None:
+            from ernie_tui.cli.dashboard import run_dashboard
+
+            return run_dashboard(args)
+        return int(args.run(args) or 0)
+    except (CliError, PresetError) as exc:
+        print(f"ernie-tui: error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("ernie-tui: interrupted", file=sys.stderr)
+        return 130

@@ -1,0 +1,75 @@
+"""`ernie-tui presets list|show|path`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("presets", help="list presets, show one, or print where user presets live",
+                       description="List presets, show one (with --command: the exact argv and env), "
+                                   "or print the path of the user presets file.")
+    ps = p.add_subparsers(dest="presets_command", metavar="ACTION", required=True)
+    lst = ps.add_parser("list", help="every preset with its key arguments")
+    lst.add_argument("--presets", metavar="FILE", action="append", default=[], dest="presets_files")
+    lst.add_argument("--json", action="store_true")
+    lst.set_defaults(run=_list)
+    show = ps.add_parser("show", help="one preset")
+    show.add_argument("name")
+    show.add_argument("--presets", metavar="FILE", action="append", default=[], dest="presets_files")
+    show.add_argument("--model", metavar="DIR", dest="preset_model")
+    show.add_argument("--command", action="store_true", help="print the exact argv and env that launch it")
+    show.add_argument("--json", action="store_true")
+    show.set_defaults(run=_show)
+    path = ps.add_parser("path", help="print the user presets file path")
+    path.set_defaults(run=_path)
+
+
+def _book(args):
+    from ernie_tui.presets import load_presets
+
+    return load_presets(list(getattr(args, "presets", []) or []) + list(args.presets_files))
+
+
+def _list(args) -> int:
+    book = _book(args)
+    if args.json:
+        print(json.dumps([{"name": p.name, "source": p.source, "description": p.description,
+                           "engine_args": p.engine_args} for p in book], indent=2))
+        return 0
+    width = max(len(n) for n in book.names())
+    for p in book:
+        print(f"{p.name:<{width}}  {p.key_args() or '-':<44}  {p.source}")
+    return 0
+
+
+def _show(args) -> int:
+    book = _book(args)
+    preset = book.get(args.name)
+    if args.command:
+        spec = preset.launch_spec(args.preset_model)
+        if args.json:
+            print(json.dumps({"argv": spec.argv, "env": spec.display_env()}, indent=2))
+        else:
+            env = " ".join(f"{k}={shlex.quote(v)}" for k, v in spec.display_env().items())
+            print((env + " " if env else "") + shlex.join(spec.argv))
+        return 0
+    info = {"name": preset.name, "source": preset.source, "description": preset.description,
+            "model": preset.model, "host": preset.host, "port": preset.port,
+            "engine_args": preset.engine_args, "env": preset.env, "launcher": preset.launcher}
+    if args.json:
+        print(json.dumps(info, indent=2))
+    else:
+        for k, v in info.items():
+            if v not in (None, {}, ""):
+                print(f"{k}: {v}")
+    return 0
+
+
+def _path(args) -> int:
+    from ernie_tui import paths
+
+    print(paths.user_presets_file())
+    return 0

@@ -1,0 +1,94 @@
+"""Typed results of reading a vLLM log: events, errors, and the EngineReport.
+
+These are the data contract between the log parser, process control, the
+diagnosis and the dashboard. Plain dataclasses, JSON-friendly via to_dict().
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from enum import Enum
+from typing import Any
+
+
+class ErrorKind(str, Enum):
+    KV_CACHE_TOO_SMALL = "kv_cache_too_small"
+    NO_CACHE_MEMORY = "no_cache_memory"
+    INSUFFICIENT_FREE_MEMORY = "insufficient_free_memory"
+    MAX_MODEL_LEN_TOO_LARGE = "max_model_len_too_large"
+    TP_EXCEEDS_GPUS = "tp_exceeds_gpus"
+    HEADS_NOT_DIVISIBLE = "heads_not_divisible"
+    BLOCK_SIZE_UNSUPPORTED = "block_size_unsupported"
+    UNKNOWN_ARGUMENT = "unknown_argument"
+    PORT_IN_USE = "port_in_use"
+    CUDA_OOM = "cuda_oom"
+    MISSING_MODULE = "missing_module"
+    ENGINE_DEAD = "engine_dead"
+    OTHER = "other"
+
+
+# Startup phases in the order the dashboard's progress bar shows them.
+PHASES = ("load_weights", "compile", "kv_profiling", "cuda_graphs", "ready")
+
+
+@dataclass
+class EngineError:
+    kind: ErrorKind
+    message: str  # the root-cause line, cleaned of prefixes
+    line_no: int | None = None  # 1-based line in the log where the root cause is
+    estimated_max_model_len: int | None = None  # kv_cache_too_small: vLLM's own estimate
+    detail: dict[str, Any] = field(default_factory=dict)  # e.g. {"argument": "--enable-paged-attn"}
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind.value, "message": self.message, "line_no": self.line_no,
+                "estimated_max_model_len": self.estimated_max_model_len, "detail": self.detail}
+
+
+@dataclass
+class StatsSample:
+    """One periodic 'Engine 000: Avg prompt throughput ...' line (or the V0 form)."""
+
+    timestamp: str | None  # as printed, e.g. '11-30 03:35:58'
+    prompt_tps: float
+    generation_tps: float
+    running: int
+    waiting: int
+    kv_usage_pct: float
+    prefix_hit_pct: float | None = None
+    line_no: int | None = None
+
+
+@dataclass
+class EngineReport:
+    vllm_version: str | None = None
+    platform: str | None = None  # "cuda" | "cpu" | None if unknown
+    model: str | None = None
+    non_default_args: dict[str, Any] = field(default_factory=dict)
+    architecture: str | None = None
+    block_size: int | None = None
+    max_model_len: int | None = None
+    attention_backend: str | None = None
+    weights_gib: float | None = None
+    weights_load_seconds: float | None = None
+    compile_seconds: float | None = None
+    kv_cache_gib: float | None = None  # "Available KV cache memory" (GPU) or explicit KV size (CPU)
+    kv_cache_tokens: int | None = None
+    max_concurrency: float | None = None
+    cuda_graph_seconds: float | None = None
+    cuda_graph_gib: float | None = None
+    init_engine_seconds: float | None = None
+    server_url: str | None = None
+    ready: bool = False
+    phase: str | None = None  # the latest phase reached (one of PHASES), or None
+    phases: dict[str, float] = field(default_factory=dict)  # phase name -> seconds it took
+    stats: list[StatsSample] = field(default_factory=list)
+    error: EngineError | None = None
+    pids: dict[str, int] = field(default_factory=dict)  # "APIServer" / "EngineCore" / "Worker_0" -> pid
+    lines: int = 0
+
+    def to_dict(self, include_stats: bool = False) -> dict[str, Any]:
+        d = asdict(self)
+        d["error"] = self.error.to_dict() if self.error else None
+        if not include_stats:
+            d["stats"] = [asdict(s) for s in self.stats[-1:]]
+        return d

@@ -1,0 +1,240 @@
+"""The preset model: what one `[presets.NAME]` table means.
+
+A preset holds vLLM engine arguments (snake_case, exactly as vLLM names them,
+turned into `--kebab-case` flags) and a few keys of our own that say how and
+where to launch the server.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from ernie_tui import paths
+
+
+class PresetError(Exception):
+    """A preset file or preset that cannot be used; the message is for humans."""
+
+
+# Keys that belong to ernie-tui rather than to vLLM.
+TOOL_KEYS = frozenset(
+    {"description", "model", "served_model_name", "host", "port", "extends", "env", "launcher", "api_key_env"}
+)
+
+# Known vLLM engine arguments and the Python type each takes. Other keys are
+# passed through as flags (preflight checks them against the installed vLLM).
+ENGINE_ARG_TYPES: dict[str, type | tuple[type, ...]] = {
+    "block_size": int,
+    "max_model_len": int,
+    "tensor_parallel_size": int,
+    "pipeline_parallel_size": int,
+    "data_parallel_size": int,
+    "gpu_memory_utilization": (int, float),
+    "kv_cache_memory_bytes": (int, str),
+    "enable_prefix_caching": bool,
+    "enable_chunked_prefill": bool,
+    "max_num_seqs": int,
+    "max_num_batched_tokens": int,
+    "dtype": str,
+    "kv_cache_dtype": str,
+    "enforce_eager": bool,
+    "seed": int,
+    "swap_space": (int, float),
+    "cpu_offload_gb": (int, float),
+    "quantization": str,
+    "trust_remote_code": bool,
+    "disable_log_stats": bool,
+    "max_logprobs": int,
+    "tokenizer": str,
+    "generation_config": str,
+}
+
+DEFAULT_MODULE_LAUNCHER = ["-m", "vllm.entrypoints.openai.api_server"]
+
+_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(i?B?)?\s*$", re.IGNORECASE)
+_SIZE_MULT = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+
+
+def parse_size(value: int | str) -> int:
+    """'64M' -> 67108864. Binary units, as vLLM's own parser treats K/M/G."""
+    if isinstance(value, bool):
+        raise PresetError(f"expected a size like 64M or 1G, got {value!r}")
+    if isinstance(value, int):
+        if value < 0:
+            raise PresetError(f"size must not be negative, got {value}")
+        return value
+    m = _SIZE_RE.match(str(value))
+    if not m:
+        raise PresetError(f"expected a size like 64M or 1G, got {value!r}")
+    number, unit = float(m.group(1)), m.group(2).upper()
+    return int(number * _SIZE_MULT[unit])
+
+
+def flag_for(key: str) -> str:
+    return "--" + key.replace("_", "-")
+
+
+def engine_arg_flags(engine_args: dict[str, Any]) -> list[str]:
+    """Engine arguments as vLLM command-line flags, in the preset's order."""
+    argv: list[str] = []
+    for key, value in engine_args.items():
+        flag = flag_for(key)
+        if key == "kv_cache_memory_bytes":
+            value = parse_size(value)
+        if isinstance(value, bool):
+            # vLLM's boolean flags are BooleanOptionalAction: --x / --no-x.
+            argv.append(flag if value else "--no-" + flag[2:])
+        elif isinstance(value, list):
+            argv.append(flag)
+            argv.extend(str(v) for v in value)
+        elif isinstance(value, dict):
+            import json
+
+            argv.extend([flag, json.dumps(value, separators=(",", ":"))])
+        else:
+            argv.extend([flag, str(value)])
+    return argv
+
+
+def expand_path(value: str) -> str:
+    """'{data_dir}' and '~' in model paths, so built-ins need no absolute path."""
+    value = value.replace("{data_dir}", str(paths.data_dir()))
+    return os.path.expanduser(value)
+
+
+@dataclass(frozen=True)
+class LaunchSpec:
+    """Exactly what gets executed: argv (no shell, ever) and the environment
+    additions. Secrets (the API key) travel only in env, never in argv."""
+
+    argv: list[str]
+    env: dict[str, str]
+    host: str
+    port: int
+    model: str
+    served_model_name: str
+    secret_env_keys: tuple[str, ...] = ()
+
+    @property
+    def url(self) -> str:
+        host = "127.0.0.1" if self.host in ("0.0.0.0", "", "::") else self.host
+        if ":" in host:
+            host = f"[{host}]"
+        return f"http://{host}:{self.port}"
+
+    def display_env(self) -> dict[str, str]:
+        """env with secrets masked, for showing to a person."""
+        return {k: ("***" if k in self.secret_env_keys else v) for k, v in self.env.items()}
+
+
+@dataclass(frozen=True)
+class Preset:
+    name: str
+    engine_args: dict[str, Any] = field(default_factory=dict)
+    description: str = ""
+    model: str | None = None
+    served_model_name: str | None = None
+    host: str = "127.0.0.1"
+    port: int = 8000
+    env: dict[str, str] = field(default_factory=dict)
+    launcher: list[str] | None = None
+    api_key_env: str | None = None
+    source: str = "built-in"
+
+    # -- accessors -------------------------------------------------------
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.engine_args.get(key, default)
+
+    @property
+    def block_size(self) -> int | None:
+        return self.engine_args.get("block_size")
+
+    @property
+    def max_model_len(self) -> int | None:
+        return self.engine_args.get("max_model_len")
+
+    @property
+    def tensor_parallel_size(self) -> int:
+        return int(self.engine_args.get("tensor_parallel_size", 1))
+
+    @property
+    def kv_cache_memory_bytes(self) -> int | None:
+        v = self.engine_args.get("kv_cache_memory_bytes")
+        return None if v is None else parse_size(v)
+
+    def key_args(self) -> str:
+        """A short one-line summary for tables: 'block 16, len 4096, util 0.9'."""
+        short = {
+            "block_size": "block",
+            "max_model_len": "len",
+            "tensor_parallel_size": "tp",
+            "gpu_memory_utilization": "util",
+            "kv_cache_memory_bytes": "kv",
+            "enable_prefix_caching": "prefix",
+            "max_num_seqs": "seqs",
+        }
+        parts = []
+        for key, label in short.items():
+            if key in self.engine_args:
+                value = self.engine_args[key]
+                if isinstance(value, bool):
+                    value = "on" if value else "off"
+                parts.append(f"{label} {value}")
+        return ", ".join(parts)
+
+    def with_changes(self, name: str | None = None, **engine_changes: Any) -> "Preset":
+        """A copy with engine args changed; a value of None removes the key."""
+        args = dict(self.engine_args)
+        for key, value in engine_changes.items():
+            if value is None:
+                args.pop(key, None)
+            else:
+                args[key] = value
+        return replace(self, name=name or self.name, engine_args=args)
+
+    # -- launching ------------------------------------------------------
+    def resolve_model(self, model_override: str | None = None) -> str:
+        model = model_override or self.model or os.environ.get("ERNIE_TUI_MODEL")
+        if not model:
+            raise PresetError(
+                f"preset {self.name!r} names no model: pass --model DIR, set ERNIE_TUI_MODEL, "
+                "or add `model = \"...\"` to the preset"
+            )
+        return expand_path(model)
+
+    def launch_spec(self, model_override: str | None = None, port_override: int | None = None) -> LaunchSpec:
+        model = self.resolve_model(model_override)
+        served = self.served_model_name or Path(model.rstrip("/")).name or "model"
+        port = port_override or self.port
+        if self.launcher:
+            prefix = [expand_path(str(p)) for p in self.launcher]
+        else:
+            python = os.environ.get("ERNIE_TUI_VLLM_PYTHON") or sys.executable
+            prefix = [python, *DEFAULT_MODULE_LAUNCHER]
+        argv = [
+            *prefix,
+            "--model", model,
+            "--served-model-name", served,
+            "--host", self.host,
+            "--port", str(port),
+            *engine_arg_flags(self.engine_args),
+        ]
+        env = {k: str(v) for k, v in self.env.items()}
+        secret: tuple[str, ...] = ()
+        if self.api_key_env:
+            key = os.environ.get(self.api_key_env)
+            if key:
+                # vLLM reads VLLM_API_KEY itself; passing it by environment keeps
+                # the key out of `ps` output and out of llm.log's arg dump.
+                env["VLLM_API_KEY"] = key
+                secret = ("VLLM_API_KEY",)
+        return LaunchSpec(argv=argv, env=env, host=self.host, port=port, model=model,
+                          served_model_name=served, secret_env_keys=secret)
+
+    def api_key(self) -> str | None:
+        return os.environ.get(self.api_key_env) if self.api_key_env else None

@@ -1,0 +1,32 @@
+"""Shared test set-up.
+
+Every test runs with ERNIE_TUI_HOME in a temp dir so nothing touches the real
+user config. Fixture logs come from ../shared/fixtures/vllm-logs (real vLLM
+captures), located relative to the checkout.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+FIXTURES = ROOT.parent / "shared" / "fixtures" / "vllm-logs"
+if not FIXTURES.is_dir():  # a checkout with shared/ inside it (the GPU machine)
+    FIXTURES = ROOT / "shared" / "fixtures" / "vllm-logs"
+
+
+@pytest.fixture(autouse=True)
+def _isolated_home(tmp_path_factory, monkeypatch):
+    home = tmp_path_factory.mktemp("ernie-home")
+    monkeypatch.setenv("ERNIE_TUI_HOME", str(home))
+    yield home
+
+
+@pytest.fixture(scope="session")
+def fixtures_dir() -> Path:
+    if not FIXTURES.is_dir():
+        pytest.fail(f"real vLLM fixture logs not found at {FIXTURES}")
+    return FIXTURES
