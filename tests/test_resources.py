@@ -1,0 +1,58 @@
+"""Memory sampling: NVML when a driver is there, the engine's RSS otherwise."""
+
+import os
+import subprocess
+import sys
+
+from ernie_tui.engine_ctl.resources import MemoryHistory, ResourceSampler
+
+
+def test_without_nvml_falls_back_to_rss_and_says_so():
+    child = subprocess.Popen([sys.executable, "-c", "import time; x = bytearray(50_000_000); time.sleep(30)"])
+    try:
+        import time
+        time.sleep(0.5)
+        sampler = ResourceSampler(lambda: [child.pid], use_nvml=False)
+        assert not sampler.nvml
+        assert sampler.label.startswith("engine RSS (psutil;")
+        s = sampler.sample()
+        assert s.source == "rss"
+        assert s.per_pid[child.pid] > 40_000_000
+        assert s.shown_bytes == s.engine_bytes
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_nvml_absent_on_this_box_gives_a_reason():
+    # CI has no NVIDIA driver: the sampler must not raise and must say why.
+    sampler = ResourceSampler(lambda: [os.getpid()])
+    if sampler.nvml:  # on a GPU box this is the real path
+        s = sampler.sample()
+        assert s.source == "nvml" and s.gpus and s.gpus[0].total_bytes > 0
+    else:
+        assert sampler.reason
+        assert sampler.sample().source == "rss"
+    sampler.close()
+
+
+def test_visible_devices(monkeypatch):
+    from ernie_tui.engine_ctl.resources import _visible_indices
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1,3")
+    assert _visible_indices(4) == [1, 3]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    assert _visible_indices(4) == []
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    assert _visible_indices(2) == [0, 1]
+
+
+def test_history_window_and_peak():
+    from ernie_tui.engine_ctl.resources import MemorySample
+
+    h = MemoryHistory(max_age=100)
+    for t in range(0, 300, 10):
+        h.add(MemorySample(t=float(t), source="rss", engine_bytes=t))
+    assert h.peak_bytes == 290
+    assert min(s.t for s in h.samples) >= 190
+    assert len(h.window(50, now=290)) == 6
