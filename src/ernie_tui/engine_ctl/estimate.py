@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from ernie_tui.engine_ctl.machine import GiB, Machine
-from ernie_tui.engine_ctl.modelinfo import ModelInfo, dtype_bytes
+from ernie_tui.engine_ctl.modelinfo import DTYPE_BYTES, ModelInfo, dtype_bytes
 from ernie_tui.presets.model import Preset
 
 # vLLM defaults (vllm/config/cache.py, vllm/platforms/cpu.py, arg_utils.py).
@@ -109,7 +109,8 @@ def kv_cache_dtype_bytes(preset: Preset, info: ModelInfo) -> float:
 
 def serving_dtype(preset: Preset, info: ModelInfo) -> str:
     d = str(preset.get("dtype", "auto")).lower()
-    return info.serving_dtype if d == "auto" else d
+    # An invalid dtype is the argument check's business; size as vLLM's auto would.
+    return info.serving_dtype if d == "auto" or d not in DTYPE_BYTES else d
 
 
 def kv_bytes_per_token(info: ModelInfo, tp: int = 1, pp: int = 1, kv_dtype_bytes: float = 2) -> int:
