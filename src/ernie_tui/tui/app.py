@@ -1,0 +1,618 @@
+"""The ernie-tui App and `make_app()`, the one factory the CLI and the tests use.
+
+Modes:
+- control: start / stop / restart a server from presets (keys s x r, 1-9);
+- attach:  watch a server this tool did not start (never stops it);
+- replay:  open a captured llm.log offline.
+
+Threads: the engine's monitor thread calls our listener (ServerBridge), and
+worker threads sample memory and /metrics, copy the report, read a replayed
+log, and carry out start/stop/restart (stop blocks until every engine
+process is gone). All of them only post Messages; the handlers below run on
+the UI thread and hand the data to the main screen's widgets.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import signal
+import subprocess
+import time
+import tomllib
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+from typing import Callable, Iterable
+
+from textual import on, work
+from textual.app import App, SystemCommand
+from textual.screen import Screen
+from textual.worker import get_current_worker
+
+from ernie_tui import paths
+from ernie_tui.presets import PresetBook, PresetError, load_presets
+from ernie_tui.tui.messages import (
+    ControlResult,
+    LogBatch,
+    PresetsLoaded,
+    ReplayDone,
+    ReportUpdate,
+    SeriesUpdate,
+    StatusUpdate,
+)
+from ernie_tui.tui.screens.dialogs import BusyScreen, CommandLineScreen, ConfirmScreen, QuitScreen
+from ernie_tui.tui.screens.help import HelpScreen
+from ernie_tui.tui.screens.main import MainScreen
+
+ServerFactory = Callable[..., object]
+
+
+@dataclass
+class DashboardConfig:
+    mode: str = "control"  # "control" | "attach" | "replay"
+    preset: str | None = None
+    preset_files: list[str] = field(default_factory=list)
+    include_user_presets: bool = True
+    book: PresetBook | None = None
+    model: str | None = None
+    attach_url: str | None = None
+    log_path: str | None = None
+    replay_path: str | None = None
+    start: bool = False
+    on_exit: str = "ask"  # "ask" | "stop" | "leave"
+    server_factory: ServerFactory | None = None
+    clock: Callable[[], float] = time.time
+    sample_interval: float = 1.0
+    report_interval: float = 0.25
+    live: bool = True  # run the sampler / report workers (snapshot tests feed data instead)
+    resource_factory: Callable | None = None
+    metrics_factory: Callable | None = None
+    api_key: str | None = None
+    server_log_path: str | None = None  # where a started server writes llm.log
+
+
+def default_server_factory(spec, *, preset_name: str, log_path: str | None = None):
+    from ernie_tui.engine_ctl.server import EngineServer
+
+    return EngineServer(spec, preset_name=preset_name, log_path=log_path)
+
+
+class ErnieApp(App[int]):
+    CSS_PATH = "ernie_tui.tcss"
+    TITLE = "ernie-tui"
+
+    def __init__(self, config: DashboardConfig):
+        super().__init__()
+        self.config = config
+        self.mode = config.mode
+        self.clock = config.clock
+        self.book: PresetBook = config.book if config.book is not None else load_presets(
+            config.preset_files, include_user=config.include_user_presets)
+        names = self.book.names()
+        if config.preset and config.preset not in self.book:
+            self.book.get(config.preset)  # raises PresetError with the known names
+        self.active_preset: str | None = config.preset or (names[0] if names else None)
+        self.server = None
+        self.bridge = None
+        self.status = None
+        self.report = None
+        self.exit_action: str = "none"  # "stop" | "leave" | "none": what run_dashboard must still do
+        self.hangup = False
+        self._busy: str | None = None
+        self._log_run: object = object()
+        self._last_series: SeriesUpdate | None = None
+        self._diagnosis = None
+        self.log_name = "llm.log"
+        self.main = MainScreen(self.mode)
+
+    # -- start-up -------------------------------------------------------------------
+    def get_default_screen(self) -> Screen:
+        return self.main
+
+    def main_mounted(self) -> None:
+        """Called by the main screen once its widgets exist."""
+        self.main.set_presets(self.book, self.active_preset)
+        self.set_interval(1.0, self._tick)
+        self._install_signal_handlers()
+        if self.mode == "replay":
+            path = Path(self.config.replay_path or "")
+            self.log_name = path.name
+            self.main.query_one("#status-bar").set_replay(str(path))
+            self.sub_title = f"replay {path}"
+            self._replay(path)
+        elif self.mode == "attach":
+            from ernie_tui.engine_ctl.server import AttachedServer
+
+            self.server = AttachedServer(self.config.attach_url or "", log_path=self.config.log_path,
+                                         api_key=self.config.api_key)
+            if self.config.log_path:
+                self.log_name = Path(self.config.log_path).name
+            self._connect(self.server)
+            self.server.start()
+        elif self.config.start and self.active_preset:
+            self.request_switch(self.active_preset, confirm=False)
+        if self.config.live and self.mode != "replay":
+            self._sample()
+        self.main._update_log_title()
+
+    def _install_signal_handlers(self) -> None:
+        import asyncio
+
+        try:
+            loop = asyncio.get_running_loop()
+            loop.add_signal_handler(signal.SIGHUP, self._on_hangup)
+            loop.add_signal_handler(signal.SIGTERM, self._on_hangup)
+        except (RuntimeError, NotImplementedError, ValueError):
+            pass  # not the main thread (tests) or no signals here
+
+    def _on_hangup(self) -> None:
+        """The terminal went away (SSH dropped) or we were told to terminate:
+        follow --on-exit without asking (ask means stop)."""
+        self.hangup = True
+        if self.mode == "control" and self.server is not None and self.server.status.running:
+            self.exit_action = "leave" if self.config.on_exit == "leave" else "stop"
+        self.exit(0)
+
+    # -- wiring a server ----------------------------------------------------------------
+    def _connect(self, server) -> None:
+        from ernie_tui.tui.workers import ServerBridge
+
+        self.bridge = ServerBridge(self.post_message, server)
+        if self.config.live:
+            self._report_pump(self.bridge)
+
+    @work(thread=True, group="report", exit_on_error=False)
+    def _report_pump(self, bridge) -> None:
+        from ernie_tui.tui.workers import report_loop
+
+        worker = get_current_worker()
+        report_loop(self.post_message, bridge, lambda: worker.is_cancelled, self.config.report_interval)
+
+    @work(thread=True, group="sampler", exit_on_error=False)
+    def _sample(self) -> None:
+        from ernie_tui.tui.workers import Sampler
+
+        worker = get_current_worker()
+        sampler = Sampler(self.post_message, lambda: self.server, self.clock, self.config.sample_interval,
+                          self.config.resource_factory, self.config.metrics_factory, self.config.api_key)
+        sampler.run(lambda: worker.is_cancelled)
+
+    @work(thread=True, group="replay", exit_on_error=False)
+    def _replay(self, path: Path) -> None:
+        from ernie_tui.tui.workers import replay_log
+
+        worker = get_current_worker()
+        try:
+            replay_log(self.post_message, path, lambda: worker.is_cancelled)
+        except OSError as exc:
+            self.post_message(ControlResult("replay", False, f"cannot read {path}: {exc.strerror or exc}"))
+
+    # -- messages from workers ------------------------------------------------------------
+    @on(StatusUpdate)
+    def _status(self, message: StatusUpdate) -> None:
+        self.status = message.status
+        self.main.show_status(message.status, self.clock())
+        if message.status.state.value == "crashed":
+            self._diagnose(message.status.error)
+        elif message.status.state.value == "starting":
+            self.main.set_fix_text(None)
+            self._diagnosis = None
+
+    @on(LogBatch)
+    def _log(self, message: LogBatch) -> None:
+        changed = message.run != self._log_run
+        self._log_run = message.run
+        self.main.show_log(message, changed)
+
+    @on(ReportUpdate)
+    def _report(self, message: ReportUpdate) -> None:
+        old_platform = self.report.platform if self.report is not None else None
+        self.report = message.report
+        self.main.show_report(message.report)
+        st = self.status
+        if (st is not None and st.state.value == "crashed" and st.error is not None
+                and message.report.platform != old_platform):
+            self._diagnose(st.error)  # the platform decides the fix (block 16 on CUDA, 32 on CPU)
+
+    @on(SeriesUpdate)
+    def _series(self, message: SeriesUpdate) -> None:
+        self._last_series = message
+        self.main.show_series(message)
+
+    @on(ReplayDone)
+    def _replay_done(self, message: ReplayDone) -> None:
+        report = self.report
+        if report is not None and report.error is not None:
+            self.main.show_replay_error(report.error)
+            self._diagnose(report.error)
+        from ernie_tui.engine_ctl.server import ServerState, ServerStatus
+
+        state = (ServerState.CRASHED if report is not None and report.error is not None
+                 else ServerState.READY if report is not None and report.ready else ServerState.STOPPED)
+        phase = report.phase if report is not None else None
+        status = ServerStatus(state=state, phase=phase, preset_name=None,
+                              url=(report.server_url if report is not None else None) or "",
+                              pid=report.pids.get("APIServer") if report is not None else None,
+                              error=report.error if report is not None else None)
+        self.status = status
+        self.main.query_one("#status-bar").set_status(status)
+        self.main.query_one("#report").set_state(state.value)
+        self.notify(f"replayed {message.lines:,} lines of {Path(message.path).name}", timeout=3)
+
+    @on(ControlResult)
+    def _control_done(self, message: ControlResult) -> None:
+        if message.action in ("quit-stop",):
+            self.exit(0)
+            return
+        self._busy = None
+        self.main.refresh_bindings()
+        if not message.ok:
+            self.notify(message.detail, title=f"{message.action} failed", severity="error", timeout=8)
+
+    @on(PresetsLoaded)
+    def _presets_loaded(self, message: PresetsLoaded) -> None:
+        if message.error:
+            self.notify(message.error, title="presets not reloaded", severity="error", timeout=10)
+            return
+        self.book = message.book
+        self.main.set_presets(self.book)
+        self.notify(f"presets reloaded: {len(self.book)} presets", timeout=3)
+
+    def _tick(self) -> None:
+        self.main.tick(self.clock())
+
+    # -- control ------------------------------------------------------------------------
+    def can_control(self, action: str) -> bool:
+        if self.mode != "control" or self._busy:
+            return False
+        st = self.server.status if self.server is not None else None
+        running = bool(st and st.running)
+        if action == "start":
+            return not running
+        if action == "stop":
+            return running
+        return True
+
+    @property
+    def serving(self) -> bool:
+        st = self.server.status if self.server is not None else None
+        return bool(st and st.state.value in ("starting", "ready"))
+
+    def _spec_for(self, name: str):
+        preset = self.book.get(name)
+        return preset.launch_spec(self.config.model)
+
+    def _run_control(self, action: str, fn: Callable[[], object]) -> None:
+        if self._busy:
+            self.notify(f"busy: {self._busy} is in progress", severity="warning", timeout=3)
+            return
+        self._busy = action
+        self.main.refresh_bindings()
+        self.run_worker(partial(self._control_thread, action, fn), thread=True, group="control",
+                        exit_on_error=False, name=action)
+
+    def _control_thread(self, action: str, fn: Callable[[], object]) -> None:
+        try:
+            fn()
+        except Exception as exc:  # ServerError, PresetError, OSError: all for the user to read
+            self.post_message(ControlResult(action, False, str(exc) or exc.__class__.__name__))
+            return
+        self.post_message(ControlResult(action, True))
+
+    def _launch(self, name: str) -> None:
+        """Start `name` now: a new server object, or a restart of ours with its argv."""
+        try:
+            spec = self._spec_for(name)
+        except PresetError as exc:
+            self.notify(str(exc), title="cannot launch", severity="error", timeout=8)
+            return
+        self.active_preset = name
+        if self.server is None:
+            factory = self.config.server_factory or default_server_factory
+            self.server = factory(spec, preset_name=name, log_path=self.config.server_log_path)
+            self._connect(self.server)
+            self._run_control(f"start {name}", self.server.start)
+        else:
+            server = self.server
+            self._run_control(f"switch to {name}" if name != (server.status.preset_name or name) else f"restart {name}",
+                              lambda: server.restart(spec, preset_name=name))
+
+    def request_start(self) -> None:
+        if self.mode != "control":
+            return
+        if self.server is not None and self.server.status.running:
+            self.notify("already running; r restarts it", timeout=3)
+            return
+        name = self.active_preset or self.main.highlighted_preset
+        if name:
+            self._launch(name)
+
+    def request_stop(self) -> None:
+        if self.mode != "control" or self.server is None or not self.server.status.running:
+            return
+        self._run_control("stop", self.server.stop)
+
+    def request_restart(self) -> None:
+        if self.mode != "control":
+            return
+        name = (self.server.status.preset_name if self.server is not None else None) or self.active_preset
+        if name:
+            self._launch(name)
+
+    def request_switch(self, name: str, confirm: bool = True) -> None:
+        if self.mode != "control":
+            self.notify("switching presets needs control mode", timeout=3)
+            return
+        if confirm and self.serving:
+            current = self.server.status.preset_name
+            if name == current:
+                body = f"Restart {name}? It is serving at {self.server.status.url}."
+            else:
+                body = (f"Switch to {name}? This stops {current} (serving at {self.server.status.url}) "
+                        f"and starts {name}.")
+            self.push_screen(ConfirmScreen("Restart the server?", body, yes="Switch" if name != current else "Restart"),
+                             lambda ok: self._launch(name) if ok else None)
+            return
+        self._launch(name)
+
+    # -- presets: edit, command line ---------------------------------------------------------
+    def show_command_line(self, name: str | None) -> None:
+        name = name or self.active_preset
+        if not name:
+            return
+        try:
+            spec = self._spec_for(name)
+        except PresetError as exc:
+            self.notify(str(exc), severity="error", timeout=8)
+            return
+        self.push_screen(CommandLineScreen(name, list(spec.argv), spec.display_env()))
+
+    def _file_to_edit(self, name: str | None) -> Path:
+        preset = self.book.get(name) if name else None
+        if preset is not None and preset.source not in ("built-in", "") and Path(preset.source).is_file():
+            return Path(preset.source)
+        target = paths.user_presets_file()
+        if preset is not None:
+            _ensure_preset_copy(target, preset)
+        return target
+
+    def request_edit(self, name: str | None) -> None:
+        if self.mode != "control":
+            return
+        try:
+            path = self._file_to_edit(name or self.active_preset)
+        except (OSError, PresetError) as exc:
+            self.notify(f"cannot prepare the presets file: {exc}", severity="error", timeout=8)
+            return
+        editor = os.environ.get("VISUAL") or os.environ.get("EDITOR") or "vi"
+        argv = [*shlex.split(editor), str(path)]
+        try:
+            try:
+                with self.suspend():
+                    code = subprocess.run(argv, check=False).returncode
+            except Exception as exc:
+                if exc.__class__.__name__ != "SuspendNotSupported":
+                    raise
+                code = subprocess.run(argv, check=False, stdin=subprocess.DEVNULL).returncode
+        except OSError as exc:
+            self.notify(f"cannot run {argv[0]}: {exc.strerror or exc}", severity="error", timeout=8)
+            return
+        if code != 0:
+            self.notify(f"{argv[0]} exited with {code}; reloading anyway", severity="warning", timeout=4)
+        self.reload_presets()
+
+    def reload_presets(self) -> None:
+        try:
+            book = load_presets(self.config.preset_files, include_user=self.config.include_user_presets)
+        except PresetError as exc:
+            self.post_message(PresetsLoaded(self.book, error=str(exc)))
+            return
+        self.post_message(PresetsLoaded(book))
+
+    # -- diagnosis and fix (issue 5) -------------------------------------------------------------
+    def _diagnose(self, error) -> None:
+        """Diagnose a crash (or a replayed failure) and offer the fix (issue 5)."""
+        self._diagnosis = None
+        if error is None or self.mode == "attach":
+            return
+        try:
+            from ernie_tui.engine_ctl.diagnose import diagnose
+        except ImportError:
+            return
+        preset = None
+        name = self.status.preset_name if self.status is not None else None
+        if self.mode == "control" and name and name in self.book:
+            preset = self.book.get(name)
+        platform = self.report.platform if self.report is not None else None
+        try:
+            diagnosis = diagnose(error, preset, platform)
+        except Exception:
+            return
+        self._diagnosis = (diagnosis, preset)
+        fixable = bool(getattr(diagnosis, "fixable", False)) and preset is not None
+        self.main.set_fix_text(diagnosis.fix_summary or None, fixable=fixable,
+                               title=getattr(diagnosis, "title", None))
+
+    def request_fix(self) -> None:
+        if self.mode != "control":
+            return
+        pair = getattr(self, "_diagnosis", None)
+        if not pair or pair[1] is None or not getattr(pair[0], "fixable", False):
+            self.notify("no automatic fix for this error: see the crash panel", timeout=4)
+            return
+        diagnosis, preset = pair
+        try:
+            from ernie_tui.engine_ctl.diagnose import apply_fix
+            from ernie_tui.presets.store import save_preset
+        except ImportError:
+            self.notify("the diagnosis module is not installed", severity="error", timeout=4)
+            return
+        try:
+            fixed = apply_fix(preset, diagnosis)
+            save_preset(fixed)
+        except Exception as exc:
+            self.notify(f"cannot apply the fix: {exc}", severity="error", timeout=8)
+            return
+        self.reload_presets_now()
+        self.notify(f"saved {fixed.name}; relaunching", timeout=4)
+        self._launch(fixed.name)
+
+    def reload_presets_now(self) -> None:
+        try:
+            self.book = load_presets(self.config.preset_files, include_user=self.config.include_user_presets)
+        except PresetError as exc:
+            self.notify(str(exc), severity="error", timeout=8)
+            return
+        self.main.set_presets(self.book)
+
+    # -- other screens ------------------------------------------------------------------------------
+    def open_help(self) -> None:
+        self.push_screen(HelpScreen())
+
+    def open_probe(self) -> None:
+        url = self.status.url if self.status is not None else None
+        if self.mode == "replay" or not url:
+            self.notify("the probe needs a running server", timeout=3)
+            return
+        try:
+            from ernie_tui.tui.screens.probe import ProbeScreen
+        except ImportError:
+            self.notify("the probe pane is not available in this build", timeout=3)
+            return
+        self.push_screen(ProbeScreen(url, api_key=self.config.api_key))
+
+    # -- quitting -----------------------------------------------------------------------------------
+    def action_quit(self) -> None:  # ctrl+q and the command palette's Quit
+        self.request_quit()
+
+    def request_quit(self) -> None:
+        running = self.mode == "control" and self.server is not None and self.server.status.running
+        if not running:
+            self.exit(0)
+            return
+        choice = self.config.on_exit
+        if choice == "stop":
+            self._quit_stop()
+        elif choice == "leave":
+            self._quit_leave()
+        else:
+            st = self.server.status
+            self.push_screen(QuitScreen(st.preset_name, st.url, st.pid), self._quit_choice)
+
+    def _quit_choice(self, choice: str | None) -> None:
+        if choice == "stop":
+            self._quit_stop()
+        elif choice == "leave":
+            self._quit_leave()
+
+    def _quit_stop(self) -> None:
+        server = self.server
+        name = server.status.preset_name or "the server"
+        self.push_screen(BusyScreen(f"Stopping {name}…"))
+        self._busy = None
+        self.exit_action = "stop"  # if the stop fails, run_dashboard tries again
+
+        def stop() -> None:
+            server.stop()
+
+        self._run_control("quit-stop", stop)
+
+    def _quit_leave(self) -> None:
+        try:
+            self.detach_record = self.server.detach()
+        except Exception as exc:
+            self.notify(f"cannot detach: {exc}", severity="error", timeout=8)
+            return
+        self.exit_action = "leave"
+        self.exit(0)
+
+    # -- command palette --------------------------------------------------------------------------------
+    def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
+        yield from super().get_system_commands(screen)
+        if self.mode != "control":
+            return
+        yield SystemCommand("Start server", "Start the active preset (s)", self.request_start)
+        yield SystemCommand("Stop server", "Stop the server and every engine process (x)", self.request_stop)
+        yield SystemCommand("Restart server", "Stop, then start the active preset (r)", self.request_restart)
+        for i, name in enumerate(self.book.names()):
+            key = f" ({i + 1})" if i < 9 else ""
+            yield SystemCommand(f"Switch preset: {name}", f"Restart the server with {name}{key}",
+                                partial(self.request_switch, name))
+        yield SystemCommand("Help", "Keys and what each figure means (?)", self.open_help)
+
+
+def _ensure_preset_copy(target: Path, preset) -> None:
+    """Make sure the user file has a table for `preset`, so that editing it
+    overrides the built-in. Appends; never rewrites what is there."""
+    import tomli_w
+
+    existing = ""
+    if target.is_file():
+        existing = target.read_text("utf-8")
+        try:
+            if preset.name in tomllib.loads(existing).get("presets", {}):
+                return
+        except tomllib.TOMLDecodeError:
+            return  # the user will see (and fix) the syntax error in the editor
+    table: dict = {}
+    if preset.description:
+        table["description"] = preset.description
+    for key in ("model", "served_model_name"):
+        if getattr(preset, key):
+            table[key] = getattr(preset, key)
+    if preset.host != "127.0.0.1":
+        table["host"] = preset.host
+    if preset.port != 8000:
+        table["port"] = preset.port
+    if preset.launcher:
+        table["launcher"] = list(preset.launcher)
+    if preset.api_key_env:
+        table["api_key_env"] = preset.api_key_env
+    table.update(preset.engine_args)
+    if preset.env:
+        table["env"] = dict(preset.env)
+    header = ("# ernie-tui user presets: a table here overrides the built-in of the same name.\n"
+              if not existing else "\n")
+    text = header + f"# copied from the {preset.source} preset {preset.name!r}; edit and save\n"
+    text += tomli_w.dumps({"presets": {preset.name: table}})
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(target.name + ".tmp")
+    tmp.write_text(existing + text, "utf-8")
+    os.replace(tmp, target)
+
+
+def make_app(
+    *,
+    mode: str = "control",
+    preset: str | None = None,
+    preset_files: Iterable[str] = (),
+    book: PresetBook | None = None,
+    model: str | None = None,
+    attach_url: str | None = None,
+    log_path: str | None = None,
+    replay_path: str | None = None,
+    start: bool = False,
+    on_exit: str = "ask",
+    server_factory: ServerFactory | None = None,
+    clock: Callable[[], float] = time.time,
+    sample_interval: float = 1.0,
+    live: bool = True,
+    include_user_presets: bool = True,
+    resource_factory: Callable | None = None,
+    metrics_factory: Callable | None = None,
+    api_key: str | None = None,
+    server_log_path: str | None = None,
+) -> ErnieApp:
+    """Build the dashboard. The CLI passes its arguments; tests inject a
+    server factory, a frozen clock, or `live=False` to feed data themselves."""
+    if mode not in ("control", "attach", "replay"):
+        raise ValueError(f"unknown mode {mode!r}")
+    config = DashboardConfig(
+        mode=mode, preset=preset, preset_files=list(preset_files), include_user_presets=include_user_presets,
+        book=book, model=model, attach_url=attach_url, log_path=log_path, replay_path=replay_path,
+        start=start, on_exit=on_exit, server_factory=server_factory, clock=clock,
+        sample_interval=sample_interval, live=live, resource_factory=resource_factory,
+        metrics_factory=metrics_factory, api_key=api_key, server_log_path=server_log_path,
+    )
+    return ErnieApp(config)

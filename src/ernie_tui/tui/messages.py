@@ -1,0 +1,117 @@
+"""Messages from workers (and the engine's monitor thread) to the UI.
+
+Workers never touch widgets: they post one of these dataclass Messages to the
+app, and handlers on the UI thread update the widgets. Messages that can
+arrive fast (log batches, chart snapshots, report snapshots, status) say so
+with ``can_replace``: when the UI is behind and the next queued message is of
+the same kind, Textual drops the older one. For snapshots that is exactly
+right (the newest snapshot is the truth); a log batch instead hands its lines
+forward to the batch that replaces it, so a flood of 5,000 lines/s collapses
+into a few large batches without losing lines (up to MAX_BATCH_LINES, the
+most the log pane keeps anyway).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from textual.message import Message
+
+if TYPE_CHECKING:
+    from ernie_tui.engine_ctl.report import EngineReport
+    from ernie_tui.engine_ctl.server import ServerStatus
+    from ernie_tui.presets import PresetBook
+    from ernie_tui.tui.series import ChartPoint
+
+# The log pane keeps this many lines; a merged batch never needs more.
+MAX_BATCH_LINES = 20_000
+
+
+@dataclass
+class StatusUpdate(Message):
+    """The server's state changed (latest wins)."""
+
+    status: "ServerStatus"
+
+    def can_replace(self, message: Message) -> bool:
+        return isinstance(message, StatusUpdate)
+
+
+@dataclass
+class LogBatch(Message):
+    """New log lines. `run` identifies the log they belong to (a restart
+    starts a new llm.log, and the pane clears when `run` changes)."""
+
+    lines: list[str]
+    run: object = None
+    first_line_no: int | None = None  # 1-based number of lines[0] in its log, when known
+    dropped: int = 0  # lines skipped because a merged batch exceeded MAX_BATCH_LINES
+
+    def can_replace(self, message: Message) -> bool:
+        if not isinstance(message, LogBatch):
+            return False
+        if message.run == self.run:
+            # Hand our lines forward: the newer batch now carries both.
+            merged = self.lines + message.lines
+            extra = len(merged) - MAX_BATCH_LINES
+            message.dropped += self.dropped
+            if extra > 0:
+                merged = merged[extra:]
+                message.dropped += extra
+            message.first_line_no = self.first_line_no
+            message.lines = merged
+        return True
+
+
+@dataclass
+class ReportUpdate(Message):
+    """A snapshot of the parsed startup report (latest wins)."""
+
+    report: "EngineReport"
+    run: object = None
+
+    def can_replace(self, message: Message) -> bool:
+        return isinstance(message, ReportUpdate)
+
+
+@dataclass
+class SeriesUpdate(Message):
+    """A snapshot of the chart series (latest wins). The points live in the
+    sampler; widgets only draw the snapshot they are given."""
+
+    points: tuple["ChartPoint", ...]
+    memory_label: str = ""
+    memory_source: str = ""  # "nvml" | "rss" | "" (none)
+    gpu_totals: tuple[float, ...] = ()  # GiB per GPU (NVML only)
+    kv_tokens_metrics: int | None = None  # cache_config_info, when /metrics gives it
+    now: float | None = None  # the sampler's clock at the snapshot (replay: end of log)
+
+    def can_replace(self, message: Message) -> bool:
+        return isinstance(message, SeriesUpdate)
+
+
+@dataclass
+class ControlResult(Message):
+    """A start/stop/restart/switch finished (or failed) in a worker."""
+
+    action: str
+    ok: bool
+    detail: str = ""
+
+
+@dataclass
+class PresetsLoaded(Message):
+    """Presets were (re)loaded, e.g. after `e` edited the file."""
+
+    book: "PresetBook"
+    error: str | None = None
+
+
+@dataclass
+class ReplayDone(Message):
+    """The replay worker read the whole log."""
+
+    path: str
+    lines: int = 0
+    extra: dict = field(default_factory=dict)

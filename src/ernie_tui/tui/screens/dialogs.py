@@ -1,0 +1,139 @@
+"""Modal dialogs: confirm, quit (stop or leave running), the exact command line."""
+
+from __future__ import annotations
+
+import shlex
+
+from textual import on
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical
+from textual.content import Content
+from textual.screen import ModalScreen
+from textual.widgets import Button, Label, Static
+
+
+class ConfirmScreen(ModalScreen[bool]):
+    """Yes / no. `y`/Enter confirm, `n`/Escape cancel."""
+
+    BINDINGS = [
+        Binding("y", "answer(True)", "Yes"),
+        Binding("n,escape", "answer(False)", "No"),
+    ]
+
+    def __init__(self, title: str, body: str | Content, yes: str = "Yes", no: str = "Cancel"):
+        super().__init__(classes="dialog-screen")
+        self._title, self._body, self._yes, self._no = title, body, yes, no
+
+    def compose(self) -> ComposeResult:
+        with Vertical(classes="dialog"):
+            yield Label(self._title, classes="dialog-title")
+            yield Static(self._body, classes="dialog-body")
+            with Horizontal(classes="dialog-buttons"):
+                yield Button(f"{self._yes} [y]", variant="warning", id="yes")
+                yield Button(f"{self._no} [n]", id="no")
+
+    def on_mount(self) -> None:
+        self.query_one("#yes", Button).focus()
+
+    def action_answer(self, value: bool) -> None:
+        self.dismiss(value)
+
+    @on(Button.Pressed)
+    def _pressed(self, event: Button.Pressed) -> None:
+        self.dismiss(event.button.id == "yes")
+
+
+class QuitScreen(ModalScreen[str]):
+    """Quit in control mode with a server running: stop it, leave it, or cancel."""
+
+    BINDINGS = [
+        Binding("s", "choose('stop')", "Stop server"),
+        Binding("l", "choose('leave')", "Leave running"),
+        Binding("escape,c", "choose('cancel')", "Cancel"),
+    ]
+
+    def __init__(self, preset: str | None, url: str, pid: int | None):
+        super().__init__(classes="dialog-screen")
+        self._preset, self._url, self._pid = preset, url, pid
+
+    def compose(self) -> ComposeResult:
+        with Vertical(classes="dialog"):
+            yield Label("Quit ernie-tui", classes="dialog-title")
+            yield Static(Content.assemble(
+                "The server ", (self._preset or "?", "bold"), f" is running at {self._url}",
+                f" (pid {self._pid}).\n" if self._pid else ".\n",
+                "Stop it, or leave it running so that a later ",
+                ("ernie-tui --attach", "bold"), " finds it?"), classes="dialog-body")
+            with Horizontal(classes="dialog-buttons"):
+                yield Button("Stop server [s]", variant="error", id="stop")
+                yield Button("Leave running [l]", variant="primary", id="leave")
+                yield Button("Cancel [esc]", id="cancel")
+
+    def on_mount(self) -> None:
+        self.query_one("#stop", Button).focus()
+
+    def action_choose(self, choice: str) -> None:
+        self.dismiss(choice)
+
+    @on(Button.Pressed)
+    def _pressed(self, event: Button.Pressed) -> None:
+        self.dismiss(event.button.id or "cancel")
+
+
+class CommandLineScreen(ModalScreen[None]):
+    """The exact argv and environment of a preset, to read or copy."""
+
+    BINDINGS = [
+        Binding("escape,q,c", "dismiss_screen", "Close"),
+        Binding("y", "copy", "Copy"),
+    ]
+
+    def __init__(self, preset_name: str, argv: list[str], env: dict[str, str]):
+        super().__init__(classes="dialog-screen")
+        self._name = preset_name
+        env_part = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
+        self.command = (env_part + " " if env_part else "") + shlex.join(argv)
+        self._argv = argv
+        self._env = env
+
+    def compose(self) -> ComposeResult:
+        with Vertical(classes="dialog -wide"):
+            yield Label(f"Command line of preset {self._name}", classes="dialog-title")
+            yield Static(self.command, id="cmdline", classes="dialog-code")
+            env = ", ".join(f"{k}={v}" for k, v in self._env.items()) or "none"
+            yield Static(Content.assemble(("argv ", "dim"), f"{len(self._argv)} items, run without a shell",
+                                          ("   env additions ", "dim"), env), classes="dialog-body")
+            with Horizontal(classes="dialog-buttons"):
+                yield Button("Copy [y]", variant="primary", id="copy")
+                yield Button("Close [esc]", id="close")
+
+    def action_dismiss_screen(self) -> None:
+        self.dismiss(None)
+
+    def action_copy(self) -> None:
+        # OSC 52: works over SSH in terminals that allow it; the text is also
+        # selectable on screen.
+        self.app.copy_to_clipboard(self.command)
+        self.notify("command line copied to the clipboard (OSC 52)", timeout=3)
+
+    @on(Button.Pressed)
+    def _pressed(self, event: Button.Pressed) -> None:
+        if event.button.id == "copy":
+            self.action_copy()
+        else:
+            self.dismiss(None)
+
+
+class BusyScreen(ModalScreen[None]):
+    """Shown while quitting stops the server (can take seconds)."""
+
+    def __init__(self, message: str):
+        super().__init__(classes="dialog-screen")
+        self._message = message
+
+    def compose(self) -> ComposeResult:
+        with Vertical(classes="dialog"):
+            yield Label(self._message, classes="dialog-title")
+            yield Static("SIGINT, then SIGTERM, then SIGKILL to the whole process group; "
+                         "done when no engine process is left.", classes="dialog-body")

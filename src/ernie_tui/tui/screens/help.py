@@ -1,0 +1,66 @@
+"""`?`: every key, and one line on what each figure on the screen means."""
+
+from __future__ import annotations
+
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Vertical, VerticalScroll
+from textual.content import Content
+from textual.screen import ModalScreen
+from textual.widgets import Label, Static
+
+KEYS: tuple[tuple[str, str], ...] = (
+    ("1–9", "switch to that preset and restart the server (asks first while it serves)"),
+    ("s / x / r", "start / stop / restart the server with the active preset"),
+    ("enter", "switch to the preset highlighted in the presets panel"),
+    ("e", "edit the preset file in $EDITOR, then reload presets"),
+    ("c", "show the exact command line of the highlighted preset (y copies it)"),
+    ("f", "apply the diagnosis' fix to a copy NAME-fixed and relaunch (after a crash)"),
+    ("p", "probe pane: send one prompt or a load burst"),
+    ("t", "chart window: 1 / 5 / 15 minutes"),
+    ("/  n  N", "search the log; next / previous match; escape closes the search"),
+    ("l / end", "follow the log again (scrolling up pauses it)"),
+    ("j", "jump to the root-cause line of the error"),
+    ("g", "small terminals: show charts instead of the log"),
+    ("ctrl+p", "command palette: start, stop, restart, switch preset, quit"),
+    ("q", "quit (control mode asks: stop the server or leave it running)"),
+)
+
+FIGURES: tuple[tuple[str, str], ...] = (
+    ("state", "stopped → starting (phase) → ready → stopping; crashed shows exit code and root cause"),
+    ("up / ready in", "time since launch; how long the start took until /health answered"),
+    ("args", "the engine arguments vLLM reports as non-default (what really applied)"),
+    ("block · len", "KV block size in tokens · max_model_len, the longest request allowed"),
+    ("attention", "the attention backend vLLM picked (FLASH_ATTN, TRITON_ATTN, CPU_ATTN, …)"),
+    ("weights", "GiB the model weights take in memory, and how long loading them took"),
+    ("KV cache", "memory left for the KV cache after weights and activations, and how many tokens fit"),
+    ("concurrency", "how many requests of full max_model_len fit in the KV cache at once"),
+    ("CUDA graphs", "time and memory spent capturing CUDA graphs (GPU only)"),
+    ("phases", "weights → torch.compile → KV profiling → CUDA graphs → ready, seconds each"),
+    ("memory chart", "GPU memory used per GPU from NVML; on CPU the engine's RSS (labelled, not GPU)"),
+    ("tokens/s chart", "prompt and generation tokens per second, from /metrics counters"),
+    ("KV % chart", "KV-cache blocks in use (left axis) with running / waiting requests (right axis)"),
+    ("log", "live llm.log: INFO green, WARNING yellow, errors red, root-cause line inverted"),
+)
+
+
+class HelpScreen(ModalScreen[None]):
+    BINDINGS = [Binding("escape,q,question_mark", "close", "Close")]
+
+    def compose(self) -> ComposeResult:
+        with Vertical(id="help", classes="dialog -wide"):
+            yield Label("ernie-tui — keys and figures", classes="dialog-title")
+            with VerticalScroll(id="help-scroll"):
+                yield Static(self._table("Keys", KEYS), classes="help-section")
+                yield Static(self._table("What the figures mean", FIGURES), classes="help-section")
+            yield Label("escape closes", classes="dialog-hint")
+
+    @staticmethod
+    def _table(title: str, rows: tuple[tuple[str, str], ...]) -> Content:
+        width = max(len(k) for k, _ in rows) + 2
+        lines = [Content.styled(title, "bold $accent")]
+        lines += [Content.assemble((f"{k:<{width}}", "bold"), v) for k, v in rows]
+        return Content("\n").join(lines)
+
+    def action_close(self) -> None:
+        self.dismiss(None)

@@ -1,0 +1,279 @@
+"""The dashboard screen: status bar, crash panel, presets, startup report,
+charts, log pane, footer. It owns the key bindings (so a modal dialog on top
+never sees them) and draws what the app hands it; control requests go back
+to the app, which runs them in workers."""
+
+from __future__ import annotations
+
+from textual import on
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical
+from textual.events import Resize
+from textual.screen import Screen
+from textual.widgets import Footer, Input
+
+from ernie_tui.tui.series import WINDOWS
+from ernie_tui.tui.widgets.charts import KVChart, MemoryChart, ThroughputChart
+from ernie_tui.tui.widgets.error_panel import ErrorPanel
+from ernie_tui.tui.widgets.log_view import LogView
+from ernie_tui.tui.widgets.presets_panel import PresetsPanel
+from ernie_tui.tui.widgets.report_panel import ReportPanel
+from ernie_tui.tui.widgets.status_bar import StatusBar
+
+COMPACT_HEIGHT = 32  # below this many rows the charts swap with the log
+
+CONTROL_ACTIONS = {"start", "stop", "restart", "switch", "edit", "fix", "command"}
+
+
+class MainScreen(Screen):
+    AUTO_FOCUS = "#log"
+
+    BINDINGS = [
+        Binding("s", "start", "Start"),
+        Binding("x", "stop", "Stop"),
+        Binding("r", "restart", "Restart"),
+        *[Binding(str(i), f"switch({i})", f"Preset {i}", show=False) for i in range(1, 10)],
+        Binding("e", "edit", "Edit"),
+        Binding("c", "command", "Cmd"),
+        Binding("f", "fix", "Fix", show=False),
+        Binding("p", "probe", "Probe", show=False),
+        Binding("t", "window", "Window"),
+        Binding("slash", "search", "Search"),
+        Binding("n", "next_match(1)", "Next", show=False),
+        Binding("N", "next_match(-1)", "Prev", show=False),
+        Binding("l,end", "follow", "Follow", show=False),
+        Binding("j", "jump", "Root cause", show=False),
+        Binding("g", "toggle_charts", "Charts/log", show=False),
+        Binding("question_mark", "help", "Help"),
+        Binding("q", "quit", "Quit"),
+    ]
+
+    def __init__(self, mode: str):
+        super().__init__()
+        self.mode = mode
+        self.window_index = 1  # 5 min
+        self._series = None
+        self._fix_text: str | None = None
+        self._fixable = False
+
+    # -- layout -------------------------------------------------------------
+    def compose(self) -> ComposeResult:
+        yield StatusBar(self.mode, id="status-bar")
+        yield ErrorPanel(id="error-panel")
+        with Horizontal(id="top"):
+            yield PresetsPanel(id="presets")
+            yield ReportPanel(id="report")
+        with Horizontal(id="charts"):
+            yield MemoryChart(id="chart-mem")
+            yield ThroughputChart(id="chart-tps")
+            yield KVChart(id="chart-kv")
+        with Vertical(id="log-pane"):
+            yield LogView(id="log")
+            yield Input(placeholder="search the log · enter keeps it · escape closes", id="log-search")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.query_one("#presets").border_title = "Presets · 1-9 switch"
+        self.query_one("#report").border_title = "Startup report"
+        self.query_one("#error-panel").border_title = "Server crashed"
+        self.set_class(self.mode != "control", "-readonly")
+        self._update_log_title()
+        self.app.main_mounted()
+
+    def on_resize(self, event: Resize) -> None:
+        self.set_class(event.size.height < COMPACT_HEIGHT, "-compact")
+
+    # -- what the app hands us ----------------------------------------------------
+    @property
+    def log_view(self) -> LogView:
+        return self.query_one("#log", LogView)
+
+    def show_status(self, status, now: float) -> None:
+        self.query_one(StatusBar).set_status(status)
+        self.query_one(StatusBar).tick(now)
+        state = status.state.value
+        self.query_one(ReportPanel).set_state(state)
+        self.query_one(PresetsPanel).set_active(status.preset_name, state)
+        panel = self.query_one(ErrorPanel)
+        if state == "crashed" and status.error is not None:
+            panel.show_error(status.error, status.exit_code, self._fix_text, mode=self.mode)
+            self.log_view.mark_root_cause(status.error.line_no)
+            panel.border_title = "Server crashed" if self.mode != "replay" else "The logged server failed"
+        elif state in ("starting", "ready", "stopped", "stopping"):
+            panel.show_error(None)
+            if state == "starting":
+                self.log_view.mark_root_cause(None)
+        self.refresh_bindings()
+
+    def show_replay_error(self, error) -> None:
+        panel = self.query_one(ErrorPanel)
+        panel.border_title = "The logged server failed"
+        panel.show_error(error, None, self._fix_text, mode="replay")
+        self.log_view.mark_root_cause(error.line_no if error else None)
+
+    def set_fix_text(self, text: str | None, fixable: bool = False, title: str | None = None) -> None:
+        self._fix_text = text
+        self._fixable = fixable
+        panel = self.query_one(ErrorPanel)
+        panel.fixable, panel.title = fixable, title
+        if panel.error is not None:
+            panel.show_error(panel.error, panel.exit_code, text, mode=panel.mode)
+        self.refresh_bindings()
+
+    def show_report(self, report) -> None:
+        self.query_one(ReportPanel).set_report(report)
+        self.query_one(StatusBar).set_report(report)
+
+    def show_series(self, update) -> None:
+        self._series = update
+        self._replot()
+        self.query_one(ReportPanel).set_metrics_kv_tokens(update.kv_tokens_metrics)
+
+    def _replot(self) -> None:
+        u = self._series
+        if u is None:
+            return
+        window = WINDOWS[self.window_index][0]
+        now = u.now if u.now is not None else (u.points[-1].t if u.points else 0.0)
+        extra = {"memory_label": u.memory_label, "memory_source": u.memory_source, "gpu_totals": u.gpu_totals}
+        with self.app.batch_update():
+            for chart in (self.query_one(MemoryChart), self.query_one(ThroughputChart), self.query_one(KVChart)):
+                chart.show(u.points, window, now, **extra)
+        self.query_one("#charts").border_title = WINDOWS[self.window_index][1]
+
+    def show_log(self, batch, run_changed: bool) -> None:
+        log = self.log_view
+        if run_changed:
+            log.clear()
+        log.append(batch.lines, dropped=batch.dropped)
+
+    def tick(self, now: float) -> None:
+        self.query_one(StatusBar).tick(now)
+
+    def set_presets(self, book, highlight: str | None = None) -> None:
+        self.query_one(PresetsPanel).set_book(book, highlight)
+
+    @property
+    def preset_names(self) -> list[str]:
+        return self.query_one(PresetsPanel).names
+
+    @property
+    def highlighted_preset(self) -> str | None:
+        return self.query_one(PresetsPanel).highlighted_name
+
+    # -- log pane title, search -----------------------------------------------------
+    @on(LogView.StateChanged)
+    def _update_log_title(self) -> None:
+        log = self.log_view
+        pane = self.query_one("#log-pane")
+        name = getattr(self.app, "log_name", "llm.log")
+        pane.border_title = f"Log · {name}"
+        bits = []
+        if log.follow:
+            bits.append("following")
+        else:
+            bits.append("PAUSED" + (f" · {log.pending:,} new" if log.pending else "") + " · l follows")
+        info = log.search_info()
+        if info is not None:
+            cur, total = info
+            bits.append(f"/{log.search_term} {cur if total else 0} of {total}")
+        if log.dropped:
+            bits.append(f"{log.dropped:,} lines skipped in a flood")
+        pane.border_subtitle = " · ".join(bits)
+        pane.set_class(not log.follow, "-paused")
+
+    def action_search(self) -> None:
+        box = self.query_one("#log-search", Input)
+        box.add_class("-visible")
+        box.value = self.log_view.search_term or ""
+        box.focus()
+
+    @on(Input.Changed, "#log-search")
+    def _search_changed(self, event: Input.Changed) -> None:
+        self.log_view.search(event.value)
+
+    @on(Input.Submitted, "#log-search")
+    def _search_submitted(self, event: Input.Submitted) -> None:
+        self.log_view.search(event.value)
+        self.query_one("#log-search", Input).remove_class("-visible")
+        self.log_view.focus()
+
+    def key_escape(self) -> None:
+        box = self.query_one("#log-search", Input)
+        if box.has_class("-visible"):
+            box.remove_class("-visible")
+            box.value = ""
+            self.log_view.search("")
+            self.log_view.focus()
+
+    def action_next_match(self, step: int) -> None:
+        self.log_view.next_match(step)
+
+    def action_follow(self) -> None:
+        self.log_view.follow = True
+
+    def action_jump(self) -> None:
+        line = self.log_view.root_cause_no
+        if line is None or not self.log_view.jump_to_line(line):
+            self.notify("no root-cause line to jump to", timeout=3)
+
+    def action_window(self) -> None:
+        self.window_index = (self.window_index + 1) % len(WINDOWS)
+        self._replot()
+        self.notify(f"chart window: {WINDOWS[self.window_index][1]}", timeout=2)
+
+    def action_toggle_charts(self) -> None:
+        self.toggle_class("-show-charts")
+
+    # -- control: handed to the app -------------------------------------------------
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if action in CONTROL_ACTIONS and self.mode != "control":
+            return False
+        if action == "fix" and not self._fixable:
+            return None
+        app = self.app
+        can = getattr(app, "can_control", None)
+        if can is not None and action in ("start", "stop", "restart"):
+            return True if can(action) else None
+        return True
+
+    def action_start(self) -> None:
+        self.app.request_start()
+
+    def action_stop(self) -> None:
+        self.app.request_stop()
+
+    def action_restart(self) -> None:
+        self.app.request_restart()
+
+    def action_switch(self, number: int) -> None:
+        names = self.preset_names
+        if not 1 <= number <= len(names):
+            self.notify(f"no preset {number}: there are {len(names)}", severity="warning", timeout=3)
+            return
+        self.query_one(PresetsPanel).highlight(names[number - 1])
+        self.app.request_switch(names[number - 1])
+
+    @on(PresetsPanel.Chosen)
+    def _chosen(self, event: PresetsPanel.Chosen) -> None:
+        if self.mode == "control":
+            self.app.request_switch(event.name)
+
+    def action_edit(self) -> None:
+        self.app.request_edit(self.highlighted_preset)
+
+    def action_command(self) -> None:
+        self.app.show_command_line(self.highlighted_preset)
+
+    def action_fix(self) -> None:
+        self.app.request_fix()
+
+    def action_probe(self) -> None:
+        self.app.open_probe()
+
+    def action_help(self) -> None:
+        self.app.open_help()
+
+    def action_quit(self) -> None:
+        self.app.request_quit()

@@ -1,0 +1,180 @@
+"""The three charts, one textual-plotext widget each.
+
+The data lives outside: the sampler keeps the series and posts snapshots;
+`show()` hands a widget the snapshot, the window and the clock, and the
+widget only draws. The latest figure is written in each chart's border
+subtitle so the number is readable even when the plot is small.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from textual_plotext import PlotextPlot
+
+from ernie_tui.tui.series import ChartPoint, in_window
+
+COLORS = ("cyan+", "magenta+", "green+", "orange+", "blue+", "red+", "yellow+", "white")
+
+
+def _fmt_ago(seconds: float) -> str:
+    seconds = int(round(seconds))
+    if seconds == 0:
+        return "now"
+    if seconds % 60 == 0:
+        return f"-{seconds // 60}m"
+    if seconds > 60:
+        return f"-{seconds // 60}m{seconds % 60:02d}"
+    return f"-{seconds}s"
+
+
+def _ticks(window: float) -> list[float]:
+    step = {60: 15, 300: 60, 900: 300}.get(int(window), max(1, int(window) // 4))
+    ticks = list(range(-int(window), 1, step))
+    if ticks[-1] != 0:
+        ticks.append(0)
+    return [float(t) for t in ticks]
+
+
+def _fmt_num(value: float | None, unit: str = "") -> str:
+    if value is None:
+        return "–"
+    if abs(value) >= 100:
+        return f"{value:,.0f}{unit}"
+    if abs(value) >= 10:
+        return f"{value:.1f}{unit}"
+    return f"{value:.2f}{unit}"
+
+
+class TimeChart(PlotextPlot):
+    """Base: a time-series chart over the last `window` seconds."""
+
+    TITLE = ""
+
+    def __init__(self, *, id: str | None = None, classes: str | None = None):
+        super().__init__(id=id, classes=classes)
+        self._points: Sequence[ChartPoint] = ()
+        self._window = 300.0
+        self._now = 0.0
+        self._extra: dict = {}
+
+    def on_mount(self) -> None:
+        super().on_mount()
+        self.border_title = self.TITLE
+        self.replot()
+
+    def show(self, points: Sequence[ChartPoint], window: float, now: float, **extra) -> None:
+        self._points = points
+        self._window = window
+        self._now = now
+        self._extra = extra
+        self.replot()
+
+    def replot(self) -> None:
+        plt = self.plt
+        plt.clear_figure()
+        plt.xlim(-self._window, 0)
+        ticks = _ticks(self._window)
+        plt.xticks(ticks, [_fmt_ago(-t) for t in ticks])
+        points = in_window(self._points, self._window, self._now)
+        self.draw(plt, points)
+        self.refresh()
+
+    def xs(self, points: Sequence[ChartPoint]) -> list[float]:
+        return [p.t - self._now for p in points]
+
+    def draw(self, plt, points: Sequence[ChartPoint]) -> None:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    @staticmethod
+    def series(points: Sequence[ChartPoint], xs: list[float], get) -> tuple[list[float], list[float]]:
+        out_x, out_y = [], []
+        for x, p in zip(xs, points):
+            v = get(p)
+            if v is not None:
+                out_x.append(x)
+                out_y.append(float(v))
+        return out_x, out_y
+
+
+class MemoryChart(TimeChart):
+    """GPU memory used per GPU (NVML), or the engine's RSS (labelled so)."""
+
+    TITLE = "Memory"
+
+    def draw(self, plt, points: Sequence[ChartPoint]) -> None:
+        label = self._extra.get("memory_label") or "memory"
+        source = self._extra.get("memory_source") or ""
+        totals: tuple[float, ...] = self._extra.get("gpu_totals") or ()
+        self.border_title = ("GPU memory GiB · NVML" if source == "nvml"
+                             else "Engine RSS GiB · not GPU" if source == "rss" else "Memory GiB")
+        self.tooltip = label
+        xs = self.xs(points)
+        count = max((len(p.mem_gib) for p in points), default=0)
+        latest: list[str] = []
+        top = 0.0
+        for i in range(count):
+            x, y = self.series(points, xs, lambda p, i=i: p.mem_gib[i] if i < len(p.mem_gib) else None)
+            if not y:
+                continue
+            name = f"GPU{i}" if source == "nvml" else "RSS"
+            plt.plot(x, y, marker="braille", color=COLORS[i % len(COLORS)])
+            top = max(top, max(y))
+            latest.append(f"{name} {y[-1]:.2f}" + (f"/{totals[i]:.0f}" if i < len(totals) else ""))
+        if source == "nvml" and totals:
+            plt.ylim(0, max(totals))
+        elif top > 0:
+            plt.ylim(0, top * 1.25)
+        else:
+            plt.ylim(0, 1)
+        self.border_subtitle = " · ".join(latest) + " GiB" if latest else "no samples"
+
+
+class ThroughputChart(TimeChart):
+    """Prompt and generation tokens/s from /metrics counters (or stats lines)."""
+
+    TITLE = "Tokens/s"
+
+    def draw(self, plt, points: Sequence[ChartPoint]) -> None:
+        xs = self.xs(points)
+        px, py = self.series(points, xs, lambda p: p.prompt_tps)
+        gx, gy = self.series(points, xs, lambda p: p.gen_tps)
+        top = max([*py, *gy, 0.0])
+        if py:
+            plt.plot(px, py, marker="braille", color="cyan+")
+        if gy:
+            plt.plot(gx, gy, marker="braille", color="magenta+")
+        plt.ylim(0, top * 1.25 if top > 0 else 1)
+        self.border_title = "Tokens/s · [ansi_bright_cyan]prompt[/] / [ansi_bright_magenta]gen[/]"
+        if py or gy:
+            self.border_subtitle = f"prompt {_fmt_num(py[-1] if py else None)} · gen {_fmt_num(gy[-1] if gy else None)}"
+        else:
+            self.border_subtitle = "no samples"
+
+
+class KVChart(TimeChart):
+    """KV-cache usage % with running / waiting requests (right axis)."""
+
+    TITLE = "KV cache %"
+
+    def draw(self, plt, points: Sequence[ChartPoint]) -> None:
+        xs = self.xs(points)
+        kx, ky = self.series(points, xs, lambda p: p.kv_pct)
+        rx, ry = self.series(points, xs, lambda p: p.running)
+        wx, wy = self.series(points, xs, lambda p: p.waiting)
+        if ky:
+            plt.plot(kx, ky, marker="braille", color="green+")
+        plt.ylim(0, 100)
+        reqs_top = max([*ry, *wy, 0.0])
+        if ry:
+            plt.plot(rx, ry, marker="braille", color="cyan+", yside="right")
+        if wy:
+            plt.plot(wx, wy, marker="braille", color="red+", yside="right")
+        if ry or wy:
+            plt.ylim(0, max(4.0, reqs_top * 1.25), yside="right")
+        self.border_title = "[ansi_bright_green]KV cache %[/] · [ansi_bright_cyan]running[/] / [ansi_bright_red]waiting[/]"
+        if ky or ry:
+            self.border_subtitle = (f"KV {_fmt_num(ky[-1] if ky else None, '%')} · run "
+                                    f"{int(ry[-1]) if ry else '–'} · wait {int(wy[-1]) if wy else '–'}")
+        else:
+            self.border_subtitle = "no samples"

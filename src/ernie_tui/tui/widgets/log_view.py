@@ -1,0 +1,284 @@
+"""The log pane: a live tail of llm.log that stays cheap under a flood.
+
+A Line-API ScrollView: only the visible lines are rendered (and cached), so
+appending thousands of lines a second costs a list extend and a refresh.
+Levels are coloured, error lines stand out, the classified root-cause line
+is marked, and `/` search highlights matches. Following (auto-scroll) pauses
+when you scroll up and resumes at the end or with `l`.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from rich.style import Style
+from rich.text import Text
+from textual.cache import LRUCache
+from textual.geometry import Size
+from textual.message import Message
+from textual.reactive import reactive
+from textual.scroll_view import ScrollView
+from textual.strip import Strip
+
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
+_NEEDS_CLEAN = re.compile(r"[\x00-\x1f\x7f]").search
+_PREFIX = re.compile(
+    r"^(?P<proc>\([A-Za-z_0-9]+(?: pid=\d+)?\)\s+)?"
+    r"(?P<level>DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL)(?P<rest>\s+\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)?\s+\[[^\]]*\])?"
+)
+_UVICORN = re.compile(r"^(?P<level>INFO|WARNING|ERROR):\s{2,}")
+_ERRORISH = re.compile(r"Traceback \(most recent call last\)|^\S*(Error|Exception)\b|\bError: |\berror: ")
+
+LEVEL_STYLES = {
+    "DEBUG": Style(color="bright_black"),
+    "INFO": Style(color="green"),
+    "WARNING": Style(color="yellow", bold=True),
+    "WARN": Style(color="yellow", bold=True),
+    "ERROR": Style(color="bright_red", bold=True),
+    "CRITICAL": Style(color="bright_red", bold=True, reverse=True),
+}
+DIM = Style(dim=True)
+ERROR_LINE = Style(color="bright_red", bgcolor="#3a0d0d")
+WARNING_LINE = Style(color="yellow")
+ROOT_CAUSE = Style(color="white", bgcolor="#8b0000", bold=True)
+MATCH = Style(color="black", bgcolor="yellow")
+CURRENT_MATCH = Style(color="black", bgcolor="bright_yellow", bold=True, underline=True)
+MAX_WIDTH = 1000  # virtual width cap: very long lines are cropped, not measured
+
+
+def line_level(line: str) -> str | None:
+    m = _PREFIX.match(line) or _UVICORN.match(line)
+    return m.group("level") if m else None
+
+
+@dataclass
+class _Search:
+    term: str
+    pattern: re.Pattern
+    matches: list[int]  # absolute line numbers (1-based)
+    current: int = -1  # index into matches
+
+
+class LogView(ScrollView, can_focus=True):
+    """A tail-follow log with level colours, error marks and search."""
+
+    DEFAULT_CSS = """
+    LogView { background: $surface; overflow-x: auto; overflow-y: scroll; }
+    """
+
+    follow: reactive[bool] = reactive(True)
+
+    class StateChanged(Message):
+        """Follow/search/pending state changed (for the pane's title)."""
+
+    def __init__(self, max_lines: int = 20_000, *, id: str | None = None, classes: str | None = None):
+        super().__init__(id=id, classes=classes)
+        self.max_lines = max_lines
+        self._lines: list[str] = []
+        self._first_no = 1  # absolute (1-based) number of self._lines[0]
+        self._width = 0
+        self._cache: LRUCache[tuple[int, int], Strip] = LRUCache(512)
+        self._generation = 0  # bumps when styling inputs change (search, root cause)
+        self._search: _Search | None = None
+        self.root_cause_no: int | None = None
+        self.pending = 0  # lines that arrived while paused
+        self.dropped = 0
+        self._auto_scrolling = False
+
+    # -- content ------------------------------------------------------------
+    @property
+    def line_count(self) -> int:
+        return len(self._lines)
+
+    @property
+    def last_line_no(self) -> int:
+        return self._first_no + len(self._lines) - 1
+
+    def lines(self) -> list[str]:
+        return list(self._lines)
+
+    def clear(self) -> None:
+        self._lines.clear()
+        self._first_no = 1
+        self._width = 0
+        self._cache.clear()
+        self._generation += 1
+        self._search = None
+        self.root_cause_no = None
+        self.pending = 0
+        self.dropped = 0
+        self.virtual_size = Size(0, 0)
+        self.scroll_to(0, 0, animate=False)
+        self.refresh()
+        self.post_message(self.StateChanged())
+
+    def append(self, lines: list[str], dropped: int = 0) -> None:
+        if not lines and not dropped:
+            return
+        if dropped:
+            self.dropped += dropped
+            self._first_no += dropped  # numbering continues past the skipped lines
+        start_y = len(self._lines)
+        clean = [_CONTROL.sub("", ln.expandtabs()) if _NEEDS_CLEAN(ln) else ln for ln in lines]
+        self._lines.extend(clean)
+        if clean:
+            widest = max(map(len, clean))
+            if widest > self._width:
+                self._width = min(MAX_WIDTH, widest)
+        if self._search is not None:
+            base = self._first_no
+            pat = self._search.pattern
+            self._search.matches.extend(base + start_y + i for i, ln in enumerate(clean) if pat.search(ln))
+        overflow = len(self._lines) - self.max_lines
+        if overflow > 0:
+            # Prune in chunks so steady-state appends stay O(batch).
+            cut = overflow + self.max_lines // 10
+            del self._lines[:cut]
+            self._first_no += cut
+            self._cache.clear()
+            if self._search is not None:
+                self._search.matches = [n for n in self._search.matches if n >= self._first_no]
+                self._search.current = min(self._search.current, len(self._search.matches) - 1)
+        self.virtual_size = Size(self._width + 1, len(self._lines))
+        if self.follow:
+            self._scroll_to_end()
+        else:
+            self.pending += len(clean)
+            self.post_message(self.StateChanged())
+        self.refresh()
+
+    def _scroll_to_end(self) -> None:
+        self._auto_scrolling = True
+        self.scroll_to(y=max(0, len(self._lines) - self.scrollable_content_region.height),
+                       animate=False, immediate=True)
+        self._auto_scrolling = False
+
+    # -- follow ---------------------------------------------------------------
+    def watch_follow(self, follow: bool) -> None:
+        if follow:
+            self.pending = 0
+            self._scroll_to_end()
+        self.post_message(self.StateChanged())
+
+    def watch_scroll_y(self, old_value: float, new_value: float) -> None:
+        super().watch_scroll_y(old_value, new_value)
+        if self._auto_scrolling or not self.is_mounted:
+            return
+        if new_value < old_value and self.follow:
+            self.follow = False  # the user scrolled up: stop following
+        elif not self.follow and new_value >= self.max_scroll_y and new_value > old_value:
+            self.follow = True  # scrolled back to the end
+
+    def on_resize(self) -> None:
+        self._cache.clear()
+        if self.follow:
+            self.call_after_refresh(self._scroll_to_end)
+
+    # -- root cause -----------------------------------------------------------
+    def mark_root_cause(self, line_no: int | None) -> None:
+        if line_no != self.root_cause_no:
+            self.root_cause_no = line_no
+            self._generation += 1
+            self.refresh()
+
+    def jump_to_line(self, line_no: int) -> bool:
+        y = line_no - self._first_no
+        if not 0 <= y < len(self._lines):
+            return False
+        self.follow = False
+        self._auto_scrolling = True
+        self.scroll_to(y=max(0, y - self.scrollable_content_region.height // 2), animate=False, immediate=True)
+        self._auto_scrolling = False
+        return True
+
+    # -- search ---------------------------------------------------------------
+    @property
+    def search_term(self) -> str | None:
+        return self._search.term if self._search else None
+
+    def search_info(self) -> tuple[int, int] | None:
+        """(current 1-based index, number of matches), or None without a search."""
+        if self._search is None:
+            return None
+        return self._search.current + 1, len(self._search.matches)
+
+    def search(self, term: str) -> int:
+        term = term.strip()
+        self._generation += 1
+        if not term:
+            self._search = None
+            self.refresh()
+            self.post_message(self.StateChanged())
+            return 0
+        pattern = re.compile(re.escape(term), re.IGNORECASE)
+        base = self._first_no
+        matches = [base + i for i, ln in enumerate(self._lines) if pattern.search(ln)]
+        self._search = _Search(term, pattern, matches, len(matches) - 1)
+        if matches:
+            self.jump_to_line(matches[-1])  # newest match first: logs are read bottom-up
+        self.refresh()
+        self.post_message(self.StateChanged())
+        return len(matches)
+
+    def next_match(self, step: int = 1) -> None:
+        s = self._search
+        if s is None or not s.matches:
+            return
+        s.current = (s.current + step) % len(s.matches)
+        self._generation += 1
+        self.jump_to_line(s.matches[s.current])
+        self.refresh()
+        self.post_message(self.StateChanged())
+
+    # -- rendering --------------------------------------------------------------
+    def render_line(self, y: int) -> Strip:
+        scroll_x, scroll_y = self.scroll_offset
+        index = scroll_y + y
+        width = self.scrollable_content_region.width
+        base_style = self.rich_style
+        if index >= len(self._lines):
+            return Strip.blank(width, base_style)
+        key = (index + self._first_no, self._generation)
+        strip = self._cache.get(key)
+        if strip is None:
+            text = self._styled(index)
+            text.stylize_before(base_style)
+            strip = Strip(text.render(self.app.console), text.cell_len)
+            self._cache[key] = strip
+        return strip.crop_extend(scroll_x, scroll_x + width, base_style).apply_offsets(scroll_x, index)
+
+    def _styled(self, index: int) -> Text:
+        line = self._lines[index]
+        if len(line) > MAX_WIDTH:
+            line = line[:MAX_WIDTH - 1] + "…"
+        number = index + self._first_no
+        text = Text(line, no_wrap=True, end="")
+        if number == self.root_cause_no:
+            text.stylize(ROOT_CAUSE)
+        else:
+            m = _PREFIX.match(line)
+            level = None
+            if m:
+                level = m.group("level")
+                if m.group("proc"):
+                    text.stylize(DIM, 0, m.end("proc"))
+                text.stylize(LEVEL_STYLES.get(level, DIM), m.start("level"), m.end("level"))
+                if m.group("rest"):
+                    text.stylize(DIM, m.start("rest"), m.end("rest"))
+            else:
+                u = _UVICORN.match(line)
+                if u:
+                    level = u.group("level")
+                    text.stylize(LEVEL_STYLES.get(level, DIM), 0, u.end("level"))
+            if level in ("ERROR", "CRITICAL") or (level is None and _ERRORISH.search(line)):
+                text.stylize(ERROR_LINE)
+            elif level in ("WARNING", "WARN") and m:
+                text.stylize(WARNING_LINE, m.end())
+        s = self._search
+        if s is not None:
+            current = s.matches[s.current] if 0 <= s.current < len(s.matches) else None
+            style = CURRENT_MATCH if number == current else MATCH
+            for mm in s.pattern.finditer(line):
+                text.stylize(style, mm.start(), mm.end())
+        return text

@@ -1,0 +1,109 @@
+"""The presets panel: every preset, numbered for the 1-9 keys, the active one
+marked, and the highlighted one's description underneath."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from textual import on
+from textual.app import ComposeResult
+from textual.containers import Vertical
+from textual.content import Content
+from textual.message import Message
+from textual.widgets import OptionList, Static
+from textual.widgets.option_list import Option
+
+ACTIVE_MARK = {"ready": "●", "starting": "◐", "stopping": "◑", "crashed": "✖", "stopped": "○"}
+
+
+class PresetsPanel(Vertical):
+    @dataclass
+    class Chosen(Message):
+        """Enter (or a click) on a preset: switch to it."""
+
+        name: str
+
+    def __init__(self, *, id: str | None = None):
+        super().__init__(id=id)
+        self._names: list[str] = []
+        self._book = None
+        self._active: str | None = None
+        self._active_state = "stopped"
+
+    def compose(self) -> ComposeResult:
+        yield OptionList(id="preset-list")
+        yield Static("", id="preset-desc")
+
+    @property
+    def names(self) -> list[str]:
+        return list(self._names)
+
+    @property
+    def highlighted_name(self) -> str | None:
+        ol = self.query_one(OptionList)
+        if ol.highlighted is None or not self._names:
+            return None
+        return self._names[ol.highlighted]
+
+    def set_book(self, book, highlight: str | None = None) -> None:
+        self._book = book
+        self._names = list(book.names())
+        self._rebuild(highlight)
+
+    def set_active(self, name: str | None, state: str) -> None:
+        if (name, state) != (self._active, self._active_state):
+            self._active, self._active_state = name, state
+            self._rebuild()
+
+    def highlight(self, name: str) -> None:
+        if name in self._names:
+            self.query_one(OptionList).highlighted = self._names.index(name)
+
+    def _prompt(self, index: int, name: str) -> Content:
+        preset = self._book.get(name)
+        key = str(index + 1) if index < 9 else " "
+        active = name == self._active
+        mark = ACTIVE_MARK.get(self._active_state, "●") if active else " "
+        summary = preset.key_args()
+        parts = [
+            (f"{key} ", "bold $accent"),
+            (f"{mark} ", "bold $success" if active and self._active_state == "ready"
+             else "bold $error" if active and self._active_state == "crashed"
+             else "bold $warning" if active else ""),
+            (name, "bold" if active else ""),
+        ]
+        if summary:
+            parts.append(("  " + summary, "dim"))
+        return Content.assemble(*parts)
+
+    def _rebuild(self, highlight: str | None = None) -> None:
+        if self._book is None or not self.is_mounted:
+            return
+        ol = self.query_one(OptionList)
+        keep = highlight or self.highlighted_name or self._active
+        ol.set_options([Option(self._prompt(i, n), id=n) for i, n in enumerate(self._names)])
+        if keep in self._names:
+            ol.highlighted = self._names.index(keep)
+        elif self._names:
+            ol.highlighted = 0
+        self._describe()
+
+    def on_mount(self) -> None:
+        self._rebuild()
+
+    @on(OptionList.OptionHighlighted)
+    def _describe(self, event: OptionList.OptionHighlighted | None = None) -> None:
+        name = self.highlighted_name
+        desc = self.query_one("#preset-desc", Static)
+        if name is None or self._book is None:
+            desc.update("")
+            return
+        preset = self._book.get(name)
+        source = "" if preset.source == "built-in" else f" ({preset.source})"
+        desc.update(Content.assemble((preset.description or "no description", "italic"), (source, "dim")))
+
+    @on(OptionList.OptionSelected)
+    def _chosen(self, event: OptionList.OptionSelected) -> None:
+        event.stop()
+        if event.option.id:
+            self.post_message(self.Chosen(event.option.id))

@@ -1,0 +1,140 @@
+"""The startup report: the figures vLLM printed while starting, and a progress
+bar through the phases (load weights → compile → KV profiling → CUDA graphs
+→ ready) with each phase's seconds as they happen."""
+
+from __future__ import annotations
+
+from textual.app import ComposeResult
+from textual.containers import Horizontal, Vertical
+from textual.content import Content
+from textual.widgets import Label, ProgressBar, Static
+
+from ernie_tui.engine_ctl.report import PHASES
+from ernie_tui.tui import format as fmt
+
+PHASE_LABEL = {
+    "load_weights": "weights",
+    "compile": "compile",
+    "kv_profiling": "KV profile",
+    "cuda_graphs": "CUDA graphs",
+    "ready": "ready",
+}
+# Args the header or other rows already show, left out of the args row.
+_HIDDEN_ARGS = {"host", "port", "model", "served_model_name"}
+
+
+def _row(label: str, *value: str | tuple[str, str]) -> Content:
+    return Content.assemble((f"{label:<12}", "dim"), *value)
+
+
+class ReportPanel(Vertical):
+    def __init__(self, *, id: str | None = None):
+        super().__init__(id=id)
+        self._report = None
+        self._state = "stopped"
+        self._kv_metrics: int | None = None
+
+    def compose(self) -> ComposeResult:
+        yield Static("", id="report-body")
+        with Horizontal(id="phase-row"):
+            yield Label("phases ", id="phase-label")
+            yield ProgressBar(total=len(PHASES), show_eta=False, show_percentage=False, id="phase-bar")
+            yield Label("", id="phase-count")
+        yield Static("", id="phase-line")
+
+    def on_mount(self) -> None:
+        self._redraw()
+
+    def set_report(self, report) -> None:
+        self._report = report
+        self._redraw()
+
+    def set_state(self, state: str) -> None:
+        if state != self._state:
+            self._state = state
+            self._redraw()
+
+    def set_metrics_kv_tokens(self, tokens: int | None) -> None:
+        if tokens != self._kv_metrics:
+            self._kv_metrics = tokens
+            self._redraw()
+
+    # -- drawing ------------------------------------------------------------
+    def _redraw(self) -> None:
+        if not self.is_mounted:
+            return
+        r = self._report
+        body = self.query_one("#report-body", Static)
+        if r is None or r.lines == 0:
+            body.update(Content.from_markup(
+                "[dim]No startup report yet.[/]\n"
+                "[dim]It fills in from the server's log as vLLM starts:[/]\n"
+                "[dim]args, attention backend, weights, KV cache, concurrency.[/]"))
+            self._phases(None)
+            return
+        rows: list[Content] = []
+        model = r.model or "–"
+        rows.append(_row("model", (model.rstrip("/").rsplit("/", 1)[-1], "bold"),
+                         (f"  {r.architecture or ''}", "dim")))
+        args = {k: v for k, v in (r.non_default_args or {}).items() if k not in _HIDDEN_ARGS}
+        args_text = " ".join(f"{k}={fmt.size_arg(v)}" for k, v in args.items()) or "(defaults)"
+        rows.append(_row("args", args_text))
+        rows.append(_row("block · len", (fmt.integer(r.block_size), "bold"), " · ",
+                         (fmt.integer(r.max_model_len), "bold"),
+                         ("   attention ", "dim"), (r.attention_backend or "–", "bold")))
+        weights = fmt.gib(r.weights_gib)
+        if r.weights_load_seconds is not None:
+            weights += f" in {fmt.seconds(r.weights_load_seconds)}"
+        rows.append(_row("weights", weights))
+        kv_parts: list[str | tuple[str, str]] = [(fmt.gib(r.kv_cache_gib), "bold"), " = ",
+                                                 (f"{fmt.integer(r.kv_cache_tokens)} tokens", "bold $accent")]
+        if self._kv_metrics is not None and r.kv_cache_tokens is not None:
+            if self._kv_metrics == r.kv_cache_tokens:
+                kv_parts.append(("  ✔ /metrics agrees", "$success"))
+            else:
+                kv_parts.append((f"  ≠ /metrics {self._kv_metrics:,}", "bold $error"))
+        rows.append(_row("KV cache", *kv_parts))
+        conc = f"{r.max_concurrency:.2f}×" if r.max_concurrency is not None else "–"
+        at = f" at {fmt.integer(r.max_model_len)} tokens/request" if r.max_model_len else ""
+        rows.append(_row("concurrency", (conc, "bold"), at))
+        graphs = "n/a on CPU" if r.platform == "cpu" else (
+            f"{fmt.seconds(r.cuda_graph_seconds)}, {fmt.gib(r.cuda_graph_gib)}"
+            if r.cuda_graph_seconds is not None else "–")
+        rows.append(_row("CUDA graphs", graphs, ("   init engine ", "dim"), fmt.seconds(r.init_engine_seconds)))
+        body.update(Content("\n").join(rows))
+        self._phases(r)
+
+    def _phases(self, r) -> None:
+        bar = self.query_one("#phase-bar", ProgressBar)
+        line = self.query_one("#phase-line", Static)
+        count = self.query_one("#phase-count", Label)
+        if r is None:
+            bar.update(progress=0)
+            count.update("")
+            line.update(Content.assemble(*[(f"· {PHASE_LABEL[p]}  ", "dim") for p in PHASES]))
+            return
+        reached = PHASES.index(r.phase) if r.phase in PHASES else -1
+        if r.ready:
+            reached = len(PHASES) - 1
+        failed = r.error is not None or self._state == "crashed"
+        done = reached + 1 if (r.ready or failed) else reached
+        done = max(done, 0)
+        bar.update(progress=done)
+        count.update(f" {done}/{len(PHASES)}")
+        parts: list[tuple[str, str]] = []
+        for i, p in enumerate(PHASES):
+            secs = r.phases.get(p)
+            label = PHASE_LABEL[p]
+            if p == "cuda_graphs" and r.platform == "cpu":
+                parts.append((f"– {label} n/a  ", "dim"))
+                continue
+            if failed and i == reached + 1:
+                parts.append((f"✖ {label}  ", "bold $error"))
+            elif i < reached or (i == reached and (r.ready or secs is not None)):
+                t = f" {fmt.seconds(secs)}" if secs is not None else ""
+                parts.append((f"✔ {label}{t}  ", "$success"))
+            elif i == reached and not failed:
+                parts.append((f"◐ {label}…  ", "bold $warning"))
+            else:
+                parts.append((f"· {label}  ", "dim"))
+        line.update(Content.assemble(*parts))

@@ -1,0 +1,120 @@
+"""The top line: what the server is doing, at a glance.
+
+    ● READY  cpu-demo  http://127.0.0.1:8011  pid 4242  up 0:03:12  vLLM 0.32.0  cpu   CONTROL
+
+The state badge is coloured by state (the one thing you must read from across
+the room); the rest is plain facts. Uptime is computed from the app's clock,
+which tests freeze.
+"""
+
+from __future__ import annotations
+
+from textual.app import ComposeResult
+from textual.containers import Horizontal
+from textual.widgets import Label
+
+from ernie_tui.tui.format import duration
+
+STATE_GLYPH = {
+    "stopped": "○",
+    "starting": "◐",
+    "ready": "●",
+    "stopping": "◑",
+    "crashed": "✖",
+    "replay": "▤",
+}
+
+PHASE_WORDS = {
+    "launching": "launching",
+    "connecting": "connecting",
+    "load_weights": "loading weights",
+    "compile": "torch.compile",
+    "kv_profiling": "KV profiling",
+    "cuda_graphs": "CUDA graphs",
+    "ready": "ready",
+    "unreachable": "unreachable",
+}
+
+
+class StatusBar(Horizontal):
+    """State badge + preset, URL, PID, uptime, vLLM version, platform, mode."""
+
+    def __init__(self, mode: str, *, id: str | None = None):
+        super().__init__(id=id)
+        self.mode = mode
+        self._status = None
+        self._report = None
+        self._now: float | None = None
+        self._replay_name: str | None = None
+
+    def compose(self) -> ComposeResult:
+        yield Label("", id="sb-state", classes="-stopped")
+        yield Label("", id="sb-facts")
+        yield Label(self.mode.upper(), id="sb-mode", classes=f"-{self.mode}")
+
+    def on_mount(self) -> None:
+        self._redraw()
+
+    def set_status(self, status) -> None:
+        self._status = status
+        self._redraw()
+
+    def set_report(self, report) -> None:
+        self._report = report
+        self._redraw()
+
+    def set_replay(self, name: str) -> None:
+        self._replay_name = name
+        self._redraw()
+
+    def tick(self, now: float) -> None:
+        self._now = now
+        self._redraw()
+
+    def _state_word(self) -> tuple[str, str]:
+        st = self._status
+        if st is None:
+            return ("replay", "REPLAY") if self.mode == "replay" else ("stopped", "STOPPED")
+        state = st.state.value
+        word = state.upper()
+        if state == "starting" and st.phase:
+            word = f"STARTING: {PHASE_WORDS.get(st.phase, st.phase)}"
+        elif state == "crashed" and st.exit_code is not None:
+            word = f"CRASHED (exit {st.exit_code})"
+        elif state == "stopped" and st.phase == "unreachable":
+            word = "UNREACHABLE"
+        return state, word
+
+    def _redraw(self) -> None:
+        if not self.is_mounted:
+            return
+        state, word = self._state_word()
+        badge = self.query_one("#sb-state", Label)
+        badge.update(f" {STATE_GLYPH.get(state, '?')} {word} ")
+        for cls in list(badge.classes):
+            if cls.startswith("-"):
+                badge.remove_class(cls)
+        badge.add_class(f"-{state}")
+        facts: list[str] = []
+        st, rp = self._status, self._report
+        if self._replay_name:
+            facts.append(self._replay_name)
+        if st is not None and st.preset_name:
+            facts.append(st.preset_name)
+        url = (st.url if st is not None and st.url else None) or (rp.server_url if rp is not None else None)
+        if url:
+            facts.append(url)
+        pid = st.pid if st is not None else None
+        if pid is None and rp is not None:
+            pid = rp.pids.get("APIServer")
+        if pid:
+            facts.append(f"pid {pid}")
+        if st is not None and st.running and st.started_at and self._now is not None:
+            facts.append(f"up {duration(self._now - st.started_at)}")
+            if st.ready_at and st.state.value == "ready":
+                facts.append(f"ready in {duration(st.ready_at - st.started_at, precise=True)}")
+        if rp is not None and rp.vllm_version:
+            facts.append(f"vLLM {rp.vllm_version}")
+        if rp is not None and rp.platform:
+            facts.append(rp.platform)
+        self.query_one("#sb-facts", Label).update("  ".join(facts))

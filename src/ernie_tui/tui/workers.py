@@ -1,0 +1,215 @@
+"""Background work for the dashboard. None of it touches a widget: each loop
+reads or computes, then posts a Message (see messages.py) to the app.
+
+- ServerBridge: the engine's listener callback (runs on its monitor thread)
+  turns StatusChanged / LogLines events into StatusUpdate / LogBatch.
+- report_loop: at most 4 Hz, a copy of the live report when it changed.
+- Sampler.run: 1 Hz (configurable), memory (NVML or engine RSS) and /metrics
+  into a bounded series; posts a snapshot for the charts.
+- replay_log: reads a captured llm.log once; posts the log, the report and
+  the chart points from its stats lines.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from pathlib import Path
+from typing import Callable
+
+from ernie_tui.tui.messages import LogBatch, ReplayDone, ReportUpdate, SeriesUpdate, StatusUpdate
+from ernie_tui.tui.series import GIB, MAX_WINDOW, ChartPoint, points_from_stats
+
+Post = Callable[[object], object]
+Cancelled = Callable[[], bool]
+
+
+class ServerBridge:
+    """Forwards one server's events to the UI as messages."""
+
+    def __init__(self, post: Post, server):
+        self.post = post
+        self.server = server
+        self._lock = threading.Lock()
+        self.run: object = None
+        self._line_no = 0
+        self.report_dirty = threading.Event()
+        server.add_listener(self._on_event)
+
+    def _on_event(self, event) -> None:
+        from ernie_tui.engine_ctl.server import LogLines, StatusChanged
+
+        if isinstance(event, StatusChanged):
+            st = event.status
+            with self._lock:
+                if st.started_at is not None and st.started_at != self.run:
+                    self.run = st.started_at
+                    self._line_no = 0
+            self.report_dirty.set()
+            self.post(StatusUpdate(st))
+        elif isinstance(event, LogLines):
+            with self._lock:
+                first = self._line_no + 1
+                self._line_no += len(event.lines)
+                run = self.run
+            self.post(LogBatch(list(event.lines), run=run, first_line_no=first))
+            self.report_dirty.set()
+
+    def close(self) -> None:
+        try:
+            self.server.remove_listener(self._on_event)
+        except Exception:
+            pass
+
+
+def report_loop(post: Post, bridge: ServerBridge, cancelled: Cancelled, interval: float = 0.25) -> None:
+    """Post a copy of the server's report whenever the log moved it."""
+    while not cancelled():
+        if bridge.report_dirty.wait(interval):
+            bridge.report_dirty.clear()
+            try:
+                report = bridge.server.report  # a deep copy, taken under the server's lock
+            except Exception:
+                continue
+            post(ReportUpdate(report, run=bridge.run))
+            time.sleep(interval)  # at most 1/interval reports a second, however fast the log
+
+
+class Sampler:
+    """Memory and /metrics at a fixed rate into a bounded series."""
+
+    def __init__(self, post: Post, get_server: Callable[[], object | None], clock: Callable[[], float],
+                 interval: float = 1.0, resource_factory=None, metrics_factory=None,
+                 api_key: str | None = None):
+        self.post = post
+        self.get_server = get_server
+        self.clock = clock
+        self.interval = interval
+        self.resource_factory = resource_factory
+        self.metrics_factory = metrics_factory
+        self.api_key = api_key
+        self.points: deque[ChartPoint] = deque(maxlen=int(MAX_WINDOW / max(interval, 0.05)) + 10)
+
+    def run(self, cancelled: Cancelled) -> None:
+        from ernie_tui.engine_ctl import metrics as m
+        from ernie_tui.engine_ctl.resources import ResourceSampler
+
+        def pids() -> list[int]:
+            server = self.get_server()
+            try:
+                return list(server.engine_pids()) if server is not None else []
+            except Exception:
+                return []
+
+        resources = (self.resource_factory or ResourceSampler)(pids=pids)
+        client = None
+        client_url = None
+        prev = None
+        kv_tokens: int | None = None
+        try:
+            next_at = time.monotonic()
+            while not cancelled():
+                server = self.get_server()
+                status = server.status if server is not None else None
+                running = bool(status and status.running)
+                mem: tuple[float, ...] = ()
+                totals: tuple[float, ...] = ()
+                if running or resources.nvml:
+                    try:
+                        ms = resources.sample()
+                    except Exception:
+                        ms = None
+                    if ms is not None:
+                        if ms.source == "nvml":
+                            mem = tuple(g.used_bytes / GIB for g in ms.gpus)
+                            totals = tuple(g.total_bytes / GIB for g in ms.gpus)
+                        elif ms.engine_bytes:
+                            mem = (ms.engine_bytes / GIB,)
+                sample = None
+                if status is not None and status.state.value == "ready" and status.url:
+                    if client is None or client_url != status.url:
+                        if client is not None:
+                            client.close()
+                        client = (self.metrics_factory or m.MetricsClient)(status.url, api_key=self.api_key)
+                        client_url, prev = status.url, None
+                    snap = client.try_fetch()
+                    if snap is not None:
+                        sample = m.derive_sample(prev, snap)
+                        prev = snap
+                        cc = snap.cache_config()
+                        if cc is not None and cc.kv_cache_size_tokens is not None:
+                            kv_tokens = cc.kv_cache_size_tokens
+                else:
+                    prev = None  # a restart resets the counters: no rate across it
+                    if not running:
+                        kv_tokens = None
+                now = self.clock()
+                self.points.append(ChartPoint(
+                    t=now, mem_gib=mem,
+                    prompt_tps=sample.prompt_tps if sample else None,
+                    gen_tps=sample.generation_tps if sample else None,
+                    kv_pct=sample.kv_cache_usage_pct if sample else None,
+                    running=int(sample.running) if sample and sample.running is not None else None,
+                    waiting=int(sample.waiting) if sample and sample.waiting is not None else None,
+                ))
+                self.post(SeriesUpdate(tuple(self.points), memory_label=resources.label,
+                                       memory_source="nvml" if resources.nvml else "rss",
+                                       gpu_totals=totals, kv_tokens_metrics=kv_tokens, now=now))
+                next_at += self.interval
+                delay = next_at - time.monotonic()
+                if delay < 0:
+                    next_at = time.monotonic()
+                    delay = 0
+                _sleep(delay, cancelled)
+        finally:
+            if client is not None:
+                client.close()
+            try:
+                resources.close()
+            except Exception:
+                pass
+
+
+def _sleep(seconds: float, cancelled: Cancelled) -> None:
+    end = time.monotonic() + seconds
+    while not cancelled():
+        left = end - time.monotonic()
+        if left <= 0:
+            return
+        time.sleep(min(left, 0.1))
+
+
+def replay_log(post: Post, path: Path, cancelled: Cancelled, batch_lines: int = 5000) -> None:
+    """Read a captured llm.log once and post what the dashboard shows."""
+    from ernie_tui.engine_ctl.logparse import LogParser
+    from ernie_tui.engine_ctl.logtail import LogTailer
+
+    parser = LogParser()
+    tailer = LogTailer(path, from_start=True)
+    run = str(path)
+    line_no = 0
+    try:
+        while not cancelled():
+            lines = tailer.read_new()
+            if not lines:
+                break
+            for i in range(0, len(lines), batch_lines):
+                chunk = lines[i:i + batch_lines]
+                for line in chunk:
+                    parser.feed(line)
+                post(LogBatch(chunk, run=run, first_line_no=line_no + 1))
+                line_no += len(chunk)
+        last = tailer.partial  # a last line without a newline
+        if last and not cancelled():
+            parser.feed(last)
+            post(LogBatch([last], run=run, first_line_no=line_no + 1))
+            line_no += 1
+    finally:
+        tailer.close()
+    report = parser.report
+    post(ReportUpdate(report, run=run))
+    points = points_from_stats(report.stats)
+    post(SeriesUpdate(tuple(points), memory_label="no memory figures in a log", memory_source="",
+                      now=points[-1].t if points else 0.0))
+    post(ReplayDone(str(path), line_no))
