@@ -1,0 +1,659 @@
+"""Read a vLLM server's Prometheus `/metrics` and turn it into figures.
+
+Parsing uses prometheus_client's own text parser. Everything here is looked
+up by *sample* name (e.g. ``vllm:prompt_tokens_total``, ``..._bucket``)
+rather than family name, because the parser names a family differently
+depending on whether the scrape carried ``# TYPE`` lines (a counter family
+``vllm:prompt_tokens`` vs an untyped ``vllm:prompt_tokens_total``) and
+partial scrapes or proxies drop those lines.
+
+vLLM renames metrics between versions, so every figure is looked up through
+a list of candidate names, newest first; a figure whose metric is missing is
+None, never an exception. When a server has several engines (data
+parallel) or label sets, counters and histograms are summed over them.
+
+Windowed figures (rates, latency percentiles) come from the difference of two
+snapshots: counters and histogram buckets only ever grow, so the delta is
+exactly what happened between the two scrapes. A delta that went negative
+means the server restarted in between; that window gives None.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections import deque
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from ernie_tui.engine_ctl import stats
+
+# Candidate metric names, newest vLLM first. Sample names, so counters end in
+# _total and histograms are the base name (the _bucket/_sum/_count suffixes
+# are added when read).
+PROMPT_TOKENS = ("vllm:prompt_tokens_total",)
+GENERATION_TOKENS = ("vllm:generation_tokens_total",)
+REQUEST_SUCCESS = ("vllm:request_success_total",)
+PREEMPTIONS = ("vllm:num_preemptions_total",)
+PREFIX_QUERIES = ("vllm:prefix_cache_queries_total", "vllm:gpu_prefix_cache_queries_total")
+PREFIX_HITS = ("vllm:prefix_cache_hits_total", "vllm:gpu_prefix_cache_hits_total")
+RUNNING = ("vllm:num_requests_running",)
+WAITING = ("vllm:num_requests_waiting",)
+# kv_cache_usage_perc since vLLM ~0.10; gpu_cache_usage_perc before. Both
+# hold a fraction 0..1 despite the name.
+KV_USAGE = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
+TTFT = ("vllm:time_to_first_token_seconds",)
+# Older vLLM called the inter-token histogram time_per_output_token_seconds;
+# newer ones renamed it and reuse a similar name for a per-request figure.
+ITL = ("vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds")
+E2E = ("vllm:e2e_request_latency_seconds",)
+QUEUE = ("vllm:request_queue_time_seconds",)
+CACHE_CONFIG = ("vllm:cache_config_info",)
+# What a live chart needs: the fast path for pollers (see MetricsSnapshot.parse).
+LIVE_METRICS = (*PROMPT_TOKENS, *GENERATION_TOKENS, *REQUEST_SUCCESS, *PREEMPTIONS, *RUNNING, *WAITING,
+                *KV_USAGE)
+
+# A snapshot of /metrics is ~50 KB and a few ms to parse; a short timeout keeps
+# a wedged server from freezing whoever polls it.
+DEFAULT_TIMEOUT_S = 2.0
+
+
+class MetricsError(Exception):
+    """/metrics could not be fetched or read; the message is for humans."""
+
+
+Labels = Mapping[str, str]
+
+
+@dataclass(frozen=True)
+class Histogram:
+    """A cumulative Prometheus histogram, summed over label sets.
+
+    ``buckets`` are (upper bound, cumulative count) sorted by bound, the last
+    one +Inf. A delta of two of these is again a Histogram (of the window).
+    """
+
+    buckets: tuple[tuple[float, float], ...]
+    sum: float
+    count: float
+
+    @property
+    def mean(self) -> float | None:
+        return self.sum / self.count if self.count > 0 else None
+
+    def delta(self, earlier: "Histogram | None") -> "Histogram | None":
+        """What was observed after `earlier`; None after a server restart or
+        when the bucket layout changed (different vLLM between the scrapes)."""
+        if earlier is None:
+            return self
+        if [b for b, _ in self.buckets] != [b for b, _ in earlier.buckets]:
+            return None
+        buckets = tuple((b, c - c0) for (b, c), (_, c0) in zip(self.buckets, earlier.buckets))
+        count = self.count - earlier.count
+        if count < 0 or any(c < 0 for _, c in buckets):
+            return None
+        return Histogram(buckets, self.sum - earlier.sum, count)
+
+    def quantile(self, q: float) -> float | None:
+        """Estimated q-quantile (0..1), as Prometheus' histogram_quantile does:
+        find the bucket holding rank q*count and interpolate linearly inside
+        it, taking the lower edge of the first bucket as 0. A rank that falls
+        in the +Inf bucket returns the highest finite bound (all we know is
+        "more than that"). None when the histogram is empty.
+        """
+        if not 0.0 <= q <= 1.0:
+            raise ValueError(f"quantile must be within 0..1, got {q}")
+        total = self.buckets[-1][1] if self.buckets else 0.0
+        if total <= 0:
+            return None
+        rank = q * total
+        prev_bound, prev_count = 0.0, 0.0
+        for bound, cum in self.buckets:
+            if cum >= rank and cum > prev_count:
+                if math.isinf(bound):
+                    return prev_bound
+                in_bucket = cum - prev_count
+                return prev_bound + (bound - prev_bound) * (rank - prev_count) / in_bucket
+            prev_bound, prev_count = bound, cum
+        return prev_bound
+
+    def summary(self) -> dict[str, float | None]:
+        """{'count', 'mean', 'p50', 'p90', 'p99'} in the histogram's unit."""
+        return {
+            "count": self.count,
+            "mean": self.mean,
+            "p50": self.quantile(0.50),
+            "p90": self.quantile(0.90),
+            "p99": self.quantile(0.99),
+        }
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    """The labels of vLLM's ``cache_config_info`` info-gauge, typed.
+
+    ``kv_cache_size_tokens`` appears in newer vLLM; for older ones it is
+    derived as num_gpu_blocks * block_size (the same figure vLLM logs as
+    "GPU KV cache size").
+    """
+
+    block_size: int | None = None
+    num_gpu_blocks: int | None = None
+    num_cpu_blocks: int | None = None
+    kv_cache_size_tokens: int | None = None
+    kv_cache_max_concurrency: float | None = None
+    kv_cache_memory_bytes: int | None = None
+    gpu_memory_utilization: float | None = None
+    cache_dtype: str | None = None
+    enable_prefix_caching: bool | None = None
+    raw: dict[str, str] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _none(value: str | None) -> str | None:
+    return None if value is None or value in ("None", "none", "") else value
+
+
+def _as_int(value: str | None) -> int | None:
+    value = _none(value)
+    if value is None:
+        return None
+    try:
+        return int(float(value))
+    except ValueError:
+        return None
+
+
+def _as_float(value: str | None) -> float | None:
+    value = _none(value)
+    if value is None:
+        return None
+    try:
+        return float(value)
+    except ValueError:
+        return None
+
+
+def _as_bool(value: str | None) -> bool | None:
+    value = _none(value)
+    if value is None:
+        return None
+    return value.lower() in ("true", "1", "yes")
+
+
+def _only(text: str, prefixes: tuple[str, ...]) -> str:
+    # Cheap pre-filter: keep the sample lines (and their HELP/TYPE lines) of
+    # the named metrics. A full vLLM scrape is ~1,000 lines and parsing all of
+    # it holds the GIL for ~10 ms; a burst sampler needs three gauges.
+    keep = []
+    for line in text.splitlines():
+        body = line[7:] if line.startswith(("# HELP ", "# TYPE ")) else line
+        if body.startswith(prefixes):
+            keep.append(line)
+    return "\n".join(keep) + "\n"
+
+
+def _parse_families(text: str) -> list:
+    try:
+        return list(text_string_to_metric_families(text))
+    except Exception:
+        pass
+    # One bad line (a truncated scrape, a proxy's banner) makes the parser give
+    # up on the whole text. Keep every line that parses on its own instead.
+    good: list[str] = []
+    for line in text.splitlines():
+        stripped = line.strip()
+        if not stripped:
+            continue
+        if stripped.startswith("#"):
+            good.append(line)
+            continue
+        try:
+            list(text_string_to_metric_families(line + "\n"))
+        except Exception:
+            continue
+        good.append(line)
+    try:
+        return list(text_string_to_metric_families("\n".join(good) + "\n"))
+    except Exception:
+        # HELP/TYPE lines in a bad order can still upset it; drop them too.
+        samples_only = "\n".join(line for line in good if not line.lstrip().startswith("#"))
+        try:
+            return list(text_string_to_metric_families(samples_only + "\n"))
+        except Exception:
+            return []
+
+
+@dataclass
+class MetricsSnapshot:
+    """One scrape of /metrics: when it was taken and what it held.
+
+    ``timestamp`` is wall-clock (for charts); ``mono`` is time.monotonic() at
+    the scrape and is what rates are computed from.
+    """
+
+    timestamp: float
+    families: list = field(default_factory=list, repr=False)
+    mono: float | None = None
+    model_name: str | None = None  # only samples with this model_name label (None: all)
+    _index: dict[str, list[tuple[dict[str, str], float]]] = field(default_factory=dict, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.mono is None:
+            self.mono = self.timestamp
+        if not self._index:
+            self._index = self._build_index()
+
+    @classmethod
+    def parse(cls, text: str, timestamp: float | None = None, mono: float | None = None,
+              model_name: str | None = None, only: Iterable[str] | None = None) -> "MetricsSnapshot":
+        """Parse a scrape. `only`: metric names (prefixes) to keep, skipping the
+        rest before parsing, for pollers that need a few figures fast."""
+        if only is not None:
+            text = _only(text, tuple(only))
+        if timestamp is None:
+            timestamp = time.time()
+            mono = time.monotonic() if mono is None else mono
+        return cls(timestamp=timestamp, families=_parse_families(text), mono=mono, model_name=model_name)
+
+    def _build_index(self) -> dict[str, list[tuple[dict[str, str], float]]]:
+        index: dict[str, list[tuple[dict[str, str], float]]] = {}
+        for fam in self.families:
+            for s in fam.samples:
+                labels = dict(s.labels)
+                if self.model_name is not None and labels.get("model_name") not in (None, self.model_name):
+                    continue
+                index.setdefault(s.name, []).append((labels, float(s.value)))
+        return index
+
+    # -- raw access ------------------------------------------------------
+    def names(self) -> list[str]:
+        return sorted(self._index)
+
+    def samples(self, name: str) -> list[tuple[dict[str, str], float]]:
+        return list(self._index.get(name, ()))
+
+    def has(self, name: str) -> bool:
+        return name in self._index
+
+    def _pick(self, names: Iterable[str] | str, suffix: str = "") -> str | None:
+        if isinstance(names, str):
+            names = (names,)
+        for n in names:
+            if n + suffix in self._index:
+                return n
+        return None
+
+    # -- typed access ----------------------------------------------------
+    def total(self, names: Iterable[str] | str) -> float | None:
+        """Sum of a counter/gauge over all its label sets; None if absent."""
+        name = self._pick(names)
+        if name is None:
+            return None
+        values = [v for _, v in self._index[name] if not math.isnan(v)]
+        return math.fsum(values) if values else None
+
+    def maximum(self, names: Iterable[str] | str) -> float | None:
+        name = self._pick(names)
+        if name is None:
+            return None
+        values = [v for _, v in self._index[name] if not math.isnan(v)]
+        return max(values) if values else None
+
+    def histogram(self, names: Iterable[str] | str) -> Histogram | None:
+        name = self._pick(names, "_bucket")
+        if name is None:
+            return None
+        by_bound: dict[float, float] = {}
+        for labels, v in self._index.get(name + "_bucket", ()):
+            le = labels.get("le")
+            if le is None:
+                continue
+            try:
+                bound = float(le)
+            except ValueError:
+                continue
+            by_bound[bound] = by_bound.get(bound, 0.0) + v
+        if not by_bound:
+            return None
+        buckets = tuple(sorted(by_bound.items()))
+        total_sum = math.fsum(v for _, v in self._index.get(name + "_sum", ()))
+        counts = self._index.get(name + "_count")
+        count = math.fsum(v for _, v in counts) if counts else buckets[-1][1]
+        return Histogram(buckets, total_sum, count)
+
+    # -- the figures the dashboard shows --------------------------------
+    @property
+    def running(self) -> float | None:
+        return self.total(RUNNING)
+
+    @property
+    def waiting(self) -> float | None:
+        return self.total(WAITING)
+
+    @property
+    def kv_cache_usage_pct(self) -> float | None:
+        """KV-cache usage in percent (0..100). With several engines, the fullest
+        one: that is the one that starts preempting first."""
+        frac = self.maximum(KV_USAGE)
+        return None if frac is None else frac * 100.0
+
+    @property
+    def prompt_tokens(self) -> float | None:
+        return self.total(PROMPT_TOKENS)
+
+    @property
+    def generation_tokens(self) -> float | None:
+        return self.total(GENERATION_TOKENS)
+
+    @property
+    def requests_finished(self) -> float | None:
+        return self.total(REQUEST_SUCCESS)
+
+    @property
+    def process_rss_bytes(self) -> float | None:
+        """RSS of the API-server process itself (not the engine core)."""
+        return self.total("process_resident_memory_bytes")
+
+    def cache_config(self) -> CacheConfig | None:
+        name = self._pick(CACHE_CONFIG)
+        if name is None:
+            return None
+        labels = dict(self._index[name][0][0])
+        block = _as_int(labels.get("block_size"))
+        gpu_blocks = _as_int(labels.get("num_gpu_blocks"))
+        tokens = _as_int(labels.get("kv_cache_size_tokens"))
+        if tokens is None and block is not None and gpu_blocks is not None:
+            tokens = block * gpu_blocks
+        return CacheConfig(
+            block_size=block,
+            num_gpu_blocks=gpu_blocks,
+            num_cpu_blocks=_as_int(labels.get("num_cpu_blocks")),
+            kv_cache_size_tokens=tokens,
+            kv_cache_max_concurrency=_as_float(labels.get("kv_cache_max_concurrency")),
+            kv_cache_memory_bytes=_as_int(labels.get("kv_cache_memory_bytes")),
+            gpu_memory_utilization=_as_float(labels.get("gpu_memory_utilization")),
+            cache_dtype=_none(labels.get("cache_dtype")),
+            enable_prefix_caching=_as_bool(labels.get("enable_prefix_caching")),
+            raw=labels,
+        )
+
+
+def parse_metrics(text: str, timestamp: float | None = None, model_name: str | None = None) -> MetricsSnapshot:
+    return MetricsSnapshot.parse(text, timestamp=timestamp, model_name=model_name)
+
+
+def cache_config(snapshot: MetricsSnapshot) -> CacheConfig | None:
+    return snapshot.cache_config()
+
+
+# -- windows between two snapshots ---------------------------------------
+
+def counter_delta(before: MetricsSnapshot, after: MetricsSnapshot, names: Iterable[str] | str) -> float | None:
+    """How much a counter grew between two scrapes; None if missing or reset."""
+    a, b = before.total(names), after.total(names)
+    if a is None or b is None or b < a:
+        return None
+    return b - a
+
+
+def counter_rate(before: MetricsSnapshot, after: MetricsSnapshot, names: Iterable[str] | str) -> float | None:
+    """Per-second rate of a counter over the window between two scrapes."""
+    return stats.rate(counter_delta(before, after, names), elapsed(before, after))
+
+
+def elapsed(before: MetricsSnapshot, after: MetricsSnapshot) -> float:
+    return float(after.mono) - float(before.mono)  # type: ignore[arg-type]
+
+
+def histogram_delta(before: MetricsSnapshot | None, after: MetricsSnapshot,
+                    names: Iterable[str] | str) -> Histogram | None:
+    """The histogram of what was observed between two scrapes (or since the
+    server started, when `before` is None)."""
+    h1 = after.histogram(names)
+    if h1 is None:
+        return None
+    if before is None:
+        return h1
+    return h1.delta(before.histogram(names))
+
+
+@dataclass
+class WindowStats:
+    """What the server did between two scrapes, by its own account."""
+
+    seconds: float
+    prompt_tokens: float | None
+    generation_tokens: float | None
+    requests_finished: float | None
+    prompt_tps: float | None
+    generation_tps: float | None
+    requests_per_s: float | None
+    preemptions: float | None
+    prefix_hit_pct: float | None
+    ttft: dict[str, float | None] | None  # seconds: count, mean, p50, p90, p99
+    itl: dict[str, float | None] | None
+    e2e: dict[str, float | None] | None
+    queue: dict[str, float | None] | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def window(before: MetricsSnapshot, after: MetricsSnapshot) -> WindowStats:
+    secs = elapsed(before, after)
+
+    def hist(names: tuple[str, ...]) -> dict[str, float | None] | None:
+        h = histogram_delta(before, after, names)
+        return None if h is None else h.summary()
+
+    queries = counter_delta(before, after, PREFIX_QUERIES)
+    hits = counter_delta(before, after, PREFIX_HITS)
+    prefix = (hits / queries * 100.0) if (queries and hits is not None) else None
+    prompt = counter_delta(before, after, PROMPT_TOKENS)
+    gen = counter_delta(before, after, GENERATION_TOKENS)
+    reqs = counter_delta(before, after, REQUEST_SUCCESS)
+    return WindowStats(
+        seconds=secs,
+        prompt_tokens=prompt,
+        generation_tokens=gen,
+        requests_finished=reqs,
+        prompt_tps=stats.rate(prompt, secs),
+        generation_tps=stats.rate(gen, secs),
+        requests_per_s=stats.rate(reqs, secs),
+        preemptions=counter_delta(before, after, PREEMPTIONS),
+        prefix_hit_pct=prefix,
+        ttft=hist(TTFT),
+        itl=hist(ITL),
+        e2e=hist(E2E),
+        queue=hist(QUEUE),
+    )
+
+
+# -- fetching --------------------------------------------------------------
+
+def metrics_url(url: str) -> str:
+    """Accept the server's base URL, its /v1 URL, or the /metrics URL itself."""
+    u = url.rstrip("/")
+    if u.endswith("/metrics"):
+        return u
+    if u.endswith("/v1"):
+        u = u[: -len("/v1")]
+    return u + "/metrics"
+
+
+class MetricsClient:
+    """Fetches and parses /metrics with a short timeout (sync httpx).
+
+    Thread-safe for one poller; keep one per server and close() it (or use it
+    as a context manager). The API key, when the server wants one, goes in the
+    Authorization header, as vLLM's --api-key expects.
+    """
+
+    def __init__(self, url: str, api_key: str | None = None, timeout: float = DEFAULT_TIMEOUT_S,
+                 model_name: str | None = None) -> None:
+        import httpx  # deferred: importing this module for parsing alone stays cheap
+
+        self.url = metrics_url(url)
+        self.model_name = model_name
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._client = httpx.Client(timeout=httpx.Timeout(timeout), headers=headers)
+        self._httpx = httpx
+
+    def fetch_text(self) -> str:
+        httpx = self._httpx
+        try:
+            r = self._client.get(self.url)
+        except httpx.ConnectError as exc:
+            raise MetricsError(f"cannot connect to {self.url}: {exc}") from exc
+        except httpx.TimeoutException as exc:
+            raise MetricsError(f"{self.url} did not answer within {self._client.timeout.read} s") from exc
+        except httpx.HTTPError as exc:
+            raise MetricsError(f"reading {self.url} failed: {exc}") from exc
+        if r.status_code != 200:
+            raise MetricsError(f"{self.url} answered HTTP {r.status_code}: {r.text[:200]}")
+        return r.text
+
+    def fetch(self, only: Iterable[str] | None = None) -> MetricsSnapshot:
+        """Scrape and parse; `only` limits parsing to the named metrics."""
+        mono_before = time.monotonic()
+        text = self.fetch_text()
+        # Stamp the snapshot at the midpoint of the request: the server took its
+        # values somewhere inside it, and the midpoint halves the error.
+        mono = (mono_before + time.monotonic()) / 2
+        return MetricsSnapshot.parse(text, timestamp=time.time(), mono=mono, model_name=self.model_name,
+                                     only=only)
+
+    def try_fetch(self, only: Iterable[str] | None = None) -> MetricsSnapshot | None:
+        try:
+            return self.fetch(only)
+        except MetricsError:
+            return None
+
+    def close(self) -> None:
+        self._client.close()
+
+    def __enter__(self) -> "MetricsClient":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+# -- history for charts ----------------------------------------------------
+
+@dataclass(frozen=True)
+class MetricsSample:
+    """One derived point for the charts. Rates are over the interval since the
+    previous scrape; None when they cannot be known (first scrape, restart)."""
+
+    timestamp: float  # wall clock, seconds
+    prompt_tps: float | None
+    generation_tps: float | None
+    kv_cache_usage_pct: float | None
+    running: float | None
+    waiting: float | None
+    requests_per_s: float | None = None
+    preemptions: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+SERIES_FIELDS = ("prompt_tps", "generation_tps", "kv_cache_usage_pct", "running", "waiting",
+                 "requests_per_s", "preemptions")
+
+
+def derive_sample(prev: MetricsSnapshot | None, snap: MetricsSnapshot) -> MetricsSample:
+    if prev is not None and elapsed(prev, snap) > 0:
+        prompt_tps = counter_rate(prev, snap, PROMPT_TOKENS)
+        gen_tps = counter_rate(prev, snap, GENERATION_TOKENS)
+        req_s = counter_rate(prev, snap, REQUEST_SUCCESS)
+        preempt = counter_delta(prev, snap, PREEMPTIONS)
+    else:
+        prompt_tps = gen_tps = req_s = preempt = None
+    return MetricsSample(
+        timestamp=snap.timestamp,
+        prompt_tps=prompt_tps,
+        generation_tps=gen_tps,
+        kv_cache_usage_pct=snap.kv_cache_usage_pct,
+        running=snap.running,
+        waiting=snap.waiting,
+        requests_per_s=req_s,
+        preemptions=preempt,
+    )
+
+
+class MetricsHistory:
+    """A bounded time series of derived samples, kept outside any widget so a
+    chart can be rebuilt, resized or swapped without losing history.
+
+    Samples older than `max_age_s` (default 15 minutes) are dropped on every
+    add; `max_points` caps memory even if a caller polls very fast. Safe to
+    add from a polling thread while the UI thread reads.
+    """
+
+    def __init__(self, max_age_s: float = 900.0, max_points: int = 10_000) -> None:
+        self.max_age_s = float(max_age_s)
+        self._samples: deque[MetricsSample] = deque(maxlen=max_points)
+        self._last: MetricsSnapshot | None = None
+        self._lock = threading.Lock()
+
+    def add_snapshot(self, snap: MetricsSnapshot) -> MetricsSample:
+        with self._lock:
+            sample = derive_sample(self._last, snap)
+            self._last = snap
+            self._append(sample)
+            return sample
+
+    def add(self, sample: MetricsSample) -> None:
+        with self._lock:
+            self._append(sample)
+
+    def _append(self, sample: MetricsSample) -> None:
+        self._samples.append(sample)
+        cutoff = sample.timestamp - self.max_age_s
+        while self._samples and self._samples[0].timestamp < cutoff:
+            self._samples.popleft()
+
+    @property
+    def last_snapshot(self) -> MetricsSnapshot | None:
+        return self._last
+
+    def samples(self, last_seconds: float | None = None) -> list[MetricsSample]:
+        with self._lock:
+            items = list(self._samples)
+        if last_seconds is not None and items:
+            cutoff = items[-1].timestamp - last_seconds
+            items = [s for s in items if s.timestamp >= cutoff]
+        return items
+
+    def series(self, name: str, last_seconds: float | None = None) -> tuple[list[float], list[float | None]]:
+        """(timestamps, values) of one field, e.g. 'generation_tps', for a chart."""
+        if name not in SERIES_FIELDS:
+            raise KeyError(f"unknown series {name!r}; choose one of {', '.join(SERIES_FIELDS)}")
+        items = self.samples(last_seconds)
+        return [s.timestamp for s in items], [getattr(s, name) for s in items]
+
+    def peak(self, name: str, last_seconds: float | None = None) -> float | None:
+        _, values = self.series(name, last_seconds)
+        present = [v for v in values if v is not None]
+        return max(present) if present else None
+
+    def clear(self) -> None:
+        """Forget everything, e.g. after the server restarts."""
+        with self._lock:
+            self._samples.clear()
+            self._last = None
+
+    def __len__(self) -> int:
+        return len(self._samples)
+
+    def __iter__(self) -> Iterator[MetricsSample]:
+        return iter(self.samples())
