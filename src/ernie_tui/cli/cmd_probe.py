@@ -1,0 +1,193 @@
+"""`ernie-tui probe`: one streaming prompt, or a load burst, against a server.
+
+    ernie-tui probe --url URL [--prompt TEXT | --ready short|chinese|long]
+    ernie-tui probe --url URL --burst N [--concurrency C --min-tokens A
+                    --max-tokens-in B --max-tokens M] [--json]
+
+The API key is read from an environment variable named by --api-key-env
+(default VLLM_API_KEY), never from the command line, where `ps` and shell
+history would show it. Bursts are stored as run records (see runstore).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "probe", help="stream one prompt, or run a load burst, against a vLLM server",
+        description="Send one streaming prompt and show TTFT, inter-token latency, tok/s and the server's "
+                    "token usage; or, with --burst N, send N prompts of exact token lengths at a given "
+                    "concurrency and show throughput and latency percentiles beside vLLM's own figures "
+                    "from /metrics. Bursts are saved as run records.")
+    p.add_argument("--url", required=True, help="server base URL, e.g. http://127.0.0.1:8000")
+    what = p.add_mutually_exclusive_group()
+    what.add_argument("--prompt", metavar="TEXT", help="the prompt to send (default: a short English question)")
+    what.add_argument("--ready", choices=["short", "chinese", "long"],
+                      help="a ready-made prompt: short English, the articles' Chinese question, or an "
+                           "exactly 1,500-token prompt built with the served model's tokenizer")
+    what.add_argument("--burst", type=int, metavar="N", help="run a load burst of N requests instead")
+    p.add_argument("--chat", action="store_true", help="use /v1/chat/completions (default: /v1/completions)")
+    p.add_argument("--model", dest="probe_model", metavar="NAME",
+                   help="served model name (default: the first one /v1/models lists)")
+    p.add_argument("--max-tokens", type=int, metavar="M",
+                   help="tokens to generate (default 512 for a probe, 128 per burst request)")
+    p.add_argument("--temperature", type=float, default=0.7, help="default 0.7")
+    p.add_argument("--top-p", type=float, default=0.9, help="default 0.9")
+    p.add_argument("--stop-token-ids", metavar="IDS", help="comma-separated token ids that end generation")
+    p.add_argument("--timeout", type=float, default=None, metavar="S",
+                   help="seconds without data before a request fails (default 60 probe, 120 burst)")
+    p.add_argument("--api-key-env", default="VLLM_API_KEY", metavar="VAR",
+                   help="environment variable holding the API key (default VLLM_API_KEY)")
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+    b = p.add_argument_group("burst")
+    b.add_argument("--concurrency", type=int, default=4, metavar="C", help="requests in flight (default 4)")
+    b.add_argument("--min-tokens", type=int, default=30, metavar="A", help="shortest prompt in tokens (default 30)")
+    b.add_argument("--max-tokens-in", type=int, default=300, metavar="B",
+                   help="longest prompt in tokens (default 300)")
+    b.add_argument("--seed", type=int, default=0, help="seed for prompt lengths and words (default 0)")
+    b.add_argument("--no-ignore-eos", action="store_true",
+                   help="let requests stop at EOS (default: ignore_eos, so every request does the same work)")
+    b.add_argument("--tokenizer", metavar="PATH",
+                   help="tokenizer.json or model dir (default: the server's model dir, else its /tokenize)")
+    b.add_argument("--preset", dest="probe_preset", metavar="NAME",
+                   help="tag the run record with this preset (its engine args are recorded)")
+    b.add_argument("--no-save", action="store_true", help="do not store a run record")
+    p.set_defaults(run=_run)
+
+
+def _stop_ids(text: str | None) -> list[int] | None:
+    from ernie_tui.cli import CliError
+
+    if not text:
+        return None
+    try:
+        return [int(x) for x in text.replace(" ", "").split(",") if x]
+    except ValueError as exc:
+        raise CliError(f"--stop-token-ids takes comma-separated integers, got {text!r}") from exc
+
+
+def _api_key(var: str) -> str | None:
+    return os.environ.get(var) or None
+
+
+def _run(args) -> int:
+    if args.burst is not None:
+        return _run_burst(args)
+    return _run_probe(args)
+
+
+def _run_probe(args) -> int:
+    from ernie_tui.cli import CliError
+    from ernie_tui.engine_ctl import probe as P
+
+    api_key = _api_key(args.api_key_env)
+    if args.ready == "long":
+        try:
+            tok = P.find_tokenizer(tokenizer_path=args.tokenizer, url=args.url, model=args.probe_model,
+                                   api_key=api_key)
+        except P.ProbeFailure as exc:
+            raise CliError(f"cannot build the long prompt: {exc}") from exc
+        prompt = P.ready_prompt("long", tok)
+    elif args.ready:
+        prompt = P.ready_prompt(args.ready)
+    else:
+        prompt = args.prompt if args.prompt is not None else P.SHORT_PROMPT
+    req = P.ProbeRequest(prompt=prompt,
+                         max_tokens=args.max_tokens if args.max_tokens is not None else P.DEFAULT_MAX_TOKENS,
+                         temperature=args.temperature, top_p=args.top_p,
+                         stop_token_ids=_stop_ids(args.stop_token_ids), chat=args.chat, model=args.probe_model)
+    stream_out = None
+    if not args.json:
+        def stream_out(text: str) -> None:
+            sys.stdout.write(text)
+            sys.stdout.flush()
+    result = P.run_probe(args.url, request=req, api_key=api_key, on_text=stream_out,
+                         read_timeout=args.timeout or P.DEFAULT_READ_TIMEOUT_S)
+    if args.json:
+        print(json.dumps(result.to_dict(), indent=2, ensure_ascii=False))
+    else:
+        if result.text:
+            print()
+        print(P.format_result(result))
+    return 0 if result.ok else 1
+
+
+def _preset_for(name: str | None, extra_files: list[str]):
+    if not name:
+        return None
+    try:
+        from ernie_tui.presets import load_presets
+
+        return load_presets(extra_files).get(name)
+    except Exception:
+        # An unknown preset name still tags the record; its args are just unknown.
+        return name
+
+
+def _run_burst(args) -> int:
+    import threading
+
+    from ernie_tui.cli import CliError
+    from ernie_tui.engine_ctl import burst as B
+    from ernie_tui.engine_ctl import probe as P
+    from ernie_tui.engine_ctl import runstore
+
+    cfg = B.BurstConfig(
+        n=args.burst, min_tokens=args.min_tokens, max_tokens_in=args.max_tokens_in,
+        concurrency=args.concurrency,
+        max_tokens=args.max_tokens if args.max_tokens is not None else 128,
+        ignore_eos=not args.no_ignore_eos, temperature=args.temperature, top_p=args.top_p, seed=args.seed,
+        chat=args.chat, read_timeout_s=args.timeout or 120.0,
+    )
+    try:
+        cfg.validate()
+    except ValueError as exc:
+        raise CliError(str(exc)) from exc
+    api_key = _api_key(args.api_key_env)
+    tokenizer = None
+    if args.tokenizer:
+        try:
+            tokenizer = P.find_tokenizer(tokenizer_path=args.tokenizer)
+        except P.ProbeFailure as exc:
+            raise CliError(str(exc)) from exc
+
+    show = not args.json and sys.stderr.isatty()
+
+    def progress(done: int, total: int) -> None:
+        if show:
+            width = 30
+            filled = int(width * done / max(total, 1))
+            sys.stderr.write(f"\r[{'#' * filled}{'.' * (width - filled)}] {done}/{total}")
+            sys.stderr.flush()
+
+    cancel = threading.Event()
+    try:
+        result = B.run_burst(args.url, cfg, model=args.probe_model, api_key=api_key, tokenizer=tokenizer,
+                             progress=progress, cancel=cancel)
+    except KeyboardInterrupt:
+        cancel.set()
+        raise
+    if show:
+        sys.stderr.write("\n")
+    record = None
+    if not args.no_save and result.duration_s > 0:
+        preset = _preset_for(args.probe_preset, list(getattr(args, "presets", []) or []))
+        try:
+            record = runstore.save_run("burst", result.to_dict(), preset=preset, url=result.url,
+                                       model=result.model)
+        except runstore.RunStoreError as exc:
+            print(f"ernie-tui: warning: {exc}", file=sys.stderr)
+    if args.json:
+        out = result.to_dict()
+        out["run_record"] = str(record.path) if record else None
+        print(json.dumps(out, indent=2, ensure_ascii=False))
+    else:
+        print(B.format_result(result))
+        if record is not None:
+            print(f"saved run record {record.path}")
+    return 0 if result.completed > 0 else 1
