@@ -53,7 +53,7 @@ class ErrorPanel(Static):
         lines.append(Content.assemble(("root cause  ", "dim"), (error.message, "bold")))
         extra: list[tuple[str, str]] = []
         if error.line_no:
-            extra.append((f"llm.log line {error.line_no} (marked in the log pane)", ""))
+            extra.append((f"log line {error.line_no}, marked in the log pane (j jumps to it)", ""))
         if error.estimated_max_model_len:
             extra.append((f"  · vLLM estimates max_model_len ≤ {error.estimated_max_model_len:,}", "bold"))
         if extra:
@@ -64,5 +64,5 @@ class ErrorPanel(Static):
         if mode == "control":
             keys = "f save the fix as NAME-fixed and relaunch · " if fix_text and self.fixable else ""
             lines.append(Content.assemble(("keys        ", "dim"),
-                                          f"{keys}r restart · 1-9 switch preset · e edit presets · j jump to line"))
+                                          f"{keys}r restart · 1-9 switch preset · e edit presets"))
         self.update(Content("\n").join(lines))

@@ -46,8 +46,13 @@ class PresetsPanel(Vertical):
         return self._names[ol.highlighted]
 
     def set_book(self, book, highlight: str | None = None) -> None:
+        """Most specific first: presets from --presets files, then the user's
+        file, then the built-ins, so that 1-9 reach your own presets."""
         self._book = book
-        self._names = list(book.names())
+        sources = list(getattr(book, "sources", []) or [])
+        rank = {src: i for i, src in enumerate(reversed(sources))}
+        names = list(book.names())
+        self._names = sorted(names, key=lambda n: rank.get(book.get(n).source, len(rank)))
         self._rebuild(highlight)
 
     def set_active(self, name: str | None, state: str) -> None:
