@@ -424,6 +424,8 @@ class ErnieApp(App[int]):
         name = self.status.preset_name if self.status is not None else None
         if self.mode == "control" and name and name in self.book:
             preset = self.book.get(name)
+        elif self.mode == "replay" and self.report is not None:
+            preset = _preset_from_report(self.report)
         platform = self.report.platform if self.report is not None else None
         try:
             diagnosis = diagnose(error, preset, platform)
@@ -540,6 +542,20 @@ class ErnieApp(App[int]):
             yield SystemCommand(f"Switch preset: {name}", f"Restart the server with {name}{key}",
                                 partial(self.request_switch, name))
         yield SystemCommand("Help", "Keys and what each figure means (?)", self.open_help)
+
+
+_NOT_ENGINE_ARGS = {"host", "port", "model", "served_model_name", "api_key"}
+
+
+def _preset_from_report(report):
+    """The preset a replayed log was started with, as far as its args tell."""
+    from ernie_tui.presets import Preset
+
+    args = {k: (v[0] if isinstance(v, list) and len(v) == 1 else v)
+            for k, v in (report.non_default_args or {}).items() if k not in _NOT_ENGINE_ARGS}
+    port = report.non_default_args.get("port") if report.non_default_args else None
+    return Preset(name="replayed", engine_args=args, model=report.model,
+                  port=port if isinstance(port, int) else 8000, source="log")
 
 
 def _ensure_preset_copy(target: Path, preset) -> None:

@@ -21,25 +21,26 @@ KEYS: tuple[tuple[str, str], ...] = (
     ("/  n  N", "search the log; next / previous match; escape closes the search"),
     ("l / end", "follow the log again (scrolling up pauses it)"),
     ("j", "jump to the root-cause line of the error"),
+    ("v", "log: whole vLLM prefixes (pid, date, file:line) or the short form"),
     ("g", "small terminals: show charts instead of the log"),
     ("ctrl+p", "command palette: start, stop, restart, switch preset, quit"),
     ("q", "quit (control mode asks: stop the server or leave it running)"),
 )
 
 FIGURES: tuple[tuple[str, str], ...] = (
-    ("state", "stopped → starting (phase) → ready → stopping; crashed shows exit code and root cause"),
+    ("state", "stopped → starting (phase) → ready → stopping, or crashed (exit code, root cause)"),
     ("up / ready in", "time since launch; how long the start took until /health answered"),
     ("args", "the engine arguments vLLM reports as non-default (what really applied)"),
     ("block · len", "KV block size in tokens · max_model_len, the longest request allowed"),
     ("attention", "the attention backend vLLM picked (FLASH_ATTN, TRITON_ATTN, CPU_ATTN, …)"),
     ("weights", "GiB the model weights take in memory, and how long loading them took"),
-    ("KV cache", "memory left for the KV cache after weights and activations, and how many tokens fit"),
+    ("KV cache", "memory for the KV cache after weights and activations = tokens that fit"),
     ("concurrency", "how many requests of full max_model_len fit in the KV cache at once"),
     ("CUDA graphs", "time and memory spent capturing CUDA graphs (GPU only)"),
     ("phases", "weights → torch.compile → KV profiling → CUDA graphs → ready, seconds each"),
-    ("memory chart", "GPU memory used per GPU from NVML; on CPU the engine's RSS (labelled, not GPU)"),
+    ("memory chart", "GPU memory used per GPU (NVML); on CPU the engine's RSS, labelled so"),
     ("tokens/s chart", "prompt and generation tokens per second, from /metrics counters"),
-    ("KV % chart", "KV-cache blocks in use (left axis) with running / waiting requests (right axis)"),
+    ("KV % chart", "KV-cache use % (left axis), running / waiting requests (right axis)"),
     ("log", "live llm.log: INFO green, WARNING yellow, errors red, root-cause line inverted"),
 )
 

@@ -36,7 +36,7 @@ class MainScreen(Screen):
         *[Binding(str(i), f"switch({i})", f"Preset {i}", show=False) for i in range(1, 10)],
         Binding("e", "edit", "Edit"),
         Binding("c", "command", "Cmd"),
-        Binding("f", "fix", "Fix", show=False),
+        Binding("f", "fix", "Fix"),
         Binding("p", "probe", "Probe", show=False),
         Binding("t", "window", "Window"),
         Binding("slash", "search", "Search"),
@@ -45,6 +45,7 @@ class MainScreen(Screen):
         Binding("l,end", "follow", "Follow", show=False),
         Binding("j", "jump", "Root cause", show=False),
         Binding("g", "toggle_charts", "Charts/log", show=False),
+        Binding("v", "toggle_prefix", "Full prefixes", show=False),
         Binding("question_mark", "help", "Help"),
         Binding("q", "quit", "Quit"),
     ]
@@ -56,6 +57,7 @@ class MainScreen(Screen):
         self._series = None
         self._fix_text: str | None = None
         self._fixable = False
+        self._state = "stopped"
 
     # -- layout -------------------------------------------------------------
     def compose(self) -> ComposeResult:
@@ -74,11 +76,14 @@ class MainScreen(Screen):
         yield Footer()
 
     def on_mount(self) -> None:
+        from ernie_tui.tui.messages import SeriesUpdate
+
         self.query_one("#presets").border_title = "Presets · 1-9 switch"
         self.query_one("#report").border_title = "Startup report"
         self.query_one("#error-panel").border_title = "Server crashed"
         self.set_class(self.mode != "control", "-readonly")
         self._update_log_title()
+        self.show_series(SeriesUpdate(()))  # empty charts that say why they are empty
         self.app.main_mounted()
 
     def on_resize(self, event: Resize) -> None:
@@ -93,12 +98,16 @@ class MainScreen(Screen):
         self.query_one(StatusBar).set_status(status)
         self.query_one(StatusBar).tick(now)
         state = status.state.value
+        if state != self._state:
+            self._state = state
+            self._replot()
         self.query_one(ReportPanel).set_state(state)
         self.query_one(PresetsPanel).set_active(status.preset_name, state)
         panel = self.query_one(ErrorPanel)
+        self.set_class(state == "crashed", "-crashed")
         if state == "crashed" and status.error is not None:
             panel.show_error(status.error, status.exit_code, self._fix_text, mode=self.mode)
-            self.log_view.mark_root_cause(status.error.line_no)
+            self._show_root_cause(status.error.line_no)
             panel.border_title = "Server crashed" if self.mode != "replay" else "The logged server failed"
         elif state in ("starting", "ready", "stopped", "stopping"):
             panel.show_error(None)
@@ -110,7 +119,16 @@ class MainScreen(Screen):
         panel = self.query_one(ErrorPanel)
         panel.border_title = "The logged server failed"
         panel.show_error(error, None, self._fix_text, mode="replay")
-        self.log_view.mark_root_cause(error.line_no if error else None)
+        self.set_class(error is not None, "-crashed")
+        self._show_root_cause(error.line_no if error else None)
+
+    def _show_root_cause(self, line_no: int | None) -> None:
+        """Mark the root-cause line and bring it into view (after the pane has
+        the lines: a crash's status can overtake its last log batch)."""
+        log = self.log_view
+        log.mark_root_cause(line_no)
+        if line_no is not None:
+            self.call_after_refresh(log.jump_to_line, line_no)
 
     def set_fix_text(self, text: str | None, fixable: bool = False, title: str | None = None) -> None:
         self._fix_text = text
@@ -137,6 +155,13 @@ class MainScreen(Screen):
         window = WINDOWS[self.window_index][0]
         now = u.now if u.now is not None else (u.points[-1].t if u.points else 0.0)
         extra = {"memory_label": u.memory_label, "memory_source": u.memory_source, "gpu_totals": u.gpu_totals}
+        if self.mode == "replay":
+            extra.update(empty_memory="a log holds no memory figures", empty="no stats lines in this log")
+        else:
+            ready = self._state == "ready"
+            extra.update(empty_memory=None if u.memory_source == "nvml" or self._state in ("starting", "ready")
+                         else "no engine running",
+                         empty="waiting for /metrics" if ready else "server not ready: no metrics")
         with self.app.batch_update():
             for chart in (self.query_one(MemoryChart), self.query_one(ThroughputChart), self.query_one(KVChart)):
                 chart.show(u.points, window, now, **extra)
@@ -223,6 +248,9 @@ class MainScreen(Screen):
         self._replot()
         self.notify(f"chart window: {WINDOWS[self.window_index][1]}", timeout=2)
 
+    def action_toggle_prefix(self) -> None:
+        self.log_view.compact = not self.log_view.compact
+
     def action_toggle_charts(self) -> None:
         self.toggle_class("-show-charts")
 
@@ -231,7 +259,7 @@ class MainScreen(Screen):
         if action in CONTROL_ACTIONS and self.mode != "control":
             return False
         if action == "fix" and not self._fixable:
-            return None
+            return False  # shown in the footer only when there is a fix to apply
         app = self.app
         can = getattr(app, "can_control", None)
         if can is not None and action in ("start", "stop", "restart"):

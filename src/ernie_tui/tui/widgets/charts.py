@@ -50,6 +50,7 @@ class TimeChart(PlotextPlot):
     """Base: a time-series chart over the last `window` seconds."""
 
     TITLE = ""
+    KIND = ""
 
     def __init__(self, *, id: str | None = None, classes: str | None = None):
         super().__init__(id=id, classes=classes)
@@ -77,13 +78,18 @@ class TimeChart(PlotextPlot):
         ticks = _ticks(self._window)
         plt.xticks(ticks, [_fmt_ago(-t) for t in ticks])
         points = in_window(self._points, self._window, self._now)
-        self.draw(plt, points)
+        if not self.draw(plt, points):
+            plt.ylim(0, 1)
+            plt.yticks([0, 1], ["", ""])
+            plt.text(self._extra.get(f"empty_{self.KIND}") or self._extra.get("empty") or "no samples yet",
+                     -self._window / 2, 0.5, alignment="center")
         self.refresh()
 
     def xs(self, points: Sequence[ChartPoint]) -> list[float]:
         return [p.t - self._now for p in points]
 
-    def draw(self, plt, points: Sequence[ChartPoint]) -> None:  # pragma: no cover - abstract
+    def draw(self, plt, points: Sequence[ChartPoint]) -> bool:  # pragma: no cover - abstract
+        """Plot the points; return False when there was nothing to plot."""
         raise NotImplementedError
 
     @staticmethod
@@ -101,8 +107,9 @@ class MemoryChart(TimeChart):
     """GPU memory used per GPU (NVML), or the engine's RSS (labelled so)."""
 
     TITLE = "Memory"
+    KIND = "memory"
 
-    def draw(self, plt, points: Sequence[ChartPoint]) -> None:
+    def draw(self, plt, points: Sequence[ChartPoint]) -> bool:
         label = self._extra.get("memory_label") or "memory"
         source = self._extra.get("memory_source") or ""
         totals: tuple[float, ...] = self._extra.get("gpu_totals") or ()
@@ -128,14 +135,16 @@ class MemoryChart(TimeChart):
         else:
             plt.ylim(0, 1)
         self.border_subtitle = " · ".join(latest) + " GiB" if latest else "no samples"
+        return bool(latest)
 
 
 class ThroughputChart(TimeChart):
     """Prompt and generation tokens/s from /metrics counters (or stats lines)."""
 
     TITLE = "Tokens/s"
+    KIND = "tokens"
 
-    def draw(self, plt, points: Sequence[ChartPoint]) -> None:
+    def draw(self, plt, points: Sequence[ChartPoint]) -> bool:
         xs = self.xs(points)
         px, py = self.series(points, xs, lambda p: p.prompt_tps)
         gx, gy = self.series(points, xs, lambda p: p.gen_tps)
@@ -150,14 +159,16 @@ class ThroughputChart(TimeChart):
             self.border_subtitle = f"prompt {_fmt_num(py[-1] if py else None)} · gen {_fmt_num(gy[-1] if gy else None)}"
         else:
             self.border_subtitle = "no samples"
+        return bool(py or gy)
 
 
 class KVChart(TimeChart):
     """KV-cache usage % with running / waiting requests (right axis)."""
 
     TITLE = "KV cache %"
+    KIND = "kv"
 
-    def draw(self, plt, points: Sequence[ChartPoint]) -> None:
+    def draw(self, plt, points: Sequence[ChartPoint]) -> bool:
         xs = self.xs(points)
         kx, ky = self.series(points, xs, lambda p: p.kv_pct)
         rx, ry = self.series(points, xs, lambda p: p.running)
@@ -178,3 +189,4 @@ class KVChart(TimeChart):
                                     f"{int(ry[-1]) if ry else '–'} · wait {int(wy[-1]) if wy else '–'}")
         else:
             self.border_subtitle = "no samples"
+        return bool(ky or ry or wy)

@@ -24,8 +24,9 @@ from textual.strip import Strip
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
 _NEEDS_CLEAN = re.compile(r"[\x00-\x1f\x7f]").search
 _PREFIX = re.compile(
-    r"^(?P<proc>\([A-Za-z_0-9]+(?: pid=\d+)?\)\s+)?"
-    r"(?P<level>DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL)(?P<rest>\s+\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)?\s+\[[^\]]*\])?"
+    r"^(?P<proc>\((?P<pname>[A-Za-z_0-9-]+)(?: pid=\d+)?\)\s+)?"
+    r"(?P<level>DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL)"
+    r"(?P<rest>\s+\d\d-\d\d (?P<time>\d\d:\d\d:\d\d)(?:\.\d+)?\s+\[[^\]]*\])?\s?"
 )
 _UVICORN = re.compile(r"^(?P<level>INFO|WARNING|ERROR):\s{2,}")
 _ERRORISH = re.compile(r"Traceback \(most recent call last\)|^\S*(Error|Exception)\b|\bError: |\berror: ")
@@ -68,6 +69,9 @@ class LogView(ScrollView, can_focus=True):
     """
 
     follow: reactive[bool] = reactive(True)
+    compact: reactive[bool] = reactive(True)
+    """Shorten vLLM's 60-character prefix '(Worker pid=7948) ERROR 11-30 03:03:21
+    [multiproc_executor.py:1063]' to 'Worker    E 03:03:21'; `v` shows it whole."""
 
     class StateChanged(Message):
         """Follow/search/pending state changed (for the pane's title)."""
@@ -175,6 +179,11 @@ class LogView(ScrollView, can_focus=True):
         if self.follow:
             self.call_after_refresh(self._scroll_to_end)
 
+    def watch_compact(self, compact: bool) -> None:
+        self._generation += 1
+        self._cache.clear()
+        self.refresh()
+
     # -- root cause -----------------------------------------------------------
     def mark_root_cause(self, line_no: int | None) -> None:
         if line_no != self.root_cause_no:
@@ -249,36 +258,44 @@ class LogView(ScrollView, can_focus=True):
         return strip.crop_extend(scroll_x, scroll_x + width, base_style).apply_offsets(scroll_x, index)
 
     def _styled(self, index: int) -> Text:
-        line = self._lines[index]
-        if len(line) > MAX_WIDTH:
-            line = line[:MAX_WIDTH - 1] + "…"
+        raw = self._lines[index]
         number = index + self._first_no
-        text = Text(line, no_wrap=True, end="")
-        if number == self.root_cause_no:
-            text.stylize(ROOT_CAUSE)
+        m = _PREFIX.match(raw)
+        level = m.group("level") if m else None
+        text = Text(no_wrap=True, end="")
+        if m and self.compact and m.group("rest"):
+            # '(Worker pid=7948) ERROR 11-30 03:03:21 [file.py:12] msg' -> 'Worker    E 03:03:21 msg'
+            text.append(f"{(m.group('pname') or ''):<11.11}", DIM)
+            text.append(f"{level[0]} ", LEVEL_STYLES.get(level, DIM))
+            text.append(f"{m.group('time')} ", DIM)
+            body_start = len(text.plain)
+            text.append(raw[m.end():])
         else:
-            m = _PREFIX.match(line)
-            level = None
+            text.append(raw)
+            body_start = m.end() if m else 0
             if m:
-                level = m.group("level")
                 if m.group("proc"):
                     text.stylize(DIM, 0, m.end("proc"))
                 text.stylize(LEVEL_STYLES.get(level, DIM), m.start("level"), m.end("level"))
                 if m.group("rest"):
                     text.stylize(DIM, m.start("rest"), m.end("rest"))
             else:
-                u = _UVICORN.match(line)
+                u = _UVICORN.match(raw)
                 if u:
                     level = u.group("level")
                     text.stylize(LEVEL_STYLES.get(level, DIM), 0, u.end("level"))
-            if level in ("ERROR", "CRITICAL") or (level is None and _ERRORISH.search(line)):
-                text.stylize(ERROR_LINE)
-            elif level in ("WARNING", "WARN") and m:
-                text.stylize(WARNING_LINE, m.end())
+        if len(text.plain) > MAX_WIDTH:
+            text.truncate(MAX_WIDTH, overflow="ellipsis")
+        if number == self.root_cause_no:
+            text.stylize(ROOT_CAUSE)
+        elif level in ("ERROR", "CRITICAL") or (level is None and _ERRORISH.search(raw)):
+            text.stylize(ERROR_LINE, body_start)
+        elif level in ("WARNING", "WARN"):
+            text.stylize(WARNING_LINE, body_start)
         s = self._search
         if s is not None:
             current = s.matches[s.current] if 0 <= s.current < len(s.matches) else None
             style = CURRENT_MATCH if number == current else MATCH
-            for mm in s.pattern.finditer(line):
+            for mm in s.pattern.finditer(text.plain):
                 text.stylize(style, mm.start(), mm.end())
         return text

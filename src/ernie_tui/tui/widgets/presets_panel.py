@@ -25,6 +25,7 @@ class PresetsPanel(Vertical):
 
     def __init__(self, *, id: str | None = None):
         super().__init__(id=id)
+        self._composed = False
         self._names: list[str] = []
         self._book = None
         self._active: str | None = None
@@ -82,7 +83,7 @@ class PresetsPanel(Vertical):
         return Content.assemble(*parts)
 
     def _rebuild(self, highlight: str | None = None) -> None:
-        if self._book is None or not self.is_mounted:
+        if self._book is None or not self._composed:
             return
         ol = self.query_one(OptionList)
         keep = highlight or self.highlighted_name or self._active
@@ -94,6 +95,7 @@ class PresetsPanel(Vertical):
         self._describe()
 
     def on_mount(self) -> None:
+        self._composed = True
         self._rebuild()
 
     @on(OptionList.OptionHighlighted)

@@ -30,6 +30,7 @@ def _row(label: str, *value: str | tuple[str, str]) -> Content:
 class ReportPanel(Vertical):
     def __init__(self, *, id: str | None = None):
         super().__init__(id=id)
+        self._composed = False
         self._report = None
         self._state = "stopped"
         self._kv_metrics: int | None = None
@@ -43,6 +44,7 @@ class ReportPanel(Vertical):
         yield Static("", id="phase-line")
 
     def on_mount(self) -> None:
+        self._composed = True
         self._redraw()
 
     def set_report(self, report) -> None:
@@ -61,7 +63,7 @@ class ReportPanel(Vertical):
 
     # -- drawing ------------------------------------------------------------
     def _redraw(self) -> None:
-        if not self.is_mounted:
+        if not self._composed:
             return
         r = self._report
         body = self.query_one("#report-body", Static)
@@ -122,17 +124,20 @@ class ReportPanel(Vertical):
         bar.update(progress=done)
         count.update(f" {done}/{len(PHASES)}")
         parts: list[tuple[str, str]] = []
+        failure_marked = False
         for i, p in enumerate(PHASES):
             secs = r.phases.get(p)
             label = PHASE_LABEL[p]
             if p == "cuda_graphs" and r.platform == "cpu":
-                parts.append((f"– {label} n/a  ", "dim"))
+                parts.append(("– graphs n/a  ", "dim"))
                 continue
-            if failed and i == reached + 1:
-                parts.append((f"✖ {label}  ", "bold $error"))
-            elif i < reached or (i == reached and (r.ready or secs is not None)):
+            is_done = i < reached or (i == reached and (r.ready or secs is not None))
+            if is_done:
                 t = f" {fmt.seconds(secs)}" if secs is not None else ""
                 parts.append((f"✔ {label}{t}  ", "$success"))
+            elif failed and not failure_marked:
+                failure_marked = True  # the phase it died in
+                parts.append((f"✖ {label}  ", "bold $error"))
             elif i == reached and not failed:
                 parts.append((f"◐ {label}…  ", "bold $warning"))
             else:

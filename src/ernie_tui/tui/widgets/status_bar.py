@@ -41,6 +41,7 @@ class StatusBar(Horizontal):
 
     def __init__(self, mode: str, *, id: str | None = None):
         super().__init__(id=id)
+        self._composed = False
         self.mode = mode
         self._status = None
         self._report = None
@@ -53,6 +54,7 @@ class StatusBar(Horizontal):
         yield Label(self.mode.upper(), id="sb-mode", classes=f"-{self.mode}")
 
     def on_mount(self) -> None:
+        self._composed = True
         self._redraw()
 
     def set_status(self, status) -> None:
@@ -83,10 +85,13 @@ class StatusBar(Horizontal):
             word = f"CRASHED (exit {st.exit_code})"
         elif state == "stopped" and st.phase == "unreachable":
             word = "UNREACHABLE"
+        if self.mode == "replay":
+            word = {"ready": "REPLAY: reached ready", "crashed": "REPLAY: failed",
+                    "stopped": "REPLAY: never ready"}.get(state, f"REPLAY: {state}")
         return state, word
 
     def _redraw(self) -> None:
-        if not self.is_mounted:
+        if not self._composed:
             return
         state, word = self._state_word()
         badge = self.query_one("#sb-state", Label)
@@ -98,7 +103,7 @@ class StatusBar(Horizontal):
         facts: list[str] = []
         st, rp = self._status, self._report
         if self._replay_name:
-            facts.append(self._replay_name)
+            facts.append(self._replay_name.rsplit("/", 1)[-1])
         if st is not None and st.preset_name:
             facts.append(st.preset_name)
         url = (st.url if st is not None and st.url else None) or (rp.server_url if rp is not None else None)

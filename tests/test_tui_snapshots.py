@@ -1,0 +1,164 @@
+"""Snapshot tests of the dashboard at 120x40 (pytest-textual-snapshot).
+
+Deterministic: the app runs with live=False (no sampler, no server), a frozen
+clock, a fixed presets file, and the data fed through the same messages the
+workers post: a status, a report parsed by the real LogParser from a fixture
+log, the log lines themselves, and a fixed chart series.
+Update after an intended change with `pytest tests/test_tui_snapshots.py --snapshot-update`.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+
+from ernie_tui.engine_ctl.logparse import LogParser
+from ernie_tui.engine_ctl.server import ServerState, ServerStatus
+from ernie_tui.presets import PresetBook, load_presets
+from ernie_tui.tui.app import make_app
+from ernie_tui.tui.messages import LogBatch, ReportUpdate, SeriesUpdate, StatusUpdate
+from ernie_tui.tui.series import ChartPoint
+
+SIZE = (120, 40)
+NOW = 1_764_480_000.0  # the frozen clock
+URL = "http://127.0.0.1:8011"
+
+PRESETS = """
+[presets.cpu-demo]
+description = "CPU demo with the tiny stand-in model: block 32, explicit 64 MiB KV cache."
+model = "/models/tiny-ernie"
+block_size = 32
+max_model_len = 2048
+kv_cache_memory_bytes = "64M"
+port = 8011
+
+[presets.cpu-demo-b64]
+extends = "cpu-demo"
+description = "CPU demo with block 64 and a 128 MiB KV cache."
+block_size = 64
+kv_cache_memory_bytes = "128M"
+
+[presets.cpu-block16]
+extends = "cpu-demo"
+description = "Block 16 on CPU: vLLM refuses it (CPU attention needs a multiple of 32)."
+block_size = 16
+
+[presets.seed-A]
+description = "The posts' default: block 16, max_model_len 4096."
+block_size = 16
+max_model_len = 4096
+"""
+
+
+@pytest.fixture
+def book(tmp_path) -> PresetBook:
+    path = tmp_path / "snap-presets.toml"
+    path.write_text(PRESETS)
+    full = load_presets([path], include_user=False)
+    return PresetBook(presets={n: p for n, p in full.presets.items() if p.source == str(path)},
+                      sources=[str(path)])
+
+
+def fixture_lines(fixtures_dir: Path, name: str, until: str | None = None) -> list[str]:
+    lines = (fixtures_dir / "cpu-vllm0.32.0" / name).read_text(errors="replace").splitlines()
+    if until is not None:
+        lines = lines[: next(i for i, ln in enumerate(lines) if until in ln) + 1]
+    return lines
+
+
+def parse(lines: list[str]):
+    parser = LogParser()
+    for line in lines:
+        parser.feed(line)
+    return parser.report
+
+
+def series() -> SeriesUpdate:
+    points = []
+    for i in range(0, 300, 2):
+        t = NOW - 300 + i
+        load = 0.5 + 0.5 * math.sin(i / 25.0)
+        points.append(ChartPoint(t=t, mem_gib=(1.20 + 0.05 * load,), prompt_tps=round(40 * load, 1),
+                                 gen_tps=round(220 * load, 1), kv_pct=round(30 * load, 1),
+                                 running=int(4 * load), waiting=int(load > 0.9)))
+    return SeriesUpdate(tuple(points), memory_label="engine RSS (psutil; NVML unavailable)",
+                        memory_source="rss", kv_tokens_metrics=65536, now=NOW)
+
+
+def app_for(book, **kw):
+    return make_app(book=book, preset="cpu-demo", live=False, clock=lambda: NOW, **kw)
+
+
+def feed(app, status, report=None, lines=None, charts=None):
+    app.post_message(StatusUpdate(status))
+    if lines is not None:
+        app.post_message(LogBatch(lines, run=1, first_line_no=1))
+    if report is not None:
+        app.post_message(ReportUpdate(report, run=1))
+    if charts is not None:
+        app.post_message(charts)
+
+
+async def settle(pilot) -> None:
+    for _ in range(3):
+        await pilot.pause()
+    await pilot.wait_for_scheduled_animations()
+
+
+def test_stopped(snap_compare, book):
+    async def run_before(pilot):
+        await settle(pilot)
+
+    assert snap_compare(app_for(book), terminal_size=SIZE, run_before=run_before)
+
+
+def test_starting_mid_phase(snap_compare, book, fixtures_dir):
+    lines = fixture_lines(fixtures_dir, "ok_block32_len2048.log", until="Warming up model")
+    report = parse(lines)
+    status = ServerStatus(state=ServerState.STARTING, phase=report.phase, preset_name="cpu-demo", url=URL,
+                          pid=13903, started_at=NOW - 17)
+
+    async def run_before(pilot):
+        feed(pilot.app, status, report, lines)
+        await settle(pilot)
+
+    assert snap_compare(app_for(book), terminal_size=SIZE, run_before=run_before)
+
+
+def test_ready_with_charts(snap_compare, book, fixtures_dir):
+    lines = fixture_lines(fixtures_dir, "ok_block32_len2048.log", until="Prefix cache hit rate")
+    report = parse(lines)
+    status = ServerStatus(state=ServerState.READY, phase="ready", preset_name="cpu-demo", url=URL, pid=13903,
+                          started_at=NOW - 312, ready_at=NOW - 284)
+
+    async def run_before(pilot):
+        feed(pilot.app, status, report, lines, series())
+        await settle(pilot)
+
+    assert snap_compare(app_for(book), terminal_size=SIZE, run_before=run_before)
+
+
+def test_crashed(snap_compare, book, fixtures_dir):
+    lines = fixture_lines(fixtures_dir, "fail_block16.log")
+    report = parse(lines)
+    assert report.error is not None
+    status = ServerStatus(state=ServerState.CRASHED, preset_name="cpu-block16", url=URL, pid=7817,
+                          started_at=NOW - 60, exit_code=1, error=report.error)
+
+    async def run_before(pilot):
+        pilot.app.post_message(ReportUpdate(report, run=1))
+        feed(pilot.app, status, None, lines)
+        await settle(pilot)
+
+    assert snap_compare(app_for(book), terminal_size=SIZE, run_before=run_before)
+
+
+def test_help_screen(snap_compare, book):
+    async def run_before(pilot):
+        await settle(pilot)
+        await pilot.press("question_mark")
+        await settle(pilot)
+
+    assert snap_compare(app_for(book), terminal_size=SIZE, run_before=run_before)
