@@ -7,10 +7,14 @@ captures), located relative to the checkout.
 
 from __future__ import annotations
 
-import os
+import sys
 from pathlib import Path
 
 import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from vllm_support import cpu_server, tiny_model  # noqa: E402,F401  (shared real-vLLM fixtures)
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT.parent / "shared" / "fixtures" / "vllm-logs"
@@ -30,3 +34,4 @@ def fixtures_dir() -> Path:
     if not FIXTURES.is_dir():
         pytest.fail(f"real vLLM fixture logs not found at {FIXTURES}")
     return FIXTURES
+

@@ -1,0 +1,73 @@
+"""Process control against real vLLM (CPU build) with the tiny stand-in model."""
+
+from __future__ import annotations
+
+import httpx
+import psutil
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from ernie_tui.engine_ctl.report import ErrorKind
+from ernie_tui.engine_ctl.server import ServerState
+from ernie_tui.presets import load_presets
+from vllm_support import READY_TIMEOUT, free_port, start_server, tiny_model_dir
+
+pytestmark = pytest.mark.vllm
+
+
+def kv_tokens_from_metrics(url: str) -> int:
+    text = httpx.get(f"{url}/metrics", timeout=5).text
+    for family in text_string_to_metric_families(text):
+        if family.name == "vllm:cache_config_info":
+            return int(family.samples[0].labels["kv_cache_size_tokens"])
+    raise AssertionError("no vllm:cache_config_info in /metrics")
+
+
+def no_engine_left(pids: list[int]) -> bool:
+    alive = []
+    for pid in pids:
+        try:
+            p = psutil.Process(pid)
+            if p.status() != psutil.STATUS_ZOMBIE:
+                alive.append((pid, p.name()))
+        except psutil.NoSuchProcess:
+            pass
+    assert not alive, f"engine processes left: {alive}"
+    return True
+
+
+def test_lifecycle_start_restart_crash_stop(tmp_path):
+    server = start_server("cpu-demo", tmp_path)
+    seen_pids: set[int] = set()
+    try:
+        st = server.status
+        assert st.state == ServerState.READY, (st, server.report.error)
+        seen_pids.update(server.engine_pids())
+        assert len(seen_pids) >= 2  # APIServer + EngineCore (+ worker)
+        report = server.report
+        assert report.platform == "cpu" and report.block_size == 32
+        assert report.kv_cache_tokens == kv_tokens_from_metrics(st.url) == 131072
+
+        book = load_presets(include_user=False)
+        b64 = book.get("cpu-demo-b64")
+        server.restart(b64.launch_spec(str(tiny_model_dir()), port_override=free_port()), preset_name=b64.name)
+        st = server.wait_ready(READY_TIMEOUT)
+        assert st.state == ServerState.READY and st.preset_name == "cpu-demo-b64", (st, server.report.error)
+        seen_pids.update(server.engine_pids())
+        report = server.report
+        assert report.block_size == 64
+        assert report.kv_cache_tokens == kv_tokens_from_metrics(st.url) == 262144
+        assert (tmp_path / "llm.log.1").is_file()  # the previous run's log is kept
+
+        bad = book.get("cpu-demo").with_changes(name="bad-block16", block_size=16)
+        server.restart(bad.launch_spec(str(tiny_model_dir()), port_override=free_port()), preset_name=bad.name)
+        st = server.wait_ready(READY_TIMEOUT)
+        assert st.state == ServerState.CRASHED
+        assert st.error is not None and st.error.kind == ErrorKind.BLOCK_SIZE_UNSUPPORTED
+        assert "16" in st.error.message
+        assert st.exit_code not in (None, 0)
+    finally:
+        seen_pids.update(server.engine_pids())
+        server.stop()
+    assert server.status.state in (ServerState.STOPPED, ServerState.CRASHED)
+    assert no_engine_left(sorted(seen_pids))

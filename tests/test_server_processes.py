@@ -1,0 +1,89 @@
+"""Process control on real (non-vLLM) processes: the stop escalation and the
+state machine, fast enough for every run. The launcher is a small Python
+program that behaves like a stubborn server: it writes log lines, forks a
+child like EngineCore, and ignores SIGINT."""
+
+from __future__ import annotations
+
+import sys
+import textwrap
+import time
+
+import psutil
+
+from ernie_tui.engine_ctl.server import EngineServer, ServerState, port_is_free
+from ernie_tui.presets.model import Preset
+from vllm_support import free_port
+
+STUBBORN = textwrap.dedent("""
+    import os, signal, sys, time
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    print("(APIServer pid=%d) INFO 11-30 03:35:20 [api_utils.py:347] vLLM server version 0.0.test, serving model x" % os.getpid(), flush=True)
+    if os.fork() == 0:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        time.sleep(600)
+        os._exit(0)
+    mode = sys.argv[sys.argv.index("--mode") + 1]
+    if mode == "crash":
+        print("ValueError: No common block size for 16 (CPU_ATTN: [MultipleOf(32)])", flush=True)
+        sys.exit(3)
+    time.sleep(600)
+""")
+
+
+def spec_for(tmp_path, mode: str):
+    script = tmp_path / "fake_server.py"
+    script.write_text(STUBBORN)
+    preset = Preset(name=f"fake-{mode}", launcher=[sys.executable, str(script)], model=str(tmp_path),
+                    engine_args={"mode": mode}, port=free_port())
+    return preset.launch_spec()
+
+
+def test_stop_escalates_until_every_process_is_gone(tmp_path, monkeypatch):
+    import ernie_tui.engine_ctl.server as server_mod
+
+    monkeypatch.setattr(server_mod, "SIGINT_GRACE", 0.5)
+    monkeypatch.setattr(server_mod, "SIGTERM_GRACE", 0.5)
+    server = EngineServer(spec_for(tmp_path, "hang"), preset_name="fake", log_path=tmp_path / "llm.log")
+    server.start()
+    deadline = time.time() + 10
+    while len(server.engine_pids()) < 2 and time.time() < deadline:
+        time.sleep(0.05)
+    pids = server.engine_pids()
+    assert len(pids) == 2
+    assert server.status.state == ServerState.STARTING
+    server.stop()
+    assert server.status.state == ServerState.STOPPED
+    for pid in pids:
+        assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    assert server.report.vllm_version == "0.0.test"
+
+
+def test_crash_reports_exit_code_and_root_cause(tmp_path, monkeypatch):
+    import ernie_tui.engine_ctl.server as server_mod
+
+    monkeypatch.setattr(server_mod, "SIGINT_GRACE", 0.2)
+    monkeypatch.setattr(server_mod, "SIGTERM_GRACE", 0.2)
+    server = EngineServer(spec_for(tmp_path, "crash"), preset_name="fake", log_path=tmp_path / "llm.log")
+    events = []
+    server.add_listener(events.append)
+    server.start()
+    st = server.wait_ready(10)
+    assert st.state == ServerState.CRASHED
+    assert st.exit_code == 3
+    assert st.error is not None and st.error.kind.value == "block_size_unsupported"
+    server.stop()  # reaps the forked child left behind by the crashed parent
+    assert server.status.state == ServerState.CRASHED
+    states = [e.status.state for e in events if hasattr(e, "status")]
+    assert states[0] == ServerState.STARTING and ServerState.CRASHED in states
+
+
+def test_port_probe(tmp_path):
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        assert not port_is_free("127.0.0.1", s.getsockname()[1])
+    assert port_is_free("127.0.0.1", free_port())

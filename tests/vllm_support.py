@@ -1,0 +1,77 @@
+"""Real vLLM (CPU build) for the slow end-to-end tests.
+
+One tiny stand-in model per machine (kept under ~/.cache so vLLM's
+torch.compile cache is reused across runs) and one shared cpu-demo server
+per test session: starts cost 10-50 s on 2 cores, so tests that only read
+from a ready server share it. Tests that restart, break or kill a server
+start their own with `start_server`.
+"""
+
+from __future__ import annotations
+
+import socket
+import sys
+from pathlib import Path
+
+import pytest
+
+from ernie_tui.demo_model import write_demo_model
+
+READY_TIMEOUT = 300.0
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def tiny_model_dir() -> Path:
+    target = Path.home() / ".cache" / "ernie-tui-tests" / "tiny-ernie"
+    if not (target / "model.safetensors").is_file():
+        write_demo_model(target, "tiny", seed=0)
+    return target
+
+
+def vllm_available() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("vllm") is not None
+
+
+def start_server(preset_name: str = "cpu-demo", log_dir: Path | None = None, wait: bool = True, **changes):
+    """Start a real server from a built-in preset on a free port."""
+    from ernie_tui.engine_ctl.server import EngineServer
+    from ernie_tui.presets import load_presets
+
+    preset = load_presets(include_user=False).get(preset_name)
+    if changes:
+        preset = preset.with_changes(**changes)
+    spec = preset.launch_spec(str(tiny_model_dir()), port_override=free_port())
+    log_dir = log_dir or Path(__import__("tempfile").mkdtemp(prefix="ernie-vllm-"))
+    server = EngineServer(spec, preset_name=preset.name, log_path=log_dir / "llm.log")
+    server.start()
+    if wait:
+        server.wait_ready(READY_TIMEOUT)
+    return server
+
+
+@pytest.fixture(scope="session")
+def tiny_model() -> Path:
+    return tiny_model_dir()
+
+
+@pytest.fixture(scope="session")
+def cpu_server(tiny_model, tmp_path_factory):
+    """A shared, ready cpu-demo server. Do not stop or break it in a test."""
+    if not vllm_available():
+        pytest.fail(f"vLLM is not installed in {sys.executable}; run scripts/setup.sh")
+    from ernie_tui.engine_ctl.server import ServerState
+
+    server = start_server("cpu-demo", tmp_path_factory.mktemp("shared-vllm"))
+    st = server.status
+    if st.state != ServerState.READY:
+        server.stop()
+        pytest.fail(f"shared vLLM server did not become ready: {st.state.value} {st.error}")
+    yield server
+    server.stop()
