@@ -71,7 +71,7 @@ class BurstConfig:
     chat: bool = False
     read_timeout_s: float = 120.0
     request_timeout_s: float = 600.0
-    sample_interval_s: float = 0.5
+    sample_interval_s: float = 0.25
     max_consecutive_failures: int | None = None  # default: 2 * concurrency
     settle_timeout_s: float = 3.0
     # Before measuring, open the C connections with one tiny request each, so
