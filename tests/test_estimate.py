@@ -239,3 +239,32 @@ def test_real_detection_here_is_fast():
     m = detect_machine()
     assert time.perf_counter() - t < 1.0
     assert m.platform in ("cuda", "cpu")
+
+
+def test_nvml_total_is_what_cuda_calls_total(monkeypatch):
+    """Figures seen on a real H200 here: NVML total 150,754,820,096 B with
+    644,939,776 reserved; torch.cuda.mem_get_info's total was exactly
+    total - reserved = 150,109,880,320 B, vLLM's '139.8 GiB'."""
+    import sys
+    import types
+
+    class Mem:
+        def __init__(self, **kw):
+            self.__dict__.update(kw)
+
+    fake = types.SimpleNamespace(
+        nvmlMemory_v2=2,
+        nvmlInit=lambda: None, nvmlShutdown=lambda: None,
+        nvmlDeviceGetCount=lambda: 1,
+        nvmlDeviceGetHandleByIndex=lambda i: i,
+        nvmlDeviceGetName=lambda h: b"NVIDIA H200",
+        nvmlDeviceGetUUID=lambda h: "GPU-88798937",
+        nvmlDeviceGetMemoryInfo=lambda h, version=None: (
+            Mem(total=150_754_820_096, reserved=644_939_776, free=150_109_880_320, used=0) if version == 2
+            else Mem(total=150_754_820_096, free=150_109_880_320, used=644_939_776)),
+    )
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    gpus, source = machine_mod._nvml_gpus()
+    assert source == "nvml" and gpus[0].name == "NVIDIA H200"
+    assert gpus[0].total_bytes == 150_109_880_320
+    assert round(gpus[0].total_bytes / GiB, 1) == 139.8

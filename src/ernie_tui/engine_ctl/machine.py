@@ -90,11 +90,19 @@ def _nvml_gpus() -> tuple[list[GpuInfo] | None, str]:
                 uuid = uuid.decode() if isinstance(uuid, bytes) else str(uuid)
             except Exception:
                 uuid = None
+            total = free = None
             try:
-                mem = pynvml.nvmlDeviceGetMemoryInfo(h)
-                total, free = int(mem.total), int(mem.free)
+                # v2 reports the driver's reserved memory apart; total minus
+                # reserved is what CUDA (and so vLLM) calls the total: on an
+                # H200 143,771 MiB in NVML but "139.8 GiB" in vLLM's log.
+                mem = pynvml.nvmlDeviceGetMemoryInfo(h, version=pynvml.nvmlMemory_v2)
+                total, free = int(mem.total) - int(mem.reserved), int(mem.free)
             except Exception:
-                total = free = None
+                try:
+                    mem = pynvml.nvmlDeviceGetMemoryInfo(h)
+                    total, free = int(mem.total), int(mem.free)
+                except Exception:
+                    pass
             out.append(GpuInfo(index=i, name=name, total_bytes=total, free_bytes=free, uuid=uuid))
         return out, "nvml"
     except Exception as exc:
