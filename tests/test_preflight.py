@@ -340,3 +340,10 @@ def test_check_cli_ok_and_text(e03, capsys):
 def test_check_cli_unknown_preset(capsys):
     assert main(["check", "nope"]) == 1
     assert "unknown preset" in capsys.readouterr().err
+
+
+def test_utilization_near_one_counts_the_cuda_context(book, e03):
+    # 0.999 x 139.8 = 139.66 GiB < 139.80 NVML-free, but vLLM sees 139.29 after its context.
+    r = run(book.get("seed-A").with_changes(gpu_memory_utilization=0.999), e03, h200(free_gib=139.80))
+    assert only(r, ErrorKind.INSUFFICIENT_FREE_MEMORY).fix == {"gpu_memory_utilization": 0.98}
+    assert run(book.get("seed-A").with_changes(gpu_memory_utilization=0.98), e03, h200(free_gib=139.80)).ok

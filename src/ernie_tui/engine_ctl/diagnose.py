@@ -23,6 +23,7 @@ from ernie_tui.engine_ctl.report import EngineError, ErrorKind
 from ernie_tui.presets.model import Preset, parse_size
 
 DEFAULT_UTIL = 0.92
+CUDA_CONTEXT_BYTES = int(0.51 * GiB)  # see preflight.CUDA_CONTEXT_BYTES
 TOOL_FIX_KEYS = ("port", "host")  # fix keys that are Preset fields, not engine args
 
 
@@ -189,7 +190,8 @@ def _fix_for(kind: ErrorKind, text: str, err: EngineError | None, preset: Preset
         new = DEFAULT_UTIL
         est = _estimate(preset, model_info, machine)
         if machine is not None and machine.gpu_total_bytes and machine.gpu_free_bytes is not None:
-            new = min(new, math.floor(machine.gpu_free_bytes / machine.gpu_total_bytes * 100) / 100 - 0.01)
+            free = machine.gpu_free_bytes - CUDA_CONTEXT_BYTES
+            new = min(new, math.floor(free / machine.gpu_total_bytes * 100) / 100 - 0.01)
         if est is not None and machine is not None and machine.gpu_total_bytes:
             floor_need = (est.weights_bytes + est.activation_bytes + est.non_torch_bytes) / machine.gpu_total_bytes
             if new <= floor_need:
@@ -203,7 +205,9 @@ def _fix_for(kind: ErrorKind, text: str, err: EngineError | None, preset: Preset
         total = detail.get("total_gib") or _num(r"\((\d+(?:\.\d+)?)/(\d+(?:\.\d+)?) GiB\)", text, 2)
         if machine is not None:
             if platform == "cuda" and machine.gpu_free_bytes is not None and machine.gpu_total_bytes:
-                free, total = machine.gpu_free_bytes / GiB, machine.gpu_total_bytes / GiB
+                # NVML's free, less the CUDA context vLLM creates before it measures
+                free = (machine.gpu_free_bytes - CUDA_CONTEXT_BYTES) / GiB
+                total = machine.gpu_total_bytes / GiB
             elif platform == "cpu" and machine.cpu_available_bytes and machine.cpu_total_bytes:
                 free, total = machine.cpu_available_bytes / GiB, machine.cpu_total_bytes / GiB
         if platform == "cpu":

@@ -64,6 +64,9 @@ PAGED_ATTN_MYTH_KEYS = {"enable_paged_attn", "disable_paged_attn", "paged_attn",
 NATIVE_ARCHS = {"Ernie4_5ForCausalLM", "Ernie4_5_MoeForCausalLM", "LlamaForCausalLM", "Qwen2ForCausalLM",
                 "Qwen3ForCausalLM", "MistralForCausalLM", "Qwen3MoeForCausalLM", "Gemma2ForCausalLM"}
 PUBLIC_HOSTS = {"0.0.0.0", "::", "", "[::]"}
+# Device memory a fresh CUDA context takes before vLLM measures "free":
+# 139.80 GiB free in NVML vs "Free memory on device (139.29/139.8 GiB)" on the H200.
+CUDA_CONTEXT_BYTES = int(0.51 * GiB)
 
 
 @dataclass
@@ -487,12 +490,16 @@ def check_memory(c: _Ctx) -> None:
 
     # -- free memory right now
     if m.platform == "cuda" and explicit is None and est.requested_bytes and m.gpu_free_bytes is not None:
-        if est.requested_bytes > m.gpu_free_bytes:
-            fit = math.floor(m.gpu_free_bytes / m.gpu_total_bytes * 100) / 100 - 0.01
+        # vLLM measures free memory after its own CUDA context exists: on the
+        # H200 here NVML said 139.80 GiB free, vLLM "139.29/139.8".
+        free = m.gpu_free_bytes - CUDA_CONTEXT_BYTES
+        if est.requested_bytes > free:
+            fit = math.floor(free / m.gpu_total_bytes * 100) / 100 - 0.01
             c.add(ErrorKind.INSUFFICIENT_FREE_MEMORY, "error",
                   f"gpu_memory_utilization {util} asks for {_gib(est.requested_bytes)} of the GPU but only "
-                  f"{_gib(m.gpu_free_bytes)} of {_gib(m.gpu_total_bytes)} is free now (another process holds "
-                  "the rest); vLLM refuses to start", {"gpu_memory_utilization": round(max(fit, 0.01), 2)})
+                  f"{_gib(free)} of {_gib(m.gpu_total_bytes)} will be free once vLLM's CUDA context exists "
+                  f"(NVML: {_gib(m.gpu_free_bytes)} free now); vLLM refuses to start",
+                  {"gpu_memory_utilization": round(max(fit, 0.01), 2)})
             return
     if m.platform == "cpu" and m.cpu_available_bytes is not None:
         space = c.env.get("VLLM_CPU_KVCACHE_SPACE", "").strip()
