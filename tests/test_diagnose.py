@@ -235,3 +235,19 @@ def test_preflight_problem_diagnosis_and_fixed_preset_passes(book, e03):
     # fixing a fixed preset keeps its name
     again = apply_fix(fixed, diagnose(EngineError(ErrorKind.CUDA_OOM, "CUDA out of memory"), fixed, "cuda"))
     assert again.name == "seed-B-fixed"
+
+
+def test_without_a_preset_replayed_log(fixtures_dir):
+    """Replay mode may know no preset: the diagnosis still reads the log."""
+    for name, kind, fix in [("fail_block8_len2048.log", ErrorKind.BLOCK_SIZE_UNSUPPORTED, {"block_size": 16}),
+                            ("fail_len_over_derived.log", ErrorKind.MAX_MODEL_LEN_TOO_LARGE, {"max_model_len": 131072})]:
+        err = error_from_log(fixtures_dir / "gpu-h200-vllm0.26.0" / name)
+        d = diagnose(err, None, None)
+        assert d.kind == kind and d.fix_changes == fix
+
+
+def test_platform_guess_from_message(fixtures_dir):
+    gpu = error_from_log(fixtures_dir / "gpu-h200-vllm0.26.0" / "fail_no_cache_memory_util0.005.log")
+    assert diagnose(gpu, None).fix_changes == {"gpu_memory_utilization": 0.92}  # not a CPU fix
+    cpu = error_from_log(fixtures_dir / "cpu-vllm0.32.0" / "fail_block16.log")
+    assert diagnose(cpu, None).fix_changes == {"block_size": 32}

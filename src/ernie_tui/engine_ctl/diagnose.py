@@ -120,7 +120,9 @@ def _platform(platform: str | None, machine: Machine | None, text: str) -> str:
         return platform
     if machine is not None:
         return machine.platform
-    return "cpu" if re.search(r"\bCPU\b|node \d", text or "") else "cuda"
+    # Only markers that name the CPU backend itself: vLLM's no-cache-memory
+    # message mentions "the CPU backend" on GPUs too.
+    return "cpu" if re.search(r"CPU_ATTN|on node \d|CPU memory utilization|CPU KV cache", text or "") else "cuda"
 
 
 def _largest_divisor_at_most(n: int, limit: int) -> int:
@@ -323,12 +325,15 @@ def _fix_for(kind: ErrorKind, text: str, err: EngineError | None, preset: Preset
     return None, "read the log; no automatic fix"
 
 
-def diagnose(error: Any, preset: Preset, platform: str | None = None, machine: Machine | None = None,
+def diagnose(error: Any, preset: Preset | None, platform: str | None = None, machine: Machine | None = None,
              model_info: Any = None) -> Diagnosis:
     """A Diagnosis for an EngineError (from a log) or a preflight Problem.
 
     `platform` ("cuda"/"cpu") picks the platform-specific fix; it defaults to
-    the machine's, then to a guess from the message."""
+    the machine's, then to a guess from the message. Without a preset (a
+    replayed log) the fix is computed against vLLM's defaults."""
+    if preset is None:
+        preset = Preset(name="unknown")
     kind = ErrorKind(error.kind)
     text = getattr(error, "message", "") or ""
     plat = _platform(platform, machine, text)

@@ -676,7 +676,10 @@ def preflight(
                                         f"{model} looks like a hub id, not a local directory: model checks "
                                         "skipped (preflight reads config.json offline)", None, "model"))
             else:
-                problems.append(Problem(ErrorKind.OTHER, "error", str(exc), None, "model"))
+                msg = str(exc)
+                if Path(model).resolve() == paths.demo_model_dir().resolve():
+                    msg += "; write it with `ernie-tui demo-model`"
+                problems.append(Problem(ErrorKind.OTHER, "error", msg, None, "model"))
     timings["model"] = time.perf_counter() - t
 
     est = None
