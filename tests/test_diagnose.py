@@ -248,6 +248,7 @@ def test_without_a_preset_replayed_log(fixtures_dir):
 
 def test_platform_guess_from_message(fixtures_dir):
     gpu = error_from_log(fixtures_dir / "gpu-h200-vllm0.26.0" / "fail_no_cache_memory_util0.005.log")
-    assert diagnose(gpu, None).fix_changes == {"gpu_memory_utilization": 0.92}  # not a CPU fix
+    low = Preset("low", {"gpu_memory_utilization": 0.005})
+    assert diagnose(gpu, low).fix_changes == {"gpu_memory_utilization": 0.92}  # a GPU fix, not a CPU KV size
     cpu = error_from_log(fixtures_dir / "cpu-vllm0.32.0" / "fail_block16.log")
     assert diagnose(cpu, None).fix_changes == {"block_size": 32}
