@@ -1,0 +1,292 @@
+"""Follow a growing log file (vLLM's llm.log) without threads.
+
+`LogTailer.read_new()` is a non-blocking poll: it returns the complete lines
+written since the previous call. Callers (process control, the dashboard's
+worker) call it from their own loop, so there is no thread to stop and no
+lock to share.
+
+What a live vLLM log throws at a tailer, and what we do about it:
+
+* the file does not exist yet (server still starting)  -> return [] and retry;
+* truncation (`> llm.log`, copytruncate)                -> restart from offset 0;
+* rotation (llm.log renamed to llm.log.1, new llm.log)  -> drain the old file,
+  then switch to the new one from its start (like `tail -F`);
+* a line written in pieces                              -> held until its terminator;
+* tqdm progress bars that redraw with `\\r`             -> `\\r` ends a line too, so
+  progress shows up live; the unterminated last segment is `partial`;
+* ANSI colour codes                                     -> stripped;
+* invalid UTF-8                                         -> decoded with U+FFFD;
+* one enormous line (a 10 MB dict dump)                 -> kept up to `max_line`
+  bytes plus CUT_MARKER, the rest discarded as it streams past, so memory
+  stays bounded by `max_line` + one read chunk.
+
+Pure stdlib; never imports Textual or Rich.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+__all__ = ["CUT_MARKER", "LogTailer", "follow", "strip_ansi"]
+
+# Appended to a line that was longer than max_line; what follows it was dropped.
+CUT_MARKER = " [...line cut]"
+
+# CSI sequences (colours, cursor moves, erase-line), OSC sequences (titles,
+# hyperlinks) and the remaining two-byte escapes. Anything else starting with
+# ESC is rare enough to leave the ESC alone rather than guess.
+_ANSI = re.compile(r"\x1b(?:\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)?|[@-Z\\-_])")
+# Line terminators: CRLF counts once, a lone CR is a progress-bar redraw.
+_TERM = re.compile(rb"(\r\n|\r|\n)")
+
+_READ_CHUNK = 1 << 16
+
+
+def strip_ansi(text: str) -> str:
+    """Remove terminal escape sequences (cheap when there are none)."""
+    return _ANSI.sub("", text) if "\x1b" in text else text
+
+
+class LogTailer:
+    """Poll-based follower of one log path.
+
+    `from_start=False` skips what the file holds when the tailer is created
+    (a file created later is read from its beginning, since all of it is new).
+    `max_line` caps a single line in bytes; `max_read` bounds the bytes one
+    `read_new()` call consumes so a huge backlog is delivered in slices
+    instead of one giant list (call again until it returns [] to drain).
+    """
+
+    def __init__(self, path: str | os.PathLike[str], from_start: bool = True, max_line: int = 65536,
+                 max_read: int = 8 << 20) -> None:
+        self.path = Path(path)
+        self.max_line = max(1, int(max_line))
+        self.max_read = max(_READ_CHUNK, int(max_read))
+        self._fd: int | None = None
+        self._ident: tuple[int, int] | None = None  # (st_dev, st_ino) of the open file
+        self._pos = 0
+        self._buf = bytearray()  # the current unterminated line (capped)
+        self._cut = 0  # bytes of the current line dropped past max_line
+        self._after_cr = False  # last byte seen was \r: a following \n belongs to it
+        self._prev_cr = False  # the previous segment ended with a bare \r (a redraw)
+        self._skip_to_eol = False  # started mid-line (from_start=False): drop the fragment
+        self._closed = False
+        self.lines_cut = 0  # how many lines were capped (for a status line, tests)
+        self.rotations = 0
+        self.truncations = 0
+        self._start_offset: int | None = 0
+        if not from_start:
+            try:
+                st = os.stat(self.path)
+            except OSError:
+                self._start_offset = 0  # created later: everything in it is new
+            else:
+                self._start_offset = st.st_size
+                self._ident = (st.st_dev, st.st_ino)
+
+    # -- public API ---------------------------------------------------------
+
+    @property
+    def partial(self) -> str:
+        """The line being written right now (e.g. the live tqdm bar), not yet returned."""
+        return strip_ansi(bytes(self._buf).decode("utf-8", errors="replace"))
+
+    def read_new(self) -> list[str]:
+        """Return complete lines added since the last call; never blocks."""
+        out: list[str] = []
+        if self._closed:
+            return out
+        budget = self.max_read
+        if self._fd is None and not self._open(first=True):
+            return out
+        # Truncated in place? (size below what we already read)
+        try:
+            size = os.fstat(self._fd).st_size
+        except OSError:
+            size = self._pos
+        if size < self._pos:
+            self.truncations += 1
+            self._flush_partial(out)
+            self._pos = 0
+            os.lseek(self._fd, 0, os.SEEK_SET)
+        budget = self._drain(out, budget)
+        if budget <= 0:
+            return out  # more to read; the caller polls again
+        # At EOF of the open file: has the path been rotated to a new file?
+        if self._rotated():
+            self._drain(out, 1 << 62)  # whatever the old writer added before the swap
+            self._flush_partial(out)  # the old file has ended: its last line is complete
+            self._close_fd()
+            self.rotations += 1
+            if self._open(first=False):
+                self._drain(out, budget)
+        return out
+
+    def close(self) -> None:
+        self._close_fd()
+        self._closed = True
+
+    def __enter__(self) -> LogTailer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- file handling ------------------------------------------------------
+
+    def _open(self, first: bool) -> bool:
+        try:
+            fd = os.open(self.path, os.O_RDONLY)
+        except OSError:
+            return False
+        st = os.fstat(fd)
+        ident = (st.st_dev, st.st_ino)
+        offset = 0
+        if first and self._start_offset:
+            # from_start=False: skip the old content, but only of the file we
+            # measured; a replacement created since then is read whole.
+            if ident == self._ident and st.st_size >= self._start_offset:
+                offset = self._start_offset
+                self._skip_to_eol = not self._ends_line(fd, offset)
+        self._start_offset = None
+        self._fd, self._ident, self._pos = fd, ident, offset
+        os.lseek(fd, offset, os.SEEK_SET)
+        return True
+
+    @staticmethod
+    def _ends_line(fd: int, offset: int) -> bool:
+        if offset == 0:
+            return True
+        try:
+            return os.pread(fd, 1, offset - 1) in (b"\n", b"\r")
+        except OSError:
+            return True
+
+    def _rotated(self) -> bool:
+        try:
+            st = os.stat(self.path)
+        except OSError:
+            return False  # renamed away and not recreated yet: keep the old file open
+        return (st.st_dev, st.st_ino) != self._ident
+
+    def _close_fd(self) -> None:
+        if self._fd is not None:
+            try:
+                os.close(self._fd)
+            except OSError:
+                pass
+        self._fd = None
+
+    def _drain(self, out: list[str], budget: int) -> int:
+        while budget > 0:
+            try:
+                data = os.read(self._fd, min(_READ_CHUNK, budget))
+            except OSError:
+                break
+            if not data:
+                break
+            self._pos += len(data)
+            budget -= len(data)
+            self._split(data, out)
+        return budget
+
+    # -- line assembly ------------------------------------------------------
+
+    def _split(self, data: bytes, out: list[str]) -> None:
+        if self._after_cr:
+            self._after_cr = False
+            if data[:1] == b"\n":  # the \n of a \r\n split across two reads
+                data = data[1:]
+                self._prev_cr = False  # that \r\n was one ordinary line end
+        if not data:
+            return
+        if b"\r" not in data:  # the common case: plain \n lines
+            parts = data.split(b"\n")
+            for seg in parts[:-1]:
+                self._complete(seg, out, by_cr=False)
+            self._append(parts[-1])
+            return
+        self._after_cr = data.endswith(b"\r")
+        pieces = _TERM.split(data)  # [seg, term, seg, term, ..., tail]
+        for i in range(0, len(pieces) - 1, 2):
+            self._complete(pieces[i], out, by_cr=pieces[i + 1] == b"\r")
+        self._append(pieces[-1])
+
+    def _append(self, seg: bytes) -> None:
+        if not seg:
+            return
+        room = self.max_line - len(self._buf)
+        if len(seg) <= room:
+            self._buf += seg
+        else:
+            if room > 0:
+                self._buf += seg[:room]
+            self._cut += len(seg) - max(room, 0)
+
+    def _complete(self, seg: bytes, out: list[str], by_cr: bool) -> None:
+        if self._buf or self._cut:
+            self._append(seg)
+            raw, cut = bytes(self._buf), self._cut
+            self._buf.clear()
+            self._cut = 0
+        elif len(seg) > self.max_line:
+            raw, cut = seg[: self.max_line], len(seg) - self.max_line
+        else:
+            raw, cut = seg, 0
+        prev_cr, self._prev_cr = self._prev_cr, by_cr
+        if self._skip_to_eol:  # tail of a line that began before we started
+            self._skip_to_eol = False
+            return
+        if not raw and not cut and (by_cr or prev_cr):
+            # "\r\r", a bar that starts with \r, or the newline that ends a
+            # redrawn line ("bar\r\n"): nothing new was drawn.
+            return
+        self._emit(raw, cut, out)
+
+    def _flush_partial(self, out: list[str]) -> None:
+        if self._buf or self._cut:
+            raw, cut = bytes(self._buf), self._cut
+            self._buf.clear()
+            self._cut = 0
+            if self._skip_to_eol:
+                self._skip_to_eol = False
+                return
+            self._emit(raw, cut, out)
+        self._after_cr = False
+        self._prev_cr = False
+
+    def _emit(self, raw: bytes, cut: int, out: list[str]) -> None:
+        text = raw.decode("utf-8", errors="replace")
+        if "\x1b" in text:
+            text = _ANSI.sub("", text)
+        if cut:
+            self.lines_cut += 1
+            text += CUT_MARKER
+        out.append(text)
+
+
+def follow(path: str | os.PathLike[str], poll: float = 0.1, stop_event: threading.Event | None = None,
+           from_start: bool = True, max_line: int = 65536) -> Iterator[str]:
+    """Yield lines of `path` as they are written, forever or until stop_event is set.
+
+    A blocking convenience over LogTailer for scripts (`for line in follow(p): ...`).
+    Waiting uses stop_event.wait() so setting the event ends the loop promptly.
+    """
+    tailer = LogTailer(path, from_start=from_start, max_line=max_line)
+    try:
+        while stop_event is None or not stop_event.is_set():
+            lines = tailer.read_new()
+            if lines:
+                yield from lines
+                continue
+            if stop_event is not None:
+                stop_event.wait(poll)
+            else:
+                time.sleep(poll)
+    finally:
+        tailer.close()
