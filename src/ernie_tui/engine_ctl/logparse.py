@@ -1,0 +1,1204 @@
+"""Turn vLLM server log lines into typed events and a live EngineReport.
+
+    parser = LogParser()
+    for line in tailer.read_new():
+        for event in parser.feed(line):
+            ...                       # PhaseEvent, StatsEvent, ReadyEvent, ErrorEvent, ...
+    parser.report                     # the EngineReport filled so far
+
+    parse_file("llm.log")             # -> EngineReport (fast path for whole files)
+
+Formats understood: vLLM 0.26 (GPU) and 0.32 (CPU) as captured in
+shared/fixtures/vllm-logs, plus older wording: `# GPU blocks: N`, separate
+`GPU KV cache size` / `Maximum concurrency` lines, the V0 stats line
+(`Running/Swapped/Pending`), `torch.compile takes`, `Loading model weights
+took N GB`, un-prefixed lines from before the `(APIServer pid=N)` era.
+
+Speed. Most lines in a vLLM log are access-log lines, route listings,
+traceback frames and warnings. Each line gets a cheap prefilter: lines in
+vLLM's own format (`... [file.py:123] message`) are tested with ONE anchored
+regex at the start of the message (a handful of literal prefixes; it fails
+on the first character for nearly everything); other lines with a few
+substring checks. Only the few lines that pass reach the detailed regexes.
+
+Robustness. feed() and the parse_* functions never raise on log content:
+every detailed handler runs under a try/except that counts and drops
+surprises (see `LogParser.internal_errors`).
+
+Errors. The report keeps the FIRST fatal error with its ROOT CAUSE: vLLM
+prints the real exception (e.g. `ValueError: No common block size ...`) and
+then generic wrappers (`RuntimeError: Engine core initialization failed.
+See root cause above`); wrappers are kept only until a specific cause shows
+up, whichever order the processes' output interleaves in. Errors after the
+server became ready count only when they are fatal (engine died, CUDA OOM,
+port in use), so a rejected request does not mark the server as crashed.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ernie_tui.engine_ctl.report import PHASES, EngineError, EngineReport, ErrorKind, StatsSample
+
+__all__ = [
+    "ArgsEvent", "ErrorEvent", "Event", "FieldEvent", "LogParser", "NewRunEvent", "PhaseEvent", "PidEvent",
+    "ProgressEvent", "ReadyEvent", "ShutdownEvent", "StatsEvent", "VersionEvent", "classify_error",
+    "parse_file", "parse_lines",
+]
+
+
+# --------------------------------------------------------------------------- events
+
+
+class Event:
+    """Base class of everything feed() returns. Every event has `line_no` (1-based)."""
+
+    line_no: int | None
+
+
+@dataclass(frozen=True)
+class VersionEvent(Event):
+    version: str
+    line_no: int | None = None
+
+
+@dataclass(frozen=True)
+class ArgsEvent(Event):
+    """The `non-default args: {...}` dict, parsed."""
+
+    args: dict[str, Any]
+    line_no: int | None = None
+
+
+@dataclass(frozen=True)
+class FieldEvent(Event):
+    """A scalar report field got a value: `name` is the EngineReport attribute."""
+
+    name: str
+    value: Any
+    line_no: int | None = None
+
+
+@dataclass(frozen=True)
+class PhaseEvent(Event):
+    """Startup progress. done=False: `phase` is now the current phase (report.phase).
+    done=True: `phase` finished; `seconds` is how long the log says it took (or None)."""
+
+    phase: str
+    seconds: float | None = None
+    done: bool = False
+    line_no: int | None = None
+
+
+@dataclass(frozen=True)
+class ProgressEvent(Event):
+    """A tqdm bar line, e.g. label='Capturing CUDA graphs (FULL)', done=18, total=51."""
+
+    label: str
+    done: int
+    total: int
+    phase: str | None = None
+    line_no: int | None = None
+
+
+@dataclass(frozen=True)
+class StatsEvent(Event):
+    sample: StatsSample
+    line_no: int | None = None
+
+
+@dataclass(frozen=True)
+class ReadyEvent(Event):
+    url: str | None
+    line_no: int | None = None
+
+
+@dataclass(frozen=True)
+class ErrorEvent(Event):
+    """report.error was set, or replaced by a more specific root cause."""
+
+    error: EngineError
+    line_no: int | None = None
+
+
+@dataclass(frozen=True)
+class PidEvent(Event):
+    role: str
+    pid: int
+    line_no: int | None = None
+
+
+@dataclass(frozen=True)
+class ShutdownEvent(Event):
+    """The server began shutting down (SIGINT/SIGTERM or after a crash)."""
+
+    line_no: int | None = None
+
+
+@dataclass(frozen=True)
+class NewRunEvent(Event):
+    """A second server start in the same log: the report was reset for it."""
+
+    line_no: int | None = None
+
+
+# --------------------------------------------------------------------------- prefilter
+
+# "(APIServer pid=1938) " / "(EngineCore_DP0 pid=7) " / "(VllmWorker-0 pid=13964) "
+_PFX = re.compile(r"\(([^()\s][^()]{0,40}?) pid=(\d+)\) ")
+
+# The five characters after the prefix say what kind of line it is:
+# 1 = vLLM's own INFO/WARNING/DEBUG line ("INFO 11-30 03:20:09 [cuda.py:482] msg"),
+# 2 = uvicorn ("INFO:     127.0.0.1:5075 - "GET /health HTTP/1.1" 200 OK"),
+# 3 = an error line, vLLM's ("ERROR 11-30 ...") or uvicorn's ("ERROR:    ...").
+# Anything else (traceback text, bare exception lines, tqdm bars) is "plain".
+_LEVELS = {"INFO ": 1, "WARNI": 1, "DEBUG": 1, "INFO:": 2, "ERROR": 3, "CRITI": 3}
+
+# First four characters of an interesting vLLM message -> handler method name.
+# A dict lookup rejects the other ~95% of vLLM lines without running a regex;
+# handlers then check the full wording (several messages share a key).
+_KEYS = {
+    "vLLM": "_k_ver", "non-": "_k_args", "Reso": "_k_arch", "Usin": "_k_using", "Load": "_k_load",
+    "Mode": "_k_mltook", "torc": "_k_tctook", "Init": "_k_init", "init": "_k_inittook",
+    "Grap": "_k_graphtook", "Avai": "_k_kvmem", "Expl": "_k_kvset", "Maxi": "_k_conc",
+    "Star": "_k_start", "Engi": "_k_engine", "Avg ": "_k_stats", "Pref": "_k_prefixhit",
+    "Dyna": "_k_compile", "Warm": "_k_compile", "Comp": "_k_compile", "Capt": "_k_capture",
+    "Auto": "_k_platform", "Work": "_k_fail", "Asyn": "_k_fail",
+    **{f"{d} ": "_k_kvsize" for d in ("GPU", "CPU", "XPU", "TPU", "HPU", "NPU")},
+    **{f"# {d}": "_k_blocks" for d in ("GP", "gp", "cu", "CU", "CP", "cp", "XP", "xp", "TP", "tp", "HP", "hp")},
+}
+
+# --------------------------------------------------------------------------- detail regexes
+
+_RE_VER = re.compile(r"vLLM (?:API )?server version (\S+?),?(?:\s|$)(?:serving model (\S+))?")
+_RE_BANNER = re.compile(r"[ \u2580-\u259f]+(version|model)\s+(\S+)")
+_RE_BACKEND = re.compile(r"Using ([A-Za-z][\w\- ]*?) (?:attention )?backend(?: on V1 engine)?(?:\.|\s|$)")
+_RE_NUM = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
+_RE_WTOOK = re.compile(r"weights took ([\d.]+) ?(GiB|GB|seconds|s)\b")
+_RE_MLTOOK = re.compile(r"Model loading took ([\d.]+) ?(?:GiB|GB)(?: memory)? and ([\d.]+) s")
+_RE_SECS = re.compile(r"took ([\d.]+) s")
+_RE_INIT = re.compile(r"\) took ([\d.]+) s(?:econds)?(?: \(compilation: ([\d.]+) s)?")
+_RE_GRAPH = re.compile(r"finished in ([\d.]+) secs?, took (-?[\d.]+) GiB")
+_RE_KVSET = re.compile(r"Explicitly set \((-?[\d.]+)/([\d.]+)\) GiB for KV cache")
+_RE_KVSIZE = re.compile(r"(?:(\w+) )?KV cache size: ([\d,]+) tokens"
+                        r"(?:, Maximum concurrency for ([\d,]+) tokens per request: ([\d.]+)x)?")
+_RE_CONC = re.compile(r"Maximum concurrency for ([\d,]+) tokens per request: ([\d.]+)x")
+_RE_BLOCKS = re.compile(r"# (\w+) blocks: (\d+)(?:, # CPU blocks: (\d+))?")
+_RE_URL = re.compile(r"Starting vLLM (?:API )?server(?: \d+)? on (\S+)")
+_RE_STATS_KV = re.compile(r"(?:^|, |: )([A-Za-z][A-Za-z ]*?): (-?[\d.]+)")
+_RE_TS = re.compile(r"(\d\d-\d\d \d\d:\d\d:\d\d)")
+_RE_TQDM = re.compile(r"([^\r|]*?):\s+(\d+)%(?:\|[^|]*\||\s+Completed\s+\|)\s*(\d+)/(\d+)")
+_RE_EXC = re.compile(r"([A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt))(?::\s*(.*))?$")
+_RE_ARGPARSE = re.compile(r"[\w.\- ]{1,60}: error: (.*)")
+_RE_STARTED = re.compile(r"Started server process \[(\d+)\]")
+_RE_UVICORN_URL = re.compile(r"Uvicorn running on (\S+)")
+_RE_PYD_TAIL = re.compile(r"\s*\[type=[\w.]+, input_value=.*$")
+
+# Exceptions that are how processes end, not why they failed.
+_IGNORED_EXC = ("KeyboardInterrupt", "SystemExit", "CancelledError", "GeneratorExit")
+# Error kinds that still matter after the server became ready.
+_FATAL_AFTER_READY = {ErrorKind.ENGINE_DEAD, ErrorKind.CUDA_OOM, ErrorKind.PORT_IN_USE}
+# Messages that only say "something failed, see above".
+_WRAPPERS = ("Engine core initialization failed", "WorkerProc initialization failed",
+             "Engine process failed to start", "validation error for", "validation errors for",
+             "EngineCore failed to start", "WorkerProc hit an exception", "WorkerProc failed to start",
+             "please check the stack trace above", "See stack trace for root cause",
+             "See root cause above")
+_PHASE_INDEX = {p: i for i, p in enumerate(PHASES)}
+_HANDLER_TEXT_CAP = 65536  # handlers look at most this much of one line
+
+
+# --------------------------------------------------------------------------- error classification
+
+_CLASSIFIERS: list[tuple[re.Pattern[str], ErrorKind]] = [
+    (re.compile(r"CUDA out of memory|OutOfMemoryError|CUDA error: out of memory"), ErrorKind.CUDA_OOM),
+    (re.compile(r"estimated maximum model length is|To serve at least one request with the model's max seq len"
+                r"|is larger than the maximum number of tokens that can be stored in KV cache"),
+     ErrorKind.KV_CACHE_TOO_SMALL),
+    (re.compile(r"No available memory for the cache blocks"), ErrorKind.NO_CACHE_MEMORY),
+    (re.compile(r"on startup is less than desired \w+ memory utilization|Error in memory profiling"),
+     ErrorKind.INSUFFICIENT_FREE_MEMORY),
+    (re.compile(r"User-specified max_model_len \(\d+\) is greater than the derived max_model_len"),
+     ErrorKind.MAX_MODEL_LEN_TOO_LARGE),
+    (re.compile(r"World size \(\d+\) is larger than the number of available GPUs"
+                r"|number of required GPUs exceeds the total number of available GPUs"),
+     ErrorKind.TP_EXCEEDS_GPUS),
+    (re.compile(r"Total number of attention heads \(\d+\) must be divisible by tensor parallel size"),
+     ErrorKind.HEADS_NOT_DIVISIBLE),
+    (re.compile(r"No common block size for|share no supported KV cache block size"
+                r"|No valid attention backend found.*block_size not supported"
+                r"|argument --block-size: invalid choice"), ErrorKind.BLOCK_SIZE_UNSUPPORTED),
+    (re.compile(r"unrecognized arguments: "), ErrorKind.UNKNOWN_ARGUMENT),
+    (re.compile(r"[Aa]ddress already in use|\[Errno (?:98|48|10048)\]"), ErrorKind.PORT_IN_USE),
+    (re.compile(r"ModuleNotFoundError|No module named "), ErrorKind.MISSING_MODULE),
+    (re.compile(r"EngineDeadError|Engine core proc \S+ died|died unexpectedly|EngineCore encountered"
+                r"|Engine core initialization failed|WorkerProc initialization failed|EngineCore failed to start"
+                r"|WorkerProc hit an exception|WorkerProc failed to start|Engine process failed to start"
+                r"|AsyncLLM output_handler failed"), ErrorKind.ENGINE_DEAD),
+]
+
+
+def _int(text: str | None) -> int | None:
+    try:
+        return int(text.replace(",", "")) if text else None
+    except ValueError:
+        return None
+
+
+def _float(text: str | None) -> float | None:
+    try:
+        return float(text.replace(",", "")) if text else None
+    except ValueError:
+        return None
+
+
+def classify_error(message: str) -> tuple[ErrorKind, int | None, dict[str, Any]]:
+    """Map one root-cause message to (kind, vLLM's estimated max model len, detail)."""
+    text = message[:_HANDLER_TEXT_CAP]
+    if "Worker failed with error '" in text:
+        # EngineCore's wrapper quotes the worker's message: classify that.
+        inner = text.split("Worker failed with error '", 1)[1].rsplit("'", 1)[0]
+        kind, est, detail = classify_error(inner)
+        if kind is not ErrorKind.OTHER and kind is not ErrorKind.ENGINE_DEAD:
+            return kind, est, detail
+    kind = ErrorKind.OTHER
+    for rx, k in _CLASSIFIERS:
+        if rx.search(text):
+            kind = k
+            break
+    est: int | None = None
+    detail: dict[str, Any] = {}
+    if kind is ErrorKind.KV_CACHE_TOO_SMALL:
+        m = re.search(r"estimated maximum model length is (\d+)", text)
+        if m:
+            est = int(m.group(1))
+        else:  # V0 wording states how many tokens fit; that is the usable max length
+            m = re.search(r"stored in KV cache \((\d+)\)", text)
+            est = int(m.group(1)) if m else None
+        m = re.search(r"max seq len \((\d+)\)", text)
+        if m:
+            detail["max_model_len"] = int(m.group(1))
+        m = re.search(r"\(([\d.]+) GiB KV cache is needed.*available KV cache memory \(([\d.]+) GiB\)", text)
+        if m:
+            detail["needed_gib"], detail["available_gib"] = float(m.group(1)), float(m.group(2))
+    elif kind is ErrorKind.INSUFFICIENT_FREE_MEMORY:
+        m = re.search(r"\(([\d.]+)/([\d.]+) GiB\) on startup is less than desired \w+ memory utilization "
+                      r"\(([\d.]+), ([\d.]+) GiB\)", text)
+        if m:
+            detail.update(free_gib=float(m.group(1)), total_gib=float(m.group(2)),
+                          utilization=float(m.group(3)), requested_gib=float(m.group(4)))
+    elif kind is ErrorKind.MAX_MODEL_LEN_TOO_LARGE:
+        m = re.search(r"max_model_len \((\d+)\) is greater than the derived max_model_len "
+                      r"\((?:max_position_embeddings=)?([\d.]+)", text)
+        if m:
+            detail["requested"] = int(m.group(1))
+            detail["derived"] = int(float(m.group(2)))
+    elif kind is ErrorKind.TP_EXCEEDS_GPUS:
+        m = re.search(r"World size \((\d+)\) is larger than the number of available GPUs(?: \((\d+)\))?", text)
+        if m:
+            detail["world_size"] = int(m.group(1))
+            if m.group(2):
+                detail["available_gpus"] = int(m.group(2))
+    elif kind is ErrorKind.HEADS_NOT_DIVISIBLE:
+        m = re.search(r"attention heads \((\d+)\) must be divisible by tensor parallel size \((\d+)\)", text)
+        if m:
+            detail.update(heads=int(m.group(1)), tensor_parallel_size=int(m.group(2)))
+    elif kind is ErrorKind.BLOCK_SIZE_UNSUPPORTED:
+        m = (re.search(r"No common block size for (\d+)", text) or re.search(r"block_size=(\d+)", text)
+             or re.search(r"--block-size: invalid choice: '?(\d+)", text))
+        if m:
+            detail["block_size"] = int(m.group(1))
+        m = re.search(r"No common block size for \d+ \((.*)\)", text)
+        if m:
+            detail["supported"] = m.group(1)
+    elif kind is ErrorKind.UNKNOWN_ARGUMENT:
+        args = text.split("unrecognized arguments: ", 1)[1].split()
+        if args:
+            detail["argument"] = args[0]
+            detail["arguments"] = args
+    elif kind is ErrorKind.PORT_IN_USE:
+        m = re.search(r"address \('([^']*)', (\d+)\)", text)
+        if m:
+            detail.update(host=m.group(1), port=int(m.group(2)))
+    elif kind is ErrorKind.CUDA_OOM:
+        m = re.search(r"Tried to allocate ([\d.]+ [KMGT]i?B)", text)
+        if m:
+            detail["tried_to_allocate"] = m.group(1)
+    elif kind is ErrorKind.MISSING_MODULE:
+        m = re.search(r"No module named '?([\w.]+)", text)
+        if m:
+            detail["module"] = m.group(1)
+    return kind, est, detail
+
+
+def _is_wrapper(kind: ErrorKind, message: str) -> bool:
+    if kind is ErrorKind.ENGINE_DEAD:
+        return True
+    return kind is ErrorKind.OTHER and any(w in message for w in _WRAPPERS)
+
+
+def _parse_args(text: str) -> dict[str, Any]:
+    """Parse the repr of vLLM's non-default args dict without executing anything.
+
+    literal_eval handles the usual case; values that are not literals (an enum
+    repr like <CompilationMode.X: 3>, a config object) make it fail, and then
+    each top-level `'key': value` pair is parsed on its own, keeping the raw
+    text of values that are still not literals.
+    """
+    text = text.strip()
+    try:
+        value = ast.literal_eval(text)
+        if isinstance(value, dict):
+            return value
+    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+        pass
+    out: dict[str, Any] = {}
+    body = text[1:-1] if text.startswith("{") and text.endswith("}") else text.lstrip("{")
+    for item in _split_top_level(body):
+        key, sep, raw = item.partition(":")
+        if not sep:
+            continue
+        key = key.strip().strip("'\"")
+        raw = raw.strip()
+        if not key:
+            continue
+        try:
+            out[key] = ast.literal_eval(raw)
+        except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+            out[key] = raw
+    return out
+
+
+def _split_top_level(body: str) -> list[str]:
+    """Split `a, b(c, d), 'e, f'` on the commas that are not nested or quoted."""
+    items: list[str] = []
+    depth = 0
+    quote = ""
+    start = 0
+    i = 0
+    n = len(body)
+    while i < n:
+        c = body[i]
+        if quote:
+            if c == "\\":
+                i += 1
+            elif c == quote:
+                quote = ""
+        elif c in "'\"":
+            quote = c
+        elif c in "([{<":
+            depth += 1
+        elif c in ")]}>":
+            depth = max(0, depth - 1)
+        elif c == "," and depth == 0:
+            items.append(body[start:i])
+            start = i + 1
+        i += 1
+    items.append(body[start:])
+    return items
+
+
+def _after(text: str, key: str) -> str | None:
+    """The token after `key` in a `k=v, k2=v2` config dump (find-based: these lines are long)."""
+    i = text.find(key)
+    if i < 0:
+        return None
+    i += len(key)
+    j = text.find(",", i)
+    value = text[i:] if j < 0 else text[i:j]
+    return value.strip().strip("'\"")
+
+
+def _last_segment(text: str) -> str:
+    """For a line holding several \\r-separated redraws, the one a terminal would show."""
+    end = len(text.rstrip())  # a trailing "\r" (from "\r\n") ends no redraw
+    if end == 0:
+        return ""
+    return text[text.rfind("\r", 0, end) + 1:end]
+
+
+def _text(line: str, s: int) -> str:
+    """The message from offset s, capped, with ANSI codes and \\r redraws resolved."""
+    text = line[s:s + _HANDLER_TEXT_CAP]
+    if "\x1b" in text or "\r" in text:
+        return _clean(text)
+    return text.strip()
+
+
+def _clean(text: str) -> str:
+    if "\x1b" in text:
+        from ernie_tui.engine_ctl.logtail import strip_ansi
+
+        text = strip_ansi(text)
+    return _last_segment(text).strip()
+
+
+# --------------------------------------------------------------------------- the parser
+
+
+class LogParser:
+    """Incremental vLLM log parser. Feed lines in order; read `.report` any time."""
+
+    def __init__(self) -> None:
+        self.report = EngineReport()
+        self.internal_errors = 0  # handler exceptions swallowed (should stay 0)
+        self._collect = True
+        self._events: list[Event] = []
+        self._reset_state()
+        self._args_cache: dict[str, dict[str, Any]] = {}
+        self._keys = {key: getattr(self, name) for key, name in _KEYS.items()}
+
+    def _reset_state(self) -> None:
+        self._pfx = "\x00"  # prefix of the previous prefixed line (never matches at first)
+        self._plen = 0
+        self._err_is_wrapper = False
+        self._shutting_down = False
+        self._pyd_pending: int | None = None  # line of a pydantic ValidationError header
+        self._platform_sure = False
+        self._kv_bytes: int | None = None  # kv_cache_memory_bytes from the args
+        self._blocks: int | None = None  # `# GPU blocks: N` waiting for a block size
+
+    # -- public API ---------------------------------------------------------
+
+    def feed(self, line: str) -> list[Event]:
+        """Parse one line (a trailing newline is fine); return the events it produced."""
+        self._events = []
+        try:
+            if isinstance(line, bytes):
+                line = line.decode("utf-8", errors="replace")
+            self._scan((line,))
+        except Exception:  # the contract: never raise on log content
+            self.internal_errors += 1
+        return self._events
+
+    def feed_many(self, lines: Iterable[str]) -> list[Event]:
+        """Parse several lines; return all their events (cheaper than feed() per line)."""
+        self._events = []
+        try:
+            self._scan(lines)
+        except Exception:
+            self.internal_errors += 1
+        return self._events
+
+    # -- the hot loop -------------------------------------------------------
+
+    def _scan(self, lines: Iterable[str]) -> None:
+        """Prefilter every line; hand the few interesting ones to handlers.
+
+        Written for speed (this loop is most of parse_file's time): locals
+        instead of attributes and globals, dict lookups instead of regexes,
+        no call at all for a rejected line. (Scanning undecoded bytes lines
+        was tried: slower than decoding whole blocks and scanning str.)
+        """
+        rep = self.report
+        n = rep.lines
+        pfx, plen = self._pfx, self._plen
+        levels = _LEVELS
+        keys = self._keys
+        pfx_match = _PFX.match
+        try:
+            for line in lines:
+                n += 1
+                if line.startswith(pfx):
+                    pos = plen
+                elif line[:1] == "(":
+                    m = pfx_match(line)
+                    if m is None:
+                        pos = 0
+                    else:
+                        pfx = m.group(0)
+                        plen = pos = m.end()
+                        rep.lines = n
+                        try:
+                            self._on_prefix(m.group(1), m.group(2), n)
+                        except Exception:
+                            self.internal_errors += 1
+                else:
+                    pos = 0
+                lv = levels.get(line[pos:pos + 5])
+                if lv == 1:  # vLLM INFO/WARNING: dispatch on the message's first 4 chars
+                    k = line.find("] ", pos)
+                    if k < 0:
+                        continue
+                    k += 2
+                    h = keys.get(line[k:k + 4])
+                    if h is None:
+                        c = line[k:k + 1]
+                        if c != "[" and c != " " and c < "\x80":
+                            continue
+                        h = self._k_odd  # "[backbone] " tags, the ASCII-art banner
+                elif lv == 2:  # uvicorn
+                    if "HTTP/1." in line:
+                        continue  # access log: the bulk of a busy server's log
+                    h, k = self._on_uvicorn, pos
+                elif lv == 3:
+                    k = line.find("] ", pos)
+                    # Traceback frames and source lines inside an ERROR block are
+                    # indented; only pydantic's "  Value error, ..." /
+                    # "  Assertion failed, ..." detail lines matter among them.
+                    if k >= 0 and line.startswith("  ", k + 2) and line[k + 4:k + 5] not in "VA":
+                        continue
+                    h, k = self._on_error_line, pos
+                else:  # no level: traceback text, bare exception lines, tqdm bars, argparse
+                    if line.startswith("  ", pos):  # frames, source lines, usage text
+                        if line[pos + 2:pos + 3] not in "VA":
+                            continue
+                    elif not ("rror" in line or "xception" in line or "Capturing" in line
+                              or "shards" in line or "died" in line):
+                        continue
+                    h, k = self._on_plain, pos
+                rep.lines = n
+                try:
+                    h(line, k, n)
+                except Exception:
+                    self.internal_errors += 1
+                rep = self.report  # a handler may have started a new run's report
+        finally:
+            self.report.lines = n
+            self._pfx, self._plen = pfx, plen
+
+    # -- plumbing -----------------------------------------------------------
+
+    def _emit(self, cls: type[Event], *args: Any) -> None:
+        if self._collect:  # parse_file() has no listener: skip building events
+            self._events.append(cls(*args))
+
+    def _set(self, name: str, value: Any, n: int, override: bool = True) -> None:
+        """Set a report field (if changed) and emit a FieldEvent."""
+        if value is None:
+            return
+        old = getattr(self.report, name)
+        if old == value or (old is not None and not override):
+            return
+        setattr(self.report, name, value)
+        self._emit(FieldEvent, name, value, n)
+
+    def _platform(self, value: str, n: int, sure: bool = False) -> None:
+        value = value.lower()
+        if value in ("gpu", "nvidia"):
+            value = "cuda"
+        if self.report.platform is None or (sure and not self._platform_sure and self.report.platform != value):
+            self._set("platform", value, n)
+        self._platform_sure = self._platform_sure or sure
+
+    def _advance(self, phase: str, n: int) -> None:
+        cur = self.report.phase
+        if cur is None or _PHASE_INDEX[phase] > _PHASE_INDEX[cur]:
+            self.report.phase = phase
+            self._emit(PhaseEvent, phase, None, False, n)
+
+    def _phase_done(self, phase: str, seconds: float | None, n: int) -> None:
+        if seconds is not None:
+            self.report.phases[phase] = seconds
+        self._emit(PhaseEvent, phase, seconds, True, n)
+
+    def _new_run(self, n: int) -> None:
+        lines = self.report.lines
+        self.report = EngineReport(lines=lines)
+        pfx, plen = self._pfx, self._plen
+        self._reset_state()
+        self._pfx, self._plen = pfx, plen
+        self._emit(NewRunEvent, n)
+
+    def _on_prefix(self, role: str, pid_text: str, n: int) -> None:
+        pid = int(pid_text)
+        pids = self.report.pids
+        if role.startswith("VllmWorker-"):
+            role = "Worker_" + role[len("VllmWorker-"):]
+        elif role.startswith("VllmWorker "):
+            role = "Worker_" + role[len("VllmWorker "):]
+        if pids.get(role) == pid:
+            return
+        if pid in pids.values():
+            return  # same process under a second name ("VllmWorker-0" then "Worker")
+        if role == "Worker":
+            role = "Worker_0" if "Worker_0" not in pids else f"Worker_{len(pids)}"
+        pids[role] = pid
+        self._emit(PidEvent, role, pid, n)
+
+    # -- vLLM-format messages: key handlers (line, message start, line no) ----
+
+    def _k_ver(self, line: str, s: int, n: int) -> None:
+        self._m_ver(_text(line, s), line, n)
+
+    def _k_args(self, line: str, s: int, n: int) -> None:
+        if line.startswith("non-default args: ", s):
+            self._m_args(_text(line, s), line, n)
+
+    def _k_arch(self, line: str, s: int, n: int) -> None:
+        if line.startswith("Resolved architecture: ", s):
+            self._m_arch(_text(line, s), line, n)
+
+    def _k_using(self, line: str, s: int, n: int) -> None:
+        self._m_using(_text(line, s), line, n)
+
+    def _k_load(self, line: str, s: int, n: int) -> None:
+        if line.startswith(("Loading weights took", "Loading model weights took"), s):
+            self._m_wtook(_text(line, s), line, n)
+        elif line.startswith("Loading model from", s):
+            self._advance("load_weights", n)
+
+    def _k_mltook(self, line: str, s: int, n: int) -> None:
+        if line.startswith("Model loading took", s):
+            self._m_mltook(_text(line, s), line, n)
+
+    def _k_tctook(self, line: str, s: int, n: int) -> None:
+        if line.startswith("torch.compile t", s):
+            self._m_tctook(_text(line, s), line, n)
+
+    def _k_init(self, line: str, s: int, n: int) -> None:
+        if line.startswith("Initial profiling", s):
+            self._m_proftook(_text(line, s), line, n)
+        elif line.startswith(("Initializing a V1 LLM engine", "Initializing an LLM engine"), s):
+            self._m_init(_text(line, s), line, n)
+        elif line.startswith("Initializing model", s):
+            self._advance("load_weights", n)
+
+    def _k_inittook(self, line: str, s: int, n: int) -> None:
+        if line.startswith("init engine (", s):
+            self._m_inittook(_text(line, s), line, n)
+
+    def _k_graphtook(self, line: str, s: int, n: int) -> None:
+        if line.startswith("Graph capturing finished", s):
+            self._m_graphtook(_text(line, s), line, n)
+
+    def _k_kvmem(self, line: str, s: int, n: int) -> None:
+        if line.startswith("Available KV cache memory: ", s):
+            self._m_kvmem(_text(line, s), line, n)
+
+    def _k_kvset(self, line: str, s: int, n: int) -> None:
+        if line.startswith("Explicitly set (", s):
+            self._m_kvset(_text(line, s), line, n)
+
+    def _k_kvsize(self, line: str, s: int, n: int) -> None:
+        self._m_kvsize(_text(line, s), line, n)
+
+    def _k_conc(self, line: str, s: int, n: int) -> None:
+        self._m_conc(_text(line, s), line, n)
+
+    def _k_blocks(self, line: str, s: int, n: int) -> None:
+        self._m_blocks(_text(line, s), line, n)
+
+    def _k_start(self, line: str, s: int, n: int) -> None:
+        if line.startswith("Start compiling", s):
+            self._advance("compile", n)
+        elif line.startswith(("Starting vLLM", "Starting to load model"), s):
+            self._m_start(_text(line, s), line, n)
+
+    def _k_engine(self, line: str, s: int, n: int) -> None:
+        text = _text(line, s)
+        if "Avg prompt throughput: " in text[:40]:
+            self._m_stats(text, line, n)
+        elif text.startswith(("EngineCore failed to start", "EngineCore encountered", "Engine core proc")):
+            self._error(text, n)
+
+    def _k_stats(self, line: str, s: int, n: int) -> None:
+        if line.startswith("Avg prompt throughput: ", s):
+            self._m_stats(_text(line, s), line, n)
+
+    def _k_prefixhit(self, line: str, s: int, n: int) -> None:
+        self._m_prefixhit(_text(line, s), line, n)
+
+    def _k_compile(self, line: str, s: int, n: int) -> None:
+        if line.startswith(("Dynamo bytecode transform", "Warming up model", "Compiling a graph"), s):
+            self._advance("compile", n)
+
+    def _k_capture(self, line: str, s: int, n: int) -> None:
+        self._m_capture(_text(line, s), line, n)
+
+    def _k_platform(self, line: str, s: int, n: int) -> None:
+        if line.startswith("Automatically detected platform ", s):
+            self._m_platform(_text(line, s), line, n)
+
+    def _k_fail(self, line: str, s: int, n: int) -> None:
+        if line.startswith(("WorkerProc hit an exception", "WorkerProc failed to start", "Worker proc ",
+                            "AsyncLLM output_handler failed"), s):
+            text = _text(line, s)
+            if not text.startswith("Worker proc ") or "died" in text:
+                self._error(text, n)
+
+    def _k_odd(self, line: str, s: int, n: int) -> None:
+        """Messages starting with "[tag] ", a space or box-drawing characters."""
+        if line.startswith("[", s):
+            if line.startswith("[shutdown]", s):
+                self._m_shutdown("", line, n)
+                return
+            k = line.find("] ", s)  # 0.32 puts "[backbone] " before monitor messages
+            if k > 0:
+                h = self._keys.get(line[k + 2:k + 6])
+                if h is not None:
+                    h(line, k + 2, n)
+            return
+        text = _text(line, s)
+        if "version " in text or "model " in text:
+            self._m_banner(text, line, n)
+
+    def _on_error_line(self, line: str, pos: int, n: int) -> None:
+        if self.report.error is not None and not self._err_is_wrapper:
+            return  # the root cause is known; the rest of the block is its echo
+        if line.startswith("ERROR:", pos):
+            # uvicorn's own errors ("[Errno 98] error while attempting to bind ...");
+            # its "ERROR: Traceback" / "Exception in ASGI application" say nothing.
+            self._error(_text(line, pos + 6), n, known_only=True)
+            return
+        k = line.find("] ", pos)
+        if k < 0:
+            self._on_plain(line, pos, n)
+            return
+        s = k + 2
+        h = self._keys.get(line[s:s + 4])
+        if h is not None:
+            h(line, s, n)
+            return
+        text = _text(line, s)
+        if text.startswith(("Value error, ", "Assertion failed, ")):
+            self._pydantic(text, n)
+        elif _RE_EXC.match(text):
+            self._exception(text, n)
+
+    def _on_uvicorn(self, line: str, pos: int, n: int) -> None:
+        text = _text(line, pos + 5).strip()
+        if text.startswith("Application startup complete"):
+            self._ready(n)
+        elif text.startswith("Started server process"):
+            m = _RE_STARTED.match(text)
+            if m and "APIServer" not in self.report.pids:
+                self._on_prefix("APIServer", m.group(1), n)
+        elif text.startswith("Uvicorn running on"):
+            m = _RE_UVICORN_URL.match(text)
+            if m:
+                self._set("server_url", m.group(1), n, override=False)
+        elif text.startswith("Shutting down"):
+            self._m_shutdown(text, line, n)
+
+    def _m_shutdown(self, text: str, line: str, n: int) -> None:
+        if not self._shutting_down:
+            self._shutting_down = True
+            self._emit(ShutdownEvent, n)
+
+    def _version(self, version: str, n: int) -> None:
+        rep = self.report
+        if rep.vllm_version is not None and (rep.ready or rep.error is not None or rep.phase is not None
+                                             or self._shutting_down):
+            self._new_run(n)
+        if self.report.vllm_version != version:
+            self.report.vllm_version = version
+            self._emit(VersionEvent, version, n)
+
+    def _m_ver(self, text: str, line: str, n: int) -> None:
+        m = _RE_VER.search(text)
+        if m:
+            self._version(m.group(1), n)
+            if m.group(2):
+                self._set("model", m.group(2), n, override=False)
+
+    def _m_banner(self, text: str, line: str, n: int) -> None:
+        m = _RE_BANNER.match(text)
+        if not m:
+            return
+        if m.group(1) == "version":
+            self._version(m.group(2), n)
+        else:
+            self._set("model", m.group(2), n, override=False)
+
+    def _m_args(self, text: str, line: str, n: int) -> None:
+        raw = text[len("non-default args: "):]
+        args = self._args_cache.get(raw)
+        if args is None:
+            args = _parse_args(raw)
+            if len(self._args_cache) > 16:  # restarts in one log repeat the same line
+                self._args_cache.clear()
+            self._args_cache[raw] = args
+        args = dict(args)
+        rep = self.report
+        rep.non_default_args = args
+        self._emit(ArgsEvent, args, n)
+        model = args.get("model") or args.get("model_tag")
+        if isinstance(model, str):
+            self._set("model", model, n, override=False)
+        bs = args.get("block_size")
+        if isinstance(bs, int):
+            self._set("block_size", bs, n)
+        mml = args.get("max_model_len")
+        if isinstance(mml, int) and rep.max_model_len is None:
+            self._set("max_model_len", mml, n)
+        kvb = args.get("kv_cache_memory_bytes")
+        if isinstance(kvb, int) and kvb > 0:
+            self._kv_bytes = kvb
+        self._blocks_to_tokens(n)
+
+    def _m_arch(self, text: str, line: str, n: int) -> None:
+        self._set("architecture", text.split(": ", 1)[1].split()[0], n)
+
+    def _m_using(self, text: str, line: str, n: int) -> None:
+        if text.startswith("Using max model len "):
+            self._set("max_model_len", _int(text[20:].split()[0]), n)
+            return
+        if "backend" not in text:
+            return
+        m = _RE_BACKEND.match(text)
+        if not m:
+            return
+        name = m.group(1).strip()
+        if any(w in name for w in ("MoE", "Mamba", "SSU", "SSM", "prefill", "custom", "Ray", "OOT")):
+            return
+        norm = name.upper().replace(" ", "_").replace("-", "_")
+        norm = {"FLASH_ATTENTION": "FLASH_ATTN", "FLASHATTENTION": "FLASH_ATTN"}.get(norm, norm)
+        self._set("attention_backend", norm, n)
+        if norm in ("FLASH_ATTN", "FLASHINFER", "XFORMERS", "FLASHMLA", "CUTLASS_MLA", "TRITON_MLA"):
+            self._platform("cuda", n)
+        elif norm in ("CPU_ATTN", "TORCH_SDPA", "CPU_MLA", "AMX_MLA"):
+            self._platform("cpu", n)
+
+    def _m_wtook(self, text: str, line: str, n: int) -> None:
+        m = _RE_WTOOK.search(text)
+        if not m:
+            return
+        value = float(m.group(1))
+        if m.group(2) in ("GiB", "GB"):  # V0: "Loading model weights took 14.99 GB"
+            self._set("weights_gib", value, n)
+            self._advance("load_weights", n)
+            return
+        rep = self.report
+        if rep.weights_load_seconds is None:
+            self._set("weights_load_seconds", value, n)
+            self._advance("load_weights", n)
+            self._phase_done("load_weights", value, n)
+            self._advance("compile", n)
+
+    def _m_mltook(self, text: str, line: str, n: int) -> None:
+        m = _RE_MLTOOK.search(text)
+        if not m:
+            return
+        gib, secs = float(m.group(1)), float(m.group(2))
+        self._set("weights_gib", gib, n)
+        self._set("weights_load_seconds", secs, n)
+        self._advance("load_weights", n)
+        self._phase_done("load_weights", secs, n)
+        self._advance("compile", n)
+
+    def _m_tctook(self, text: str, line: str, n: int) -> None:
+        m = re.search(r"t(?:ook|akes) ([\d.]+) s", text)
+        if not m:
+            return
+        secs = float(m.group(1))
+        self._set("compile_seconds", secs, n)
+        self._advance("compile", n)
+        self._phase_done("compile", secs, n)
+        self._advance("kv_profiling", n)
+
+    def _m_proftook(self, text: str, line: str, n: int) -> None:
+        m = _RE_SECS.search(text)
+        rep = self.report
+        if rep.phase in (None, "load_weights", "compile") and "compile" not in rep.phases:
+            self._phase_done("compile", None, n)  # CPU: compilation ends without a "took" line
+        self._advance("kv_profiling", n)
+        if m:
+            rep.phases["kv_profiling"] = float(m.group(1))
+
+    def _m_inittook(self, text: str, line: str, n: int) -> None:
+        m = _RE_INIT.search(text)
+        if not m:
+            return
+        self._set("init_engine_seconds", float(m.group(1)), n)
+        if m.group(2) and self.report.compile_seconds is None:
+            self._set("compile_seconds", float(m.group(2)), n)
+
+    def _m_graphtook(self, text: str, line: str, n: int) -> None:
+        m = _RE_GRAPH.search(text)
+        if not m:
+            return
+        secs = float(m.group(1))
+        self._set("cuda_graph_seconds", secs, n)
+        self._set("cuda_graph_gib", float(m.group(2)), n)
+        self._advance("cuda_graphs", n)
+        self._phase_done("cuda_graphs", secs, n)
+        self._platform("cuda", n)
+
+    def _m_kvmem(self, text: str, line: str, n: int) -> None:
+        self._set("kv_cache_gib", _float(text.split(": ", 1)[1].split()[0]), n)
+        self._advance("kv_profiling", n)
+        if "gpu_worker" in line:
+            self._platform("cuda", n)
+
+    def _m_kvset(self, text: str, line: str, n: int) -> None:
+        m = _RE_KVSET.search(text)
+        if not m:
+            return
+        # The log rounds to 2 decimals (64 MiB shows as 0.06); the exact size is
+        # in the args when the operator set it.
+        gib = self._kv_bytes / (1 << 30) if self._kv_bytes else float(m.group(1))
+        self._set("kv_cache_gib", gib, n)
+        self._advance("kv_profiling", n)
+        if "on node" in text or "cpu_worker" in line:
+            self._platform("cpu", n)
+
+    def _m_kvsize(self, text: str, line: str, n: int) -> None:
+        m = _RE_KVSIZE.match(text)
+        if not m:
+            return
+        device = (m.group(1) or "").upper()
+        if device == "CPU":
+            self._platform("cpu", n)
+        elif device in ("GPU", "CUDA"):
+            self._platform("cuda", n)
+        self._set("kv_cache_tokens", _int(m.group(2)), n)
+        if m.group(4):
+            self._set("max_concurrency", float(m.group(4)), n)
+        self._advance("kv_profiling", n)
+        self._phase_done("kv_profiling", self.report.phases.get("kv_profiling"), n)
+
+    def _m_conc(self, text: str, line: str, n: int) -> None:
+        m = _RE_CONC.match(text)
+        if m:
+            self._set("max_concurrency", float(m.group(2)), n)
+
+    def _m_blocks(self, text: str, line: str, n: int) -> None:
+        m = _RE_BLOCKS.match(text)
+        if not m:
+            return
+        device = m.group(1).lower()
+        if device == "cpu" and m.group(3) is None:
+            self._platform("cpu", n)  # V0 CPU backend: its KV cache lives in CPU blocks
+        elif device in ("gpu", "cuda"):
+            self._platform("cuda", n)
+        self._blocks = int(m.group(2))
+        self._advance("kv_profiling", n)
+        self._blocks_to_tokens(n)
+
+    def _blocks_to_tokens(self, n: int) -> None:
+        # "# GPU blocks: N" means N x block_size tokens, once the block size is known.
+        if self._blocks is not None and self.report.block_size and self.report.kv_cache_tokens is None:
+            self._set("kv_cache_tokens", self._blocks * self.report.block_size, n)
+
+    def _m_start(self, text: str, line: str, n: int) -> None:
+        if text.startswith("Starting to load model"):
+            self._advance("load_weights", n)
+            return
+        m = _RE_URL.match(text)
+        if m:
+            self._set("server_url", m.group(1).rstrip("."), n)
+            self._ready(n)
+
+    def _m_stats(self, text: str, line: str, n: int) -> None:
+        values: dict[str, float] = {}
+        for key, num in _RE_STATS_KV.findall(text):
+            values.setdefault(key, float(num))
+        kv = None
+        for key, value in values.items():
+            if key.endswith("KV cache usage"):
+                kv = value
+                break
+        ts = _RE_TS.search(line, 0, 120)  # the prefix's "MM-DD HH:MM:SS"
+        sample = StatsSample(
+            timestamp=ts.group(1) if ts else None,
+            prompt_tps=values.get("Avg prompt throughput", 0.0),
+            generation_tps=values.get("Avg generation throughput", 0.0),
+            running=int(values.get("Running", 0)),
+            waiting=int(values.get("Waiting", values.get("Pending", 0))),
+            kv_usage_pct=kv if kv is not None else 0.0,
+            prefix_hit_pct=values.get("Prefix cache hit rate"),
+            line_no=n,
+        )
+        self.report.stats.append(sample)
+        self._emit(StatsEvent, sample, n)
+
+    def _m_prefixhit(self, text: str, line: str, n: int) -> None:
+        # V0 logs the prefix hit rate on its own line right after the stats line.
+        m = re.match(r"Prefix cache hit rate: GPU: ([\d.]+)%", text)
+        if m and self.report.stats:
+            self.report.stats[-1].prefix_hit_pct = float(m.group(1))
+
+    def _m_init(self, text: str, line: str, n: int) -> None:
+        m = re.search(r"\(v([^)\s]+)\)", text[:200])
+        if m and self.report.vllm_version is None:
+            self._version(m.group(1), n)
+        self._set("model", _after(text, "model="), n, override=False)
+        device = _after(text, "device_config=")
+        if device and device.isalpha():
+            self._platform(device, n, sure=True)
+        msl = _int(_after(text, "max_seq_len="))
+        if msl:
+            self._set("max_model_len", msl, n)
+        bs = _after(text, " block_size=")
+        if bs and bs.isdigit() and self.report.block_size is None:
+            self._set("block_size", int(bs), n)
+            self._blocks_to_tokens(n)
+        self._advance("load_weights", n)
+
+    def _m_capture(self, text: str, line: str, n: int) -> None:
+        if "graph" in text.lower():
+            self._advance("cuda_graphs", n)
+            self._platform("cuda", n)
+
+    def _m_platform(self, text: str, line: str, n: int) -> None:
+        value = text.split("platform ", 1)[1].strip().rstrip(".")
+        if value.isalpha():
+            self._platform(value, n, sure=True)
+
+    # -- other lines ------------------------------------------------------------
+
+    def _on_plain(self, line: str, pos: int, n: int) -> None:
+        """Lines without a log level: bare exception lines, argparse errors, tqdm bars."""
+        text = _text(line, pos)
+        if not text:
+            return
+        if "Capturing" in text or "shards" in text:
+            self._progress(text, n)
+        elif self.report.error is not None and not self._err_is_wrapper:
+            return  # the root cause is known; the rest are its echoes
+        elif text.startswith(("Value error, ", "Assertion failed, ")):
+            self._pydantic(text, n)
+        elif _RE_EXC.match(text):
+            self._exception(text, n)
+        elif _RE_ARGPARSE.match(text):
+            self._error(text, n)
+        elif "died unexpectedly" in text:
+            self._error(text, n)
+
+    def _progress(self, text: str, n: int) -> None:
+        head = text[:40]
+        if "Capturing" in head and "raph" in head:  # CUDA graphs / cudagraph shapes
+            phase: str | None = "cuda_graphs"
+            self._advance("cuda_graphs", n)
+            self._platform("cuda", n)
+        elif "checkpoint shards" in head:
+            phase = "load_weights"
+            self._advance("load_weights", n)
+        else:
+            phase = None
+        if self._collect:
+            m = _RE_TQDM.match(text)
+            if m:
+                self._emit(ProgressEvent, m.group(1).strip(), int(m.group(3)), int(m.group(4)), phase, n)
+
+    def _ready(self, n: int) -> None:
+        rep = self.report
+        self._advance("ready", n)
+        if rep.ready:
+            return
+        rep.ready = True
+        if rep.error is not None:
+            # It started after all: whatever was logged before was not fatal.
+            rep.error = None
+            self._err_is_wrapper = False
+        self._emit(ReadyEvent, rep.server_url, n)
+
+    # -- errors -------------------------------------------------------------------
+
+    def _exception(self, text: str, n: int) -> None:
+        m = _RE_EXC.match(text)
+        if not m:
+            return
+        etype = m.group(1)
+        if etype.rsplit(".", 1)[-1] in _IGNORED_EXC:
+            return
+        message = (m.group(2) or "").strip()
+        if etype.endswith("ValidationError") and "validation error" in message:
+            self._pyd_pending = n  # the cause is on the next lines ("Value error, ...")
+        self._error(text, n)
+
+    def _pydantic(self, text: str, n: int) -> None:
+        text = _RE_PYD_TAIL.sub("", text).strip()
+        self._pyd_pending = None
+        self._error(text, n)
+
+    def _error(self, message: str, n: int, known_only: bool = False) -> None:
+        rep = self.report
+        if rep.error is not None and not self._err_is_wrapper:
+            return  # the root cause is known; the rest are its echoes
+        if self._shutting_down and rep.error is None:
+            return  # noise while stopping (cancelled tasks, closed pipes)
+        message = message.strip()
+        kind, est, detail = classify_error(message)
+        if known_only and kind is ErrorKind.OTHER:
+            return
+        if rep.ready and kind not in _FATAL_AFTER_READY:
+            return  # a failed request, not a failed server
+        wrapper = _is_wrapper(kind, message)
+        if rep.error is not None and not (self._err_is_wrapper and not wrapper):
+            return  # keep the first root cause; only a wrapper gives way, to a real cause
+        rep.error = EngineError(kind=kind, message=message, line_no=n, estimated_max_model_len=est,
+                                detail=detail)
+        self._err_is_wrapper = wrapper
+        if kind is ErrorKind.PORT_IN_USE and rep.ready:
+            rep.ready = False  # old uvicorn says "startup complete" before it fails to bind
+        if rep.platform is None and (kind is ErrorKind.CUDA_OOM or " for cuda " in message):
+            self._platform("cuda", n)
+        self._emit(ErrorEvent, rep.error, n)
+
+
+# --------------------------------------------------------------------------- whole-log helpers
+
+_ANSI_B = re.compile(rb"\x1b(?:\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)?|[@-Z\\-_])")
+
+
+def parse_lines(lines: Iterable[str | bytes]) -> EngineReport:
+    """Parse an iterable of lines (str or bytes, with or without newlines)."""
+    parser = LogParser()
+    parser._collect = False
+
+    def as_text(items: Iterable[str | bytes]) -> Iterable[str]:
+        for item in items:
+            yield item.decode("utf-8", errors="replace") if isinstance(item, bytes) else item
+
+    batch: list[str] = []
+    for line in as_text(lines):
+        batch.append(line)
+        if len(batch) >= 4096:
+            parser.feed_many(batch)
+            batch = []
+    if batch:
+        parser.feed_many(batch)
+    return parser.report
+
+
+def parse_file(path: str | os.PathLike[str], max_line: int = 65536, chunk_size: int = 4 << 20) -> EngineReport:
+    """Parse a whole log file. Streams in chunks: memory stays bounded by
+    chunk_size plus max_line even for a file that is one 10 MB line.
+
+    Lines are split on \\n only (line numbers match `grep -n`); a line holding
+    \\r progress redraws is parsed as the last redraw. Raises OSError if the
+    file cannot be read; never raises on its content.
+    """
+    parser = LogParser()
+    parser._collect = False
+    with open(path, "rb") as f:
+        rest = b""
+        cut = False  # inside an over-long line: drop bytes until its newline
+        while True:
+            chunk = f.read(chunk_size)
+            if not chunk:
+                break
+            if cut:
+                k = chunk.find(b"\n")
+                if k < 0:
+                    continue
+                chunk = chunk[k + 1:]
+                cut = False
+            data = rest + chunk if rest else chunk
+            k = data.rfind(b"\n")
+            if k < 0:
+                rest = data
+            else:
+                rest = data[k + 1:]
+                _feed_block(parser, data[:k])
+            if len(rest) > max_line:
+                # Keep the head of the monster line, finish it as a line of its own.
+                _feed_block(parser, rest[:max_line])
+                rest = b""
+                cut = True
+        if rest:
+            _feed_block(parser, rest)
+    return parser.report
+
+
+def _feed_block(parser: LogParser, block: bytes) -> None:
+    if b"\x1b" in block:
+        block = _ANSI_B.sub(b"", block)
+    parser.feed_many(block.decode("utf-8", errors="replace").split("\n"))
