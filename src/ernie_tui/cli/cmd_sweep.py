@@ -1,0 +1,108 @@
+"""`ernie-tui sweep NAME... --out FILE.{csv,json,md}`."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import threading
+import time
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "sweep", help="measure several presets one after another and write the comparison table",
+        description="For each preset: preflight (a preset that fails it is recorded and not launched), start, "
+                    "wait ready, burst, stop, wait for the engine to be gone and GPU memory back to its "
+                    "baseline. With --repeat R the presets run in rotated order R times and each figure is the "
+                    "median with its min-max spread. Ctrl-C stops the server and keeps the rows measured.")
+    p.add_argument("names", nargs="+", metavar="NAME", help="presets to measure, in order")
+    p.add_argument("--presets", metavar="FILE", action="append", default=[], dest="sweep_presets")
+    p.add_argument("--model", metavar="DIR", dest="sweep_model", help="model dir for presets that name none")
+    p.add_argument("--out", metavar="FILE", required=True, help="FILE.csv, FILE.json or FILE.md")
+    p.add_argument("--burst", type=int, default=100, metavar="N", help="requests per burst (100)")
+    p.add_argument("--concurrency", type=int, default=4, metavar="C", help="concurrent requests (4)")
+    p.add_argument("--min-tokens", type=int, default=30, metavar="A", help="shortest prompt, tokens (30)")
+    p.add_argument("--max-tokens-in", type=int, default=300, metavar="B", help="longest prompt, tokens (300)")
+    p.add_argument("--max-tokens", type=int, default=128, metavar="M", help="output tokens per request (128)")
+    p.add_argument("--repeat", type=int, default=1, metavar="R", help="rounds, in rotated order (1)")
+    p.add_argument("--ready-timeout", type=float, default=600.0, metavar="S")
+    p.add_argument("--log-dir", metavar="DIR", help="keep each run's llm.log here")
+    p.set_defaults(run=_sweep)
+
+
+def _sweep(args) -> int:
+    from pathlib import Path
+
+    from ernie_tui.cli import CliError
+    from ernie_tui.engine_ctl.burst import BurstConfig
+    from ernie_tui.engine_ctl.runstore import save_run
+    from ernie_tui.engine_ctl.sweep import SweepOptions, SweepPlan, export, fold, run_sweep, to_markdown
+    from ernie_tui.presets import load_presets
+
+    if Path(args.out).suffix.lower() not in (".csv", ".json", ".md"):
+        raise CliError(f"--out must end in .csv, .json or .md, got {args.out}")
+    if args.repeat < 1:
+        raise CliError("--repeat must be at least 1")
+    book = load_presets(args.sweep_presets)
+    presets = [book.get(n) for n in args.names]
+    for p in presets:
+        p.resolve_model(args.sweep_model)  # a missing model is an error now, not after the first run
+    config = BurstConfig(n=args.burst, concurrency=args.concurrency, min_tokens=args.min_tokens,
+                         max_tokens_in=args.max_tokens_in, max_tokens=args.max_tokens)
+    try:
+        config.validate()
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
+    plan = SweepPlan(presets, args.repeat)
+    options = SweepOptions(model=args.sweep_model, ready_timeout_s=args.ready_timeout,
+                           log_dir=Path(args.log_dir) if args.log_dir else None)
+    cancel = threading.Event()
+    box: dict = {}
+
+    def progress(ev: dict) -> None:
+        eta = ev.get("eta_s")
+        where = f"[{ev['index'] + 1}/{ev['total']}] {ev['preset']}" + (f" r{ev['repeat'] + 1}" if args.repeat > 1 else "")
+        phase = ev["phase"]
+        if phase == "burst" and ev.get("burst_total"):
+            done, n = ev.get("burst_done", 0), ev["burst_total"]
+            if done not in (0, n) and done % max(1, n // 10):
+                return
+            phase = f"burst {done}/{n}"
+        if phase == "done":
+            phase = ev.get("status", "done")
+        line = f"{where}: {phase}" + (f"  (ETA {eta:.0f} s)" if eta and ev["phase"] == "preflight" else "")
+        print(line, file=sys.stderr, flush=True)
+
+    def work() -> None:
+        try:
+            box["runs"] = run_sweep(plan, config, options, progress, cancel)
+        except BaseException as exc:  # reported on the main thread
+            box["error"] = exc
+
+    t0 = time.monotonic()
+    worker = threading.Thread(target=work, name="sweep", daemon=True)
+    worker.start()
+    try:
+        while worker.is_alive():
+            worker.join(0.2)
+    except KeyboardInterrupt:
+        print("ernie-tui: interrupted: stopping the server, keeping the rows measured ...", file=sys.stderr)
+        cancel.set()
+        worker.join()
+    if "error" in box:
+        raise box["error"]
+    runs = box.get("runs", [])
+    rows = fold(runs, [p.name for p in presets])
+    meta = {"date": time.strftime("%Y-%m-%d"), "presets": " ".join(args.names),
+            "burst": f"N={config.n}, C={config.concurrency}, prompts {config.min_tokens}-{config.max_tokens_in} "
+                     f"tokens, max_tokens {config.max_tokens}, ignore_eos", "repeat": args.repeat,
+            "seconds": round(time.monotonic() - t0, 1)}
+    export(rows, args.out, meta)
+    save_run("sweep", {"meta": meta, "runs": runs}, notes=" ".join(args.names))
+    print(to_markdown(rows))
+    overheads = [r.overhead_s for r in runs if r.overhead_s is not None]
+    if overheads:
+        print(f"sweep overhead beyond vLLM start, burst and stop: max {max(overheads):.2f} s per preset",
+              file=sys.stderr)
+    print(f"wrote {args.out}", file=sys.stderr)
+    return 130 if cancel.is_set() else 0

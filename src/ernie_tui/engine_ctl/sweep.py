@@ -1,0 +1,447 @@
+"""Preset sweep: the comparison table the source articles measured by hand.
+
+For each preset: preflight (a preset that fails it is recorded with its
+problem and never launched), start, wait ready, burst, stop, wait until the
+engine is gone and memory is back to its baseline, then the next one. With
+repeat R the presets run in rotated order R times (so no preset always goes
+first onto a cold cache), and each column is reported as the median with the
+min-max spread; a difference smaller than the spread is marked as noise.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import statistics
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from ernie_tui.presets.model import Preset
+
+# Columns that are measured per run and aggregated across repeats.
+MEASURED = ("ready_s", "output_tps", "total_tps", "ttft_p50_ms", "ttft_p90_ms", "itl_p50_ms",
+            "peak_memory_gib", "kv_usage_peak_pct")
+
+
+@dataclass
+class SweepRun:
+    """One preset measured once."""
+
+    preset: str
+    repeat: int
+    status: str  # "ok", "failed: KIND", "skipped: KIND" (preflight), "cancelled"
+    message: str = ""
+    key_args: str = ""
+    ready_s: float | None = None
+    weights_gib: float | None = None
+    kv_cache_gib: float | None = None
+    kv_cache_tokens: int | None = None
+    max_concurrency: float | None = None
+    output_tps: float | None = None
+    total_tps: float | None = None
+    ttft_p50_ms: float | None = None
+    ttft_p90_ms: float | None = None
+    itl_p50_ms: float | None = None
+    peak_memory_gib: float | None = None
+    memory_source: str | None = None
+    kv_usage_peak_pct: float | None = None
+    errors: int = 0
+    requests: int = 0
+    overhead_s: float | None = None  # our own time: preflight, bookkeeping, baseline wait
+    stop_s: float | None = None
+    burst_s: float | None = None
+
+
+@dataclass
+class Aggregate:
+    median: float | None
+    low: float | None
+    high: float | None
+
+    @property
+    def spread(self) -> float:
+        if self.low is None or self.high is None:
+            return 0.0
+        return self.high - self.low
+
+
+@dataclass
+class SweepRow:
+    """One preset, all repeats folded together: what the table shows."""
+
+    preset: str
+    key_args: str
+    status: str
+    message: str
+    runs: list[SweepRun] = field(default_factory=list)
+    stats: dict[str, Aggregate] = field(default_factory=dict)
+    weights_gib: float | None = None
+    kv_cache_gib: float | None = None
+    kv_cache_tokens: int | None = None
+    max_concurrency: float | None = None
+    vs_best: str = ""  # output tok/s against the best preset, or "within noise"
+
+
+@dataclass
+class SweepPlan:
+    presets: list[Preset]
+    repeat: int = 1
+
+    def order(self) -> list[tuple[int, Preset]]:
+        """(repeat index, preset) in rotated order: round r starts at preset r."""
+        n = len(self.presets)
+        out = []
+        for r in range(self.repeat):
+            for i in range(n):
+                out.append((r, self.presets[(i + r) % n]))
+        return out
+
+
+Progress = Callable[[dict[str, Any]], None]
+
+
+def aggregate(values: list[float | None]) -> Aggregate:
+    vals = [v for v in values if v is not None]
+    if not vals:
+        return Aggregate(None, None, None)
+    return Aggregate(statistics.median(vals), min(vals), max(vals))
+
+
+def fold(runs: list[SweepRun], preset_order: list[str]) -> list[SweepRow]:
+    rows = []
+    for name in preset_order:
+        mine = [r for r in runs if r.preset == name]
+        if not mine:
+            continue
+        ok = [r for r in mine if r.status == "ok"]
+        first = (ok or mine)[0]
+        status = "ok" if ok and len(ok) == len(mine) else (
+            f"ok {len(ok)}/{len(mine)}" if ok else first.status)
+        row = SweepRow(preset=name, key_args=first.key_args, status=status,
+                       message="" if ok else first.message, runs=mine)
+        row.stats = {col: aggregate([getattr(r, col) for r in ok]) for col in MEASURED}
+        for col in ("weights_gib", "kv_cache_gib", "kv_cache_tokens", "max_concurrency"):
+            setattr(row, col, getattr(first, col))
+        rows.append(row)
+    _mark_noise(rows)
+    return rows
+
+
+def _mark_noise(rows: list[SweepRow]) -> None:
+    scored = [r for r in rows if r.stats.get("output_tps") and r.stats["output_tps"].median is not None]
+    if not scored:
+        return
+    best = max(scored, key=lambda r: r.stats["output_tps"].median)
+    b = best.stats["output_tps"]
+    for r in scored:
+        s = r.stats["output_tps"]
+        if r is best:
+            r.vs_best = "best"
+            continue
+        diff = s.median - b.median
+        # Repeats give a spread; a gap inside either preset's spread is noise.
+        if abs(diff) <= max(s.spread, b.spread):
+            r.vs_best = "within noise"
+        else:
+            r.vs_best = f"{100 * diff / b.median:+.1f}%"
+
+
+# -- export ------------------------------------------------------------------
+
+COLUMNS = [
+    ("preset", "preset"), ("key_args", "key args"), ("status", "status"),
+    ("ready_s", "ready s"), ("weights_gib", "weights GiB"), ("kv_cache_gib", "KV GiB"),
+    ("kv_cache_tokens", "KV tokens"), ("max_concurrency", "max conc."),
+    ("output_tps", "output tok/s"), ("ttft_p50_ms", "TTFT p50 ms"), ("ttft_p90_ms", "TTFT p90 ms"),
+    ("itl_p50_ms", "ITL p50 ms"), ("peak_memory_gib", "peak mem GiB"),
+    ("kv_usage_peak_pct", "KV peak %"), ("vs_best", "vs best"),
+]
+
+
+def _fmt(value: Any, col: str) -> str:
+    if value is None:
+        return "–"
+    if col == "kv_cache_tokens":
+        return f"{int(value):,}"
+    if col == "max_concurrency":
+        return f"{value:.2f}x"
+    if isinstance(value, float):
+        return f"{value:,.0f}" if abs(value) >= 100 else f"{value:.2f}"
+    return str(value)
+
+
+def cell(row: SweepRow, col: str) -> str:
+    if col in MEASURED:
+        agg = row.stats.get(col)
+        if agg is None or agg.median is None:
+            return "–"
+        text = _fmt(agg.median, col)
+        if len([r for r in row.runs if r.status == "ok"]) > 1:
+            text += f" ({_fmt(agg.low, col)}–{_fmt(agg.high, col)})"
+        return text
+    if col == "status" and row.message and row.status != "ok":
+        return f"{row.status}"
+    return _fmt(getattr(row, col), col)
+
+
+def to_markdown(rows: list[SweepRow], title: str | None = None) -> str:
+    lines = []
+    if title:
+        lines += [title, ""]
+    lines.append("| " + " | ".join(h for _, h in COLUMNS) + " |")
+    lines.append("|" + "|".join("---" for _ in COLUMNS) + "|")
+    for row in rows:
+        lines.append("| " + " | ".join(cell(row, c).replace("|", "\\|") for c, _ in COLUMNS) + " |")
+    notes = [f"- **{r.preset}**: {r.message}" for r in rows if r.status != "ok" and r.message]
+    if notes:
+        lines += ["", *notes]
+    return "\n".join(lines) + "\n"
+
+
+def to_csv(rows: list[SweepRow]) -> str:
+    buf = io.StringIO()
+    w = csv.writer(buf)
+    header = []
+    for col, _ in COLUMNS:
+        if col in MEASURED:
+            header += [col, f"{col}_min", f"{col}_max"]
+        else:
+            header.append(col)
+    w.writerow([*header, "message"])
+    for row in rows:
+        out = []
+        for col, _ in COLUMNS:
+            if col in MEASURED:
+                a = row.stats.get(col) or Aggregate(None, None, None)
+                out += [a.median, a.low, a.high]
+            else:
+                out.append(getattr(row, col))
+        w.writerow([("" if v is None else v) for v in out] + [row.message])
+    return buf.getvalue()
+
+
+def to_json(rows: list[SweepRow], meta: dict[str, Any] | None = None) -> str:
+    def row_dict(r: SweepRow) -> dict[str, Any]:
+        d = {k: v for k, v in asdict(r).items() if k not in ("runs", "stats")}
+        d["stats"] = {k: asdict(v) for k, v in r.stats.items()}
+        d["runs"] = [asdict(x) for x in r.runs]
+        return d
+
+    return json.dumps({"meta": meta or {}, "rows": [row_dict(r) for r in rows]}, indent=2)
+
+
+def export(rows: list[SweepRow], path: str | Path, meta: dict[str, Any] | None = None) -> None:
+    p = Path(path)
+    suffix = p.suffix.lower()
+    if suffix == ".md":
+        title = None
+        if meta:
+            title = "\n".join(f"- {k}: {v}" for k, v in meta.items())
+        text = to_markdown(rows, title)
+    elif suffix == ".csv":
+        text = to_csv(rows)
+    elif suffix == ".json":
+        text = to_json(rows, meta)
+    else:
+        raise ValueError(f"--out must end in .csv, .json or .md, got {p.name}")
+    p.parent.mkdir(parents=True, exist_ok=True)
+    tmp = p.with_name(p.name + ".tmp")
+    tmp.write_text(text, encoding="utf-8")
+    tmp.replace(p)
+
+
+class SweepCancelled(Exception):
+    pass
+
+
+def make_cancel_event() -> threading.Event:
+    return threading.Event()
+
+
+# -- running -------------------------------------------------------------------
+
+@dataclass
+class SweepOptions:
+    model: str | None = None  # model dir for presets that name none
+    ready_timeout_s: float = 600.0
+    baseline_timeout_s: float = 60.0
+    # After a stop, memory counts as back to baseline within this much.
+    baseline_slack_bytes: int = 512 << 20
+    log_dir: Path | None = None
+    save_records: bool = True
+
+
+class _MemoryProbe:
+    """Adapts a ResourceSampler to the burst's memory_sampler callable."""
+
+    def __init__(self, sampler) -> None:
+        self.sampler = sampler
+        self.source = "nvml" if sampler.nvml else "rss"
+
+    def __call__(self) -> float | None:
+        return self.sampler.sample().shown_bytes
+
+
+def _emit(progress: Progress | None, **event: Any) -> None:
+    if progress is not None:
+        try:
+            progress(event)
+        except Exception:
+            pass
+
+
+def run_sweep(plan: SweepPlan, burst_config=None, options: SweepOptions | None = None,
+              progress: Progress | None = None, cancel: threading.Event | None = None) -> list[SweepRun]:
+    """Measure every preset of the plan; returns the runs done (all of them
+    unless cancelled). Never leaves a server running, even on errors."""
+    from ernie_tui.engine_ctl.burst import BurstConfig
+    from ernie_tui.engine_ctl.resources import ResourceSampler
+
+    options = options or SweepOptions()
+    burst_config = burst_config or BurstConfig()
+    cancel = cancel or threading.Event()
+    log_dir = options.log_dir or Path(__import__("tempfile").mkdtemp(prefix="ernie-sweep-"))
+    log_dir.mkdir(parents=True, exist_ok=True)
+    sampler = ResourceSampler()
+    baseline = sampler.sample().shown_bytes if sampler.nvml else None
+    order = plan.order()
+    runs: list[SweepRun] = []
+    durations: list[float] = []
+    try:
+        for index, (repeat, preset) in enumerate(order):
+            if cancel.is_set():
+                break
+            remaining = len(order) - index
+            eta = statistics.mean(durations) * remaining if durations else None
+            _emit(progress, preset=preset.name, repeat=repeat, index=index, total=len(order),
+                  phase="preflight", eta_s=eta)
+            t0 = time.monotonic()
+            run = _run_one(preset, repeat, burst_config, options, log_dir, sampler, baseline,
+                           progress, cancel, index, len(order))
+            runs.append(run)
+            durations.append(time.monotonic() - t0)
+            _emit(progress, preset=preset.name, repeat=repeat, index=index, total=len(order), phase="done",
+                  status=run.status, run=run)
+    finally:
+        sampler.close()
+    return runs
+
+
+def _run_one(preset: Preset, repeat: int, burst_config, options: SweepOptions, log_dir: Path, sampler,
+             baseline: int | None, progress: Progress | None, cancel: threading.Event,
+             index: int, total: int) -> SweepRun:
+    from ernie_tui.engine_ctl.burst import run_burst
+    from ernie_tui.engine_ctl.preflight import preflight
+    from ernie_tui.engine_ctl.resources import ResourceSampler
+    from ernie_tui.engine_ctl.server import EngineServer, ServerState
+
+    t_begin = time.monotonic()
+    run = SweepRun(preset=preset.name, repeat=repeat, status="ok", key_args=preset.key_args())
+    model = preset.resolve_model(options.model)
+    result = preflight(preset, model)
+    if not result.ok:
+        problem = result.first_error()
+        run.status = f"skipped: {problem.kind.value}"
+        run.message = f"preflight: {problem.message}"
+        run.overhead_s = time.monotonic() - t_begin
+        return run
+    if result.estimate is not None:
+        run.weights_gib = result.estimate.weights_bytes / 2**30
+    spec = preset.launch_spec(model)
+    server = EngineServer(spec, preset_name=preset.name, log_path=log_dir / f"{preset.name}-r{repeat}.log")
+    ev = dict(preset=preset.name, repeat=repeat, index=index, total=total)
+    t_launch = time.monotonic()
+    ready_wait = 0.0
+    burst_s = 0.0
+    stop_s = 0.0
+    try:
+        _emit(progress, **ev, phase="starting")
+        server.start()
+        deadline = time.monotonic() + options.ready_timeout_s
+        st = server.status
+        while time.monotonic() < deadline and not cancel.is_set():
+            st = server.wait_ready(min(1.0, max(0.0, deadline - time.monotonic())))
+            if st.state != ServerState.STARTING:
+                break
+            if st.phase:
+                _emit(progress, **ev, phase=f"starting: {st.phase}")
+        ready_wait = time.monotonic() - t_launch
+        report = server.report
+        if cancel.is_set():
+            run.status, run.message = "cancelled", "cancelled while starting"
+            return run
+        if st.state != ServerState.READY:
+            err = st.error
+            run.status = f"failed: {err.kind.value}" if err else "failed: timeout"
+            run.message = err.message if err else f"not ready after {options.ready_timeout_s:.0f} s"
+            return run
+        run.ready_s = (st.ready_at - st.started_at) if st.ready_at and st.started_at else ready_wait
+        run.weights_gib = report.weights_gib if report.weights_gib is not None else run.weights_gib
+        run.kv_cache_gib = report.kv_cache_gib
+        run.kv_cache_tokens = report.kv_cache_tokens
+        run.max_concurrency = report.max_concurrency
+        _emit(progress, **ev, phase="burst", burst_done=0, burst_total=burst_config.n)
+        # The burst's peak memory is this engine's: a fresh sampler bound to its pids.
+        engine_sampler = ResourceSampler(server.engine_pids, use_nvml=sampler.nvml)
+        t_burst = time.monotonic()
+        try:
+            burst = run_burst(spec.url, burst_config, model=spec.served_model_name, model_dir=spec.model,
+                              api_key=preset.api_key(), cancel=cancel, memory_sampler=_MemoryProbe(engine_sampler),
+                              progress=lambda d, n: _emit(progress, **ev, phase="burst", burst_done=d,
+                                                          burst_total=n))
+        finally:
+            engine_sampler.close()
+        burst_s = time.monotonic() - t_burst
+        run.burst_s = burst_s
+        run.requests = burst.total
+        run.errors = burst.failed
+        run.output_tps = burst.output_tps
+        run.total_tps = burst.total_tps
+        run.ttft_p50_ms = _ms(burst.ttft.get("p50"))
+        run.ttft_p90_ms = _ms(burst.ttft.get("p90"))
+        run.itl_p50_ms = _ms(burst.itl.get("p50"))
+        run.peak_memory_gib = burst.peak_memory_bytes / 2**30 if burst.peak_memory_bytes else None
+        run.memory_source = burst.memory_source
+        run.kv_usage_peak_pct = burst.kv_cache_usage_peak_pct
+        if burst.cancelled or cancel.is_set():
+            run.status, run.message = "cancelled", "cancelled during the burst"
+        elif burst.completed == 0:
+            run.status = "failed: burst"
+            run.message = "; ".join(burst.errors.get("first", [])[:1]) or "no request succeeded"
+        if options.save_records:
+            from ernie_tui.engine_ctl.runstore import save_run
+
+            save_run("burst", burst.to_dict(with_requests=False), preset=preset, engine_report=report.to_dict(),
+                     url=spec.url, model=spec.served_model_name, notes=f"sweep repeat {repeat}")
+        return run
+    finally:
+        _emit(progress, **ev, phase="stopping")
+        t_stop = time.monotonic()
+        if server.status.running or server.status.state == ServerState.CRASHED:
+            server.stop()
+        stop_s = time.monotonic() - t_stop
+        server.close()
+        _wait_baseline(sampler, baseline, options)
+        run.stop_s = stop_s
+        run.overhead_s = max(0.0, (time.monotonic() - t_begin) - ready_wait - burst_s - stop_s)
+
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else seconds * 1000.0
+
+
+def _wait_baseline(sampler, baseline: int | None, options: SweepOptions) -> None:
+    """GPU memory back to where it was before the sweep (NVML only: without
+    it the engine's processes are already gone, which stop() guarantees)."""
+    if baseline is None or not sampler.nvml:
+        return
+    deadline = time.monotonic() + options.baseline_timeout_s
+    while time.monotonic() < deadline:
+        now = sampler.sample().shown_bytes
+        if now is None or now <= baseline + options.baseline_slack_bytes:
+            return
+        time.sleep(0.25)

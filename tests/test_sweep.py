@@ -1,0 +1,101 @@
+"""Sweep: order, folding repeats, noise marking, exports (pure), and one real
+sweep on vLLM CPU with two presets plus one that preflight rejects."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import textwrap
+
+import pytest
+
+from ernie_tui.cli import main
+from ernie_tui.engine_ctl.sweep import SweepPlan, SweepRun, fold, to_csv, to_json, to_markdown
+from ernie_tui.presets import load_presets
+
+
+def test_rotated_order():
+    book = load_presets()
+    plan = SweepPlan([book.get("seed-A"), book.get("seed-B"), book.get("seed-C")], repeat=3)
+    names = [p.name for _, p in plan.order()]
+    assert names == ["seed-A", "seed-B", "seed-C", "seed-B", "seed-C", "seed-A", "seed-C", "seed-A", "seed-B"]
+
+
+def runs_fixture():
+    return [
+        SweepRun("a", 0, "ok", output_tps=100.0, ttft_p50_ms=20.0),
+        SweepRun("a", 1, "ok", output_tps=120.0, ttft_p50_ms=22.0),
+        SweepRun("b", 0, "ok", output_tps=112.0),
+        SweepRun("b", 1, "ok", output_tps=114.0),
+        SweepRun("c", 0, "ok", output_tps=50.0),
+        SweepRun("c", 1, "ok", output_tps=52.0),
+        SweepRun("d", 0, "skipped: block_size_unsupported", message="preflight: block 16 on CPU"),
+    ]
+
+
+def test_fold_median_spread_and_noise():
+    rows = fold(runs_fixture(), ["a", "b", "c", "d"])
+    a, b, c, d = rows
+    assert a.stats["output_tps"].median == 110.0 and a.stats["output_tps"].spread == 20.0
+    assert b.vs_best == "best"  # median 113 beats a's 110 ...
+    assert a.vs_best == "within noise"  # ... but by less than a's spread
+    assert c.vs_best.startswith("-") and c.vs_best.endswith("%")
+    assert d.status.startswith("skipped") and d.stats["output_tps"].median is None
+
+
+def test_exports_agree():
+    rows = fold(runs_fixture(), ["a", "b", "c", "d"])
+    md = to_markdown(rows)
+    assert sum(line.startswith("| ") for line in md.splitlines()) == 5  # header + 4 rows
+    assert "110 (100–120)" in md and "block 16 on CPU" in md
+    table = list(csv.DictReader(io.StringIO(to_csv(rows))))
+    assert table[0]["output_tps"] == "110.0" and table[0]["output_tps_min"] == "100.0"
+    data = json.loads(to_json(rows, {"date": "x"}))
+    assert [r["preset"] for r in data["rows"]] == ["a", "b", "c", "d"]
+    assert len(data["rows"][0]["runs"]) == 2
+
+
+def test_cli_rejects_bad_out(capsys):
+    assert main(["sweep", "cpu-demo", "--out", "table.txt"]) == 1
+    assert "--out must end in" in capsys.readouterr().err
+
+
+@pytest.mark.vllm
+def test_real_sweep_two_presets_and_one_rejected(tmp_path, tiny_model, capsys):
+    presets = tmp_path / "p.toml"
+    presets.write_text(textwrap.dedent(f"""
+        [presets.cpu-a]
+        extends = "cpu-demo"
+        model = "{tiny_model}"
+        port = 18120
+        [presets.cpu-b]
+        extends = "cpu-demo-b64"
+        model = "{tiny_model}"
+        port = 18121
+        [presets.cpu-bad]
+        extends = "cpu-demo"
+        model = "{tiny_model}"
+        block_size = 16
+        port = 18122
+    """))
+    out = tmp_path / "sweep.json"
+    code = main(["sweep", "cpu-a", "cpu-bad", "cpu-b", "--presets", str(presets), "--out", str(out),
+                 "--burst", "8", "--concurrency", "2", "--min-tokens", "10", "--max-tokens-in", "40",
+                 "--max-tokens", "16", "--log-dir", str(tmp_path / "logs")])
+    assert code == 0
+    data = json.loads(out.read_text())
+    rows = {r["preset"]: r for r in data["rows"]}
+    assert list(rows) == ["cpu-a", "cpu-bad", "cpu-b"]
+    assert rows["cpu-bad"]["status"] == "skipped: block_size_unsupported"
+    assert not (tmp_path / "logs" / "cpu-bad-r0.log").exists()  # never launched
+    for name, tokens in (("cpu-a", 131072), ("cpu-b", 262144)):
+        row = rows[name]
+        assert row["status"] == "ok", row
+        assert row["kv_cache_tokens"] == tokens
+        assert row["stats"]["output_tps"]["median"] > 0
+        assert row["stats"]["ttft_p50_ms"]["median"] > 0
+        assert row["runs"][0]["requests"] == 8 and row["runs"][0]["errors"] == 0
+        assert row["stats"]["peak_memory_gib"]["median"] > 0  # engine RSS on CPU
+    md = capsys.readouterr().out
+    assert "| cpu-a |" in md and "| cpu-bad |" in md
