@@ -43,6 +43,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from ernie_tui.engine_ctl.logtail import strip_ansi as _strip_ansi
 from ernie_tui.engine_ctl.report import PHASES, EngineError, EngineReport, ErrorKind, StatsSample
 
 __all__ = [
@@ -179,18 +180,18 @@ _RE_VER = re.compile(r"vLLM (?:API )?server version (\S+?),?(?:\s|$)(?:serving m
 _RE_BANNER = re.compile(r"[ \u2580-\u259f]+(version|model)\s+(\S+)")
 _RE_BACKEND = re.compile(r"Using ([A-Za-z][\w\- ]*?) (?:attention )?backend(?: on V1 engine)?(?:\.|\s|$)")
 _RE_NUM = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
-_RE_WTOOK = re.compile(r"weights took ([\d.]+) ?(GiB|GB|seconds|s)\b")
-_RE_MLTOOK = re.compile(r"Model loading took ([\d.]+) ?(?:GiB|GB)(?: memory)? and ([\d.]+) s")
-_RE_SECS = re.compile(r"took ([\d.]+) s")
-_RE_INIT = re.compile(r"\) took ([\d.]+) s(?:econds)?(?: \(compilation: ([\d.]+) s)?")
-_RE_GRAPH = re.compile(r"finished in ([\d.]+) secs?, took (-?[\d.]+) GiB")
-_RE_KVSET = re.compile(r"Explicitly set \((-?[\d.]+)/([\d.]+)\) GiB for KV cache")
+_RE_WTOOK = re.compile(r"weights took (\d+(?:\.\d+)?) ?(GiB|GB|seconds|s)\b")
+_RE_MLTOOK = re.compile(r"Model loading took (\d+(?:\.\d+)?) ?(?:GiB|GB)(?: memory)? and (\d+(?:\.\d+)?) s")
+_RE_SECS = re.compile(r"took (\d+(?:\.\d+)?) s")
+_RE_INIT = re.compile(r"\) took (\d+(?:\.\d+)?) s(?:econds)?(?: \(compilation: (\d+(?:\.\d+)?) s)?")
+_RE_GRAPH = re.compile(r"finished in (\d+(?:\.\d+)?) secs?, took (-?\d+(?:\.\d+)?) GiB")
+_RE_KVSET = re.compile(r"Explicitly set \((-?\d+(?:\.\d+)?)/(\d+(?:\.\d+)?)\) GiB for KV cache")
 _RE_KVSIZE = re.compile(r"(?:(\w+) )?KV cache size: ([\d,]+) tokens"
-                        r"(?:, Maximum concurrency for ([\d,]+) tokens per request: ([\d.]+)x)?")
-_RE_CONC = re.compile(r"Maximum concurrency for ([\d,]+) tokens per request: ([\d.]+)x")
+                        r"(?:, Maximum concurrency for ([\d,]+) tokens per request: (\d+(?:\.\d+)?)x)?")
+_RE_CONC = re.compile(r"Maximum concurrency for ([\d,]+) tokens per request: (\d+(?:\.\d+)?)x")
 _RE_BLOCKS = re.compile(r"# (\w+) blocks: (\d+)(?:, # CPU blocks: (\d+))?")
 _RE_URL = re.compile(r"Starting vLLM (?:API )?server(?: \d+)? on (\S+)")
-_RE_STATS_KV = re.compile(r"(?:^|, |: )([A-Za-z][A-Za-z ]*?): (-?[\d.]+)")
+_RE_STATS_KV = re.compile(r"(?:^|, |: )([A-Za-z][A-Za-z ]*?): (-?\d+(?:\.\d+)?)")
 _RE_TS = re.compile(r"(\d\d-\d\d \d\d:\d\d:\d\d)")
 _RE_TQDM = re.compile(r"([^\r|]*?):\s+(\d+)%(?:\|[^|]*\||\s+Completed\s+\|)\s*(\d+)/(\d+)")
 _RE_EXC = re.compile(r"([A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt))(?::\s*(.*))?$")
@@ -209,6 +210,10 @@ _WRAPPERS = ("Engine core initialization failed", "WorkerProc initialization fai
              "EngineCore failed to start", "WorkerProc hit an exception", "WorkerProc failed to start",
              "please check the stack trace above", "See stack trace for root cause",
              "See root cause above")
+# vLLM's own (non-exception) messages that report an engine failure.
+_ERROR_MESSAGES = ("EngineCore failed to start", "EngineCore encountered", "Engine core proc ",
+                   "WorkerProc hit an exception", "WorkerProc failed to start", "Worker proc ",
+                   "AsyncLLM output_handler failed")
 _PHASE_INDEX = {p: i for i, p in enumerate(PHASES)}
 _HANDLER_TEXT_CAP = 65536  # handlers look at most this much of one line
 
@@ -283,18 +288,18 @@ def classify_error(message: str) -> tuple[ErrorKind, int | None, dict[str, Any]]
         m = re.search(r"max seq len \((\d+)\)", text)
         if m:
             detail["max_model_len"] = int(m.group(1))
-        m = re.search(r"\(([\d.]+) GiB KV cache is needed.*available KV cache memory \(([\d.]+) GiB\)", text)
+        m = re.search(r"\((\d+(?:\.\d+)?) GiB KV cache is needed.*available KV cache memory \((\d+(?:\.\d+)?) GiB\)", text)
         if m:
             detail["needed_gib"], detail["available_gib"] = float(m.group(1)), float(m.group(2))
     elif kind is ErrorKind.INSUFFICIENT_FREE_MEMORY:
-        m = re.search(r"\(([\d.]+)/([\d.]+) GiB\) on startup is less than desired \w+ memory utilization "
-                      r"\(([\d.]+), ([\d.]+) GiB\)", text)
+        m = re.search(r"\((\d+(?:\.\d+)?)/(\d+(?:\.\d+)?) GiB\) on startup is less than desired \w+ memory utilization "
+                      r"\((\d+(?:\.\d+)?), (\d+(?:\.\d+)?) GiB\)", text)
         if m:
             detail.update(free_gib=float(m.group(1)), total_gib=float(m.group(2)),
                           utilization=float(m.group(3)), requested_gib=float(m.group(4)))
     elif kind is ErrorKind.MAX_MODEL_LEN_TOO_LARGE:
         m = re.search(r"max_model_len \((\d+)\) is greater than the derived max_model_len "
-                      r"\((?:max_position_embeddings=)?([\d.]+)", text)
+                      r"\((?:max_position_embeddings=)?(\d+(?:\.\d+)?)", text)
         if m:
             detail["requested"] = int(m.group(1))
             detail["derived"] = int(float(m.group(2)))
@@ -403,6 +408,12 @@ def _split_top_level(body: str) -> list[str]:
     return items
 
 
+def _word_after(text: str, sep: str) -> str | None:
+    """The first whitespace-separated word after `sep`, or None (lines may be cut anywhere)."""
+    rest = text.partition(sep)[2].split(None, 1)
+    return rest[0] if rest else None
+
+
 def _after(text: str, key: str) -> str | None:
     """The token after `key` in a `k=v, k2=v2` config dump (find-based: these lines are long)."""
     i = text.find(key)
@@ -432,9 +443,7 @@ def _text(line: str, s: int) -> str:
 
 def _clean(text: str) -> str:
     if "\x1b" in text:
-        from ernie_tui.engine_ctl.logtail import strip_ansi
-
-        text = strip_ansi(text)
+        text = _strip_ansi(text)
     return _last_segment(text).strip()
 
 
@@ -471,6 +480,8 @@ class LogParser:
         try:
             if isinstance(line, bytes):
                 line = line.decode("utf-8", errors="replace")
+            if "\x1b" in line:
+                line = _strip_ansi(line)
             self._scan((line,))
         except Exception:  # the contract: never raise on log content
             self.internal_errors += 1
@@ -480,7 +491,7 @@ class LogParser:
         """Parse several lines; return all their events (cheaper than feed() per line)."""
         self._events = []
         try:
-            self._scan(lines)
+            self._scan([_strip_ansi(ln) if "\x1b" in ln else ln for ln in lines])
         except Exception:
             self.internal_errors += 1
         return self._events
@@ -694,7 +705,7 @@ class LogParser:
         text = _text(line, s)
         if "Avg prompt throughput: " in text[:40]:
             self._m_stats(text, line, n)
-        elif text.startswith(("EngineCore failed to start", "EngineCore encountered", "Engine core proc")):
+        elif text.startswith(_ERROR_MESSAGES):
             self._error(text, n)
 
     def _k_stats(self, line: str, s: int, n: int) -> None:
@@ -716,8 +727,7 @@ class LogParser:
             self._m_platform(_text(line, s), line, n)
 
     def _k_fail(self, line: str, s: int, n: int) -> None:
-        if line.startswith(("WorkerProc hit an exception", "WorkerProc failed to start", "Worker proc ",
-                            "AsyncLLM output_handler failed"), s):
+        if line.startswith(_ERROR_MESSAGES, s):
             text = _text(line, s)
             if not text.startswith("Worker proc ") or "died" in text:
                 self._error(text, n)
@@ -750,13 +760,11 @@ class LogParser:
         if k < 0:
             self._on_plain(line, pos, n)
             return
-        s = k + 2
-        h = self._keys.get(line[s:s + 4])
-        if h is not None:
-            h(line, s, n)
-            return
-        text = _text(line, s)
-        if text.startswith(("Value error, ", "Assertion failed, ")):
+        text = _text(line, k + 2)
+        if text.startswith(_ERROR_MESSAGES):
+            if not text.startswith("Worker proc ") or "died" in text:
+                self._error(text, n)
+        elif text.startswith(("Value error, ", "Assertion failed, ")):
             self._pydantic(text, n)
         elif _RE_EXC.match(text):
             self._exception(text, n)
@@ -833,11 +841,11 @@ class LogParser:
         self._blocks_to_tokens(n)
 
     def _m_arch(self, text: str, line: str, n: int) -> None:
-        self._set("architecture", text.split(": ", 1)[1].split()[0], n)
+        self._set("architecture", _word_after(text, ": "), n)
 
     def _m_using(self, text: str, line: str, n: int) -> None:
         if text.startswith("Using max model len "):
-            self._set("max_model_len", _int(text[20:].split()[0]), n)
+            self._set("max_model_len", _int(_word_after(text, " len ")), n)
             return
         if "backend" not in text:
             return
@@ -883,7 +891,7 @@ class LogParser:
         self._advance("compile", n)
 
     def _m_tctook(self, text: str, line: str, n: int) -> None:
-        m = re.search(r"t(?:ook|akes) ([\d.]+) s", text)
+        m = re.search(r"t(?:ook|akes) (\d+(?:\.\d+)?) s", text)
         if not m:
             return
         secs = float(m.group(1))
@@ -921,7 +929,7 @@ class LogParser:
         self._platform("cuda", n)
 
     def _m_kvmem(self, text: str, line: str, n: int) -> None:
-        self._set("kv_cache_gib", _float(text.split(": ", 1)[1].split()[0]), n)
+        self._set("kv_cache_gib", _float(_word_after(text, ": ")), n)
         self._advance("kv_profiling", n)
         if "gpu_worker" in line:
             self._platform("cuda", n)
@@ -1010,7 +1018,7 @@ class LogParser:
 
     def _m_prefixhit(self, text: str, line: str, n: int) -> None:
         # V0 logs the prefix hit rate on its own line right after the stats line.
-        m = re.match(r"Prefix cache hit rate: GPU: ([\d.]+)%", text)
+        m = re.match(r"Prefix cache hit rate: GPU: (\d+(?:\.\d+)?)%", text)
         if m and self.report.stats:
             self.report.stats[-1].prefix_hit_pct = float(m.group(1))
 
@@ -1037,7 +1045,7 @@ class LogParser:
             self._platform("cuda", n)
 
     def _m_platform(self, text: str, line: str, n: int) -> None:
-        value = text.split("platform ", 1)[1].strip().rstrip(".")
+        value = (_word_after(text, "platform ") or "").rstrip(".")
         if value.isalpha():
             self._platform(value, n, sure=True)
 
@@ -1201,4 +1209,7 @@ def parse_file(path: str | os.PathLike[str], max_line: int = 65536, chunk_size: 
 def _feed_block(parser: LogParser, block: bytes) -> None:
     if b"\x1b" in block:
         block = _ANSI_B.sub(b"", block)
-    parser.feed_many(block.decode("utf-8", errors="replace").split("\n"))
+    try:
+        parser._scan(block.decode("utf-8", errors="replace").split("\n"))
+    except Exception:  # the contract: never raise on log content
+        parser.internal_errors += 1
