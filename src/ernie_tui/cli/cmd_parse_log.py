@@ -1,0 +1,102 @@
+"""`ernie-tui parse-log FILE [--json]`: the startup report of a captured vLLM log."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("parse-log", help="read a vLLM server log and print its startup report",
+                       description="Parse a vLLM server log (llm.log: stdout+stderr) and print what it says: "
+                                   "version, platform, KV cache size, startup phases, readiness, and the root "
+                                   "cause of a failure.")
+    p.add_argument("file", metavar="FILE", help="the log file")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.add_argument("--all-stats", action="store_true",
+                   help="with --json: include every periodic stats sample (default: the last one)")
+    p.set_defaults(run=_run)
+
+
+def _run(args) -> int:
+    from ernie_tui.cli import CliError
+    from ernie_tui.engine_ctl.logparse import parse_file
+
+    try:
+        report = parse_file(args.file)
+    except FileNotFoundError:
+        raise CliError(f"{args.file}: no such file") from None
+    except IsADirectoryError:
+        raise CliError(f"{args.file}: is a directory, not a log file") from None
+    except OSError as exc:
+        raise CliError(f"{args.file}: cannot read: {exc.strerror or exc}") from None
+    if args.json:
+        print(json.dumps(report.to_dict(include_stats=args.all_stats), indent=2, default=str))
+    else:
+        print(format_report(report, args.file))
+    return 0
+
+
+def _num(value: Any, unit: str = "", digits: int = 2) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        text = f"{value:,.{digits}f}".rstrip("0").rstrip(".") if digits else f"{value:,.0f}"
+    elif isinstance(value, int):
+        text = f"{value:,}"
+    else:
+        text = str(value)
+    return f"{text} {unit}".rstrip()
+
+
+def format_report(report, source: str = "") -> str:
+    """A plain-text report for a terminal (no colours: it is also pasted into issues)."""
+    from ernie_tui.engine_ctl.report import PHASES
+
+    r = report
+    out: list[str] = []
+    title = f"vLLM {r.vllm_version or '?'}" + (f" on {r.platform}" if r.platform else "")
+    out.append(f"{source}: {title}, {r.lines:,} lines" if source else f"{title}, {r.lines:,} lines")
+    if r.error is not None:
+        e = r.error
+        where = f" (line {e.line_no})" if e.line_no else ""
+        out.append(f"  state           FAILED: {e.kind.value}{where}")
+        out.append(f"  root cause      {e.message}")
+        if e.estimated_max_model_len is not None:
+            out.append(f"  vLLM estimate   max model len {e.estimated_max_model_len:,} would fit")
+        for key, value in e.detail.items():
+            if key != "arguments":
+                out.append(f"    {key:<14}{value}")
+    elif r.ready:
+        out.append(f"  state           READY{' at ' + r.server_url if r.server_url else ''}")
+    else:
+        out.append(f"  state           not ready (last phase: {r.phase or 'none'})")
+    model = r.model or "-"
+    if r.architecture:
+        model += f"  ({r.architecture})"
+    out.append(f"  model           {model}")
+    out.append(f"  block size      {_num(r.block_size)}        max model len  {_num(r.max_model_len)}")
+    out.append(f"  attention       {r.attention_backend or '-'}")
+    out.append(f"  weights         {_num(r.weights_gib, 'GiB')}, loaded in {_num(r.weights_load_seconds, 's')}")
+    out.append(f"  torch.compile   {_num(r.compile_seconds, 's')}")
+    out.append(f"  KV cache        {_num(r.kv_cache_gib, 'GiB', 4 if (r.kv_cache_gib or 1) < 0.1 else 2)}"
+               f" = {_num(r.kv_cache_tokens, 'tokens')}, max concurrency "
+               f"{_num(r.max_concurrency) + ('x' if r.max_concurrency is not None else '')}")
+    if r.cuda_graph_seconds is not None or r.platform == "cuda":
+        out.append(f"  CUDA graphs     {_num(r.cuda_graph_seconds, 's')}, {_num(r.cuda_graph_gib, 'GiB')}")
+    out.append(f"  init engine     {_num(r.init_engine_seconds, 's')}")
+    phases = "  ".join(f"{p} {_num(r.phases[p], 's')}" for p in PHASES if p in r.phases)
+    out.append(f"  phases          {phases or '-'}")
+    if r.pids:
+        out.append("  pids            " + "  ".join(f"{role}={pid}" for role, pid in r.pids.items()))
+    if r.non_default_args:
+        args = ", ".join(f"{k}={v!r}" for k, v in r.non_default_args.items())
+        out.append(f"  non-default     {args}")
+    if r.stats:
+        s = r.stats[-1]
+        hit = f", prefix hit {s.prefix_hit_pct:.1f}%" if s.prefix_hit_pct is not None else ""
+        out.append(f"  last stats      {s.timestamp or '?'}: prompt {s.prompt_tps:,.1f} tok/s, generation "
+                   f"{s.generation_tps:,.1f} tok/s, running {s.running}, waiting {s.waiting}, "
+                   f"KV {s.kv_usage_pct:.1f}%{hit}  ({len(r.stats)} samples)")
+    return "\n".join(out)
