@@ -5,16 +5,14 @@ real server is started and fails; its log is parsed and diagnosed to the same
 kind, and the fix agrees with preflight's (for the KV case: vLLM's own
 max_model_len estimate equals the one preflight computed).
 
-Each start takes 10-40 s on two cores; all four run one after the other.
-Processes are started in their own session and their whole group is killed.
+Each start takes 10-60 s on two cores; all four run one after the other.
+Servers are started through EngineServer (own session, argv, no shell), and
+stop() takes each one's whole process group down.
 """
 
 from __future__ import annotations
 
-import os
-import signal
 import socket
-import subprocess
 import sys
 import time
 from dataclasses import replace
@@ -59,25 +57,24 @@ def tiny_model() -> Path:
     return target
 
 
-def run_until_exit(argv: list[str], log: Path, timeout: float = FAIL_TIMEOUT) -> tuple[int | None, float]:
-    """Start vLLM (argv, no shell) in its own session, wait for it to exit;
-    always kill its process group. Returns (exit code or None, seconds)."""
+def run_until_exit(spec, log: Path, timeout: float = FAIL_TIMEOUT):
+    """Start vLLM as the dashboard does (EngineServer: argv, no shell, own
+    session, log to a file) and wait until it crashes (or, wrongly, gets
+    ready); stop() then takes the whole process group down.
+    Returns (final status, seconds to the crash)."""
+    from ernie_tui.engine_ctl.server import EngineServer, ServerState
+
+    server = EngineServer(spec, preset_name="cpu-demo", log_path=log)
     t0 = time.monotonic()
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                start_new_session=True)
-    pgid = proc.pid  # start_new_session: the child leads its own group
+    server.start()
     try:
-        code = proc.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        code = None
+        st = server.wait_ready(timeout)
+        took = time.monotonic() - t0
     finally:
-        try:
-            os.killpg(pgid, signal.SIGKILL)  # stray workers of this server only
-        except ProcessLookupError:
-            pass
-        proc.wait()
-    return code, time.monotonic() - t0
+        server.stop()  # SIGINT -> SIGTERM -> SIGKILL to this server's group; raises if any survive
+        server.close()
+    assert st.state == ServerState.CRASHED, f"vLLM did not fail ({st.state}): {log.read_text()[-2000:]}"
+    return st, took
 
 
 def parsed_error(log: Path):
@@ -120,14 +117,14 @@ def test_real_failure_caught_by_preflight_and_diagnosed(case, tiny_model, tmp_pa
         assert spec.argv[:3] == [sys.executable, "-m", "vllm.entrypoints.openai.api_server"]
         assert "--kv-cache-memory-bytes" in spec.argv
         log = tmp_path / "llm.log"
-        code, took = run_until_exit(spec.argv, log)
+        status, took = run_until_exit(spec, log)
     finally:
         if holder is not None:
             holder.close()
-    print(f"{case}: preflight {pre_s * 1000:.1f} ms, vLLM failed after {took:.1f} s (exit {code})")
-    assert code not in (None, 0), f"vLLM did not fail: {log.read_text()[-2000:]}"
+    print(f"{case}: preflight {pre_s * 1000:.1f} ms, vLLM failed after {took:.1f} s (exit {status.exit_code})")
 
-    # 3. its log, parsed and diagnosed
+    # 3. its log, parsed (live, as the dashboard sees it, and from the file) and diagnosed
+    assert status.error is not None and status.error.kind == kind, (status.error, log.read_text()[-3000:])
     err = parsed_error(log)
     assert err is not None and err.kind == kind, (err, log.read_text()[-3000:])
     d = diagnose(err, preset, "cpu")
