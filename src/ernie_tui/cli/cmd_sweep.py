@@ -18,7 +18,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("names", nargs="+", metavar="NAME", help="presets to measure, in order")
     p.add_argument("--presets", metavar="FILE", action="append", default=[], dest="sweep_presets")
     p.add_argument("--model", metavar="DIR", dest="sweep_model", help="model dir for presets that name none")
-    p.add_argument("--out", metavar="FILE", required=True, help="FILE.csv, FILE.json or FILE.md")
+    p.add_argument("--out", metavar="FILE", required=True, action="append",
+                   help="FILE.csv, FILE.json or FILE.md (may repeat)")
     p.add_argument("--burst", type=int, default=100, metavar="N", help="requests per burst (100)")
     p.add_argument("--concurrency", type=int, default=4, metavar="C", help="concurrent requests (4)")
     p.add_argument("--min-tokens", type=int, default=30, metavar="A", help="shortest prompt, tokens (30)")
@@ -39,8 +40,9 @@ def _sweep(args) -> int:
     from ernie_tui.engine_ctl.sweep import SweepOptions, SweepPlan, export, fold, run_sweep, to_markdown
     from ernie_tui.presets import load_presets
 
-    if Path(args.out).suffix.lower() not in (".csv", ".json", ".md"):
-        raise CliError(f"--out must end in .csv, .json or .md, got {args.out}")
+    for out in args.out:
+        if Path(out).suffix.lower() not in (".csv", ".json", ".md"):
+            raise CliError(f"--out must end in .csv, .json or .md, got {out}")
     if args.repeat < 1:
         raise CliError("--repeat must be at least 1")
     book = load_presets(args.sweep_presets)
@@ -97,12 +99,13 @@ def _sweep(args) -> int:
             "burst": f"N={config.n}, C={config.concurrency}, prompts {config.min_tokens}-{config.max_tokens_in} "
                      f"tokens, max_tokens {config.max_tokens}, ignore_eos", "repeat": args.repeat,
             "seconds": round(time.monotonic() - t0, 1)}
-    export(rows, args.out, meta)
+    for out in args.out:
+        export(rows, out, meta)
     save_run("sweep", {"meta": meta, "runs": runs}, notes=" ".join(args.names))
     print(to_markdown(rows))
     overheads = [r.overhead_s for r in runs if r.overhead_s is not None]
     if overheads:
         print(f"sweep overhead beyond vLLM start, burst and stop: max {max(overheads):.2f} s per preset",
               file=sys.stderr)
-    print(f"wrote {args.out}", file=sys.stderr)
+    print(f"wrote {', '.join(args.out)}", file=sys.stderr)
     return 130 if cancel.is_set() else 0
