@@ -60,6 +60,16 @@ def _sweep(args) -> int:
                            log_dir=Path(args.log_dir) if args.log_dir else None)
     cancel = threading.Event()
     box: dict = {}
+    done_runs: list = []
+    t0 = time.monotonic()
+
+    def meta_now() -> dict:
+        return {"date": time.strftime("%Y-%m-%d"), "presets": " ".join(args.names),
+                "burst": f"N={config.n}, C={config.concurrency}, prompts {config.min_tokens}-"
+                         f"{config.max_tokens_in} tokens, max_tokens {config.max_tokens}, ignore_eos",
+                "repeat": args.repeat, "seconds": round(time.monotonic() - t0, 1),
+                "vllm": ", ".join(sorted({f"{r.vllm_version} ({r.platform})" for r in done_runs
+                                          if r.vllm_version})) or "-"}
 
     def progress(ev: dict) -> None:
         eta = ev.get("eta_s")
@@ -72,6 +82,11 @@ def _sweep(args) -> int:
             phase = f"burst {done}/{n}"
         if phase == "done":
             phase = ev.get("status", "done")
+            # Write the table after every preset, so a killed or interrupted
+            # sweep still leaves the rows it measured on disk.
+            done_runs.append(ev["run"])
+            for out in args.out:
+                export(fold(done_runs, [p.name for p in presets]), out, meta_now())
         line = f"{where}: {phase}" + (f"  (ETA {eta:.0f} s)" if eta and ev["phase"] == "preflight" else "")
         print(line, file=sys.stderr, flush=True)
 
@@ -81,7 +96,6 @@ def _sweep(args) -> int:
         except BaseException as exc:  # reported on the main thread
             box["error"] = exc
 
-    t0 = time.monotonic()
     worker = threading.Thread(target=work, name="sweep", daemon=True)
     worker.start()
     try:
@@ -95,10 +109,7 @@ def _sweep(args) -> int:
         raise box["error"]
     runs = box.get("runs", [])
     rows = fold(runs, [p.name for p in presets])
-    meta = {"date": time.strftime("%Y-%m-%d"), "presets": " ".join(args.names),
-            "burst": f"N={config.n}, C={config.concurrency}, prompts {config.min_tokens}-{config.max_tokens_in} "
-                     f"tokens, max_tokens {config.max_tokens}, ignore_eos", "repeat": args.repeat,
-            "seconds": round(time.monotonic() - t0, 1)}
+    meta = meta_now()
     for out in args.out:
         export(rows, out, meta)
     save_run("sweep", {"meta": meta, "runs": runs}, notes=" ".join(args.names))

@@ -54,6 +54,8 @@ class SweepRun:
     overhead_s: float | None = None  # our own time: preflight, bookkeeping, baseline wait
     stop_s: float | None = None
     burst_s: float | None = None
+    vllm_version: str | None = None
+    platform: str | None = None
 
 
 @dataclass
@@ -382,6 +384,7 @@ def _run_one(preset: Preset, repeat: int, burst_config, options: SweepOptions, l
         run.ready_s = (st.ready_at - st.started_at) if st.ready_at and st.started_at else ready_wait
         run.weights_gib = report.weights_gib if report.weights_gib is not None else run.weights_gib
         run.kv_cache_gib = report.kv_cache_gib
+        run.vllm_version, run.platform = report.vllm_version, report.platform
         run.kv_cache_tokens = report.kv_cache_tokens
         run.max_concurrency = report.max_concurrency
         _emit(progress, **ev, phase="burst", burst_done=0, burst_total=burst_config.n)
