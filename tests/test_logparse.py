@@ -367,6 +367,26 @@ def test_ansi_colored_lines():
     assert r.report.ready and r.report.server_url == "http://h:1"
 
 
+def test_non_ascii_and_invalid_bytes_same_through_file_and_feed(tmp_path):
+    data = ("\n".join([
+        v("vLLM server version 0.9.9, serving model /models/\u6a21\u578b-\u00e9", role="APIServer"),
+        v("  \u2584\u2584 \u2584\u2588 \u2588  model   /m/\u00fc", role="APIServer"),
+        v("Resolved architecture: \u00c4rch", role="APIServer"),
+        v("Using max model len 2048", role="APIServer"),
+    ]) + "\n").encode() + b"(EngineCore pid=9) \xff\xfe ValueError: bad \xe9 byte\n" + \
+        "RuntimeError: Engine core proc \u2588 died unexpectedly\n".encode()
+    path = tmp_path / "llm.log"
+    path.write_bytes(data)
+    from_file = parse_file(path)
+    parser = LogParser()
+    for line in data.decode("utf-8", errors="replace").split("\n")[:-1]:
+        parser.feed(line)
+    assert from_file.to_dict(include_stats=True) == parser.report.to_dict(include_stats=True)
+    assert from_file.model == "/models/\u6a21\u578b-\u00e9" and from_file.architecture == "\u00c4rch"
+    assert from_file.max_model_len == 2048 and from_file.lines == 6
+    assert from_file.error.kind is ErrorKind.ENGINE_DEAD and "\u2588" in from_file.error.message
+
+
 def test_new_run_in_the_same_log_resets_the_report(fixtures_dir):
     lines = read_lines(fixtures_dir / CPU / "fail_kv_too_small.log") + \
         read_lines(fixtures_dir / CPU / "ok_block32_len2048.log")

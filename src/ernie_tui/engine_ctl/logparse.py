@@ -457,6 +457,7 @@ class LogParser:
         self.report = EngineReport()
         self.internal_errors = 0  # handler exceptions swallowed (should stay 0)
         self._collect = True
+        self._latin1 = False  # parse_file: lines are latin-1 decoded bytes (see _scan)
         self._events: list[Event] = []
         self._reset_state()
         self._args_cache: dict[str, dict[str, Any]] = {}
@@ -505,7 +506,14 @@ class LogParser:
         instead of attributes and globals, dict lookups instead of regexes,
         no call at all for a rejected line. (Scanning undecoded bytes lines
         was tried: slower than decoding whole blocks and scanning str.)
+
+        In latin-1 mode (parse_file) blocks are decoded as latin-1, which is
+        much cheaper than UTF-8 for text with a few multi-byte characters
+        (tqdm bars, the banner) and keeps every line one byte per char; the
+        keywords are ASCII so the prefilter is unaffected, and the rare
+        non-ASCII line that reaches a handler is re-decoded as UTF-8 exactly.
         """
+        latin = self._latin1
         rep = self.report
         n = rep.lines
         pfx, plen = self._pfx, self._plen
@@ -565,6 +573,11 @@ class LogParser:
                     h, k = self._on_plain, pos
                 rep.lines = n
                 try:
+                    if latin and not line.isascii():
+                        raw = line.encode("latin-1")
+                        line = raw.decode("utf-8", "replace")
+                        if len(line) != len(raw):  # multi-byte chars: k to a char offset
+                            k = len(raw[:k].decode("utf-8", "replace"))
                     h(line, k, n)
                 except Exception:
                     self.internal_errors += 1
@@ -1176,6 +1189,7 @@ def parse_file(path: str | os.PathLike[str], max_line: int = 65536, chunk_size: 
     """
     parser = LogParser()
     parser._collect = False
+    parser._latin1 = True
     with open(path, "rb") as f:
         rest = b""
         cut = False  # inside an over-long line: drop bytes until its newline
@@ -1210,6 +1224,6 @@ def _feed_block(parser: LogParser, block: bytes) -> None:
     if b"\x1b" in block:
         block = _ANSI_B.sub(b"", block)
     try:
-        parser._scan(block.decode("utf-8", errors="replace").split("\n"))
+        parser._scan(block.decode("latin-1").split("\n"))
     except Exception:  # the contract: never raise on log content
         parser.internal_errors += 1
