@@ -360,6 +360,15 @@ def test_model_from_args_positional_model_tag():
     assert r.model == "/m/x" and r.max_model_len == 100
 
 
+def test_pid_role_names_are_normalized():
+    r = parse_lines(["(APIServer pid=1) INFO 11-30 [a.py:1] x", "(EngineCore_DP0 pid=2) INFO 11-30 [a.py:1] x",
+                     "(Worker_TP0 pid=3) INFO 11-30 [a.py:1] x", "(Worker_TP1 pid=4) INFO 11-30 [a.py:1] x",
+                     "(EngineCore_DP1 pid=5) INFO 11-30 [a.py:1] x", "(Worker pid=3) INFO 11-30 [a.py:1] x",
+                     "(Worker_PP1_TP0 pid=6) INFO 11-30 [a.py:1] x"])
+    assert r.pids == {"APIServer": 1, "EngineCore": 2, "Worker_0": 3, "Worker_1": 4, "EngineCore_DP1": 5,
+                      "Worker_PP1_TP0": 6}
+
+
 def test_ansi_colored_lines():
     line = "\x1b[32m(APIServer pid=5)\x1b[0m INFO 11-30 03:20:09 [x.py:1] Starting vLLM server on http://h:1"
     r = LogParser()

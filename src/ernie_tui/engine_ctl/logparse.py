@@ -210,6 +210,8 @@ _WRAPPERS = ("Engine core initialization failed", "WorkerProc initialization fai
              "EngineCore failed to start", "WorkerProc hit an exception", "WorkerProc failed to start",
              "please check the stack trace above", "See stack trace for root cause",
              "See root cause above")
+# Role names vLLM versions print for the same processes.
+_ROLE_NORM = re.compile(r"(EngineCore)_DP0$|(?:VllmWorker[- ]|Worker_TP)(\d+)$")
 # vLLM's own (non-exception) messages that report an engine failure.
 _ERROR_MESSAGES = ("EngineCore failed to start", "EngineCore encountered", "Engine core proc ",
                    "WorkerProc hit an exception", "WorkerProc failed to start", "Worker proc ",
@@ -630,12 +632,14 @@ class LogParser:
         self._emit(NewRunEvent, n)
 
     def _on_prefix(self, role: str, pid_text: str, n: int) -> None:
+        """Record the pid of a process role, under the report's keys: "APIServer",
+        "EngineCore", "Worker_0", ... ("EngineCore_DP0" -> "EngineCore",
+        "VllmWorker-1" / "Worker_TP1" -> "Worker_1"; other ranks keep their name)."""
         pid = int(pid_text)
         pids = self.report.pids
-        if role.startswith("VllmWorker-"):
-            role = "Worker_" + role[len("VllmWorker-"):]
-        elif role.startswith("VllmWorker "):
-            role = "Worker_" + role[len("VllmWorker "):]
+        m = _ROLE_NORM.match(role)
+        if m:
+            role = m.group(1) if m.group(2) is None else f"Worker_{m.group(2)}"
         if pids.get(role) == pid:
             return
         if pid in pids.values():
