@@ -14,12 +14,20 @@ shared/fixtures/vllm-logs, plus older wording: `# GPU blocks: N`, separate
 (`Running/Swapped/Pending`), `torch.compile takes`, `Loading model weights
 took N GB`, un-prefixed lines from before the `(APIServer pid=N)` era.
 
+Events (all carry line_no): VersionEvent, ArgsEvent, FieldEvent (a report
+field got a value), PhaseEvent (phase started / finished with seconds),
+ProgressEvent (tqdm bars: weights, CUDA graphs), StatsEvent, ReadyEvent,
+ErrorEvent (set or replaced by a better root cause), PidEvent,
+ShutdownEvent, NewRunEvent (a second server start in one log resets the
+report).
+
 Speed. Most lines in a vLLM log are access-log lines, route listings,
-traceback frames and warnings. Each line gets a cheap prefilter: lines in
-vLLM's own format (`... [file.py:123] message`) are tested with ONE anchored
-regex at the start of the message (a handful of literal prefixes; it fails
-on the first character for nearly everything); other lines with a few
-substring checks. Only the few lines that pass reach the detailed regexes.
+traceback frames and warnings. Each line gets a cheap prefilter with no
+regex: one dict lookup on the five characters after the process prefix
+(the log level), then for vLLM's own lines one dict lookup on the first
+four characters of the message; traceback frames are rejected by their
+indentation, other lines by a few substring checks. Only the few lines that
+pass reach the detailed regexes (bench/parse_speed.py measures it).
 
 Robustness. feed() and the parse_* functions never raise on log content:
 every detailed handler runs under a try/except that counts and drops
@@ -40,7 +48,7 @@ import ast
 import os
 import re
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from ernie_tui.engine_ctl.logtail import strip_ansi as _strip_ansi
@@ -179,7 +187,6 @@ _KEYS = {
 _RE_VER = re.compile(r"vLLM (?:API )?server version (\S+?),?(?:\s|$)(?:serving model (\S+))?")
 _RE_BANNER = re.compile(r"[ \u2580-\u259f]+(version|model)\s+(\S+)")
 _RE_BACKEND = re.compile(r"Using ([A-Za-z][\w\- ]*?) (?:attention )?backend(?: on V1 engine)?(?:\.|\s|$)")
-_RE_NUM = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
 _RE_WTOOK = re.compile(r"weights took (\d+(?:\.\d+)?) ?(GiB|GB|seconds|s)\b")
 _RE_MLTOOK = re.compile(r"Model loading took (\d+(?:\.\d+)?) ?(?:GiB|GB)(?: memory)? and (\d+(?:\.\d+)?) s")
 _RE_SECS = re.compile(r"took (\d+(?:\.\d+)?) s")
