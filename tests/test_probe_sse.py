@@ -573,6 +573,11 @@ def test_burst_against_fake(fake, tiny_dir):
     assert r.ttft["p50"] is not None and r.latency["p90"] is not None
     d = r.to_dict()
     assert json.dumps(d)  # JSON-ready
+    rec = r.save(preset="cpu-demo", engine_report={"block_size": 32})
+    from ernie_tui.engine_ctl import runstore
+    back = runstore.load_run(rec.id)
+    assert back.kind == "burst" and back.preset_name == "cpu-demo" and back.results["completed"] == 12
+    assert back.engine_report == {"block_size": 32} and len(back.results["requests"]) == 12
 
 
 def test_burst_server_killed_ends_with_errors(fake, tiny_dir):

@@ -178,8 +178,7 @@ def _run_burst(args) -> int:
     if not args.no_save and result.duration_s > 0:
         preset = _preset_for(args.probe_preset, list(getattr(args, "presets", []) or []))
         try:
-            record = runstore.save_run("burst", result.to_dict(), preset=preset, url=result.url,
-                                       model=result.model)
+            record = result.save(preset=preset)
         except runstore.RunStoreError as exc:
             print(f"ernie-tui: warning: {exc}", file=sys.stderr)
     if args.json:

@@ -8,6 +8,8 @@ can be trusted and compared between presets:
   the same seed gives the same workload on every preset;
 - ignore_eos makes every request generate exactly max_tokens tokens, so two
   runs do the same work;
+- with chat=True the lengths are those of the user message; the server adds
+  the chat template's tokens, which the result reports as length mismatches;
 - while it runs, /metrics is sampled (KV-cache usage peak, running/waiting)
   and so is an optional memory sampler (GPU memory or engine RSS);
 - afterwards vLLM's own view of the same window (its TTFT histogram and its
@@ -180,6 +182,14 @@ class BurstResult:
         if not with_requests:
             d.pop("requests", None)
         return d
+
+    def save(self, preset: Any = None, engine_report: Any = None, notes: str | None = None):
+        """Store as a 'burst' run record (runstore), tagged with the preset
+        (a Preset, a dict or a name) and the engine's startup report."""
+        from ernie_tui.engine_ctl import runstore
+
+        return runstore.save_run("burst", self.to_dict(), preset=preset, engine_report=engine_report,
+                                 url=self.url, model=self.model, notes=notes)
 
 
 def plan_lengths(config: BurstConfig) -> list[int]:
@@ -395,8 +405,7 @@ async def run_burst_async(url: str, config: BurstConfig | None = None, *,
             warnings.append("/metrics could not be read: no KV-cache peak and no vLLM view")
         sampler = _Sampler(metrics_client if before is not None else None, memory_sampler,
                            config.sample_interval_s)
-        sampler.sample_once()
-        sampler.start()
+        sampler.start()  # its first sample is taken at once, in its own thread
         t0 = time.perf_counter()
         started_at = time.time()
         t_end_last = t0
@@ -414,7 +423,9 @@ async def run_burst_async(url: str, config: BurstConfig | None = None, *,
             for t in tasks:
                 t.cancel()
     duration = max(t_end_last - t0, 1e-9)
-    sampler.stop()
+    # Stop sampling but take the closing scrape before waiting for the sampler
+    # thread: the scrape window should end as close to the burst as it can.
+    sampler.stop_event.set()
     cancelled = cancel is not None and cancel.is_set()
 
     for rec in records:
@@ -429,8 +440,8 @@ async def run_burst_async(url: str, config: BurstConfig | None = None, *,
         ok_count = sum(1 for r in records if r.ok)
         after = await asyncio.to_thread(_settled_snapshot, metrics_client, before, ok_count,
                                         config.settle_timeout_s)
-        metrics_client.close()
-    elif metrics_client is not None:
+    sampler.stop()
+    if metrics_client is not None:
         metrics_client.close()
 
     result = _summarize(url, served.id, config, records, rec_itls, started_at, duration, cancelled,
@@ -562,7 +573,7 @@ def format_result(r: BurstResult) -> str:
         return "-" if v is None else format(v, fmt)
 
     lines = [
-        f"burst of {r.total} on {r.model} at concurrency {r.config.get('concurrency')}: "
+        f"burst of {r.total} on {r.model or '-'} at concurrency {r.config.get('concurrency')}: "
         f"{r.completed} ok, {r.failed} failed, {r.not_sent} not sent"
         + (" (cancelled)" if r.cancelled else "") + f", {r.duration_s:.2f} s",
         f"output {num(r.output_tps)} tok/s   total {num(r.total_tps)} tok/s   "

@@ -945,6 +945,8 @@ def format_result(r: ProbeResult) -> str:
         if r.error.kind == "prompt_too_long" and r.error.max_model_len:
             extra = f"; the prompt has {r.error.prompt_tokens}" if r.error.prompt_tokens else ""
             lines.append(f"the model's limit (max_model_len) is {r.error.max_model_len} tokens{extra}")
+        if r.chunks == 0:
+            return "\n".join(lines)  # nothing was measured; figures of dashes only add noise
     lines.append(f"model {r.model}  endpoint {r.endpoint}  finish_reason {r.finish_reason or '-'}")
     lines.append(f"TTFT {ms(r.ttft_s)}  ITL mean {ms(r.itl_mean_s)}  p90 {ms(r.itl_p90_s)}  "
                  f"latency {ms(r.latency_s)}")
