@@ -666,3 +666,28 @@ def test_runstore_roundtrip(tmp_path):
         runstore.load_run("missing-id")
     with pytest.raises(runstore.RunStoreError):
         runstore.save_run("nope", {})
+
+
+def test_burst_sampler_keeps_peaks():
+    from ernie_tui.engine_ctl import burst as B
+    from ernie_tui.engine_ctl import metrics as M
+
+    scrapes = iter([(1, 0, 0.10), (4, 2, 0.35), (2, 0, 0.20), None])
+
+    class FakeClient:
+        def try_fetch(self, only=None):
+            v = next(scrapes, None)
+            if v is None:
+                return None  # a failed scrape keeps the peaks
+            text = (f'vllm:num_requests_running{{model_name="m"}} {v[0]}\n'
+                    f'vllm:num_requests_waiting{{model_name="m"}} {v[1]}\n'
+                    f'vllm:kv_cache_usage_perc{{model_name="m"}} {v[2]}\n')
+            return M.MetricsSnapshot.parse(text, timestamp=0.0, only=only)
+
+    mem = iter([100.0, None, 300.0, 200.0])
+    s = B._Sampler(FakeClient(), lambda: next(mem), 0.01)
+    for _ in range(4):
+        s.sample_once()
+    assert (s.running_peak, s.waiting_peak) == (4, 2)
+    assert s.kv_peak == pytest.approx(35.0)
+    assert s.mem_peak == 300.0 and s.samples == 3
