@@ -428,7 +428,8 @@ def check_block_size(c: _Ctx) -> None:
         return
     if plat == "cuda":
         msg = (f"block_size {block}: no CUDA attention backend takes it (FlashAttention and Triton need a "
-               f"multiple of 16), so the engine fails to start on an H200 and its kind")
+               f"multiple of 16), so the engine fails to start (seen on an H200: 'No valid attention backend "
+               f"found ... block_size={block}')")
     else:
         msg = (f"block_size {block}: vLLM's CPU attention needs a multiple of 32 "
                f"('No common block size for {block} (CPU_ATTN: [MultipleOf(32)])')")

@@ -199,6 +199,9 @@ def to_markdown(rows: list[SweepRow], title: str | None = None) -> str:
     for row in rows:
         lines.append("| " + " | ".join(cell(row, c).replace("|", "\\|") for c, _ in COLUMNS) + " |")
     notes = [f"- **{r.preset}**: {r.message}" for r in rows if r.status != "ok" and r.message]
+    if rows and all(len([x for x in r.runs if x.status == "ok"]) <= 1 for r in rows):
+        notes.append("- One run per preset: no spread was measured, so 'vs best' carries no noise "
+                     "estimate; `--repeat 3` gives medians with min–max ranges.")
     if notes:
         lines += ["", *notes]
     return "\n".join(lines) + "\n"
