@@ -30,8 +30,8 @@ class ConfirmScreen(ModalScreen[bool]):
             yield Label(self._title, classes="dialog-title")
             yield Static(self._body, classes="dialog-body")
             with Horizontal(classes="dialog-buttons"):
-                yield Button(f"{self._yes} [y]", variant="warning", id="yes")
-                yield Button(f"{self._no} [n]", id="no")
+                yield Button(f"{self._yes} (y)", variant="warning", id="yes")
+                yield Button(f"{self._no} (n)", id="no")
 
     def on_mount(self) -> None:
         self.query_one("#yes", Button).focus()
@@ -66,9 +66,9 @@ class QuitScreen(ModalScreen[str]):
                 "Stop it, or leave it running so that a later ",
                 ("ernie-tui --attach", "bold"), " finds it?"), classes="dialog-body")
             with Horizontal(classes="dialog-buttons"):
-                yield Button("Stop server [s]", variant="error", id="stop")
-                yield Button("Leave running [l]", variant="primary", id="leave")
-                yield Button("Cancel [esc]", id="cancel")
+                yield Button("Stop server (s)", variant="error", id="stop")
+                yield Button("Leave running (l)", variant="primary", id="leave")
+                yield Button("Cancel (esc)", id="cancel")
 
     def on_mount(self) -> None:
         self.query_one("#stop", Button).focus()
@@ -105,8 +105,8 @@ class CommandLineScreen(ModalScreen[None]):
             yield Static(Content.assemble(("argv ", "dim"), f"{len(self._argv)} items, run without a shell",
                                           ("   env additions ", "dim"), env), classes="dialog-body")
             with Horizontal(classes="dialog-buttons"):
-                yield Button("Copy [y]", variant="primary", id="copy")
-                yield Button("Close [esc]", id="close")
+                yield Button("Copy (y)", variant="primary", id="copy")
+                yield Button("Close (esc)", id="close")
 
     def action_dismiss_screen(self) -> None:
         self.dismiss(None)

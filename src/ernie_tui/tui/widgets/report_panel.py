@@ -84,9 +84,14 @@ class ReportPanel(Vertical):
         rows.append(_row("block · len", (fmt.integer(r.block_size), "bold"), " · ",
                          (fmt.integer(r.max_model_len), "bold"),
                          ("   attention ", "dim"), (r.attention_backend or "–", "bold")))
-        weights = fmt.gib(r.weights_gib) if r.weights_gib is not None else "size not logged"
-        if r.weights_load_seconds is not None:
-            weights += f", loaded in {fmt.seconds(r.weights_load_seconds)}"
+        if r.weights_gib is not None:
+            weights = fmt.gib(r.weights_gib)
+            if r.weights_load_seconds is not None:
+                weights += f", loaded in {fmt.seconds(r.weights_load_seconds)}"
+        elif r.weights_load_seconds is not None:
+            weights = f"loaded in {fmt.seconds(r.weights_load_seconds)} (size not logged)"
+        else:
+            weights = "–"
         rows.append(_row("weights", weights))
         kv_parts: list[str | tuple[str, str]] = [(fmt.gib(r.kv_cache_gib), "bold"), " = ",
                                                  (f"{fmt.integer(r.kv_cache_tokens)} tokens", "bold $accent")]

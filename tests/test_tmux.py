@@ -1,0 +1,205 @@
+"""The real terminal app in tmux against real vLLM CPU (slow: two vLLM starts).
+
+tmux runs `.venv/bin/ernie-tui --preset cpu-demo --start` with ERNIE_TUI_HOME
+in a temp dir and the tiny model from `ernie-tui demo-model`. The test reads
+the screen as a person would (`tmux capture-pane`): it waits for the KV-cache
+tokens that /metrics' cache_config_info reports, presses the presets-panel
+number of cpu-demo-b64, confirms, sees the restart and the new preset's
+report, quits choosing "stop", and checks that no engine process is left.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+pytestmark = [pytest.mark.tmux, pytest.mark.vllm]
+
+ROOT = Path(__file__).resolve().parent.parent
+ERNIE_TUI = ROOT / ".venv" / "bin" / "ernie-tui"
+START_TIMEOUT = 420.0  # a cold torch.compile on a busy 2-core box
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Tmux:
+    """One session on a private tmux server (-L), so nothing else's is touched."""
+
+    def __init__(self, name: str):
+        self.name = name
+        self.socket = name
+
+    def _run(self, *args: str, **kw):
+        return subprocess.run(["tmux", "-L", self.socket, *args], **kw)
+
+    def start(self, command: str, cols: int = 120, rows: int = 40) -> None:
+        # Pin the size: without a client, tmux may fall back to its 80x24 default-size.
+        self._run("new-session", "-d", "-s", self.name, "-x", str(cols), "-y", str(rows), command,
+                  ";", "set-option", "-g", "default-size", f"{cols}x{rows}",
+                  ";", "set-option", "-g", "-w", "window-size", "manual", check=True)
+
+    def alive(self) -> bool:
+        return self._run("has-session", "-t", self.name, capture_output=True).returncode == 0
+
+    def screen(self) -> str:
+        out = self._run("capture-pane", "-p", "-t", self.name, capture_output=True, text=True)
+        return out.stdout
+
+    def keys(self, *keys: str) -> None:
+        self._run("send-keys", "-t", self.name, *keys, check=True)
+
+    def pane_pid(self) -> int:
+        out = self._run("display-message", "-p", "-t", self.name, "#{pane_pid}", capture_output=True, text=True,
+                        check=True)
+        return int(out.stdout.strip())
+
+    def kill(self) -> None:
+        """End our private tmux server and remove its socket file."""
+        socket_dir = Path(os.environ.get("TMUX_TMPDIR", "/tmp")) / f"tmux-{os.getuid()}"
+        self._run("kill-server", capture_output=True)
+        (socket_dir / self.socket).unlink(missing_ok=True)
+
+    def wait_for(self, predicate, timeout: float, what: str) -> str:
+        deadline = time.monotonic() + timeout
+        screen = ""
+        while time.monotonic() < deadline:
+            screen = self.screen() if self.alive() else ""
+            if predicate(screen):
+                return screen
+            time.sleep(0.5)
+        raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}; the screen:\n{screen}")
+
+
+def metrics_kv_tokens(url: str) -> int | None:
+    from ernie_tui.engine_ctl.metrics import MetricsClient
+
+    with MetricsClient(url) as client:
+        snap = client.try_fetch()
+    cc = snap.cache_config() if snap is not None else None
+    return cc.kv_cache_size_tokens if cc is not None else None
+
+
+def descendants(pid: int) -> list[psutil.Process]:
+    try:
+        return psutil.Process(pid).children(recursive=True)
+    except psutil.Error:
+        return []
+
+
+def alive(procs: list[psutil.Process]) -> list[psutil.Process]:
+    out = []
+    for p in procs:
+        try:
+            if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
+                out.append(p)
+        except psutil.Error:
+            pass
+    return out
+
+
+def header(screen: str) -> str:
+    return screen.splitlines()[0] if screen else ""
+
+
+def test_dashboard_in_tmux_against_real_vllm(tmp_path):
+    if shutil.which("tmux") is None:
+        pytest.fail("tmux is not installed")
+    if not ERNIE_TUI.exists():
+        pytest.fail(f"{ERNIE_TUI} missing: run scripts/setup.sh")
+    home = tmp_path / "home"
+    env = {**os.environ, "ERNIE_TUI_HOME": str(home)}
+    model = home / "data" / "models" / "tiny-ernie"
+    subprocess.run([str(ERNIE_TUI), "demo-model", str(model)], env=env, check=True, capture_output=True)
+
+    # The built-in cpu-demo on a free port (other servers may hold 8011);
+    # cpu-demo-b64 extends it and so inherits the port.
+    from ernie_tui.presets import load_presets
+
+    demo = load_presets(include_user=False).get("cpu-demo")
+    port = free_port()
+    (home / "config").mkdir(parents=True)
+    import tomli_w
+
+    table = {"description": f"cpu-demo on port {port} for the tmux test", "model": demo.model, "port": port,
+             **demo.engine_args}
+    (home / "config" / "presets.toml").write_text(tomli_w.dumps({"presets": {"cpu-demo": table}}))
+    url = f"http://127.0.0.1:{port}"
+
+    tmux = Tmux(f"ernie-tui-test-{os.getpid()}")
+    seen: list[psutil.Process] = []
+    try:
+        # env -u: a COLUMNS/LINES inherited from the test runner would override the pane's real size.
+        tmux.start(f"cd {ROOT} && exec env -u COLUMNS -u LINES ERNIE_TUI_HOME={home} "
+                   f"{ERNIE_TUI} --preset cpu-demo --start")
+        pane = tmux.pane_pid()
+
+        screen = tmux.wait_for(lambda s: "READY" in header(s) and "cpu-demo" in header(s), START_TIMEOUT,
+                               "cpu-demo to be ready")
+        seen += descendants(pane)
+        tokens = metrics_kv_tokens(url)
+        assert tokens, "/metrics has no cache_config_info kv_cache_size_tokens"
+        # The report row, not the log line: '0.06 GiB = 131,072 tokens  ✔ /metrics agrees'.
+        screen = tmux.wait_for(lambda s: re.search(rf"GiB = {tokens:,} tokens\s+✔ /metrics agrees", s), 30,
+                               f"{tokens:,} KV tokens in the report, agreeing with /metrics")
+
+        m = re.search(r"│(\d) .{1,2}\s?cpu-demo-b64\b", screen)
+        assert m, f"cpu-demo-b64 not numbered in the presets panel:\n{screen}"
+        tmux.keys(m.group(1))
+        tmux.wait_for(lambda s: "Switch to cpu-demo-b64?" in s, 10, "the confirm dialog")
+        tmux.keys("y")
+        tmux.wait_for(lambda s: "STARTING" in header(s) and "cpu-demo-b64" in header(s), 60,
+                      "the restart with cpu-demo-b64")
+        seen += descendants(pane)
+        tmux.wait_for(lambda s: "READY" in header(s) and "cpu-demo-b64" in header(s), START_TIMEOUT,
+                      "cpu-demo-b64 to be ready")
+        seen += descendants(pane)
+        new_tokens = metrics_kv_tokens(url)
+        assert new_tokens and new_tokens != tokens, "the new preset has its own KV size"
+        screen = tmux.wait_for(lambda s: re.search(rf"GiB = {new_tokens:,} tokens\s+✔ /metrics agrees", s)
+                               and "block · len 64" in s, 30, "the new preset's report")
+        assert f"GiB = {tokens:,} tokens" not in screen, "the old report is gone"
+
+        tmux.keys("q")
+        tmux.wait_for(lambda s: "Quit ernie-tui" in s, 10, "the quit dialog")
+        tmux.keys("s")
+        deadline = time.monotonic() + 60
+        while tmux.alive() and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert not tmux.alive(), "ernie-tui did not exit after stopping the server"
+        engines = [p for p in seen if p.pid != pane]
+        assert engines, "no engine process was ever seen"
+        time.sleep(0.5)
+        left = alive(engines)
+        assert not left, f"engine processes left: {[(p.pid, p.name()) for p in left]}"
+        assert metrics_kv_tokens_or_none(url) is None, "the server still answers"
+    finally:
+        tmux.kill()
+        for p in alive(seen):  # only processes this test started
+            try:
+                p.kill()
+            except psutil.Error:
+                pass
+
+
+def metrics_kv_tokens_or_none(url: str) -> int | None:
+    try:
+        return metrics_kv_tokens(url)
+    except Exception:
+        return None
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(pytest.main([__file__, "-v"]))
