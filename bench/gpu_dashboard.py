@@ -18,6 +18,7 @@ import asyncio
 import json
 import shutil
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -38,6 +39,15 @@ async def run(args) -> dict:
                    include_user_presets=False)
     rows = []
     t0 = time.monotonic()
+    try:
+        return await _drive(app, args, rows, t0)
+    finally:
+        # Whatever happened, leave no engine behind.
+        if app.server is not None and app.server.status.running:
+            app.server.stop()
+
+
+async def _drive(app, args, rows, t0) -> dict:
     async with app.run_test(size=(120, 40)) as pilot:
         while time.monotonic() - t0 < args.ready_timeout:
             await pilot.pause(0.5)
@@ -48,13 +58,29 @@ async def run(args) -> dict:
         print(f"state {st.state.value if st else None} after {time.monotonic() - t0:.1f} s", flush=True)
         if st is None or st.state.value != "ready":
             raise SystemExit(f"server did not become ready: {st}")
+        load = None
+        if args.accuracy_out:
+            Path(args.accuracy_out).parent.mkdir(parents=True, exist_ok=True)
+            # Put the server under load while the dashboard watches: ernie-tui's
+            # burst against vLLM's own counters and vLLM's own bench client.
+            load = await asyncio.create_subprocess_exec(
+                sys.executable, str(Path(__file__).with_name("probe_accuracy.py")), "--url", st.url,
+                "--model-dir", args.model, "--repeat", str(args.accuracy_repeat), "--json", args.accuracy_out,
+                stdout=open(Path(args.accuracy_out).with_suffix(".log"), "w"), stderr=subprocess.STDOUT)
         end = time.monotonic() + args.seconds
-        while time.monotonic() < end:
+        shot = False
+        while time.monotonic() < end or (load is not None and load.returncode is None):
             await pilot.pause(2.0)
+            if load is not None and not shot and app._last_series and app._last_series.points \
+                    and (app._last_series.points[-1].gen_tps or 0) > 0 and args.out:
+                app.save_screenshot(filename="dashboard_load.svg", path=args.out)
+                shot = True
             series = app._last_series
             chart = list(series.points[-1].mem_gib) if series and series.points else None
             smi = nvidia_smi_used_mib()
+            last = series.points[-1] if series and series.points else None
             row = {"t": round(time.monotonic() - t0, 1), "chart_gib": chart,
+                   "chart_gen_tps": getattr(last, "gen_tps", None), "chart_kv_pct": getattr(last, "kv_pct", None),
                    "nvidia_smi_gib": [m / 1024 for m in smi] if smi else None,
                    "label": series.memory_label if series else None,
                    "totals_gib": list(series.gpu_totals) if series else None}
@@ -86,6 +112,9 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=20.0)
     ap.add_argument("--ready-timeout", type=float, default=400.0)
     ap.add_argument("--out", help="folder for dashboard.svg and dashboard.json")
+    ap.add_argument("--accuracy-out", metavar="FILE",
+                    help="once ready, run bench/probe_accuracy.py against the server; its JSON goes here")
+    ap.add_argument("--accuracy-repeat", type=int, default=2)
     args = ap.parse_args()
     result = asyncio.run(run(args))
     diffs = [abs(r["chart_gib"][0] - r["nvidia_smi_gib"][0]) for r in result["rows"]

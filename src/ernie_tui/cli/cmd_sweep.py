@@ -61,6 +61,7 @@ def _sweep(args) -> int:
     cancel = threading.Event()
     box: dict = {}
     done_runs: list = []
+    last_line = [""]
     t0 = time.monotonic()
 
     def meta_now() -> dict:
@@ -88,7 +89,9 @@ def _sweep(args) -> int:
             for out in args.out:
                 export(fold(done_runs, [p.name for p in presets]), out, meta_now())
         line = f"{where}: {phase}" + (f"  (ETA {eta:.0f} s)" if eta and ev["phase"] == "preflight" else "")
-        print(line, file=sys.stderr, flush=True)
+        if line != last_line[0]:  # the start phase is reported every second; print changes only
+            last_line[0] = line
+            print(line, file=sys.stderr, flush=True)
 
     def work() -> None:
         try:
