@@ -1,0 +1,354 @@
+"""Pilot tests of the probe pane (`p`) and the sweep screen (`w`).
+
+The vllm-marked tests drive the pane against the shared real vLLM CPU server
+(tests/vllm_support.py, tiny model): a probe streams and shows the server's
+usage tokens (checked against vLLM's own /metrics counter), an over-long
+prompt shows vLLM's 400 message with the model's limit, a small burst
+completes. The fast ones need no vLLM: a dead URL says "connection refused",
+and the sweep screen records a preset that preflight rejects without ever
+launching it.
+"""
+
+from __future__ import annotations
+
+import socket
+import textwrap
+import time
+
+import pytest
+from textual.app import App
+from textual.content import Content
+from textual.screen import Screen
+from textual.widgets import DataTable, Input, Static, TextArea
+
+from ernie_tui.tui.screens.probe import ProbeScreen, ProbeText, describe_error
+from ernie_tui.tui.screens.sweep import TABLE_COLUMNS, SweepScreen
+
+
+class Host(App[None]):
+    """A bare app that shows one screen, as the dashboard pushes it."""
+
+    def __init__(self, screen: Screen) -> None:
+        super().__init__()
+        self._first = screen
+
+    def on_mount(self) -> None:
+        self.push_screen(self._first)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+async def wait_for(pilot, condition, timeout: float = 30.0, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return
+        await pilot.pause(0.05)
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
+def shown(screen: Screen, selector: str = "Static") -> str:
+    """The text of every Static under the screen (or under `selector`), as on screen."""
+    parts = []
+    for w in screen.query(selector):
+        if isinstance(w, Static):
+            c = w.content
+            parts.append(c.plain if isinstance(c, Content) else str(c))
+    return "\n".join(parts)
+
+
+# -- fast: no vLLM --------------------------------------------------------------------
+
+async def test_probe_dead_url_says_connection_refused():
+    url = f"http://127.0.0.1:{free_port()}"
+    app = Host(ProbeScreen(url))
+    async with app.run_test(size=(120, 40)) as pilot:
+        screen = app.screen
+        assert isinstance(screen, ProbeScreen)
+        await wait_for(pilot, lambda: "cannot read /v1/models" in shown(screen, "#pf-head"), 15, "model lookup")
+        t0 = time.monotonic()
+        await pilot.press("ctrl+r")
+        await wait_for(pilot, lambda: screen.last_probe is not None, 15, "the probe to fail")
+        assert time.monotonic() - t0 < 10  # refused at once, never a hang
+        assert screen.last_probe.error.kind == "connection_refused"
+        stats = shown(screen, "#pf-stats")
+        assert "Connection refused" in stats and "connection refused by" in stats, stats
+        assert screen.query_one("#pf-stats").has_class("-error")
+        assert not screen.probe_running and not screen.query_one("#pf-send").disabled
+        await pilot.press("escape")
+        await pilot.pause(0.1)
+        assert not isinstance(app.screen, ProbeScreen)
+
+
+def test_streamed_text_coalesces_and_errors_read_plainly():
+    from ernie_tui.engine_ctl.probe import ProbeError
+
+    older, newer = ProbeText(1, "Hello"), ProbeText(1, " world")
+    assert older.can_replace(newer) and newer.text == "Hello world"
+    assert not ProbeText(1, "a").can_replace(ProbeText(2, "b"))  # another run's text is never merged
+    err = ProbeError("prompt_too_long", "This model's maximum context length is 2048 tokens.", 400,
+                     max_model_len=None, prompt_tokens=2100)
+    text = describe_error(err, max_model_len=2048).plain
+    assert "Prompt too long (HTTP 400)" in text and "maximum context length is 2048" in text
+    assert "max_model_len) is 2,048 tokens; this prompt has 2,100" in text
+
+
+class _Stub:
+    """A stand-in OpenAI server on a free port: /v1/models answers, and a
+    completion sends one chunk, then stalls ("stall") or drops the
+    connection ("die")."""
+
+    def __init__(self, mode: str) -> None:
+        import http.server
+        import threading
+
+        release = self.release = threading.Event()
+        chunk = ('data: {"choices":[{"text":"Hello","finish_reason":null}],'
+                 '"usage":{"prompt_tokens":3,"completion_tokens":1}}\n\n').encode()
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *args) -> None:
+                pass
+
+            def do_GET(self) -> None:
+                body = b'{"data":[{"id":"stub","root":null,"max_model_len":128}]}'
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def do_POST(self) -> None:
+                self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                self.send_response(200)
+                self.send_header("Content-Type", "text/event-stream")
+                self.end_headers()
+                self.wfile.write(chunk)
+                self.wfile.flush()
+                if mode == "stall":
+                    release.wait(30)
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.release.set()
+        self.server.shutdown()
+        self.server.server_close()
+
+
+async def test_probe_streams_then_cancels_a_stalled_server():
+    stub = _Stub("stall")
+    try:
+        app = Host(ProbeScreen(stub.url))
+        async with app.run_test(size=(120, 40)) as pilot:
+            screen = await _open_probe(pilot, app)
+            await pilot.press("ctrl+r")
+            await wait_for(pilot, lambda: screen.streamed_text == "Hello", 10, "the first chunk on screen")
+            assert screen.probe_running and str(screen.query_one("#pf-output").content) == "Hello"
+            t0 = time.monotonic()
+            await pilot.press("ctrl+c")
+            await wait_for(pilot, lambda: not screen.probe_running, 5, "the cancel")
+            assert time.monotonic() - t0 < 3
+            assert screen.last_probe.error.kind == "cancelled"
+            assert "Cancelled" in shown(screen, "#pf-stats")
+            assert str(screen.query_one("#pf-output").content) == "Hello"  # the text so far stays
+    finally:
+        stub.close()
+
+
+async def test_probe_says_plainly_when_the_server_dies_mid_stream():
+    stub = _Stub("die")
+    try:
+        app = Host(ProbeScreen(stub.url))
+        async with app.run_test(size=(120, 40)) as pilot:
+            screen = await _open_probe(pilot, app)
+            await pilot.press("ctrl+r")
+            await wait_for(pilot, lambda: screen.last_probe is not None, 15, "the probe")
+            assert screen.last_probe.error.kind == "disconnected"
+            stats = shown(screen, "#pf-stats")
+            assert "The server went away" in stats and "after 1 tokens" in stats, stats
+            assert screen.query_one("#pf-stats").has_class("-error")
+    finally:
+        stub.close()
+
+
+@pytest.fixture
+def rejected_book(tmp_path):
+    from ernie_tui.demo_model import write_demo_model
+    from ernie_tui.presets import load_presets
+
+    model = tmp_path / "tiny"
+    write_demo_model(model, "tiny")
+    path = tmp_path / "presets.toml"
+    path.write_text(textwrap.dedent(f"""
+        [presets.cpu-bad]
+        extends = "cpu-demo"
+        model = "{model}"
+        block_size = 16
+        port = {free_port()}
+    """))
+    return load_presets([path], include_user=False), model
+
+
+async def test_sweep_screen_shows_a_preflight_rejected_row(rejected_book, tmp_path):
+    book, model = rejected_book
+    app = Host(SweepScreen(book, model=str(model), is_serving=lambda: False))
+    async with app.run_test(size=(120, 40)) as pilot:
+        screen = app.screen
+        assert isinstance(screen, SweepScreen)
+        screen.query_one("#sw-presets").select("cpu-bad")
+        screen.query_one("#sw-n", Input).value = "6"
+        await pilot.press("ctrl+r")
+        assert screen.running or screen.runs, screen.last_error
+        await wait_for(pilot, lambda: not screen.running, 60, "the sweep to finish")
+        table = screen.query_one("#sw-table", DataTable)
+        assert table.row_count == 1
+        row = table.get_row("cpu-bad")
+        status = str(row[[k for k, _ in TABLE_COLUMNS].index("status")])
+        assert status.startswith("skipped: block_size"), row
+        (run,) = screen.runs
+        assert run.ready_s is None and run.requests == 0  # never launched
+        assert "multiple of 32" in shown(screen, "#sw-notes")
+        assert "Done: 1 run(s), 0 measured" in shown(screen, "#sw-phase")
+        assert screen.record is not None  # the sweep's run record
+        out = tmp_path / "table.md"
+        screen.query_one("#sw-path", Input).value = str(out)
+        await pilot.press("ctrl+s")
+        await pilot.pause(0.1)
+        assert "| cpu-bad |" in out.read_text()
+
+
+async def test_sweep_refuses_while_the_dashboard_serves(rejected_book):
+    book, model = rejected_book
+    app = Host(SweepScreen(book, model=str(model), is_serving=lambda: True))
+    async with app.run_test(size=(120, 40)) as pilot:
+        screen = app.screen
+        screen.query_one("#sw-presets").select("cpu-bad")
+        await pilot.press("ctrl+r")
+        await pilot.pause(0.1)
+        assert not screen.running and not screen.runs and screen.last_error == "serving"
+        assert screen.query_one("#sw-refuse").has_class("-visible")
+        assert "server is running" in shown(screen, "#sw-refuse")
+        assert "Not started" in shown(screen, "#sw-phase")
+
+
+# -- real vLLM CPU, tiny model -------------------------------------------------------------
+
+async def _open_probe(pilot, app) -> ProbeScreen:
+    screen = app.screen
+    assert isinstance(screen, ProbeScreen)
+    await wait_for(pilot, lambda: screen.served is not None, 30, "/v1/models")
+    return screen
+
+
+@pytest.mark.vllm
+@pytest.mark.timeout(600)
+async def test_probe_pane_streams_and_shows_the_servers_usage(cpu_server):
+    from ernie_tui.engine_ctl import metrics as M
+
+    url = cpu_server.status.url
+    app = Host(ProbeScreen(url))
+    async with app.run_test(size=(120, 40)) as pilot:
+        screen = await _open_probe(pilot, app)
+        assert "max_model_len 2,048" in shown(screen, "#pf-head")
+        screen.query_one("#pf-max-tokens", Input).value = "32"
+        before = M.MetricsClient(url).fetch()
+        await pilot.press("ctrl+r")
+        await wait_for(pilot, lambda: screen.last_probe is not None, 120, "the probe")
+        r = screen.last_probe
+        assert r.ok, r.error
+        assert screen.stream_updates >= 1 and screen.streamed_text == r.text  # streamed, nothing lost
+        assert str(screen.query_one("#pf-output").content) == r.text
+        stats = shown(screen, "#pf-stats")
+        assert f"completion {r.completion_tokens}" in stats and f"prompt {r.prompt_tokens}" in stats, stats
+        assert f"finish_reason {r.finish_reason}" in stats and "TTFT" in stats and "ITL mean" in stats
+        # vLLM's own count of generated tokens agrees with what the pane shows.
+        deadline = time.monotonic() + 5
+        after = M.MetricsClient(url).fetch()
+        while M.counter_delta(before, after, M.GENERATION_TOKENS) != r.completion_tokens \
+                and time.monotonic() < deadline:
+            await pilot.pause(0.1)
+            after = M.MetricsClient(url).fetch()
+        assert M.counter_delta(before, after, M.GENERATION_TOKENS) == r.completion_tokens
+
+        # The ready-made long prompt, built with the served model's tokenizer.
+        await pilot.click("#pf-ready-long")
+        await wait_for(pilot, lambda: "tokens by the served model" in shown(screen, "#pf-stats"), 60, "long prompt")
+        assert "exactly 1,500 tokens" in shown(screen, "#pf-stats")
+        assert len(screen.query_one("#pf-prompt", TextArea).text.split()) > 1000
+
+
+@pytest.mark.vllm
+@pytest.mark.timeout(600)
+async def test_probe_pane_shows_the_400_and_the_limit_for_a_long_prompt(cpu_server):
+    from ernie_tui.demo_model import prompt_words
+
+    app = Host(ProbeScreen(cpu_server.status.url))
+    async with app.run_test(size=(120, 40)) as pilot:
+        screen = await _open_probe(pilot, app)
+        screen.set_prompt(prompt_words(2100, seed=5))
+        screen.query_one("#pf-max-tokens", Input).value = "8"
+        await pilot.press("ctrl+r")
+        await wait_for(pilot, lambda: screen.last_probe is not None, 120, "the probe")
+        err = screen.last_probe.error
+        assert err is not None and err.kind == "prompt_too_long", err
+        stats = shown(screen, "#pf-stats")
+        assert "Prompt too long (HTTP 400)" in stats
+        assert err.message in stats  # vLLM's own words
+        assert "The model's limit (max_model_len) is 2,048 tokens" in stats, stats
+        assert screen.query_one("#pf-stats").has_class("-error")
+
+
+@pytest.mark.vllm
+@pytest.mark.timeout(600)
+async def test_probe_pane_small_burst_completes(cpu_server):
+    from ernie_tui.engine_ctl.runstore import load_run
+
+    # The dashboard passes its server's engine pids; the peak memory is theirs.
+    app = Host(ProbeScreen(cpu_server.status.url, engine_pids=cpu_server.engine_pids))
+    async with app.run_test(size=(120, 40)) as pilot:
+        screen = await _open_probe(pilot, app)
+        await pilot.press("ctrl+b")
+        await pilot.pause(0.1)
+        assert screen.on_burst_tab
+        for wid, value in (("#pf-b-n", "6"), ("#pf-b-c", "2"), ("#pf-b-max", "8")):
+            screen.query_one(wid, Input).value = value
+        await pilot.press("ctrl+r")
+        await wait_for(pilot, lambda: not screen.burst_running, 300, "the burst")
+        r = screen.last_burst
+        assert r is not None and r.total == 6 and r.completed == 6, shown(screen, "#pf-burst-result")
+        assert r.output_tokens == 6 * 8  # ignore_eos by default
+        text = shown(screen, "#pf-burst-result")
+        assert "6 of 6 ok · 0 failed" in text and "TTFT ms" in text and "vLLM's view" in text, text
+        assert "6 / 6 requests" in shown(screen, "#pf-note")
+        assert screen.query_one("#pf-burst-progress").progress == 6
+        assert r.peak_memory_bytes and r.peak_memory_bytes > 0 and "peak memory" in text
+        assert screen.last_record is not None and f"saved as run record {screen.last_record}" in text
+        record = load_run(screen.last_record)
+        assert record.kind == "burst" and record.results["completed"] == 6
+
+
+@pytest.mark.vllm
+@pytest.mark.timeout(600)
+async def test_p_opens_the_probe_pane_in_the_dashboard(cpu_server):
+    from ernie_tui.tui.app import make_app
+
+    app = make_app(mode="attach", attach_url=cpu_server.status.url, include_user_presets=False,
+                   sample_interval=5.0)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await wait_for(pilot, lambda: app.status is not None and app.status.state.value == "ready", 60,
+                       "the attached server to be ready")
+        await pilot.press("p")
+        await wait_for(pilot, lambda: isinstance(app.screen, ProbeScreen), 10, "the probe pane")
+        screen = await _open_probe(pilot, app)
+        assert screen.url == app.status.url
+        await pilot.press("escape")
+        await wait_for(pilot, lambda: not isinstance(app.screen, ProbeScreen), 10, "the pane to close")
