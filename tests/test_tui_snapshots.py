@@ -104,6 +104,8 @@ def feed(app, status, report=None, lines=None, charts=None):
 async def settle(pilot) -> None:
     for _ in range(3):
         await pilot.pause()
+    pilot.app.main.log_view.flush()  # the log pane repaints at most 5 times a second
+    await pilot.pause()
     await pilot.wait_for_scheduled_animations()
 
 

@@ -9,7 +9,9 @@ A block size that is not a multiple of 32 fails the way real vLLM CPU fails
 (the fail_block16 log, exit code 1).
 
 Environment: ERNIE_FAKE_FIXTURES (the cpu-vllm0.32.0 fixture directory),
-ERNIE_FAKE_DELAY (seconds between startup phases, default 0.3).
+ERNIE_FAKE_DELAY (seconds between startup phases, default 0.3),
+ERNIE_FAKE_METRICS (a captured /metrics text to serve as-is, e.g. the fixture's
+53 KB scrape, for a benchmark that should parse what real vLLM sends).
 """
 
 from __future__ import annotations
@@ -79,6 +81,8 @@ def make_handler(args: argparse.Namespace, tokens: int, counters: Counters):
         def do_GET(self) -> None:  # noqa: N802
             if self.path == "/health":
                 self._send("")
+            elif self.path == "/metrics" and os.environ.get("ERNIE_FAKE_METRICS"):
+                self._send(Path(os.environ["ERNIE_FAKE_METRICS"]).read_text())
             elif self.path == "/metrics":
                 with counters.lock:
                     counters.prompt += 50

@@ -470,7 +470,9 @@ class ErnieApp(App[int]):
 
     # -- other screens ------------------------------------------------------------------------------
     def open_help(self) -> None:
-        self.push_screen(HelpScreen())
+        if not self.is_screen_installed("help"):
+            self.install_screen(HelpScreen(), "help")
+        self.push_screen("help")
 
     def open_probe(self) -> None:
         url = self.status.url if self.status is not None else None

@@ -64,7 +64,11 @@ class ServerBridge:
 
 
 def report_loop(post: Post, bridge: ServerBridge, cancelled: Cancelled, interval: float = 0.25) -> None:
-    """Post a copy of the server's report whenever the log moved it."""
+    """Post a copy of the server's report whenever the log changed it (an
+    access-log line moves only its line count: nothing to redraw)."""
+    import dataclasses
+
+    last = None
     while not cancelled():
         if bridge.report_dirty.wait(interval):
             bridge.report_dirty.clear()
@@ -72,6 +76,9 @@ def report_loop(post: Post, bridge: ServerBridge, cancelled: Cancelled, interval
                 report = bridge.server.report  # a deep copy, taken under the server's lock
             except Exception:
                 continue
+            if last is not None and dataclasses.replace(report, lines=last.lines) == last:
+                continue
+            last = report
             post(ReportUpdate(report, run=bridge.run))
             time.sleep(interval)  # at most 1/interval reports a second, however fast the log
 
@@ -95,12 +102,23 @@ class Sampler:
         from ernie_tui.engine_ctl import metrics as m
         from ernie_tui.engine_ctl.resources import ResourceSampler
 
+        cache: dict = {"key": None, "pids": [], "at": 0.0}
+
         def pids() -> list[int]:
+            """The engine's process tree, re-read every 5 s (psutil walks /proc
+            for it) or when the server's pid changes."""
             server = self.get_server()
-            try:
-                return list(server.engine_pids()) if server is not None else []
-            except Exception:
+            if server is None:
                 return []
+            key = (id(server), server.status.pid)
+            now = time.monotonic()
+            if key != cache["key"] or now - cache["at"] > 5.0:
+                try:
+                    cache["pids"] = list(server.engine_pids())
+                except Exception:
+                    cache["pids"] = []
+                cache["key"], cache["at"] = key, now
+            return cache["pids"]
 
         resources = (self.resource_factory or ResourceSampler)(pids=pids)
         client = None
@@ -133,7 +151,7 @@ class Sampler:
                             client.close()
                         client = (self.metrics_factory or m.MetricsClient)(status.url, api_key=self.api_key)
                         client_url, prev = status.url, None
-                    snap = client.try_fetch()
+                    snap = _fetch_needed(client, m)
                     if snap is not None:
                         sample = m.derive_sample(prev, snap)
                         prev = snap
@@ -169,6 +187,37 @@ class Sampler:
                 resources.close()
             except Exception:
                 pass
+
+
+# The few metric families the charts and the report read. A real vLLM
+# /metrics is ~50 KB, mostly histogram buckets; parsing all of it every
+# second was the biggest cost of an idle dashboard.
+_NEEDED_PREFIXES = tuple(name.split("_total")[0] for name in (
+    "vllm:prompt_tokens_total", "vllm:generation_tokens_total", "vllm:num_requests_running",
+    "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc",
+    "vllm:cache_config_info"))
+
+
+def _needed_lines(text: str) -> str:
+    keep = []
+    for line in text.splitlines():
+        name = line.split(" ", 3)[2] if line.startswith("# ") and line.count(" ") >= 2 else line
+        if name.startswith(_NEEDED_PREFIXES):
+            keep.append(line)
+    return "\n".join(keep) + "\n"
+
+
+def _fetch_needed(client, m):
+    """One scrape, reduced to what the dashboard shows, then parsed by
+    engine_ctl.metrics (so names, renames and the snapshot stay its own)."""
+    try:
+        before = time.monotonic()
+        text = client.fetch_text()
+        mono = (before + time.monotonic()) / 2
+    except m.MetricsError:
+        return None
+    return m.MetricsSnapshot.parse(_needed_lines(text), timestamp=time.time(), mono=mono,
+                                   model_name=getattr(client, "model_name", None))
 
 
 def _sleep(seconds: float, cancelled: Cancelled) -> None:

@@ -6,7 +6,7 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical, VerticalScroll
 from textual.content import Content
-from textual.screen import ModalScreen
+from textual.screen import Screen
 from textual.widgets import Label, Static
 
 KEYS: tuple[tuple[str, str], ...] = (
@@ -28,7 +28,7 @@ KEYS: tuple[tuple[str, str], ...] = (
 )
 
 FIGURES: tuple[tuple[str, str], ...] = (
-    ("state", "stopped → starting (phase) → ready → stopping, or crashed (exit code, root cause)"),
+    ("state", "stopped → starting (phase) → ready → stopping; or crashed: exit code, root cause"),
     ("up / ready in", "time since launch; how long the start took until /health answered"),
     ("args", "the engine arguments vLLM reports as non-default (what really applied)"),
     ("block · len", "KV block size in tokens · max_model_len, the longest request allowed"),
@@ -45,7 +45,10 @@ FIGURES: tuple[tuple[str, str], ...] = (
 )
 
 
-class HelpScreen(ModalScreen[None]):
+class HelpScreen(Screen[None]):
+    """Opaque and installed once (see ErnieApp): opening it repaints only
+    itself, not the dashboard underneath, so `?` stays instant under a log flood."""
+
     BINDINGS = [Binding("escape,q,question_mark", "close", "Close")]
 
     def compose(self) -> ComposeResult:
@@ -54,7 +57,7 @@ class HelpScreen(ModalScreen[None]):
             with VerticalScroll(id="help-scroll"):
                 yield Static(self._table("Keys", KEYS), classes="help-section")
                 yield Static(self._table("What the figures mean", FIGURES), classes="help-section")
-            yield Label("escape closes", classes="dialog-hint")
+            yield Label("? or escape closes", classes="dialog-hint")
 
     @staticmethod
     def _table(title: str, rows: tuple[tuple[str, str], ...]) -> Content:
@@ -64,4 +67,4 @@ class HelpScreen(ModalScreen[None]):
         return Content("\n").join(lines)
 
     def action_close(self) -> None:
-        self.dismiss(None)
+        self.app.pop_screen()

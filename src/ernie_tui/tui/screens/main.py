@@ -165,7 +165,7 @@ class MainScreen(Screen):
         with self.app.batch_update():
             for chart in (self.query_one(MemoryChart), self.query_one(ThroughputChart), self.query_one(KVChart)):
                 chart.show(u.points, window, now, **extra)
-        self.query_one("#charts").border_title = WINDOWS[self.window_index][1]
+
 
     def show_log(self, batch, run_changed: bool) -> None:
         log = self.log_view

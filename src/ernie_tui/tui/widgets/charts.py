@@ -36,6 +36,14 @@ def _ticks(window: float) -> list[float]:
     return [float(t) for t in ticks]
 
 
+def _look(p: ChartPoint) -> tuple:
+    """What of a point can change the picture (its time aside), rounded to
+    what a terminal chart can show."""
+    return (tuple(round(v, 2) for v in p.mem_gib), None if p.prompt_tps is None else round(p.prompt_tps, 1),
+            None if p.gen_tps is None else round(p.gen_tps, 1), None if p.kv_pct is None else round(p.kv_pct, 1),
+            p.running, p.waiting)
+
+
 def _fmt_num(value: float | None, unit: str = "") -> str:
     if value is None:
         return "–"
@@ -65,13 +73,41 @@ class TimeChart(PlotextPlot):
         self.replot()
 
     def show(self, points: Sequence[ChartPoint], window: float, now: float, **extra) -> None:
+        """Draw `points` over the last `window` seconds before `now`, but only
+        when the picture can differ: new or dropped points, or time moved by
+        at least one braille dot column (a 5-minute window on a 36-column
+        chart moves one dot every ~4 s). Plotext rebuilds cost milliseconds."""
+        shown = in_window(points, window, now)
+        dots = max(1, (self.size.width - 8) * 2)
+        signature = (window, int(now // (window / dots)), _look(shown[-1]) if shown else None,
+                     shown[0].t // (window / dots) if shown else None,
+                     tuple(sorted((k, str(v)) for k, v in extra.items())), self.size)
         self._points = points
         self._window = window
         self._now = now
         self._extra = extra
-        self.replot()
+        if signature != getattr(self, "_signature", None):
+            self._signature = signature
+            self.replot()
+
+    def on_resize(self) -> None:
+        # A screen coming back (a dialog closed) sends Resize without a new size.
+        if self.size != getattr(self, "_plotted_size", None):
+            self._plotted_size = self.size
+            self._signature = None
+            self.replot()
+
+    def render(self):
+        # Textual repaints a widget for many reasons (a toast, a dialog, a
+        # scroll elsewhere); rebuild the plotext picture only when it changed.
+        key = (self.size, self._version, self.app.theme)
+        if key != getattr(self, "_render_key", None):
+            self._render_key = key
+            self._rendered = super().render()
+        return self._rendered
 
     def replot(self) -> None:
+        self._version = getattr(self, "_version", 0) + 1
         plt = self.plt
         plt.clear_figure()
         plt.xlim(-self._window, 0)

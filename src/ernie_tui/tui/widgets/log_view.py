@@ -93,16 +93,19 @@ class LogView(ScrollView, can_focus=True):
     # -- content ------------------------------------------------------------
     @property
     def line_count(self) -> int:
-        return len(self._lines)
+        pending = getattr(self, "_pending", None)
+        return len(self._lines) + (len(pending[0]) if pending else 0)
 
     @property
     def last_line_no(self) -> int:
         return self._first_no + len(self._lines) - 1
 
     def lines(self) -> list[str]:
-        return list(self._lines)
+        pending = getattr(self, "_pending", None)
+        return list(self._lines) + (list(pending[0]) if pending else [])
 
     def clear(self) -> None:
+        self._pending = None
         self._lines.clear()
         self._first_no = 1
         self._width = 0
@@ -117,9 +120,32 @@ class LogView(ScrollView, can_focus=True):
         self.refresh()
         self.post_message(self.StateChanged())
 
+    FLUSH_INTERVAL = 0.2  # repaint a flooding log at most 5 times a second
+
     def append(self, lines: list[str], dropped: int = 0) -> None:
+        """Queue lines; they reach the screen within FLUSH_INTERVAL. A flood of
+        batches then costs one repaint per interval, not one per batch."""
         if not lines and not dropped:
             return
+        pending = getattr(self, "_pending", None)
+        if pending is None:
+            self._pending = pending = ([], [0])
+        pending[0].extend(lines)
+        pending[1][0] += dropped
+        if not getattr(self, "_flush_scheduled", False):
+            self._flush_scheduled = True
+            self.set_timer(self.FLUSH_INTERVAL, self.flush)
+
+    def flush(self) -> None:
+        """Put queued lines on screen now."""
+        self._flush_scheduled = False
+        pending = getattr(self, "_pending", None)
+        if not pending or (not pending[0] and not pending[1][0]):
+            return
+        self._pending = None
+        self._append_now(pending[0], pending[1][0])
+
+    def _append_now(self, lines: list[str], dropped: int = 0) -> None:
         if dropped:
             self.dropped += dropped
             self._first_no += dropped  # numbering continues past the skipped lines
@@ -144,13 +170,34 @@ class LogView(ScrollView, can_focus=True):
             if self._search is not None:
                 self._search.matches = [n for n in self._search.matches if n >= self._first_no]
                 self._search.current = min(self._search.current, len(self._search.matches) - 1)
-        self.virtual_size = Size(self._width + 1, len(self._lines))
+        self._set_virtual_size(Size(self._width + 1, len(self._lines)))
         if self.follow:
             self._scroll_to_end()
         else:
             self.pending += len(clean)
             self.post_message(self.StateChanged())
         self.refresh()
+
+    def _set_virtual_size(self, size: Size) -> None:
+        """Grow the scrollable area without a screen-wide layout pass.
+
+        `virtual_size` is a layout reactive: assigning it reflows and repaints
+        every widget on the screen, which under a 5,000 lines/s flood was most
+        of the dashboard's CPU. Our scrollbars never appear or disappear on
+        growth (overflow-y: scroll, no horizontal bar), so only this widget
+        and its scrollbar need to know: set the value without the layout
+        refresh and update the scrollbars the way Textual's own resize path
+        (`Widget._size_updated(layout=False)`) does."""
+        from textual.widget import Widget
+
+        update = getattr(self, "_scroll_update", None)
+        if update is None or not self.is_mounted or self.virtual_size.height == 0:
+            self.virtual_size = size  # first fill, or a Textual without the hook: the normal path
+            return
+        if size == self.virtual_size:
+            return
+        self.set_reactive(Widget.virtual_size, size)
+        update(size)
 
     def _scroll_to_end(self) -> None:
         self._auto_scrolling = True
@@ -175,6 +222,9 @@ class LogView(ScrollView, can_focus=True):
             self.follow = True  # scrolled back to the end
 
     def on_resize(self) -> None:
+        if self.size == getattr(self, "_last_size", None):
+            return  # a screen resumed (a dialog closed): nothing to redo
+        self._last_size = self.size
         self._cache.clear()
         if self.follow:
             self.call_after_refresh(self._scroll_to_end)
@@ -192,6 +242,7 @@ class LogView(ScrollView, can_focus=True):
             self.refresh()
 
     def jump_to_line(self, line_no: int) -> bool:
+        self.flush()
         y = line_no - self._first_no
         if not 0 <= y < len(self._lines):
             return False
@@ -213,6 +264,7 @@ class LogView(ScrollView, can_focus=True):
         return self._search.current + 1, len(self._search.matches)
 
     def search(self, term: str) -> int:
+        self.flush()
         term = term.strip()
         self._generation += 1
         if not term:

@@ -62,13 +62,27 @@ class ReportPanel(Vertical):
             self._redraw()
 
     # -- drawing ------------------------------------------------------------
+    def _put(self, widget, content, layout: bool = True) -> None:
+        """Update only on change (the report is re-sent whenever the log
+        moves), and ask for a layout pass only when the text's shape changed:
+        more or fewer rows, or a different width for an auto-width label."""
+        text = str(content)
+        key = (text, repr(getattr(content, "spans", None)))
+        if getattr(widget, "_shown_key", None) == key:
+            return
+        width = widget.styles.width
+        shape = (text.count("\n"), len(text) if width is not None and width.is_auto else 0)
+        needs_layout = layout and shape != getattr(widget, "_shown_shape", None)
+        widget._shown_key, widget._shown_shape = key, shape
+        widget.update(content, layout=needs_layout)
+
     def _redraw(self) -> None:
         if not self._composed:
             return
         r = self._report
         body = self.query_one("#report-body", Static)
         if r is None or r.lines == 0:
-            body.update(Content.from_markup(
+            self._put(body, Content.from_markup(
                 "[dim]No startup report yet.[/]\n"
                 "[dim]It fills in from the server's log as vLLM starts:[/]\n"
                 "[dim]args, attention backend, weights, KV cache, concurrency.[/]"))
@@ -108,7 +122,7 @@ class ReportPanel(Vertical):
             f"{fmt.seconds(r.cuda_graph_seconds)}, {fmt.gib(r.cuda_graph_gib)}"
             if r.cuda_graph_seconds is not None else "–")
         rows.append(_row("CUDA graphs", graphs, ("   init engine ", "dim"), fmt.seconds(r.init_engine_seconds)))
-        body.update(Content("\n").join(rows))
+        self._put(body, Content("\n").join(rows))
         self._phases(r)
 
     def _phases(self, r) -> None:
@@ -116,9 +130,10 @@ class ReportPanel(Vertical):
         line = self.query_one("#phase-line", Static)
         count = self.query_one("#phase-count", Label)
         if r is None:
-            bar.update(progress=0)
-            count.update("")
-            line.update(Content.assemble(*[(f"· {PHASE_LABEL[p]}  ", "dim") for p in PHASES]))
+            if bar.progress != 0:
+                bar.update(progress=0)
+            self._put(count, "")
+            self._put(line, Content.assemble(*[(f"· {PHASE_LABEL[p]}  ", "dim") for p in PHASES]), layout=False)
             return
         reached = PHASES.index(r.phase) if r.phase in PHASES else -1
         if r.ready:
@@ -126,8 +141,9 @@ class ReportPanel(Vertical):
         failed = r.error is not None or self._state == "crashed"
         done = reached + 1 if (r.ready or failed) else reached
         done = max(done, 0)
-        bar.update(progress=done)
-        count.update(f" {done}/{len(PHASES)}")
+        if bar.progress != done:
+            bar.update(progress=done)
+        self._put(count, f" {done}/{len(PHASES)}")
         parts: list[tuple[str, str]] = []
         failure_marked = False
         for i, p in enumerate(PHASES):
@@ -147,4 +163,4 @@ class ReportPanel(Vertical):
                 parts.append((f"◐ {label}…  ", "bold $warning"))
             else:
                 parts.append((f"· {label}  ", "dim"))
-        line.update(Content.assemble(*parts))
+        self._put(line, Content.assemble(*parts), layout=False)

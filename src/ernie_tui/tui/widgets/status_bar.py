@@ -95,11 +95,15 @@ class StatusBar(Horizontal):
             return
         state, word = self._state_word()
         badge = self.query_one("#sb-state", Label)
-        badge.update(f" {STATE_GLYPH.get(state, '?')} {word} ")
-        for cls in list(badge.classes):
-            if cls.startswith("-"):
-                badge.remove_class(cls)
-        badge.add_class(f"-{state}")
+        text = f" {STATE_GLYPH.get(state, '?')} {word} "
+        if text != getattr(self, "_badge_text", None):  # width auto: a new word needs layout
+            self._badge_text = text
+            badge.update(text)
+        if not badge.has_class(f"-{state}"):
+            for cls in list(badge.classes):
+                if cls.startswith("-"):
+                    badge.remove_class(cls)
+            badge.add_class(f"-{state}")
         facts: list[str] = []
         st, rp = self._status, self._report
         if self._replay_name:
@@ -122,4 +126,8 @@ class StatusBar(Horizontal):
             facts.append(f"vLLM {rp.vllm_version}")
         if rp is not None and rp.platform:
             facts.append(rp.platform)
-        self.query_one("#sb-facts", Label).update("  ".join(facts))
+        line = "  ".join(facts)
+        if line != getattr(self, "_facts_text", None):
+            # 1fr wide, one row: the uptime ticking never needs a layout pass.
+            self._facts_text = line
+            self.query_one("#sb-facts", Label).update(line, layout=False)
