@@ -105,8 +105,11 @@ async def settle(pilot) -> None:
     for _ in range(3):
         await pilot.pause()
     pilot.app.main.log_view.flush()  # the log pane repaints at most 5 times a second
-    await pilot.pause()
     await pilot.wait_for_scheduled_animations()
+    # A status change refreshes the footer's bindings, which recomposes the
+    # footer when the app is next idle: let that finish before the screenshot.
+    for _ in range(3):
+        await pilot.pause(0.05)
 
 
 def test_stopped(snap_compare, book):

@@ -103,6 +103,8 @@ class ErnieApp(App[int]):
         self._log_run: object = object()
         self._last_series: SeriesUpdate | None = None
         self._diagnosis = None
+        self._main_ready = False
+        self._early: list = []
         self.log_name = "llm.log"
         self.main = MainScreen(self.mode)
 
@@ -112,7 +114,11 @@ class ErnieApp(App[int]):
 
     def main_mounted(self) -> None:
         """Called by the main screen once its widgets exist."""
+        self._main_ready = True
         self.main.set_presets(self.book, self.active_preset)
+        early, self._early = self._early, []
+        for message in early:  # what workers (or a test) posted before the widgets existed
+            self._dispatch_early(message)
         self.set_interval(1.0, self._tick)
         self._install_signal_handlers()
         if self.mode == "replay":
@@ -189,8 +195,23 @@ class ErnieApp(App[int]):
             self.post_message(ControlResult("replay", False, f"cannot read {path}: {exc.strerror or exc}"))
 
     # -- messages from workers ------------------------------------------------------------
+    def _too_early(self, message) -> bool:
+        """Keep messages that arrive before the main screen is composed."""
+        if self._main_ready:
+            return False
+        self._early.append(message)
+        return True
+
+    def _dispatch_early(self, message) -> None:
+        handler = {StatusUpdate: self._status, LogBatch: self._log, ReportUpdate: self._report,
+                   SeriesUpdate: self._series}.get(type(message))
+        if handler is not None:
+            handler(message)
+
     @on(StatusUpdate)
     def _status(self, message: StatusUpdate) -> None:
+        if self._too_early(message):
+            return
         self.status = message.status
         self.main.show_status(message.status, self.clock())
         if message.status.state.value == "crashed":
@@ -201,12 +222,16 @@ class ErnieApp(App[int]):
 
     @on(LogBatch)
     def _log(self, message: LogBatch) -> None:
+        if self._too_early(message):
+            return
         changed = message.run != self._log_run
         self._log_run = message.run
         self.main.show_log(message, changed)
 
     @on(ReportUpdate)
     def _report(self, message: ReportUpdate) -> None:
+        if self._too_early(message):
+            return
         old_platform = self.report.platform if self.report is not None else None
         self.report = message.report
         self.main.show_report(message.report)
@@ -217,6 +242,8 @@ class ErnieApp(App[int]):
 
     @on(SeriesUpdate)
     def _series(self, message: SeriesUpdate) -> None:
+        if self._too_early(message):
+            return
         self._last_series = message
         self.main.show_series(message)
 
@@ -266,7 +293,7 @@ class ErnieApp(App[int]):
     def can_control(self, action: str) -> bool:
         if self.mode != "control" or self._busy:
             return False
-        st = self.server.status if self.server is not None else None
+        st = self.status or (self.server.status if self.server is not None else None)
         running = bool(st and st.running)
         if action == "start":
             return not running
@@ -484,7 +511,26 @@ class ErnieApp(App[int]):
         except ImportError:
             self.notify("the probe pane is not available in this build", timeout=3)
             return
-        self.push_screen(ProbeScreen(url, api_key=self.config.api_key))
+        preset = None
+        name = self.status.preset_name if self.status is not None else None
+        if self.mode == "control" and name and name in self.book:
+            preset = self.book.get(name)
+        server = self.server
+        self.push_screen(ProbeScreen(url, api_key=self.config.api_key,
+                                     engine_pids=(lambda: list(server.engine_pids())) if server is not None else None,
+                                     preset=preset, engine_report=self.report))
+
+    def open_sweep(self) -> None:
+        if self.mode != "control":
+            self.notify("the sweep starts its own servers: control mode only", timeout=3)
+            return
+        try:
+            from ernie_tui.tui.screens.sweep import SweepScreen
+        except ImportError:
+            self.notify("the sweep screen is not available in this build", timeout=3)
+            return
+        self.push_screen(SweepScreen(self.book, model=self.config.model, api_key=self.config.api_key,
+                                     is_serving=lambda: self.serving))
 
     # -- quitting -----------------------------------------------------------------------------------
     def action_quit(self) -> None:  # ctrl+q and the command palette's Quit
@@ -543,6 +589,8 @@ class ErnieApp(App[int]):
             key = f" ({i + 1})" if i < 9 else ""
             yield SystemCommand(f"Switch preset: {name}", f"Restart the server with {name}{key}",
                                 partial(self.request_switch, name))
+        yield SystemCommand("Probe", "Send one prompt or a load burst to the server (p)", self.open_probe)
+        yield SystemCommand("Sweep", "Run a burst against several presets in turn (w)", self.open_sweep)
         yield SystemCommand("Help", "Keys and what each figure means (?)", self.open_help)
 
 

@@ -23,7 +23,7 @@ from ernie_tui.tui.widgets.status_bar import StatusBar
 
 COMPACT_HEIGHT = 32  # below this many rows the charts swap with the log
 
-CONTROL_ACTIONS = {"start", "stop", "restart", "switch", "edit", "fix", "command"}
+CONTROL_ACTIONS = {"start", "stop", "restart", "switch", "edit", "fix", "command", "sweep"}
 
 
 class MainScreen(Screen):
@@ -37,7 +37,8 @@ class MainScreen(Screen):
         Binding("e", "edit", "Edit"),
         Binding("c", "command", "Cmd"),
         Binding("f", "fix", "Fix"),
-        Binding("p", "probe", "Probe", show=False),
+        Binding("p", "probe", "Probe"),
+        Binding("w", "sweep", "Sweep", show=False),
         Binding("t", "window", "Window"),
         Binding("slash", "search", "Search"),
         Binding("n", "next_match(1)", "Next", show=False),
@@ -125,10 +126,7 @@ class MainScreen(Screen):
     def _show_root_cause(self, line_no: int | None) -> None:
         """Mark the root-cause line and bring it into view (after the pane has
         the lines: a crash's status can overtake its last log batch)."""
-        log = self.log_view
-        log.mark_root_cause(line_no)
-        if line_no is not None:
-            self.call_after_refresh(log.jump_to_line, line_no)
+        self.log_view.mark_root_cause(line_no, reveal=True)
 
     def set_fix_text(self, text: str | None, fixable: bool = False, title: str | None = None) -> None:
         self._fix_text = text
@@ -159,8 +157,8 @@ class MainScreen(Screen):
             extra.update(empty_memory="a log holds no memory figures", empty="no stats lines in this log")
         else:
             ready = self._state == "ready"
-            extra.update(empty_memory=None if u.memory_source == "nvml" or self._state in ("starting", "ready")
-                         else "no engine running",
+            extra.update(empty_memory="waiting for samples" if u.memory_source == "nvml"
+                         or self._state in ("starting", "ready", "stopping") else "no engine running",
                          empty="waiting for /metrics" if ready else "server not ready: no metrics")
         with self.app.batch_update():
             for chart in (self.query_one(MemoryChart), self.query_one(ThroughputChart), self.query_one(KVChart)):
@@ -171,6 +169,9 @@ class MainScreen(Screen):
         log = self.log_view
         if run_changed:
             log.clear()
+            panel = self.query_one(ErrorPanel)
+            if panel.error is not None:  # the crash's status overtook its first lines
+                log.mark_root_cause(panel.error.line_no, reveal=True)
         log.append(batch.lines, dropped=batch.dropped)
 
     def tick(self, now: float) -> None:
@@ -260,6 +261,8 @@ class MainScreen(Screen):
             return False
         if action == "fix" and not self._fixable:
             return False  # shown in the footer only when there is a fix to apply
+        if action == "probe":
+            return False if self.mode == "replay" else (True if self._state == "ready" else None)
         app = self.app
         can = getattr(app, "can_control", None)
         if can is not None and action in ("start", "stop", "restart"):
@@ -299,6 +302,9 @@ class MainScreen(Screen):
 
     def action_probe(self) -> None:
         self.app.open_probe()
+
+    def action_sweep(self) -> None:
+        self.app.open_sweep()
 
     def action_help(self) -> None:
         self.app.open_help()

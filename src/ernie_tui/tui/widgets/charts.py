@@ -118,7 +118,7 @@ class TimeChart(PlotextPlot):
             plt.ylim(0, 1)
             plt.yticks([0, 1], ["", ""])
             plt.text(self._extra.get(f"empty_{self.KIND}") or self._extra.get("empty") or "no samples yet",
-                     -self._window / 2, 0.5, alignment="center")
+                     -self._window / 2, 0.5, alignment="center", color="gray", background="default")
         self.refresh()
 
     def xs(self, points: Sequence[ChartPoint]) -> list[float]:

@@ -144,6 +144,7 @@ class LogView(ScrollView, can_focus=True):
             return
         self._pending = None
         self._append_now(pending[0], pending[1][0])
+        self._try_reveal()
 
     def _append_now(self, lines: list[str], dropped: int = 0) -> None:
         if dropped:
@@ -235,11 +236,22 @@ class LogView(ScrollView, can_focus=True):
         self.refresh()
 
     # -- root cause -----------------------------------------------------------
-    def mark_root_cause(self, line_no: int | None) -> None:
+    def mark_root_cause(self, line_no: int | None, reveal: bool = False) -> None:
+        """Mark the classified root-cause line; with `reveal`, scroll to it as
+        soon as it is in the pane (a crash's status can overtake its lines)."""
         if line_no != self.root_cause_no:
             self.root_cause_no = line_no
             self._generation += 1
             self.refresh()
+        self._reveal = reveal and line_no is not None
+        if self._reveal:
+            self._try_reveal()
+
+    def _try_reveal(self) -> None:
+        if getattr(self, "_reveal", False) and self.root_cause_no is not None:
+            if self._first_no <= self.root_cause_no <= self.last_line_no:
+                self._reveal = False
+                self.jump_to_line(self.root_cause_no)
 
     def jump_to_line(self, line_no: int) -> bool:
         self.flush()

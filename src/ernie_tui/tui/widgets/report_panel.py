@@ -107,8 +107,11 @@ class ReportPanel(Vertical):
         else:
             weights = "–"
         rows.append(_row("weights", weights))
-        kv_parts: list[str | tuple[str, str]] = [(fmt.gib(r.kv_cache_gib), "bold"), " = ",
-                                                 (f"{fmt.integer(r.kv_cache_tokens)} tokens", "bold $accent")]
+        if r.kv_cache_gib is None and r.kv_cache_tokens is None:
+            kv_parts: list[str | tuple[str, str]] = [("– (after KV profiling)", "dim")]
+        else:
+            kv_parts = [(fmt.gib(r.kv_cache_gib), "bold"), " = ",
+                        (f"{fmt.integer(r.kv_cache_tokens)} tokens", "bold $accent")]
         if self._kv_metrics is not None and r.kv_cache_tokens is not None:
             if self._kv_metrics == r.kv_cache_tokens:
                 kv_parts.append(("  ✔ /metrics agrees", "$success"))
@@ -116,7 +119,7 @@ class ReportPanel(Vertical):
                 kv_parts.append((f"  ≠ /metrics {self._kv_metrics:,}", "bold $error"))
         rows.append(_row("KV cache", *kv_parts))
         conc = f"{r.max_concurrency:.2f}×" if r.max_concurrency is not None else "–"
-        at = f" at {fmt.integer(r.max_model_len)} tokens/request" if r.max_model_len else ""
+        at = f" at {fmt.integer(r.max_model_len)} tokens/request" if r.max_model_len and r.max_concurrency else ""
         rows.append(_row("concurrency", (conc, "bold"), at))
         graphs = "n/a on CPU" if r.platform == "cpu" else (
             f"{fmt.seconds(r.cuda_graph_seconds)}, {fmt.gib(r.cuda_graph_gib)}"
@@ -150,17 +153,17 @@ class ReportPanel(Vertical):
             secs = r.phases.get(p)
             label = PHASE_LABEL[p]
             if p == "cuda_graphs" and r.platform == "cpu":
-                parts.append(("– graphs n/a  ", "dim"))
+                parts.append(("– graphs n/a ", "dim"))
                 continue
             is_done = i < reached or (i == reached and (r.ready or secs is not None))
             if is_done:
                 t = f" {fmt.seconds(secs)}" if secs is not None else ""
-                parts.append((f"✔ {label}{t}  ", "$success"))
+                parts.append((f"✔ {label}{t} ", "$success"))
             elif failed and not failure_marked:
                 failure_marked = True  # the phase it died in
-                parts.append((f"✖ {label}  ", "bold $error"))
+                parts.append((f"✖ {label} ", "bold $error"))
             elif i == reached and not failed:
-                parts.append((f"◐ {label}…  ", "bold $warning"))
+                parts.append((f"◐ {label}… ", "bold $warning"))
             else:
-                parts.append((f"· {label}  ", "dim"))
+                parts.append((f"· {label} ", "dim"))
         self._put(line, Content.assemble(*parts), layout=False)
