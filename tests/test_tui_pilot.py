@@ -299,3 +299,74 @@ async def test_log_search_and_follow(fixtures_dir):
         assert app.screen.__class__.__name__ == "HelpScreen"
         await pilot.press("escape")
         await pilot.press("q")
+
+
+async def test_e_edits_the_preset_file_and_reloads(tmp_path, monkeypatch):
+    """`e` on a built-in preset: its table is copied into the user's presets
+    file, $EDITOR (an argv, no shell) edits that file, the presets reload."""
+    from ernie_tui import paths
+
+    editor = tmp_path / "editor.py"
+    editor.write_text(
+        "import sys\n"
+        "path = sys.argv[-1]\n"
+        "text = open(path).read()\n"
+        "text = text.replace('max_model_len = 4096', 'max_model_len = 3072')\n"
+        "text += '\\n[presets.my-new]\\ndescription = \"added in the editor\"\\nextends = \"seed-A\"\\n'\n"
+        "open(path, 'w').write(text)\n")
+    monkeypatch.setenv("EDITOR", f"{sys.executable} {editor}")
+    monkeypatch.delenv("VISUAL", raising=False)
+    app = make_app(preset="seed-A", live=False)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.pause()
+        assert "my-new" not in app.main.preset_names
+        app.main.query_one("#preset-list").focus()
+        await pilot.press("e")
+        await wait_for(pilot, lambda: "my-new" in app.main.preset_names, 10, "the reloaded presets")
+        assert app.book.get("seed-A").max_model_len == 3072
+        assert app.book.get("seed-A").source == str(paths.user_presets_file())
+        text = paths.user_presets_file().read_text()
+        assert "[presets.seed-A]" in text and "[presets.my-new]" in text
+
+
+async def test_command_line_screen_shows_the_exact_argv(fake_presets):
+    import shlex
+
+    from ernie_tui.tui.screens.dialogs import CommandLineScreen
+
+    app = make_app(preset="fake-a", preset_files=[str(fake_presets)], live=False)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.pause()
+        await pilot.press("c")
+        await wait_for(pilot, lambda: isinstance(app.screen, CommandLineScreen), 5, "the command line")
+        spec = app.book.get("fake-a").launch_spec()
+        assert app.screen.command.endswith(shlex.join(spec.argv))
+        assert "ERNIE_FAKE_FIXTURES=" in app.screen.command
+        await pilot.press("escape")
+        await wait_for(pilot, lambda: not isinstance(app.screen, CommandLineScreen), 5, "the dialog to close")
+
+
+@pytest.mark.parametrize("on_exit, expect_running", [("ask", False), ("leave", True)])
+async def test_hangup_follows_on_exit(fake_presets, tmp_path, on_exit, expect_running):
+    """A lost SSH session (SIGHUP): --on-exit ask/stop stops the server,
+    leave leaves it running with a record for a later --attach."""
+    from ernie_tui import paths
+    from ernie_tui.cli.dashboard import _finish
+
+    rec = Recorder(tmp_path)
+    app = make_app(preset="fake-a", preset_files=[str(fake_presets)], start=True, server_factory=rec,
+                   live=False, on_exit=on_exit)
+    try:
+        async with app.run_test(size=(120, 40)) as pilot:
+            await wait_for(pilot, lambda: app.status is not None and app.status.state.value == "ready",
+                           what="ready")
+            pid = rec.servers[0].status.pid
+            app._on_hangup()  # what the SIGHUP handler calls
+            await pilot.pause()
+        assert app.hangup
+        _finish(app)  # run_dashboard's epilogue, after the app has exited
+        assert engine_alive(pid) == expect_running
+        if expect_running:
+            assert (paths.state_dir() / "server.json").is_file()
+    finally:
+        rec.cleanup()

@@ -77,6 +77,11 @@ def _finish(app) -> int:
         return 0
     status = server.status
     if app.exit_action == "leave":
+        if status.running and getattr(app, "detach_record", None) is None:
+            try:
+                app.detach_record = server.detach()  # a hangup with --on-exit leave: record it here
+            except Exception as exc:
+                _say(f"ernie-tui: could not record the detached server: {exc}")
         if status.running:
             _say(f"ernie-tui: left {status.preset_name} running at {status.url} (pid {status.pid}); "
                  f"re-attach with: ernie-tui --attach {status.url} --log {status.log_path}")

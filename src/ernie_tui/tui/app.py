@@ -98,6 +98,7 @@ class ErnieApp(App[int]):
         self.status = None
         self.report = None
         self.exit_action: str = "none"  # "stop" | "leave" | "none": what run_dashboard must still do
+        self.detach_record = None  # where a detached server was recorded (quit: leave)
         self.hangup = False
         self._busy: str | None = None
         self._log_run: object = object()
