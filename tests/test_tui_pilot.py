@@ -18,7 +18,7 @@ from textual.widgets import Static
 
 from ernie_tui.engine_ctl.server import EngineServer
 from ernie_tui.tui.app import make_app
-from ernie_tui.tui.screens.dialogs import ConfirmScreen, QuitScreen
+from ernie_tui.tui.screens.dialogs import ConfirmScreen, PreflightScreen, QuitScreen
 from ernie_tui.tui.widgets.error_panel import ErrorPanel
 from ernie_tui.tui.widgets.log_view import LogView
 
@@ -34,9 +34,10 @@ def free_port() -> int:
 
 
 @pytest.fixture
-def fake_presets(tmp_path, fixtures_dir) -> Path:
-    model = tmp_path / "tiny-model"
-    model.mkdir()
+def fake_presets(tmp_path, fixtures_dir, tiny_model) -> Path:
+    # The stand-in server ignores the model, but preflight reads its
+    # config.json before every launch: give it the real tiny model.
+    model = tiny_model
     port = free_port()
     text = f"""
 [presets.fake-a]
@@ -109,6 +110,10 @@ def screen_text(app) -> str:
     return "\n".join(parts)
 
 
+def screen_text_of(screen) -> str:
+    return "\n".join(str(w.content) for w in screen.query(Static))
+
+
 def tailed_lines(path: Path) -> list[str]:
     from ernie_tui.engine_ctl.logtail import LogTailer
 
@@ -179,6 +184,11 @@ async def test_crash_shows_error_panel_and_fix_relaunches(fake_presets, tmp_path
                    sample_interval=0.5)
     try:
         async with app.run_test(size=(120, 40)) as pilot:
+            # Preflight knows vLLM CPU refuses block 16 and offers the fix before
+            # launching; launch anyway, to see the real crash.
+            await wait_for(pilot, lambda: isinstance(app.screen, PreflightScreen), what="the preflight dialog")
+            assert "block_size_unsupported" in screen_text_of(app.screen)
+            await pilot.press("y")
             await wait_for(pilot, lambda: app.status is not None and app.status.state.value == "crashed",
                            what="the crash")
             panel = app.main.query_one(ErrorPanel)
@@ -368,5 +378,34 @@ async def test_hangup_follows_on_exit(fake_presets, tmp_path, on_exit, expect_ru
         assert engine_alive(pid) == expect_running
         if expect_running:
             assert (paths.state_dir() / "server.json").is_file()
+    finally:
+        rec.cleanup()
+
+
+async def test_preflight_fix_before_launch(fake_presets, tmp_path):
+    """Preflight catches block 16 on CPU before vLLM spends a minute failing;
+    f saves fake-bad-fixed (block 32) and launches that instead."""
+    from ernie_tui import paths
+
+    rec = Recorder(tmp_path)
+    app = make_app(preset="fake-bad", preset_files=[str(fake_presets)], start=True, server_factory=rec,
+                   sample_interval=0.5)
+    try:
+        async with app.run_test(size=(120, 40)) as pilot:
+            await wait_for(pilot, lambda: isinstance(app.screen, PreflightScreen), what="the preflight dialog")
+            assert rec.servers and rec.servers[0].status.pid is None, "nothing was started"
+            text = screen_text_of(app.screen)
+            assert "block_size = 32" in text
+            await pilot.press("f")
+            server = rec.servers[0]
+            await wait_for(pilot, lambda: server.status.preset_name == "fake-bad-fixed"
+                           and server.status.state.value == "ready", what="the fixed preset to serve")
+            argv = server.spec.argv
+            assert argv[argv.index("--block-size") + 1] == "32"
+            assert "[presets.fake-bad-fixed]" in paths.user_presets_file().read_text()
+            # The estimate sits beside what the log reported.
+            body = app.main.query_one("#report-body", Static)
+            await wait_for(pilot, lambda: "(preflight)" in str(body.content) and "vs the log" in str(body.content),
+                           what="the estimate beside the report")
     finally:
         rec.cleanup()

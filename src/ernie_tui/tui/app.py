@@ -35,13 +35,20 @@ from ernie_tui.presets import PresetBook, PresetError, load_presets
 from ernie_tui.tui.messages import (
     ControlResult,
     LogBatch,
+    PreflightDone,
     PresetsLoaded,
     ReplayDone,
     ReportUpdate,
     SeriesUpdate,
     StatusUpdate,
 )
-from ernie_tui.tui.screens.dialogs import BusyScreen, CommandLineScreen, ConfirmScreen, QuitScreen
+from ernie_tui.tui.screens.dialogs import (
+    BusyScreen,
+    CommandLineScreen,
+    ConfirmScreen,
+    PreflightScreen,
+    QuitScreen,
+)
 from ernie_tui.tui.screens.help import HelpScreen
 from ernie_tui.tui.screens.main import MainScreen
 
@@ -328,10 +335,13 @@ class ErnieApp(App[int]):
             return
         self.post_message(ControlResult(action, True))
 
-    def _launch(self, name: str) -> None:
-        """Start `name` now: a new server object, or a restart of ours with its argv."""
+    def _launch(self, name: str, force: bool = False) -> None:
+        """Launch `name`: preflight it (in the worker, well under a second),
+        then restart our server with its argv. Preflight errors stop the
+        launch and ask (fix / anyway / cancel); `force` skips preflight."""
         try:
             spec = self._spec_for(name)
+            preset = self.book.get(name)
         except PresetError as exc:
             self.notify(str(exc), title="cannot launch", severity="error", timeout=8)
             return
@@ -340,11 +350,77 @@ class ErnieApp(App[int]):
             factory = self.config.server_factory or default_server_factory
             self.server = factory(spec, preset_name=name, log_path=self.config.server_log_path)
             self._connect(self.server)
-            self._run_control(f"start {name}", self.server.start)
-        else:
-            server = self.server
-            self._run_control(f"switch to {name}" if name != (server.status.preset_name or name) else f"restart {name}",
-                              lambda: server.restart(spec, preset_name=name))
+        server = self.server
+        current = server.status.preset_name
+        label = f"start {name}" if not server.status.running else (
+            f"restart {name}" if name == current else f"switch to {name}")
+
+        def run() -> None:
+            if not force:
+                result = self._preflight(preset, server)
+                blocked = bool(result is not None and result.errors)
+                self.post_message(PreflightDone(name, result, blocked))
+                if blocked:
+                    return
+            # restart = stop (a no-op when nothing runs) + start with this argv
+            server.restart(spec, preset_name=name)
+
+        self._run_control(label, run)
+
+    def _preflight(self, preset, server=None):
+        try:
+            from dataclasses import replace
+
+            from ernie_tui.engine_ctl.preflight import preflight
+            from ernie_tui.engine_ctl.report import ErrorKind
+        except ImportError:
+            return None
+        try:
+            # allow_dump=False: never spend a minute asking vLLM for its argument
+            # list here; the cached or shipped list is used instead.
+            result = preflight(preset, model_dir=self.config.model, check_args=True, allow_dump=False)
+        except Exception:
+            return None  # preflight is advice; its own failure must not block a launch
+        st = server.status if server is not None else None
+        spec = getattr(server, "spec", None)
+        if st is not None and st.running and spec is not None and spec.port == preset.port:
+            # The port is ours: the restart stops our server before starting this one.
+            kept = [p for p in result.problems if p.kind != ErrorKind.PORT_IN_USE]
+            result = replace(result, problems=kept, ok=not any(p.severity == "error" for p in kept))
+        return result
+
+    @on(PreflightDone)
+    def _preflight_done(self, message: PreflightDone) -> None:
+        result = message.result
+        if result is None:
+            return
+        self.main.set_estimate(getattr(result, "estimate", None), message.name)
+        warnings = [p for p in result.problems if p.severity == "warning"]
+        if warnings and not message.blocked:
+            self.notify("\n".join(f"{p.kind.value}: {p.message}" for p in warnings[:3]),
+                        title=f"preflight: {message.name}", severity="warning", timeout=8)
+        if not message.blocked:
+            return
+        preset = self.book.get(message.name) if message.name in self.book else None
+        diagnosis = None
+        first = result.first_error()
+        if preset is not None and first is not None and first.fix:
+            try:
+                from ernie_tui.engine_ctl.diagnose import diagnose
+
+                platform = getattr(getattr(result, "machine", None), "platform", None)
+                diagnosis = diagnose(first, preset, platform)
+            except Exception:
+                diagnosis = None
+        fix_text = diagnosis.fix_summary if diagnosis is not None and diagnosis.fixable else None
+
+        def chosen(choice: str | None) -> None:
+            if choice == "anyway":
+                self._launch(message.name, force=True)
+            elif choice == "fix" and diagnosis is not None and preset is not None:
+                self._apply_fix_and_launch(preset, diagnosis)
+
+        self.push_screen(PreflightScreen(message.name, result.problems, fix_text), chosen)
 
     def request_start(self) -> None:
         if self.mode != "control":
@@ -472,6 +548,11 @@ class ErnieApp(App[int]):
             self.notify("no automatic fix for this error: see the crash panel", timeout=4)
             return
         diagnosis, preset = pair
+        self._apply_fix_and_launch(preset, diagnosis)
+
+    def _apply_fix_and_launch(self, preset, diagnosis) -> None:
+        """Save the fix as NAME-fixed in the user's presets file (atomically,
+        presets/store.py) and launch it."""
         try:
             from ernie_tui.engine_ctl.diagnose import apply_fix
             from ernie_tui.presets.store import save_preset
@@ -485,7 +566,7 @@ class ErnieApp(App[int]):
             self.notify(f"cannot apply the fix: {exc}", severity="error", timeout=8)
             return
         self.reload_presets_now()
-        self.notify(f"saved {fixed.name}; relaunching", timeout=4)
+        self.notify(f"saved {fixed.name} ({diagnosis.fix_summary}); launching it", timeout=4)
         self._launch(fixed.name)
 
     def reload_presets_now(self) -> None:

@@ -101,6 +101,15 @@ class ControlResult(Message):
 
 
 @dataclass
+class PreflightDone(Message):
+    """Preflight judged a preset before launch (`blocked`: errors, not started)."""
+
+    name: str
+    result: object  # engine_ctl.preflight.PreflightResult, or None when preflight itself failed
+    blocked: bool = False
+
+
+@dataclass
 class PresetsLoaded(Message):
     """Presets were (re)loaded, e.g. after `e` edited the file."""
 

@@ -81,6 +81,52 @@ class QuitScreen(ModalScreen[str]):
         self.dismiss(event.button.id or "cancel")
 
 
+class PreflightScreen(ModalScreen[str]):
+    """Preflight found errors before launch: apply the fix, launch anyway, or not."""
+
+    BINDINGS = [
+        Binding("f", "choose('fix')", "Apply fix"),
+        Binding("y", "choose('anyway')", "Launch anyway"),
+        Binding("n,escape", "choose('cancel')", "Cancel"),
+    ]
+
+    def __init__(self, preset: str, problems: list, fix_summary: str | None):
+        super().__init__(classes="dialog-screen")
+        self._preset, self._problems, self._fix = preset, problems, fix_summary
+
+    def compose(self) -> ComposeResult:
+        with Vertical(classes="dialog -wide"):
+            yield Label(f"Preflight: vLLM would refuse {self._preset}", classes="dialog-title")
+            rows = []
+            for p in self._problems:
+                kind = getattr(p.kind, "value", str(p.kind))
+                rows.append(Content.assemble(("✖ " if p.severity == "error" else "! ",
+                                              "bold $error" if p.severity == "error" else "bold $warning"),
+                                             (kind, "bold"), f"  {p.message}"))
+            yield Static(Content("\n").join(rows), classes="dialog-body")
+            if self._fix:
+                yield Static(Content.assemble(("fix  ", "dim"), (self._fix, "bold"),
+                                              (f"  → saved as {self._preset.removesuffix('-fixed')}-fixed", "dim")),
+                             classes="dialog-body")
+            with Horizontal(classes="dialog-buttons"):
+                if self._fix:
+                    yield Button("Apply fix and launch (f)", variant="success", id="fix")
+                yield Button("Launch anyway (y)", variant="warning", id="anyway")
+                yield Button("Cancel (n)", id="cancel")
+
+    def on_mount(self) -> None:
+        self.query_one("#fix" if self._fix else "#cancel", Button).focus()
+
+    def action_choose(self, choice: str) -> None:
+        if choice == "fix" and not self._fix:
+            return
+        self.dismiss(choice)
+
+    @on(Button.Pressed)
+    def _pressed(self, event: Button.Pressed) -> None:
+        self.dismiss(event.button.id or "cancel")
+
+
 class CommandLineScreen(ModalScreen[None]):
     """The exact argv and environment of a preset, to read or copy."""
 

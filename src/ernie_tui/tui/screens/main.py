@@ -137,6 +137,9 @@ class MainScreen(Screen):
             panel.show_error(panel.error, panel.exit_code, text, mode=panel.mode)
         self.refresh_bindings()
 
+    def set_estimate(self, estimate, name: str) -> None:
+        self.query_one(ReportPanel).set_estimate(estimate, name)
+
     def show_report(self, report) -> None:
         self.query_one(ReportPanel).set_report(report)
         self.query_one(StatusBar).set_report(report)

@@ -34,6 +34,8 @@ class ReportPanel(Vertical):
         self._report = None
         self._state = "stopped"
         self._kv_metrics: int | None = None
+        self._estimate = None
+        self._estimate_for: str | None = None
 
     def compose(self) -> ComposeResult:
         yield Static("", id="report-body")
@@ -55,6 +57,11 @@ class ReportPanel(Vertical):
         if state != self._state:
             self._state = state
             self._redraw()
+
+    def set_estimate(self, estimate, name: str) -> None:
+        """Preflight's capacity estimate for the preset being launched."""
+        self._estimate, self._estimate_for = estimate, name
+        self._redraw()
 
     def set_metrics_kv_tokens(self, tokens: int | None) -> None:
         if tokens != self._kv_metrics:
@@ -125,6 +132,15 @@ class ReportPanel(Vertical):
             f"{fmt.seconds(r.cuda_graph_seconds)}, {fmt.gib(r.cuda_graph_gib)}"
             if r.cuda_graph_seconds is not None else "–")
         rows.append(_row("CUDA graphs", graphs, ("   init engine ", "dim"), fmt.seconds(r.init_engine_seconds)))
+        est = self._estimate
+        if est is not None:
+            parts: list[str | tuple[str, str]] = [(f"{fmt.gib(est.kv_cache_gib)} = {est.kv_cache_tokens:,} tokens, "
+                                                   f"{est.max_concurrency:.2f}×", "")]
+            if r.kv_cache_tokens and est.kv_cache_tokens:
+                err = (est.kv_cache_tokens - r.kv_cache_tokens) / r.kv_cache_tokens * 100
+                parts.append((f"  {err:+.1f}% vs the log", "$success" if abs(err) <= 10 else "bold $warning"))
+            parts.append(("  (preflight)", "dim"))
+            rows.append(_row("estimate", *parts))
         self._put(body, Content("\n").join(rows))
         self._phases(r)
 
