@@ -29,6 +29,7 @@ from pathlib import Path
 
 import tomli_w
 
+from ernie_tui.engine_ctl.ports import free_port
 from ernie_tui.demo_model import write_demo_model
 from ernie_tui.engine_ctl.preflight import preflight
 from ernie_tui.presets import load_presets
@@ -45,10 +46,6 @@ CASES = {
 }
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def time_check(name: str, presets_file: Path, model: Path, env: dict, runs: int) -> tuple[float, int, dict]:

@@ -30,7 +30,6 @@ import argparse
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -40,6 +39,7 @@ from pathlib import Path
 import httpx
 import psutil
 
+from ernie_tui.engine_ctl.ports import free_port
 from ernie_tui.engine_ctl import burst as B
 from ernie_tui.engine_ctl import metrics as M
 from ernie_tui.engine_ctl import stats
@@ -53,10 +53,6 @@ _BENCH_RUNNER = (
 )
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def start_vllm(model_dir: Path, log: Path, port: int) -> subprocess.Popen:

@@ -7,7 +7,6 @@ import re
 import shutil
 import socket
 import subprocess
-import sys
 from dataclasses import replace
 from pathlib import Path
 

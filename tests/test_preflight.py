@@ -9,6 +9,7 @@ import time
 
 import pytest
 
+from ernie_tui.engine_ctl.ports import free_port
 from ernie_tui.cli import main
 from ernie_tui.demo_model import write_demo_model
 from ernie_tui.engine_ctl import preflight as pf
@@ -44,10 +45,6 @@ def book():
     return load_presets(include_user=False)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def run(preset, model, machine, **kw):

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from ernie_tui.engine_ctl.ports import free_port
 from ernie_tui.demo_model import write_demo_model
 from ernie_tui.engine_ctl.diagnose import apply_fix, diagnose
 from ernie_tui.engine_ctl.preflight import preflight
@@ -41,10 +42,6 @@ if not _vllm_importable():  # pragma: no cover
     pytest.skip("vLLM is not installed", allow_module_level=True)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,8 @@ import time
 
 import psutil
 
-from ernie_tui.engine_ctl.server import EngineServer, ServerState, port_is_free
+from ernie_tui.engine_ctl.ports import port_is_free
+from ernie_tui.engine_ctl.server import EngineServer, ServerState
 from ernie_tui.presets.model import Preset
 from vllm_support import free_port
 
@@ -85,5 +86,5 @@ def test_port_probe(tmp_path):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         s.listen()
-        assert not port_is_free("127.0.0.1", s.getsockname()[1])
-    assert port_is_free("127.0.0.1", free_port())
+        assert not port_is_free("127.0.0.1", s.getsockname()[1])[0]
+    assert port_is_free("127.0.0.1", free_port())[0]

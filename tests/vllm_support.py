@@ -9,21 +9,17 @@ start their own with `start_server`.
 
 from __future__ import annotations
 
-import socket
 import sys
 from pathlib import Path
 
 import pytest
 
+from ernie_tui.engine_ctl.ports import free_port
 from ernie_tui.demo_model import write_demo_model
 
 READY_TIMEOUT = 300.0
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def tiny_model_dir() -> Path:

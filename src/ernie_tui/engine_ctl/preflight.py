@@ -23,13 +23,11 @@ vLLM is not importable or when it is the version the list was made from.
 from __future__ import annotations
 
 import difflib
-import errno
 import hashlib
 import json
 import math
 import os
 import re
-import socket
 import subprocess
 import sys
 import time
@@ -48,6 +46,7 @@ from ernie_tui.engine_ctl.estimate import (
 )
 from ernie_tui.engine_ctl.machine import GiB, Machine
 from ernie_tui.engine_ctl.modelinfo import ModelInfo, ModelInfoError, read_model_info
+from ernie_tui.engine_ctl.ports import next_free_port, port_is_free
 from ernie_tui.engine_ctl.report import ErrorKind
 from ernie_tui.presets.model import TOOL_KEYS, Preset, PresetError, flag_for
 
@@ -297,30 +296,6 @@ def largest_valid_tp(info: ModelInfo | None, limit: int) -> int:
         return max(1, 1 << int(math.log2(limit)))  # a power of two is the safe guess
     cands = [tp for tp in valid_tp_sizes(info) if tp <= limit]
     return max(cands) if cands else 1
-
-
-def port_is_free(host: str, port: int) -> tuple[bool, str]:
-    """Bind as vLLM's server does (SO_REUSEADDR), then let go at once."""
-    bind_host = "0.0.0.0" if host in ("", None) else host.strip("[]")
-    family = socket.AF_INET6 if ":" in bind_host else socket.AF_INET
-    s = socket.socket(family, socket.SOCK_STREAM)
-    try:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        s.bind((bind_host, port))
-        return True, ""
-    except OSError as exc:
-        if exc.errno == errno.EADDRINUSE:
-            return False, "in use"
-        return False, exc.strerror or str(exc)
-    finally:
-        s.close()
-
-
-def next_free_port(host: str, port: int, tries: int = 200) -> int | None:
-    for p in range(port + 1, min(65536, port + 1 + tries)):
-        if port_is_free(host, p)[0]:
-            return p
-    return None
 
 
 def _round_up_mib(n: float) -> int:

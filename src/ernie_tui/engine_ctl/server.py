@@ -19,7 +19,6 @@ import copy
 import json
 import os
 import signal
-import socket
 import subprocess
 import threading
 import time
@@ -34,6 +33,7 @@ import psutil
 from ernie_tui import paths
 from ernie_tui.engine_ctl.logparse import LogParser
 from ernie_tui.engine_ctl.logtail import LogTailer
+from ernie_tui.engine_ctl.ports import port_is_free
 from ernie_tui.engine_ctl.report import EngineError, EngineReport, ErrorKind
 from ernie_tui.presets.model import LaunchSpec
 
@@ -97,18 +97,6 @@ DETACHED_FILE = "server.json"
 # http://..." line comes before the socket accepts connections, so it does
 # not count as ready.
 STARTUP_COMPLETE = "Application startup complete"
-
-
-def port_is_free(host: str, port: int) -> bool:
-    bind_host = "" if host in ("0.0.0.0", "::") else host
-    family = socket.AF_INET6 if ":" in bind_host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind((bind_host, port))
-        except OSError:
-            return False
-    return True
 
 
 def process_tree(pid: int) -> list[psutil.Process]:
@@ -257,7 +245,7 @@ class EngineServer(_Watcher):
             os.replace(log, log.with_name(log.name + ".1"))
         # If something already answers on our port, /health would report *it*
         # as ready; then only our own log's ready line counts.
-        self._health_trusted = port_is_free(self.spec.host, self.spec.port)
+        self._health_trusted = port_is_free(self.spec.host, self.spec.port)[0]
         env = {**os.environ, **self.spec.env}
         with self._lock:
             self._parser = LogParser()

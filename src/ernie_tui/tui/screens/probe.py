@@ -786,8 +786,8 @@ class ProbeScreen(Screen[None]):
                    else [self._probe_cancel, self._burst_cancel])
         running = [self.burst_running, self.probe_running] if self.on_burst_tab else [self.probe_running,
                                                                                        self.burst_running]
-        for ev, on in zip(targets, running):
-            if on and ev is not None:
+        for ev, busy in zip(targets, running):
+            if busy and ev is not None:
                 ev.set()
                 self.notify("cancelling …", timeout=2)
                 return
