@@ -132,9 +132,22 @@ class Flood(threading.Thread):
                 time.sleep(0.01)
 
 
-def measure(proc: psutil.Process, seconds: float, during=None) -> dict:
+def _tree_cpu(pids: list[int]) -> float:
+    total = 0.0
+    for pid in pids:
+        try:
+            t = psutil.Process(pid).cpu_times()
+            total += t.user + t.system
+        except psutil.Error:
+            pass
+    return total
+
+
+def measure(proc: psutil.Process, seconds: float, during=None, others: list[int] | None = None) -> dict:
     t0 = time.monotonic()
     c0 = proc.cpu_times()
+    o0 = _tree_cpu(others or [])
+    s0 = psutil.cpu_times()
     rss: list[float] = []
     result = None
     if during is not None:
@@ -145,9 +158,13 @@ def measure(proc: psutil.Process, seconds: float, during=None) -> dict:
     c1 = proc.cpu_times()
     wall = time.monotonic() - t0
     cpu = (c1.user - c0.user + c1.system - c0.system) / wall * 100
+    s1 = psutil.cpu_times()
+    busy = lambda t: t.user + t.system + getattr(t, "nice", 0) + getattr(t, "irq", 0) + getattr(t, "softirq", 0)
     rss.append(proc.memory_info().rss / 1e6)
     return {"seconds": round(wall, 1), "cpu_pct": round(cpu, 2), "rss_mb_max": round(max(rss), 1),
-            "rss_mb_mean": round(sum(rss) / len(rss), 1), "keys": result}
+            "rss_mb_mean": round(sum(rss) / len(rss), 1), "keys": result,
+            "server_cpu_pct": round((_tree_cpu(others or []) - o0) / wall * 100, 1) if others else None,
+            "box_busy_pct_of_all_cores": round((busy(s1) - busy(s0)) / wall / (os.cpu_count() or 1) * 100, 1)}
 
 
 def percentile(values: list[float], p: float) -> float:
@@ -223,7 +240,8 @@ def key_latencies(tmux: Tmux, rss_proc: psutil.Process, seconds: float) -> dict:
                 "p99_ms": round(percentile(values, 99), 1), "max_ms": round(max(values), 1)}
 
     every = [v for values in lat.values() for v in values]
-    return {"misses": misses, "all": stats(every), **{name: stats(v) for name, v in lat.items()}}
+    return {"misses": misses, "all": stats(every), **{name: stats(v) for name, v in lat.items()},
+            "raw_ms": {name: [round(x, 1) for x in v] for name, v in lat.items()}}
 
 
 def main() -> int:
@@ -297,7 +315,7 @@ ERNIE_FAKE_METRICS = "{FIXTURES / 'cpu-vllm0.32.0' / 'ok_block32_len2048.metrics
         time.sleep(5)  # let the start-up settle (report, first samples)
         print(f"ready after {results['ready_after_s']} s; TUI pid {tui.pid}; measuring idle for {args.seconds:.0f} s",
               flush=True)
-        results["idle"] = measure(tui, args.seconds)
+        results["idle"] = measure(tui, args.seconds, others=server_pids)
         print(f"idle:  {json.dumps(results['idle'])}", flush=True)
 
         flood = Flood(log, args.rate)
@@ -305,10 +323,11 @@ ERNIE_FAKE_METRICS = "{FIXTURES / 'cpu-vllm0.32.0' / 'ok_block32_len2048.metrics
         time.sleep(2)
         print(f"flood: {args.rate} lines/s into {log}; measuring for {args.seconds:.0f} s", flush=True)
         t_flood = time.monotonic()
-        results["flood"] = measure(tui, args.seconds)
+        results["flood"] = measure(tui, args.seconds, others=server_pids)
         print(f"flood: {json.dumps(results['flood'])}", flush=True)
         print(f"keys: pressing keys for {args.key_seconds:.0f} s, the flood going on", flush=True)
-        results["keys"] = measure(tui, args.key_seconds, during=lambda s: key_latencies(tmux, tui, s))
+        results["keys"] = measure(tui, args.key_seconds, during=lambda s: key_latencies(tmux, tui, s),
+                                  others=server_pids)
         flood.stop.set()
         flood.join()
         results["flood"]["lines_written"] = flood.written
@@ -357,6 +376,9 @@ ERNIE_FAKE_METRICS = "{FIXTURES / 'cpu-vllm0.32.0' / 'ok_block32_len2048.metrics
         print(f"      {name:5s} p50 {k.get('p50_ms')} ms, p99 {k.get('p99_ms')} ms, max {k.get('max_ms')} ms "
               f"({k.get('presses')} presses)")
     print(f"  CPU while pressing keys in the flood: {kp['cpu_pct']:.2f} % of one core")
+    print(f"  the server's own processes: idle {idle['server_cpu_pct']} %, flood {fl['server_cpu_pct']} %, "
+          f"keys {kp['server_cpu_pct']} % of one core; whole box busy: idle {idle['box_busy_pct_of_all_cores']} %, "
+          f"flood {fl['box_busy_pct_of_all_cores']} %, keys {kp['box_busy_pct_of_all_cores']} % of all cores")
     load = os.getloadavg()
     print(f"  box load average during the run: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} on {os.cpu_count()} cores")
     print(f"  engine processes left after quit: {results.get('engine_left') or 'none'}")

@@ -76,9 +76,10 @@ class TimeChart(PlotextPlot):
         """Draw `points` over the last `window` seconds before `now`, but only
         when the picture can differ: new or dropped points, or time moved by
         at least one braille dot column (a 5-minute window on a 36-column
-        chart moves one dot every ~4 s). Plotext rebuilds cost milliseconds."""
+        chart moves one dot every ~5 s; we redraw for every second dot). Plotext
+        rebuilds cost milliseconds."""
         shown = in_window(points, window, now)
-        dots = max(1, (self.size.width - 8) * 2)
+        dots = max(1, (self.size.width - 8))  # a time step of two braille dots: an idle chart rebuilds every ~10 s
         signature = (window, int(now // (window / dots)), _look(shown[-1]) if shown else None,
                      shown[0].t // (window / dots) if shown else None,
                      tuple(sorted((k, str(v)) for k, v in extra.items())), self.size)
