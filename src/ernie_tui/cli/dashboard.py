@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 from pathlib import Path
 
 
@@ -57,6 +58,7 @@ def run_dashboard(args) -> int:
         on_exit=getattr(args, "on_exit", "ask") or "ask",
         api_key=os.environ.get("VLLM_API_KEY"),
     )
+    app.finisher = _finish
     try:
         app.run()
     finally:
@@ -66,7 +68,20 @@ def run_dashboard(args) -> int:
     return code
 
 
+_finish_lock = threading.Lock()
+
+
 def _finish(app) -> int:
+    """Stop or detach the server as the session decided; runs once (the
+    normal exit path and a hangup's thread may both get here)."""
+    with _finish_lock:
+        if getattr(app, "_finished", None) is not None:
+            return app._finished
+        app._finished = code = _finish_once(app)
+        return code
+
+
+def _finish_once(app) -> int:
     server = app.server
     if app.mode != "control" or server is None:
         if server is not None:

@@ -106,6 +106,9 @@ class ErnieApp(App[int]):
         self.report = None
         self.exit_action: str = "none"  # "stop" | "leave" | "none": what run_dashboard must still do
         self.detach_record = None  # where a detached server was recorded (quit: leave)
+        # run_dashboard's epilogue (stop or detach); set by the CLI so that a
+        # hangup can finish even when Textual cannot. None in tests.
+        self.finisher = None
         self.hangup = False
         self._busy: str | None = None
         self._log_run: object = object()
@@ -172,7 +175,25 @@ class ErnieApp(App[int]):
         self.hangup = True
         if self.mode == "control" and self.server is not None and self.server.status.running:
             self.exit_action = "leave" if self.config.on_exit == "leave" else "stop"
+        if self.finisher is not None:
+            # With the terminal gone, Textual's shutdown can block for ever
+            # writing to it (seen: WriterThread.stop waiting on a full queue).
+            # Finish our business (stop or detach the server) in a thread,
+            # then leave, whatever the UI is doing.
+            import threading
+
+            threading.Thread(target=self._finish_and_leave, name="hangup", daemon=True).start()
         self.exit(0)
+
+    def _finish_and_leave(self) -> None:
+        import os
+        import time
+
+        time.sleep(1.0)  # a normal exit gets its chance first
+        try:
+            self.finisher(self)
+        finally:
+            os._exit(0)
 
     # -- wiring a server ----------------------------------------------------------------
     def _connect(self, server) -> None:
