@@ -683,3 +683,17 @@ def test_cli_parse_log_missing_file(tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.strip() == f"ernie-tui: error: {tmp_path / 'nope.log'}: no such file"
     assert "Traceback" not in err
+
+
+def test_stats_are_bounded_for_a_server_that_runs_for_days():
+    from ernie_tui.engine_ctl.logparse import MAX_STATS, LogParser
+
+    line = ("(APIServer pid=1) INFO 11-30 03:35:58 [loggers.py:335] Engine 000: Avg prompt throughput: "
+            "13.5 tokens/s, Avg generation throughput: {} tokens/s, Running: 0 reqs, Waiting: 0 reqs, "
+            "CPU KV cache usage: 0.0%, Prefix cache hit rate: 0.0%")
+    parser = LogParser()
+    for i in range(3 * MAX_STATS):
+        parser.feed(line.format(i))
+    stats = parser.report.stats
+    assert MAX_STATS <= len(stats) <= 2 * MAX_STATS
+    assert stats[-1].generation_tps == 3 * MAX_STATS - 1  # the newest are the ones kept

@@ -70,6 +70,10 @@ class Event:
     line_no: int | None
 
 
+# Periodic stats samples kept in a report (see _m_stats).
+MAX_STATS = 5000
+
+
 @dataclass(frozen=True)
 class VersionEvent(Event):
     version: str
@@ -1037,7 +1041,12 @@ class LogParser:
             prefix_hit_pct=values.get("Prefix cache hit rate"),
             line_no=n,
         )
-        self.report.stats.append(sample)
+        stats = self.report.stats
+        stats.append(sample)
+        if len(stats) > 2 * MAX_STATS:
+            # A server logs a stats line every 10 s, all day: keep the newest
+            # MAX_STATS (about 14 h), trimming in halves so appends stay O(1).
+            del stats[: len(stats) - MAX_STATS]
         self._emit(StatsEvent, sample, n)
 
     def _m_prefixhit(self, text: str, line: str, n: int) -> None:

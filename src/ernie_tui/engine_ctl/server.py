@@ -152,9 +152,17 @@ class _Watcher:
 
     @property
     def report(self) -> EngineReport:
-        """A copy of the live report, safe to read from any thread."""
+        """A copy of the live report, safe to read from any thread. The lists
+        and dicts are copied, the stats samples and the error are shared: a
+        deep copy of a day's stats under the lock would stall the monitor."""
         with self._lock:
-            return copy.deepcopy(self._parser.report)
+            rep = self._parser.report
+            out = copy.copy(rep)
+            out.stats = list(rep.stats)
+            out.phases = dict(rep.phases)
+            out.pids = dict(rep.pids)
+            out.non_default_args = dict(rep.non_default_args)
+            return out
 
     @property
     def url(self) -> str:
