@@ -37,7 +37,6 @@ import os
 import random
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -47,18 +46,14 @@ from pathlib import Path
 
 import psutil
 
+from ernie_tui.engine_ctl.ports import free_port
+
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT.parent / "shared" / "fixtures" / "vllm-logs"
 if not FIXTURES.is_dir():
     FIXTURES = ROOT / "shared" / "fixtures" / "vllm-logs"
 ERNIE_TUI = ROOT / ".venv" / "bin" / "ernie-tui"
 GOALS = {"idle_cpu_pct": 2.0, "flood_cpu_pct": 15.0, "rss_mb": 150.0, "key_p99_ms": 100.0}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Tmux:

@@ -13,7 +13,6 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -22,17 +21,13 @@ from pathlib import Path
 import psutil
 import pytest
 
+from ernie_tui.engine_ctl.ports import free_port
+
 pytestmark = [pytest.mark.tmux, pytest.mark.vllm]
 
 ROOT = Path(__file__).resolve().parent.parent
 ERNIE_TUI = ROOT / ".venv" / "bin" / "ernie-tui"
 START_TIMEOUT = 420.0  # a cold torch.compile on a busy 2-core box
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Tmux:

@@ -21,9 +21,7 @@ def duration(seconds: float | None, precise: bool = False) -> str:
 def gib(value: float | None) -> str:
     if value is None:
         return "–"
-    if value < 0:
-        return f"{value:.2f} GiB"
-    if value < 10:
+    if value < 10:  # negatives too (vLLM's "-0.52 GiB" of KV memory)
         return f"{value:.2f} GiB"
     return f"{value:.1f} GiB"
 
