@@ -409,3 +409,21 @@ async def test_preflight_fix_before_launch(fake_presets, tmp_path):
                            what="the estimate beside the report")
     finally:
         rec.cleanup()
+
+
+async def test_worker_messages_after_shutdown_are_dropped(fixtures_dir):
+    """A worker's message can still be queued while Textual prunes the main
+    screen on exit (seen once in CI as NoMatches '#log'); once the app is shutting
+    down the handlers drop such messages instead of querying widgets that are gone."""
+    from ernie_tui.engine_ctl.server import ServerState, ServerStatus
+    from ernie_tui.tui.messages import LogBatch, SeriesUpdate, StatusUpdate
+
+    path = fixtures_dir / "cpu-vllm0.32.0" / "ok_block32_len2048.log"
+    app = make_app(mode="replay", replay_path=str(path), live=False)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await wait_for(pilot, lambda: app.status is not None, what="the replay to finish")
+    assert not app.is_running
+    app._log(LogBatch(["late line"], run=object()))
+    app._status(StatusUpdate(ServerStatus(state=ServerState.STOPPED)))
+    app._series(SeriesUpdate(()))
+    app._tick()

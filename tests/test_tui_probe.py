@@ -84,6 +84,32 @@ async def test_probe_dead_url_says_connection_refused():
         assert not isinstance(app.screen, ProbeScreen)
 
 
+
+async def test_late_worker_messages_after_the_pane_closes_are_dropped(rejected_book):
+    """A burst or sweep worker can finish just as its screen is popped; its last
+    message must not hit widgets that are already gone (NoMatches)."""
+    from ernie_tui.tui.screens.probe import BurstDone, ProbeDone
+    from ernie_tui.tui.screens.sweep import SweepFinished
+    from ernie_tui.engine_ctl.probe import ProbeResult
+
+    book, model = rejected_book
+    for screen in (ProbeScreen(f"http://127.0.0.1:{free_port()}"),
+                   SweepScreen(book, model=str(model), is_serving=lambda: False)):
+        app = Host(screen)
+        async with app.run_test(size=(120, 40)) as pilot:
+            await pilot.pause()
+            assert app.screen is screen
+            await app.pop_screen()
+            await pilot.pause()
+            assert app.screen is not screen
+            if isinstance(screen, ProbeScreen):
+                screen.burst_running = screen.probe_running = True
+                screen._burst_done(BurstDone(screen._burst_run, None, error="late"))
+                screen._probe_done(ProbeDone(screen._probe_run, ProbeResult(ok=True, model="m", endpoint="/v1")))
+            else:
+                screen._finished(SweepFinished([], cancelled=True))
+
+
 def test_streamed_text_coalesces_and_errors_read_plainly():
     from ernie_tui.engine_ctl.probe import ProbeError
 

@@ -32,6 +32,7 @@ from textual.worker import get_current_worker
 
 from ernie_tui import paths
 from ernie_tui.presets import PresetBook, PresetError, load_presets
+from ernie_tui.tui.lifecycle import tearing_down
 from ernie_tui.tui.messages import (
     ControlResult,
     LogBatch,
@@ -230,8 +231,16 @@ class ErnieApp(App[int]):
             self.post_message(ControlResult("replay", False, f"cannot read {path}: {exc.strerror or exc}"))
 
     # -- messages from workers ------------------------------------------------------------
+    @property
+    def _shutting_down(self) -> bool:
+        return not self.is_running or tearing_down(self.main)
+
     def _too_early(self, message) -> bool:
-        """Keep messages that arrive before the main screen is composed."""
+        """Keep messages that arrive before the main screen is composed; drop
+        those that arrive once shutdown has begun (Textual prunes the screen's
+        widgets while the app still dispatches queued worker messages)."""
+        if self._shutting_down:
+            return True
         if self._main_ready:
             return False
         self._early.append(message)
@@ -284,6 +293,8 @@ class ErnieApp(App[int]):
 
     @on(ReplayDone)
     def _replay_done(self, message: ReplayDone) -> None:
+        if self._shutting_down:
+            return
         report = self.report
         if report is not None and report.error is not None:
             self.main.show_replay_error(report.error)
@@ -307,6 +318,8 @@ class ErnieApp(App[int]):
         if message.action in ("quit-stop",):
             self.exit(0)
             return
+        if self._shutting_down:
+            return
         self._busy = None
         self.main.refresh_bindings()
         if not message.ok:
@@ -314,6 +327,8 @@ class ErnieApp(App[int]):
 
     @on(PresetsLoaded)
     def _presets_loaded(self, message: PresetsLoaded) -> None:
+        if self._shutting_down:
+            return
         if message.error:
             self.notify(message.error, title="presets not reloaded", severity="error", timeout=10)
             return
@@ -322,6 +337,8 @@ class ErnieApp(App[int]):
         self.notify(f"presets reloaded: {len(self.book)} presets", timeout=3)
 
     def _tick(self) -> None:
+        if self._shutting_down:
+            return
         self.main.tick(self.clock())
 
     # -- control ------------------------------------------------------------------------
@@ -418,6 +435,8 @@ class ErnieApp(App[int]):
 
     @on(PreflightDone)
     def _preflight_done(self, message: PreflightDone) -> None:
+        if self._shutting_down:
+            return
         result = message.result
         if result is None:
             return

@@ -59,6 +59,7 @@ from ernie_tui.engine_ctl.probe import (
     ProbeResult,
     ServedModel,
 )
+from ernie_tui.tui.lifecycle import drop_when_torn_down
 
 # The worker posts streamed text at most this often.
 TEXT_INTERVAL_S = 0.05
@@ -442,6 +443,7 @@ class ProbeScreen(Screen[None]):
         self.post_message(ModelInfo(served))
 
     @on(ModelInfo)
+    @drop_when_torn_down
     def _model_info(self, message: ModelInfo) -> None:
         head = self.query_one("#pf-head", Static)
         if message.model is None:
@@ -483,6 +485,7 @@ class ProbeScreen(Screen[None]):
         self.post_message(LongPromptReady(built.text, built.tokens, built.target))
 
     @on(LongPromptReady)
+    @drop_when_torn_down
     def _long_ready(self, message: LongPromptReady) -> None:
         self.query_one("#pf-ready-long", Button).disabled = False
         if message.text is None:
@@ -568,6 +571,7 @@ class ProbeScreen(Screen[None]):
         self.post_message(ProbeDone(run, result))
 
     @on(ProbeText)
+    @drop_when_torn_down
     def _probe_text(self, message: ProbeText) -> None:
         if message.run != self._probe_run or not self.probe_running:
             return
@@ -577,6 +581,7 @@ class ProbeScreen(Screen[None]):
         self.query_one("#pf-output-box", VerticalScroll).scroll_end(animate=False)
 
     @on(ProbeDone)
+    @drop_when_torn_down
     def _probe_done(self, message: ProbeDone) -> None:
         if message.run != self._probe_run:
             return
@@ -694,6 +699,7 @@ class ProbeScreen(Screen[None]):
         self.post_message(BurstDone(run, result, record_id, record_path, error))
 
     @on(BurstProgress)
+    @drop_when_torn_down
     def _burst_progress(self, message: BurstProgress) -> None:
         if message.run != self._burst_run or not self.burst_running:
             return
@@ -704,6 +710,7 @@ class ProbeScreen(Screen[None]):
             self.query_one("#pf-burst-result", Static).update(Content.styled("running …", "$warning"))
 
     @on(BurstDone)
+    @drop_when_torn_down
     def _burst_done(self, message: BurstDone) -> None:
         if message.run != self._burst_run:
             return

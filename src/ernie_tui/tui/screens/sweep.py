@@ -37,6 +37,7 @@ from textual.widgets.selection_list import Selection
 
 from ernie_tui.engine_ctl.burst import BurstConfig
 from ernie_tui.engine_ctl.sweep import COLUMNS, SweepOptions, SweepPlan, SweepRow, SweepRun, cell, fold
+from ernie_tui.tui.lifecycle import drop_when_torn_down
 
 EXPORT_SUFFIXES = (".md", ".csv", ".json")
 
@@ -413,6 +414,7 @@ class SweepScreen(Screen[None]):
 
     # -- progress ------------------------------------------------------------------------------
     @on(SweepProgress)
+    @drop_when_torn_down
     def _progress(self, message: SweepProgress) -> None:
         if not self.running:
             return
@@ -428,6 +430,7 @@ class SweepScreen(Screen[None]):
         self._show_phase()
 
     @on(SweepRunDone)
+    @drop_when_torn_down
     def _run_done(self, message: SweepRunDone) -> None:
         self.runs.append(message.run)
         self._last_event = {**message.event, "phase": "done", "status": message.run.status}
@@ -436,6 +439,7 @@ class SweepScreen(Screen[None]):
         self._show_phase()
 
     @on(SweepFinished)
+    @drop_when_torn_down
     def _finished(self, message: SweepFinished) -> None:
         self.running = False
         self.cancelling = False
