@@ -3,7 +3,7 @@
     .venv/bin/python bench/parse_speed.py [--lines 1000000] [--repeat 3]
 
 Builds two logs of at least --lines lines in a temp dir, only from the
-fixture logs (shared/fixtures/vllm-logs):
+fixture logs (tests/fixtures/vllm-logs):
 
   fixture mix   every fixture log concatenated, over and over: a server
                 start (or crash, with tracebacks and argparse dumps) every
@@ -52,10 +52,10 @@ GREP_PATTERN = (
 
 
 def fixtures_dir() -> Path:
-    for cand in (ROOT.parent / "shared" / "fixtures" / "vllm-logs", ROOT / "shared" / "fixtures" / "vllm-logs"):
-        if cand.is_dir():
-            return cand
-    sys.exit("fixture logs not found (expected ../shared/fixtures/vllm-logs)")
+    path = ROOT / "tests" / "fixtures" / "vllm-logs"
+    if not path.is_dir():
+        sys.exit(f"fixture logs not found (expected {path})")
+    return path
 
 
 def _lines(path: Path) -> list[bytes]:

@@ -113,10 +113,10 @@ def ms(x: float | None) -> str:
     return "-" if x is None else f"{x * 1000:.2f} ms"
 
 
-def run_vllm_bench(url: str, model_dir: str, args, out_dir: Path) -> dict:
+def run_vllm_bench(url: str, model_dir: str, served: str, args, out_dir: Path) -> dict:
     mid = (args.min_tokens + args.max_tokens_in) / 2
     ratio = (args.max_tokens_in - mid) / mid
-    cmd = [sys.executable, "-c", _BENCH_RUNNER, "--backend", "vllm", "--base-url", url, "--model", "tiny-ernie",
+    cmd = [sys.executable, "-c", _BENCH_RUNNER, "--backend", "vllm", "--base-url", url, "--model", served,
            "--tokenizer", model_dir, "--dataset-name", "random", "--random-input-len", str(round(mid)),
            "--random-range-ratio", json.dumps({"input": round(ratio, 4), "output": 0.0}),
            "--random-output-len", str(args.max_tokens), "--num-prompts", str(args.n),
@@ -131,6 +131,10 @@ def run_vllm_bench(url: str, model_dir: str, args, out_dir: Path) -> dict:
         if proc.returncode != 0:
             return {"ran": False, "error": (proc.stderr or proc.stdout)[-2000:]}
         res = json.loads((out_dir / "vllm_bench.json").read_text())
+        if not res.get("completed"):
+            # Say why instead of printing a table of zeros.
+            return {"ran": False, "error": f"the bench client completed 0 of {res.get('num_prompts', '?')} "
+                                           f"requests; its output ends:\n{(proc.stdout + proc.stderr)[-2000:]}"}
         after = settled_after(mc, before, int(res.get("completed", 0)))
     ttft_h = M.histogram_delta(before, after, M.TTFT)
     gen = M.counter_delta(before, after, M.GENERATION_TOKENS)
@@ -245,6 +249,9 @@ def main() -> int:
     report: dict = {"args": vars(args)}
     try:
         wait_health(url, proc)
+        # The name the server answers to (--served-model-name, else the model dir);
+        # the bench client must send exactly this or every request is a 404.
+        served = resolve_model(url).id
         # The server's first requests pay one-off costs (graph warm-up); keep
         # them out of both measurements.
         B.run_burst(url, B.BurstConfig(n=8, concurrency=args.concurrency, max_tokens=16), model_dir=model_dir)
@@ -271,7 +278,7 @@ def main() -> int:
                 elif not args.skip_vllm_bench:
                     print(f"\n== round {k + 1}: vLLM's own benchmark client (vllm.benchmarks.serve, random "
                           "dataset, same shape) ...", flush=True)
-                    rnd["bench"] = run_vllm_bench(url, model_dir or "", args, tmp)
+                    rnd["bench"] = run_vllm_bench(url, model_dir or "", served, args, tmp)
                     print_bench(rnd["bench"], rnd.get("ours"), args)
             if "bench" in rnd and order[0] == "bench":
                 print_bench(rnd["bench"], rnd["ours"], args)  # again, now with ours beside it

@@ -1,8 +1,8 @@
 """Shared test set-up.
 
 Every test runs with ERNIE_TUI_HOME in a temp dir so nothing touches the real
-user config. Fixture logs come from ../shared/fixtures/vllm-logs (real vLLM
-captures), located relative to the checkout.
+user config. Fixture logs are the real vLLM captures copied into
+tests/fixtures/vllm-logs (see its README), so a clean clone tests on its own.
 """
 
 from __future__ import annotations
@@ -17,9 +17,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from vllm_support import cpu_server, tiny_model  # noqa: E402,F401  (shared real-vLLM fixtures)
 
 ROOT = Path(__file__).resolve().parent.parent
-FIXTURES = ROOT.parent / "shared" / "fixtures" / "vllm-logs"
-if not FIXTURES.is_dir():  # a checkout with shared/ inside it (the GPU machine)
-    FIXTURES = ROOT / "shared" / "fixtures" / "vllm-logs"
+FIXTURES = ROOT / "tests" / "fixtures" / "vllm-logs"
 
 
 @pytest.fixture(autouse=True)

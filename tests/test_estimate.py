@@ -1,5 +1,5 @@
 """Capacity estimate, model info and machine facts, checked against the real
-H200 and CPU fixture logs (shared/fixtures/vllm-logs)."""
+H200 and CPU fixture logs (tests/fixtures/vllm-logs)."""
 
 from __future__ import annotations
 

