@@ -12,7 +12,7 @@ import time
 import psutil
 
 from ernie_tui.engine_ctl.ports import port_is_free
-from ernie_tui.engine_ctl.server import EngineServer, ServerState
+from ernie_tui.engine_ctl.server import EngineServer, ServerState, group_members
 from ernie_tui.presets.model import Preset
 from vllm_support import free_port
 
@@ -74,8 +74,17 @@ def test_crash_reports_exit_code_and_root_cause(tmp_path, monkeypatch):
     assert st.state == ServerState.CRASHED
     assert st.exit_code == 3
     assert st.error is not None and st.error.kind.value == "block_size_unsupported"
-    server.stop()  # reaps the forked child left behind by the crashed parent
+    # The launcher forked a child that ignores SIGINT and SIGTERM, then died: the
+    # orphan left its tree but not its process group, and the crash ends it.
+    group = st.pid
+    deadline = time.time() + server_mod.ORPHAN_GRACE + 5
+    while group_members(group) and time.time() < deadline:
+        time.sleep(0.1)
+    assert not group_members(group), "a crashed server's child is still running"
+    assert len(server.orphans_reaped) == 1 and server.orphans_reaped[0] != group
+    server.stop()
     assert server.status.state == ServerState.CRASHED
+    assert not group_members(group)
     states = [e.status.state for e in events if hasattr(e, "status")]
     assert states[0] == ServerState.STARTING and ServerState.CRASHED in states
 

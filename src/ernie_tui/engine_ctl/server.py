@@ -90,6 +90,7 @@ Listener = Callable[[object], None]
 # wedged engine gets SIGTERM, then SIGKILL for whatever is left.
 SIGINT_GRACE = 15.0
 SIGTERM_GRACE = 5.0
+ORPHAN_GRACE = 3.0  # a crashed server's leftovers get this long after SIGTERM
 
 DETACHED_FILE = "server.json"
 
@@ -106,6 +107,21 @@ def process_tree(pid: int) -> list[psutil.Process]:
         return [root, *root.children(recursive=True)]
     except psutil.Error:
         return []
+
+
+def group_members(pgid: int) -> list[psutil.Process]:
+    """Live processes in process group `pgid`. The server runs in its own
+    session (start_new_session), so its group holds every engine process,
+    including a child the launcher forked just before it died: such an
+    orphan is re-parented to init and no longer shows in process_tree()."""
+    members = []
+    for pid in psutil.pids():
+        try:
+            if os.getpgid(pid) == pgid:
+                members.append(psutil.Process(pid))
+        except (OSError, psutil.Error):
+            pass
+    return _alive(members)  # a killed orphan stays a zombie until init reaps it
 
 
 def _alive(procs: list[psutil.Process]) -> list[psutil.Process]:
@@ -240,6 +256,7 @@ class EngineServer(_Watcher):
         self._procs_seen: dict[int, psutil.Process] = {}
         self._health_trusted = True
         self._stopping = False
+        self.orphans_reaped: list[int] = []  # pids ended after the launcher crashed
 
     # -- control ------------------------------------------------------------
     def start(self) -> None:
@@ -267,6 +284,7 @@ class EngineServer(_Watcher):
             except OSError as exc:
                 raise ServerError(f"cannot run {self.spec.argv[0]}: {exc.strerror or exc}") from None
         self._procs_seen = {}
+        self.orphans_reaped = []
         self._remember_tree()
         self._tailer = LogTailer(log, from_start=True)
         self._stopping = False
@@ -355,6 +373,11 @@ class EngineServer(_Watcher):
             return
         for p in process_tree(self._proc.pid):
             self._procs_seen.setdefault(p.pid, p)
+        if self._proc.poll() is not None:
+            # The launcher is gone: its children were re-parented away from
+            # the tree, but they are still in its process group.
+            for p in group_members(self._proc.pid):
+                self._procs_seen.setdefault(p.pid, p)
 
     @staticmethod
     def _signal_group(pid: int, sig: int) -> None:
@@ -402,6 +425,33 @@ class EngineServer(_Watcher):
                     self._set_status(state=ServerState.READY, phase="ready", ready_at=time.time())
             time.sleep(0.1)
 
+    def _reap_orphans(self) -> list[int]:
+        """After the launcher died on its own, end what it left behind in its
+        process group (an EngineCore that outlives its APIServer keeps its
+        memory and serves nobody): SIGTERM, then SIGKILL after ORPHAN_GRACE."""
+        if self._proc is None:
+            return []
+        pgid = self._proc.pid
+        left = group_members(pgid)
+        if not left:
+            return []
+        pids = [p.pid for p in left]
+        self.orphans_reaped = pids  # before signalling: a watcher may see them go at once
+        for p in left:
+            self._procs_seen.setdefault(p.pid, p)
+        self._signal_group(pgid, signal.SIGTERM)
+        deadline = time.monotonic() + ORPHAN_GRACE
+        while _alive(left) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        if _alive(left):
+            self._signal_group(pgid, signal.SIGKILL)
+            for p in _alive(left):
+                try:
+                    p.kill()
+                except psutil.Error:
+                    pass
+        return pids
+
     def _crashed(self, code: int) -> None:
         error = self._parser.report.error
         if error is None:
@@ -413,6 +463,8 @@ class EngineServer(_Watcher):
             error = EngineError(kind=ErrorKind.ENGINE_DEAD,
                                 message=f"server exited with code {code}" + (f": {last}" if last else ""))
         self._set_status(state=ServerState.CRASHED, phase=None, exit_code=code, error=error)
+        # Report the crash first, then clean up (the grace can take seconds).
+        self._reap_orphans()
 
 
 class AttachedServer(_Watcher):

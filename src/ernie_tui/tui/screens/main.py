@@ -13,6 +13,7 @@ from textual.events import Resize
 from textual.screen import Screen
 from textual.widgets import Footer, Input
 
+from ernie_tui.tui.lifecycle import drop_when_torn_down
 from ernie_tui.tui.series import WINDOWS
 from ernie_tui.tui.widgets.charts import KVChart, MemoryChart, ThroughputChart
 from ernie_tui.tui.widgets.error_panel import ErrorPanel
@@ -193,6 +194,7 @@ class MainScreen(Screen):
 
     # -- log pane title, search -----------------------------------------------------
     @on(LogView.StateChanged)
+    @drop_when_torn_down
     def _update_log_title(self) -> None:
         log = self.log_view
         pane = self.query_one("#log-pane")

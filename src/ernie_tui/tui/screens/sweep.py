@@ -297,6 +297,7 @@ class SweepScreen(Screen[None]):
                 "with it for memory and ports: stop it first (escape, then x on the main screen)."))
         return serving
 
+    @drop_when_torn_down
     def _tick(self) -> None:
         self._update_refusal()
         if self.running:
