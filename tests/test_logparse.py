@@ -697,3 +697,20 @@ def test_stats_are_bounded_for_a_server_that_runs_for_days():
     stats = parser.report.stats
     assert MAX_STATS <= len(stats) <= 2 * MAX_STATS
     assert stats[-1].generation_tps == 3 * MAX_STATS - 1  # the newest are the ones kept
+
+
+def test_peek_moves_the_phase_without_consuming_the_line(fixtures_dir):
+    """While CUDA graphs are captured the line is still being redrawn: peeking
+    at the live bar moves the phase on; the line counts once it ends."""
+    path = fixtures_dir / "gpu-h200-vllm0.26.0" / "ok_block16_len4096.log"
+    lines = path.read_text(errors="replace").split("\n")
+    at = next(i for i, ln in enumerate(lines) if "Capturing CUDA graphs" in ln)
+    parser = LogParser()
+    for ln in lines[:at]:
+        parser.feed(ln)
+    before = parser.report.phase
+    assert before != "cuda_graphs" and parser.report.lines == at
+    events = parser.peek("Capturing CUDA graphs (PIECEWISE):  12%|█▏        | 6/51 [00:00<00:01, 23.97it/s]")
+    assert parser.report.phase == "cuda_graphs" and parser.report.lines == at
+    assert any(getattr(e, "done", None) == 6 and getattr(e, "total", None) == 51 for e in events)
+    assert parser.peek("INFO something else") == [] and parser.report.lines == at

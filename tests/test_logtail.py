@@ -76,34 +76,63 @@ def test_partial_line_is_held_until_newline(log):
 
 
 def test_carriage_return_progress_bars(log):
+    """A redrawn line is one line, showing what a terminal shows at its end;
+    while it is drawn, `partial` is the live bar."""
     t = LogTailer(log)
-    append(log, "(EngineCore pid=2) \rCapturing:  10%|#|\rCapturing:  50%|##|\rCaptur")
-    assert t.read_new() == ["(EngineCore pid=2) ", "Capturing:  10%|#|", "Capturing:  50%|##|"]
-    assert t.partial == "Captur"  # the bar being drawn right now
+    append(log, "before\n(EngineCore pid=2) \rCapturing:  10%|#|\rCapturing:  50%|##|\r")
+    assert t.read_new() == ["before"]
+    assert t.partial == "Capturing:  50%|##|"  # the bar as drawn right now
+    append(log, "Captur")
+    assert t.read_new() == [] and t.partial == "Captur"
     append(log, "ing: 100%|###|\n")
     assert t.read_new() == ["Capturing: 100%|###|"]
+    append(log, "bar  99%\rbar 100%\r\nafter\n")  # tqdm's close: the last redraw, then \r\n
+    assert t.read_new() == ["bar 100%", "after"]
 
 
 def test_crlf_counts_once_even_split_across_reads(log):
     t = LogTailer(log)
     append(log, "a\r\nb\r")
-    assert t.read_new() == ["a", "b"]
+    assert t.read_new() == ["a"]  # "b" may still be redrawn
     append(log, "\nc\r\n\r\n")
-    assert t.read_new() == ["c", ""]  # the second CRLF is a real empty line
+    assert t.read_new() == ["b", "c", ""]  # the second CRLF is a real empty line
 
 
 def test_blank_line_after_split_crlf_is_kept(log):
     t = LogTailer(log)
     append(log, "bar\r")
-    assert t.read_new() == ["bar"]
+    assert t.read_new() == []
     append(log, "\n\nnext\n")
-    assert t.read_new() == ["", "next"]
+    assert t.read_new() == ["bar", "", "next"]
 
 
 def test_lone_cr_segments_that_draw_nothing_are_dropped(log):
     t = LogTailer(log)
     append(log, "\r\rx\r\r\ny\n\n")
     assert t.read_new() == ["x", "y", ""]
+
+
+def test_line_numbers_are_the_files(fixtures_dir, log):
+    """One tailed line per line of the file, for every captured log (the GPU
+    ones redraw CUDA-graph bars with \\r): the dashboard's line numbers, the
+    parser's and `less -N`'s agree, and a tailed parse puts the error on the
+    same line as parse_file."""
+    for src in sorted(fixtures_dir.glob("*/*.log")):
+        data = src.read_bytes()
+        log.write_bytes(b"")
+        t = LogTailer(log)
+        parser = LogParser()
+        got: list[str] = []
+        for i in range(0, len(data), 4093):  # written in odd-sized pieces
+            append(log, data[i:i + 4093])
+            got += t.read_new()
+        for line in got:
+            parser.feed(line)
+        assert len(got) == data.count(b"\n"), src.name
+        whole = parse_file(src)
+        if whole.error is not None:
+            assert parser.report.error.line_no == whole.error.line_no, src.name
+        t.close()
 
 
 def test_ansi_codes_are_stripped(log):
@@ -239,7 +268,7 @@ def test_follow_yields_lines_until_stopped(log):
 
 
 def test_tailed_fixture_parses_like_the_file(fixtures_dir, log):
-    """Lines produced by the tailer (with \\r split into redraws) give the same report values."""
+    """Lines produced by the tailer (\\r redraws resolved) give the same report values."""
     src = fixtures_dir / "gpu-h200-vllm0.26.0" / "ok_block16_len4096.log"
     data = src.read_bytes()
     t = LogTailer(log)

@@ -97,3 +97,36 @@ def test_port_probe(tmp_path):
         s.listen()
         assert not port_is_free("127.0.0.1", s.getsockname()[1])[0]
     assert port_is_free("127.0.0.1", free_port())[0]
+
+
+DRAWING = textwrap.dedent("""
+    import sys, time
+    print("(APIServer pid=1) INFO 11-30 03:35:20 [api_utils.py:347] vLLM server version 0.0.test, serving model x", flush=True)
+    sys.stdout.write("(EngineCore pid=2) \\rCapturing CUDA graphs (FULL):   0%|          | 0/51\\r"
+                     "Capturing CUDA graphs (FULL):  10%|#         | 5/51")
+    sys.stdout.flush()
+    time.sleep(600)
+""")
+
+
+def test_live_progress_bar_moves_the_phase_before_its_line_ends(tmp_path):
+    """A bar redrawn with \\r is one log line, complete only at its newline;
+    the monitor peeks at it so the phase shows CUDA graphs while they are captured."""
+    script = tmp_path / "drawing.py"
+    script.write_text(DRAWING)
+    preset = Preset(name="fake-draw", launcher=[sys.executable, str(script)], model=str(tmp_path),
+                    port=free_port())
+    server = EngineServer(preset.launch_spec(), preset_name="fake", log_path=tmp_path / "llm.log")
+    seen = []
+    server.add_listener(seen.append)
+    server.start()
+    try:
+        deadline = time.time() + 15
+        while server.status.phase != "cuda_graphs" and time.time() < deadline:
+            time.sleep(0.05)
+        assert server.status.phase == "cuda_graphs"
+        assert server.report.lines == 1  # the bar's line has not ended
+        partials = [e.partial for e in seen if getattr(e, "partial", None)]
+        assert partials and partials[-1].startswith("Capturing CUDA graphs (FULL):  10%")
+    finally:
+        server.stop()

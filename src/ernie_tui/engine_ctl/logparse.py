@@ -488,6 +488,22 @@ class LogParser:
 
     # -- public API ---------------------------------------------------------
 
+    def peek(self, text: str) -> list[Event]:
+        """Look at the line being drawn right now (a tailer's `partial`: a live
+        tqdm bar) without consuming it. Only the progress it shows is taken,
+        so the phase moves on while CUDA graphs are captured; the line itself
+        is parsed when it ends, and line numbers are not touched."""
+        self._events = []
+        try:
+            if "\x1b" in text or "\r" in text:
+                text = _clean(text)
+            head = text[:60]
+            if ("Capturing" in head and "raph" in head) or "checkpoint shards" in head:
+                self._progress(text, self.report.lines + 1)
+        except Exception:
+            self.internal_errors += 1
+        return self._events
+
     def feed(self, line: str) -> list[Event]:
         """Parse one line (a trailing newline is fine); return the events it produced."""
         self._events = []

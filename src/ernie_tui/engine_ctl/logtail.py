@@ -12,8 +12,10 @@ What a live vLLM log throws at a tailer, and what we do about it:
 * rotation (llm.log renamed to llm.log.1, new llm.log)  -> drain the old file,
   then switch to the new one from its start (like `tail -F`);
 * a line written in pieces                              -> held until its terminator;
-* tqdm progress bars that redraw with `\\r`             -> `\\r` ends a line too, so
-  progress shows up live; the unterminated last segment is `partial`;
+* tqdm progress bars that redraw with `\\r`             -> one line per line of the
+  file, holding what a terminal shows once the line ends (the last redraw);
+  the bar being drawn right now is `partial`. So line numbers are the file's
+  (`less -N`, `parse-log`, the dashboard agree);
 * ANSI colour codes                                     -> stripped;
 * invalid UTF-8                                         -> decoded with U+FFFD;
 * one enormous line (a 10 MB dict dump)                 -> kept up to `max_line`
@@ -73,7 +75,10 @@ class LogTailer:
         self._buf = bytearray()  # the current unterminated line (capped)
         self._cut = 0  # bytes of the current line dropped past max_line
         self._after_cr = False  # last byte seen was \r: a following \n belongs to it
-        self._prev_cr = False  # the previous segment ended with a bare \r (a redraw)
+        # The last non-empty redraw of the current line (a segment ended by a
+        # bare \r), with its bytes cut past max_line: what the line shows if
+        # nothing else is drawn before its newline.
+        self._redraw: tuple[bytes, int] | None = None
         self._skip_to_eol = False  # started mid-line (from_start=False): drop the fragment
         self._closed = False
         self.lines_cut = 0  # how many lines were capped (for a status line, tests)
@@ -93,8 +98,11 @@ class LogTailer:
 
     @property
     def partial(self) -> str:
-        """The line being written right now (e.g. the live tqdm bar), not yet returned."""
-        return strip_ansi(bytes(self._buf).decode("utf-8", errors="replace"))
+        """The line being written right now, not yet returned: the text after
+        its last \\r, or the last redraw (the live tqdm bar) when nothing
+        follows it yet."""
+        raw = bytes(self._buf) if self._buf or self._redraw is None else self._redraw[0]
+        return strip_ansi(raw.decode("utf-8", errors="replace"))
 
     def read_new(self) -> list[str]:
         """Return complete lines added since the last call; never blocks."""
@@ -200,21 +208,24 @@ class LogTailer:
     def _split(self, data: bytes, out: list[str]) -> None:
         if self._after_cr:
             self._after_cr = False
-            if data[:1] == b"\n":  # the \n of a \r\n split across two reads
-                data = data[1:]
-                self._prev_cr = False  # that \r\n was one ordinary line end
+            if data[:1] == b"\n":  # the \n of a \r\n split across two reads:
+                data = data[1:]  # the segment before the \r ended the line
+                self._end_line(b"", out)
         if not data:
             return
         if b"\r" not in data:  # the common case: plain \n lines
             parts = data.split(b"\n")
             for seg in parts[:-1]:
-                self._complete(seg, out, by_cr=False)
+                self._end_line(seg, out)
             self._append(parts[-1])
             return
         self._after_cr = data.endswith(b"\r")
         pieces = _TERM.split(data)  # [seg, term, seg, term, ..., tail]
         for i in range(0, len(pieces) - 1, 2):
-            self._complete(pieces[i], out, by_cr=pieces[i + 1] == b"\r")
+            if pieces[i + 1] == b"\r":
+                self._redrawn(pieces[i])
+            else:  # \n or \r\n
+                self._end_line(pieces[i], out)
         self._append(pieces[-1])
 
     def _append(self, seg: bytes) -> None:
@@ -228,37 +239,40 @@ class LogTailer:
                 self._buf += seg[:room]
             self._cut += len(seg) - max(room, 0)
 
-    def _complete(self, seg: bytes, out: list[str], by_cr: bool) -> None:
+    def _take(self, seg: bytes) -> tuple[bytes, int]:
+        """The current segment: what is buffered plus `seg`, capped."""
         if self._buf or self._cut:
             self._append(seg)
             raw, cut = bytes(self._buf), self._cut
             self._buf.clear()
             self._cut = 0
-        elif len(seg) > self.max_line:
-            raw, cut = seg[: self.max_line], len(seg) - self.max_line
-        else:
-            raw, cut = seg, 0
-        prev_cr, self._prev_cr = self._prev_cr, by_cr
+            return raw, cut
+        if len(seg) > self.max_line:
+            return seg[: self.max_line], len(seg) - self.max_line
+        return seg, 0
+
+    def _redrawn(self, seg: bytes) -> None:
+        """A segment ended by a bare \\r: a redraw, not a line. Keep the latest
+        one that drew something ("\\r\\r" and a bar's leading \\r draw nothing)."""
+        raw, cut = self._take(seg)
+        if raw or cut:
+            self._redraw = (raw, cut)
+
+    def _end_line(self, seg: bytes, out: list[str]) -> None:
+        raw, cut = self._take(seg)
+        if not raw and not cut and self._redraw is not None:
+            raw, cut = self._redraw  # "bar 100%\\r\\n": the line shows the last redraw
+        self._redraw = None
         if self._skip_to_eol:  # tail of a line that began before we started
             self._skip_to_eol = False
-            return
-        if not raw and not cut and (by_cr or prev_cr):
-            # "\r\r", a bar that starts with \r, or the newline that ends a
-            # redrawn line ("bar\r\n"): nothing new was drawn.
             return
         self._emit(raw, cut, out)
 
     def _flush_partial(self, out: list[str]) -> None:
-        if self._buf or self._cut:
-            raw, cut = bytes(self._buf), self._cut
-            self._buf.clear()
-            self._cut = 0
-            if self._skip_to_eol:
-                self._skip_to_eol = False
-                return
-            self._emit(raw, cut, out)
+        """The file ended (rotation, truncation) inside a line: it is complete."""
+        if self._buf or self._cut or self._redraw is not None:
+            self._end_line(b"", out)
         self._after_cr = False
-        self._prev_cr = False
 
     def _emit(self, raw: bytes, cut: int, out: list[str]) -> None:
         text = raw.decode("utf-8", errors="replace")

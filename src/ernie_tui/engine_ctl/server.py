@@ -82,6 +82,9 @@ class StatusChanged:
 @dataclass(frozen=True)
 class LogLines:
     lines: list[str]
+    # The line being drawn right now (a live progress bar), when it changed;
+    # it comes again, complete, in `lines` once its newline is written.
+    partial: str | None = None
 
 
 Listener = Callable[[object], None]
@@ -148,6 +151,7 @@ class _Watcher:
         self._thread: threading.Thread | None = None
         self._stop_monitor = threading.Event()
         self._http = httpx.Client(timeout=httpx.Timeout(1.0, connect=0.5))
+        self._partial = ""
         self.api_key: str | None = None
         self._startup_complete: float | None = None
 
@@ -218,14 +222,19 @@ class _Watcher:
         if self._tailer is None:
             return
         lines = self._tailer.read_new()
-        if not lines:
+        partial = self._tailer.partial
+        changed = partial != self._partial
+        if not lines and not changed:
             return
+        self._partial = partial
         with self._lock:
             for line in lines:
                 self._parser.feed(line)
                 if STARTUP_COMPLETE in line and not self._startup_complete:
                     self._startup_complete = time.monotonic()
-        self._emit(LogLines(lines))
+            if changed and partial:
+                self._parser.peek(partial)
+        self._emit(LogLines(lines, partial if changed and partial else None))
 
     def _health_ok(self) -> bool:
         headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else None
@@ -394,7 +403,10 @@ class EngineServer(_Watcher):
         while not self._stop_monitor.is_set():
             self._pump_log()
             now = time.monotonic()
-            if now - last_tree > 1.0:
+            # The tree grows while vLLM starts (EngineCore, workers) and then
+            # holds still; psutil walks all of /proc to find it, so look
+            # every second while starting and every 5 s once serving.
+            if now - last_tree > (5.0 if self._status.state == ServerState.READY else 1.0):
                 self._remember_tree()
                 last_tree = now
             code = proc.poll()

@@ -27,6 +27,10 @@ Cancelled = Callable[[], bool]
 
 _RESET = object()  # in the bridge's line queue: a new run (the server restarted)
 
+
+class _Peek(str):
+    """In the bridge's line queue: the line being drawn (a live progress bar)."""
+
 # The report copies sent to the UI keep this many stats samples: the live
 # charts come from /metrics, the report panel shows only the latest.
 REPORT_STATS_KEPT = 100
@@ -71,8 +75,12 @@ class ServerBridge:
                 first = self._line_no + 1
                 self._line_no += len(lines)
                 run = self.run
-                self.pending.append(lines)
-            self.post(LogBatch(lines, run=run, first_line_no=first))
+                if lines:
+                    self.pending.append(lines)
+                if event.partial:
+                    self.pending.append(_Peek(event.partial))
+            if lines:
+                self.post(LogBatch(lines, run=run, first_line_no=first))
             self.report_dirty.set()
 
     def close(self) -> None:
@@ -113,6 +121,8 @@ def report_loop(post: Post, bridge: ServerBridge, cancelled: Cancelled, interval
             item = bridge.pending.popleft()
             if item is _RESET:
                 parser = LogParser()
+            elif isinstance(item, _Peek):
+                parser.peek(item)
             else:
                 parser.feed_many(item)
         report = parser.report
