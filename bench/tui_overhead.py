@@ -49,9 +49,7 @@ import psutil
 from ernie_tui.engine_ctl.ports import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
-FIXTURES = ROOT.parent / "shared" / "fixtures" / "vllm-logs"
-if not FIXTURES.is_dir():
-    FIXTURES = ROOT / "shared" / "fixtures" / "vllm-logs"
+FIXTURES = ROOT / "tests" / "fixtures" / "vllm-logs"
 ERNIE_TUI = ROOT / ".venv" / "bin" / "ernie-tui"
 GOALS = {"idle_cpu_pct": 2.0, "flood_cpu_pct": 15.0, "rss_mb": 150.0, "key_p99_ms": 100.0}
 

@@ -137,6 +137,14 @@ class ErnieApp(App[int]):
         import gc
 
         gc.freeze()
+        # Textual's rendering leaves reference cycles behind (a Strip caches
+        # itself), ~4,000 objects a second under a log flood. With the default
+        # thresholds a full collection (40-110 ms, on the UI thread) then ran
+        # every 2-3 s and a key press met one in ~2 % of cases: key p99 ~100 ms.
+        # Ten times fewer full collections (every ~25 s in a flood) took the
+        # p99 to ~55 ms for +9 MB RSS (bench/tui_overhead.py, docs/benchmarks.md).
+        gen0, gen1, _ = gc.get_threshold()
+        gc.set_threshold(gen0, gen1, 100)
         self.set_interval(1.0, self._tick)
         self._install_signal_handlers()
         if self.mode == "replay":
