@@ -199,6 +199,9 @@ async def test_crash_shows_error_panel_and_fix_relaunches(fake_presets, tmp_path
             assert "block_size_unsupported" in text
             assert "No common block size for 16" in text
             assert "exit code 1" in text
+            # The fake left a child running, as an EngineCore can: ended, and said so.
+            await wait_for(pilot, lambda: "ended 1 engine process the server left running" in str(panel.content),
+                           what="the leftover process ended")
             # The root-cause line is marked in the log pane.
             log = app.main.query_one(LogView)
             assert log.root_cause_no is not None

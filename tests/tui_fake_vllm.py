@@ -6,7 +6,7 @@ process's pid, the port, block size and KV size it was given), serves
 /health and /metrics (with cache_config_info and growing token counters),
 prints a stats line every few seconds, and shuts down on SIGINT as vLLM does.
 A block size that is not a multiple of 32 fails the way real vLLM CPU fails
-(the fail_block16 log, exit code 1).
+(the fail_block16 log, exit code 1), leaving a forked child running behind it.
 
 Environment: ERNIE_FAKE_FIXTURES (the cpu-vllm0.32.0 fixture directory),
 ERNIE_FAKE_DELAY (seconds between startup phases, default 0.3),
@@ -125,6 +125,11 @@ def main() -> int:
         out.flush()
 
     if args.block_size % 32:
+        # Like an EngineCore that outlives its failed API server: a child left
+        # running after the launcher exits (the dashboard must end it).
+        if os.fork() == 0:
+            time.sleep(600)
+            os._exit(0)
         text = (fixtures / "fail_block16.log").read_text()
         for line in text.splitlines():
             line = line.replace("block size for 16", f"block size for {args.block_size}")

@@ -63,6 +63,8 @@ class ServerStatus:
     error: EngineError | None = None
     log_path: Path | None = None
     attached: bool = False
+    # After a crash: engine processes the dead launcher left running that we ended.
+    leftovers_ended: int = 0
 
     @property
     def running(self) -> bool:
@@ -299,7 +301,7 @@ class EngineServer(_Watcher):
         self._stopping = False
         self._stop_monitor = threading.Event()
         self._set_status(state=ServerState.STARTING, phase="launching", pid=self._proc.pid,
-                         started_at=time.time(), ready_at=None, exit_code=None, error=None)
+                         started_at=time.time(), ready_at=None, exit_code=None, error=None, leftovers_ended=0)
         self._thread = threading.Thread(target=self._monitor, name="engine-monitor", daemon=True)
         self._thread.start()
 
@@ -462,6 +464,7 @@ class EngineServer(_Watcher):
                     p.kill()
                 except psutil.Error:
                     pass
+        self._set_status(leftovers_ended=len(pids))
         return pids
 
     def _crashed(self, code: int) -> None:

@@ -108,7 +108,8 @@ class MainScreen(Screen):
         panel = self.query_one(ErrorPanel)
         self.set_class(state == "crashed", "-crashed")
         if state == "crashed" and status.error is not None:
-            panel.show_error(status.error, status.exit_code, self._fix_text, mode=self.mode)
+            panel.show_error(status.error, status.exit_code, self._fix_text, mode=self.mode,
+                             leftovers=status.leftovers_ended)
             self._show_root_cause(status.error.line_no)
             panel.border_title = "Server crashed" if self.mode != "replay" else "The logged server failed"
         elif state in ("starting", "ready", "stopped", "stopping"):

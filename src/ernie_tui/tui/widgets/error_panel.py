@@ -35,12 +35,16 @@ class ErrorPanel(Static):
         self.mode = "control"
         self.fixable = False
         self.title: str | None = None  # the diagnosis' one-line title, when there is one
+        self.leftovers = 0  # engine processes the crashed server left running, ended since
 
     def show_error(self, error, exit_code: int | None = None, fix_text: str | None = None,
-                   mode: str = "control") -> None:
+                   mode: str = "control", leftovers: int | None = None) -> None:
         self.error, self.exit_code, self.fix_text, self.mode = error, exit_code, fix_text, mode
+        if leftovers is not None:
+            self.leftovers = leftovers
         self.set_class(error is not None, "-visible")
         if error is None:
+            self.leftovers = 0
             self.update("")
             return
         kind = getattr(error.kind, "value", str(error.kind))
@@ -58,6 +62,11 @@ class ErrorPanel(Static):
             extra.append((f"  · vLLM estimates max_model_len ≤ {error.estimated_max_model_len:,}", "bold"))
         if extra:
             lines.append(Content.assemble(("where       ", "dim"), *extra))
+        if self.leftovers:
+            n = self.leftovers
+            lines.append(Content.assemble(("cleanup     ", "dim"),
+                                          f"ended {n} engine process{'es' if n != 1 else ''} the server left "
+                                          "running (they held memory and served nobody)"))
         if fix_text:
             label = "fix         " if self.fixable else "what to do  "
             lines.append(Content.assemble((label, "dim"), (fix_text, "bold")))
