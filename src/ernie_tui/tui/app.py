@@ -241,7 +241,7 @@ class ErnieApp(App[int]):
     # -- messages from workers ------------------------------------------------------------
     @property
     def _shutting_down(self) -> bool:
-        return not self.is_running or tearing_down(self.main)
+        return tearing_down(self.main)
 
     def _too_early(self, message) -> bool:
         """Keep messages that arrive before the main screen is composed; drop
