@@ -68,19 +68,79 @@ def test_user_file_overrides_builtin(monkeypatch):
 
 
 @pytest.mark.parametrize("text, needle", [
-    ("[presets.a]\nblock_size = \n", "p.toml:2: TOML syntax error"),
-    ("[presets.a]\nblock_size = \"big\"\n", "block_size must be int"),
-    ("[presets.a]\nport = 99999\n", "port must be"),
-    ("[presets.a]\ngpu_memory_utilization = 1.5\n", "gpu_memory_utilization must be in"),
+    ("[presets.a]\nblock_size = \n", "p.toml:2: preset 'a': TOML syntax error"),
+    ("[presets.a]\nblock_size = \"big\"\n", "p.toml:2: preset 'a', key 'block_size': should be a valid integer"),
+    ("[presets.a]\nport = 99999\n", "p.toml:2: preset 'a', key 'port': should be less than or equal to 65535"),
+    ("[presets.a]\ngpu_memory_utilization = 1.5\n", "key 'gpu_memory_utilization': should be less than or equal to 1"),
     ("[presets.a]\nextends = \"b\"\n[presets.b]\nextends = \"a\"\n", "`extends` cycle"),
-    ("[presets.a]\nextends = \"nope\"\n", "extends unknown preset 'nope'"),
-    ("[presets.a]\nenable_prefix_caching = 1\n", "enable_prefix_caching must be bool"),
+    ("[presets.a]\nextends = \"nope\"\n", "p.toml:2: preset 'a', key 'extends': no preset named 'nope'"),
+    ("[presets.a]\nenable_prefix_caching = 1\n", "key 'enable_prefix_caching': should be a valid boolean, got 1"),
 ])
 def test_bad_input_is_a_clear_error(tmp_path, text, needle):
     f = write(tmp_path, text)
     with pytest.raises(PresetError) as e:
         load_presets([f])
     assert needle in str(e.value)
+
+
+# Issue #10 defect 7: every preset error names file, preset, key and line.
+@pytest.mark.parametrize("text, line, preset, key, reason", [
+    ('# mine\n[presets.big]\nblock_size = 32\nkv_cache_memory_bytes = "lots"  # how much\n',
+     4, "big", "kv_cache_memory_bytes", "expected a size like 64M or 1G, got 'lots'"),
+    ('[presets.a]\nport = 8000\n\n[presets."b.c"]\nmodel = "/m"\nport = 0\n',
+     6, "b.c", "port", "should be greater than or equal to 1, got 0"),
+    ('presets.a.block_size = 16\npresets.a.max_model_len = "4k"\n',
+     2, "a", "max_model_len", "should be a valid integer, got '4k'"),
+    ('[presets.a]\nblock_size = 16\n[presets.a.env]\nX = "1"\nY = true\n',
+     5, "a", "env.Y", "environment values are strings or numbers, got True"),
+    ('[presets.a]\nlauncher = []\n', 2, "a", "launcher", "should have at least 1 item"),
+    ('[presets.a]\nblock-size = 16\n', 2, "a", "block-size", "snake_case (block_size for --block-size)"),
+    ('[presets.a]\nstarted = 2024-01-01\n', 2, "a", "started", "a date cannot become a vLLM flag"),
+    ('[presets.a]\nport = 1\n[presets.b]\nextends = "a"\n[presets.c]\nextends = "zz"\n',
+     6, "c", "extends", "no preset named 'zz' to extend"),
+    ('[presets.ok]\nblock_size = 16\n[presets.broken]\nblock_size = [16\n', 4, "broken", None,
+     "TOML syntax error"),
+])
+def test_errors_name_file_preset_key_and_line(tmp_path, text, line, preset, key, reason):
+    f = write(tmp_path, text)
+    with pytest.raises(PresetError) as e:
+        load_presets([f])
+    err = e.value
+    assert (err.file, err.line, err.preset, err.key) == (str(f), line, preset, key)
+    assert reason in err.reason
+    about = f"preset {preset!r}" + (f", key {key!r}" if key else "")
+    assert str(err).startswith(f"{f}:{line}: {about}: ")
+
+
+def test_top_level_mistakes_name_the_line(tmp_path):
+    f = write(tmp_path, '[presets.a]\nport = 1\n\n[preset.b]\nport = 2\n')
+    with pytest.raises(PresetError, match=r"p.toml:4: key 'preset': unexpected top-level key"):
+        load_presets([f])
+
+
+def test_schema_types_every_tool_key():
+    from ernie_tui.presets.model import TOOL_KEYS
+    from ernie_tui.presets.schema import PresetTable
+
+    assert TOOL_KEYS <= set(PresetTable.model_fields)
+
+
+def test_unknown_engine_args_stay_open(tmp_path):
+    """Engine arguments we have no type for pass through, in file order, as
+    written; preflight judges them against the installed vLLM."""
+    f = write(tmp_path, """
+        [presets.a]
+        model = "/m/x"
+        compilation_config = { level = 0 }
+        max_num_seqs = 4
+        some_future_flag = "on"
+        gpu_memory_utilization = 1
+    """)
+    p = load_presets([f]).get("a")
+    assert list(p.engine_args.items()) == [("compilation_config", {"level": 0}), ("max_num_seqs", 4),
+                                           ("some_future_flag", "on"), ("gpu_memory_utilization", 1)]
+    assert p.launch_spec().argv[-8:] == ["--compilation-config", '{"level":0}', "--max-num-seqs", "4",
+                                         "--some-future-flag", "on", "--gpu-memory-utilization", "1"]
 
 
 def test_unknown_preset_lists_known():
@@ -94,6 +154,26 @@ def test_cli_errors_exit_1_without_traceback(tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.startswith("ernie-tui: error:") and "Traceback" not in err and "p.toml:1" in err
     assert main(["presets", "show", "nope"]) == 1
+
+
+@pytest.mark.parametrize("text, where", [
+    ('[presets.mine]\nblock_size = 32\nkv_cache_memory_bytes = "lots"\n',
+     ":3: preset 'mine', key 'kv_cache_memory_bytes': expected a size like 64M or 1G, got 'lots'"),
+    ('[presets.mine]\nblock_size = 32\nmax_model_len = \n', ":3: preset 'mine': TOML syntax error"),
+    (b"[presets.mine]\ndescription = \"caf\xe9\"\n", ": not UTF-8 text"),
+])
+@pytest.mark.parametrize("argv", [["presets", "list"], ["--preset", "seed-A"]], ids=["list", "dashboard"])
+def test_broken_user_file_is_one_line_and_exit_1(capsys, text, where, argv):
+    """A malformed user presets.toml stops `presets list` and the dashboard's
+    start with one line that says where, and exit 1: no traceback."""
+    user = paths.user_presets_file()
+    user.parent.mkdir(parents=True, exist_ok=True)
+    user.write_bytes(text if isinstance(text, bytes) else text.encode())
+    assert main(argv) == 1
+    out, err = capsys.readouterr()
+    assert err == f"ernie-tui: error: {user}{where}\n" or (err.startswith(f"ernie-tui: error: {user}{where}")
+                                                           and err.count("\n") == 1), err
+    assert "Traceback" not in out + err
 
 
 def test_cli_show_command(capsys):

@@ -1,5 +1,6 @@
-"""Saving NAME-fixed into the user presets file: atomic, comment-keeping, and
-never over a file that does not parse."""
+"""The one write path for presets files (presets/store.py): NAME-fixed, the
+`e` copy of a built-in, `presets delete`. Atomic, comment-keeping, private,
+and never over a file that does not parse."""
 
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ from ernie_tui import paths
 from ernie_tui.engine_ctl.diagnose import apply_fix, diagnose
 from ernie_tui.engine_ctl.report import EngineError, ErrorKind
 from ernie_tui.presets import PresetError, load_presets
-from ernie_tui.presets.store import delete_preset, preset_table, save_preset
+from ernie_tui.cli import main
+from ernie_tui.presets.store import delete_preset, ensure_preset, preset_table, save_preset
 
 USER_FILE = """\
 # my presets: hand-written, with comments
@@ -81,9 +83,10 @@ def test_refuses_to_overwrite_unparsable_file(seed_b_fixed):
     path.parent.mkdir(parents=True)
     broken = USER_FILE + "\n[presets.bad\nblock_size = \n"
     path.write_text(broken)
-    with pytest.raises(PresetError, match="refusing to overwrite"):
+    with pytest.raises(PresetError, match="refusing to overwrite") as e:
         save_preset(seed_b_fixed)
     assert path.read_text() == broken  # untouched
+    assert (e.value.file, e.value.line, e.value.preset) == (str(path), 14, None)  # `[presets.bad` names none yet
 
 
 def test_failed_write_leaves_old_file_and_no_temp(seed_b_fixed, monkeypatch):
@@ -140,3 +143,67 @@ def test_store_imports_no_textual():
             "print(','.join(m for m in sys.modules if m.split('.')[0] in ('textual', 'rich')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == ""
+
+
+# Issue #11: comments kept even in the table that is replaced.
+def test_replacing_a_table_keeps_comments_on_keys_that_stay(seed_b_fixed):
+    path = paths.user_presets_file()
+    path.parent.mkdir(parents=True)
+    path.write_text(USER_FILE + "\n# my own tweak of the fix\n[presets.seed-B-fixed]\nport = 8000\n"
+                    "max_model_len = 2048  # half the posts' 4096\nblock_size = 8\n")
+    save_preset(seed_b_fixed)
+    text = path.read_text()
+    assert text.startswith(USER_FILE + "\n# my own tweak of the fix\n[presets.seed-B-fixed]\n")
+    assert "max_model_len = 2048  # half the posts' 4096\n" in text
+    assert load_presets().get("seed-B-fixed").engine_args == seed_b_fixed.engine_args
+
+
+# Issue #10 defect 10: the user's presets file is private.
+def test_user_file_is_0600_in_a_0700_dir(seed_b_fixed):
+    path = paths.user_presets_file()
+    path.parent.mkdir(parents=True, mode=0o755)
+    os.chmod(path.parent, 0o755)
+    path.write_text(USER_FILE)
+    os.chmod(path, 0o644)
+    save_preset(seed_b_fixed)
+    assert (path.stat().st_mode & 0o777, path.parent.stat().st_mode & 0o777) == (0o600, 0o700)
+
+
+def test_new_user_file_is_private_from_the_start(seed_b_fixed):
+    path = save_preset(seed_b_fixed)
+    assert (path.stat().st_mode & 0o777, path.parent.stat().st_mode & 0o777) == (0o600, 0o700)
+
+
+def test_a_preset_that_would_not_load_is_not_written(seed_b_fixed):
+    bad = seed_b_fixed.with_changes(kv_cache_memory_bytes="lots")
+    with pytest.raises(PresetError) as e:
+        save_preset(bad)
+    assert (e.value.preset, e.value.key) == ("seed-B-fixed", "kv_cache_memory_bytes")
+    assert not paths.user_presets_file().exists()
+
+
+def test_ensure_preset_copies_once_and_never_overwrites():
+    """The dashboard's `e` on a built-in: a copy goes into the user file (with
+    a note), once; a table the user has already is left alone."""
+    path = paths.user_presets_file()
+    path.parent.mkdir(parents=True)
+    path.write_text(USER_FILE)
+    book = load_presets()
+    assert ensure_preset(book.get("seed-C"), note="copied from the built-in preset 'seed-C'")
+    text = path.read_text()
+    assert text.startswith(USER_FILE) and "[presets.seed-C]\n# copied from the built-in preset 'seed-C'\n" in text
+    assert not ensure_preset(book.get("seed-C"))
+    assert not ensure_preset(book.get("mine").with_changes(block_size=64))
+    assert path.read_text() == text
+    assert load_presets().get("seed-C").engine_args == book.get("seed-C").engine_args
+
+
+def test_cli_delete_removes_only_that_table(seed_b_fixed, capsys):
+    path = paths.user_presets_file()
+    path.parent.mkdir(parents=True)
+    path.write_text(USER_FILE)
+    save_preset(seed_b_fixed)
+    assert main(["presets", "delete", "seed-B-fixed"]) == 0
+    assert path.read_text().rstrip() == USER_FILE.rstrip()
+    assert main(["presets", "delete", "seed-B-fixed"]) == 1
+    assert "has no preset 'seed-B-fixed'" in capsys.readouterr().err

@@ -1,4 +1,4 @@
-"""`ernie-tui presets list|show|path`."""
+"""`ernie-tui presets list|show|path|delete`."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import shlex
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("presets", help="list presets, show one, or print where user presets live",
+    p = sub.add_parser("presets", help="list presets, show one, print where user presets live, delete one",
                        description="List presets, show one (with --command: the exact argv and env), "
-                                   "or print the path of the user presets file.")
+                                   "print the path of the user presets file, or delete a preset from it.")
     ps = p.add_subparsers(dest="presets_command", metavar="ACTION", required=True)
     lst = ps.add_parser("list", help="every preset with its key arguments")
     lst.add_argument("--presets", metavar="FILE", action="append", default=[], dest="presets_files")
@@ -25,6 +25,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     show.set_defaults(run=_show)
     path = ps.add_parser("path", help="print the user presets file path")
     path.set_defaults(run=_path)
+    delete = ps.add_parser("delete", help="remove a preset from the user presets file (a NAME-fixed copy, say)",
+                           description="Remove [presets.NAME] from the user presets file, keeping the rest of "
+                                       "the file and its comments. A built-in of the same name shows again.")
+    delete.add_argument("name")
+    delete.set_defaults(run=_delete)
 
 
 def _book(args):
@@ -72,4 +77,15 @@ def _path(args) -> int:
     from ernie_tui import paths
 
     print(paths.user_presets_file())
+    return 0
+
+
+def _delete(args) -> int:
+    from ernie_tui import paths
+    from ernie_tui.cli import CliError
+    from ernie_tui.presets.store import delete_preset
+
+    if not delete_preset(args.name):
+        raise CliError(f"{paths.user_presets_file()}: has no preset {args.name!r}")
+    print(f"deleted {args.name!r} from {paths.user_presets_file()}")
     return 0

@@ -14,7 +14,9 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from ernie_tui import paths
-from ernie_tui.presets.model import ENGINE_ARG_TYPES, TOOL_KEYS, Preset, PresetError, parse_size
+from ernie_tui.presets import locate
+from ernie_tui.presets.model import TOOL_KEYS, Preset, PresetError
+from ernie_tui.presets.schema import check_table
 
 BUILTIN_SOURCE = "built-in"
 
@@ -23,62 +25,42 @@ def _builtin_text() -> str:
     return resources.files("ernie_tui.presets").joinpath("builtin.toml").read_text("utf-8")
 
 
-def _parse_toml(text: str, source: str) -> dict[str, Any]:
+@dataclass(frozen=True)
+class _Source:
+    """One presets file's name and text, kept to point errors at lines."""
+
+    name: str
+    text: str
+
+    def error(self, reason: str, preset: str | None = None, *path: str) -> PresetError:
+        line = locate.line_of(self.text, "presets", preset, *path) if preset is not None else (
+            locate.line_of(self.text, *path) if path else None)
+        return PresetError(reason, file=self.name, line=line, preset=preset,
+                           key=".".join(path) if path else None)
+
+
+def _parse_toml(src: _Source) -> dict[str, Any]:
     try:
-        return tomllib.loads(text)
+        return tomllib.loads(src.text)
     except tomllib.TOMLDecodeError as exc:
         # tomllib says "... (at line 3, column 7)"; people want file:line first.
-        msg = str(exc)
-        m = re.search(r"\(at line (\d+), column (\d+)\)", msg)
-        if m:
-            line = m.group(1)
-            msg = msg[: m.start()].strip()
-            raise PresetError(f"{source}:{line}: TOML syntax error: {msg}") from None
-        raise PresetError(f"{source}: TOML syntax error: {msg}") from None
+        line, column, reason = toml_error_position(exc, src.text)
+        raise PresetError(f"TOML syntax error: {reason}" + (f" (column {column})" if column else ""),
+                          file=src.name, line=line, preset=locate.preset_at(src.text, line) if line else None) from None
 
 
-def _type_name(t: type | tuple[type, ...]) -> str:
-    if isinstance(t, tuple):
-        return " or ".join(x.__name__ for x in t)
-    return t.__name__
-
-
-def _check_raw(name: str, table: Any, source: str) -> dict[str, Any]:
-    where = f"{source}: preset {name!r}"
-    if not isinstance(table, dict):
-        raise PresetError(f"{where}: expected a table [presets.{name}], got {type(table).__name__}")
-    for key, value in table.items():
-        if key in ("description", "model", "served_model_name", "host", "extends", "api_key_env"):
-            if not isinstance(value, str):
-                raise PresetError(f"{where}: {key} must be a string, got {value!r}")
-        elif key == "port":
-            if isinstance(value, bool) or not isinstance(value, int) or not 0 < value < 65536:
-                raise PresetError(f"{where}: port must be an integer 1-65535, got {value!r}")
-        elif key == "env":
-            if not isinstance(value, dict) or not all(isinstance(v, (str, int, float)) for v in value.values()):
-                raise PresetError(f"{where}: env must be a table of strings")
-        elif key == "launcher":
-            if not isinstance(value, list) or not value or not all(isinstance(v, str) for v in value):
-                raise PresetError(f"{where}: launcher must be a non-empty list of strings (an argv prefix)")
-        elif key in ENGINE_ARG_TYPES:
-            expected = ENGINE_ARG_TYPES[key]
-            ok = isinstance(value, expected) and not (isinstance(value, bool) and expected is not bool
-                                                       and bool not in (expected if isinstance(expected, tuple) else (expected,)))
-            if not ok:
-                raise PresetError(f"{where}: {key} must be {_type_name(expected)}, got {value!r}")
-            if key == "kv_cache_memory_bytes":
-                parse_size(value)
-            if key == "gpu_memory_utilization" and not 0 < float(value) <= 1:
-                raise PresetError(f"{where}: gpu_memory_utilization must be in (0, 1], got {value}")
-            if key in ("block_size", "max_model_len", "tensor_parallel_size", "pipeline_parallel_size",
-                       "max_num_seqs") and value <= 0:
-                raise PresetError(f"{where}: {key} must be positive, got {value}")
-        else:
-            # Unknown engine arguments pass through; preflight judges them
-            # against the installed vLLM. Values must still map to argv.
-            if not isinstance(value, (str, int, float, bool, list, dict)):
-                raise PresetError(f"{where}: {key} has an unsupported value {value!r}")
-    return table
+def toml_error_position(exc: tomllib.TOMLDecodeError, text: str) -> tuple[int | None, int | None, str]:
+    """(line, column, reason) of a tomllib error. tomllib puts the place in
+    the message: "(at line 3, column 7)", or "(at end of document)" for an
+    unclosed array or string, which is the file's last line."""
+    msg = str(exc)
+    m = re.search(r"\(at line (\d+), column (\d+)\)", msg)
+    if m:
+        return int(m.group(1)), int(m.group(2)), msg[: m.start()].strip()
+    m = re.search(r"\(at end of document\)", msg)
+    if m:
+        return max(1, len(text.splitlines())), None, msg[: m.start()].strip() + " at the end of the file"
+    return None, None, msg
 
 
 def _build(name: str, table: dict[str, Any], source: str) -> Preset:
@@ -125,18 +107,23 @@ class PresetBook:
             raise PresetError(f"unknown preset {name!r}; known presets: {known}") from None
 
 
-def _raw_tables(text: str, source: str) -> dict[str, dict[str, Any]]:
-    doc = _parse_toml(text, source)
-    unknown_top = [k for k in doc if k != "presets"]
-    if unknown_top:
-        raise PresetError(f"{source}: unexpected top-level key(s) {unknown_top}; presets go in [presets.NAME] tables")
+def _raw_tables(src: _Source) -> dict[str, dict[str, Any]]:
+    doc = _parse_toml(src)
+    for key in doc:
+        if key != "presets":
+            raise src.error("unexpected top-level key; presets go in [presets.NAME] tables", None, key)
     tables = doc.get("presets", {})
     if not isinstance(tables, dict):
-        raise PresetError(f"{source}: 'presets' must be a table of [presets.NAME] tables")
-    return {name: _check_raw(name, table, source) for name, table in tables.items()}
+        raise src.error("'presets' must be a table of [presets.NAME] tables", None, "presets")
+    for name, table in tables.items():
+        problem = check_table(table)
+        if problem:
+            path, reason = problem
+            raise src.error(reason, name, *path)
+    return tables
 
 
-def _resolve_extends(raw: dict[str, tuple[dict[str, Any], str]]) -> dict[str, Preset]:
+def _resolve_extends(raw: dict[str, tuple[dict[str, Any], _Source]]) -> dict[str, Preset]:
     resolved: dict[str, dict[str, Any]] = {}
 
     def resolve(name: str, chain: list[str]) -> dict[str, Any]:
@@ -144,14 +131,14 @@ def _resolve_extends(raw: dict[str, tuple[dict[str, Any], str]]) -> dict[str, Pr
             return resolved[name]
         if name in chain:
             cycle = " -> ".join([*chain[chain.index(name):], name])
-            raise PresetError(f"{raw[chain[-1]][1]}: `extends` cycle: {cycle}")
+            raise raw[chain[-1]][1].error(f"`extends` cycle: {cycle}", chain[-1], "extends")
         table, source = raw[name]
         parent_name = table.get("extends")
         if parent_name is None:
             merged = dict(table)
         else:
             if parent_name not in raw:
-                raise PresetError(f"{source}: preset {name!r} extends unknown preset {parent_name!r}")
+                raise source.error(f"no preset named {parent_name!r} to extend", name, "extends")
             parent = resolve(parent_name, [*chain, name])
             merged = {k: v for k, v in parent.items() if k not in ("description", "extends")}
             for key, value in table.items():
@@ -162,15 +149,16 @@ def _resolve_extends(raw: dict[str, tuple[dict[str, Any], str]]) -> dict[str, Pr
         resolved[name] = merged
         return merged
 
-    return {name: _build(name, resolve(name, []), raw[name][1]) for name in raw}
+    return {name: _build(name, resolve(name, []), raw[name][1].name) for name in raw}
 
 
 def load_presets(extra_files: Iterable[str | Path] = (), include_user: bool = True) -> PresetBook:
     """Built-ins, then the user's presets.toml (if any), then each extra file."""
-    raw: dict[str, tuple[dict[str, Any], str]] = {}
+    raw: dict[str, tuple[dict[str, Any], _Source]] = {}
     sources = [BUILTIN_SOURCE]
-    for name, table in _raw_tables(_builtin_text(), BUILTIN_SOURCE).items():
-        raw[name] = (table, BUILTIN_SOURCE)
+    builtin = _Source(BUILTIN_SOURCE, _builtin_text())
+    for name, table in _raw_tables(builtin).items():
+        raw[name] = (table, builtin)
     files: list[Path] = []
     if include_user and paths.user_presets_file().is_file():
         files.append(paths.user_presets_file())
@@ -179,10 +167,13 @@ def load_presets(extra_files: Iterable[str | Path] = (), include_user: bool = Tr
         try:
             text = path.read_text("utf-8")
         except FileNotFoundError:
-            raise PresetError(f"{path}: no such presets file") from None
-        except (OSError, UnicodeDecodeError) as exc:
-            raise PresetError(f"{path}: cannot read: {exc}") from None
+            raise PresetError("no such presets file", file=str(path)) from None
+        except UnicodeDecodeError as exc:
+            raise PresetError(f"not UTF-8 text ({exc.reason} at byte {exc.start})", file=str(path)) from None
+        except OSError as exc:
+            raise PresetError(f"cannot read: {exc.strerror or exc}", file=str(path)) from None
         sources.append(str(path))
-        for name, table in _raw_tables(text, str(path)).items():
-            raw[name] = (table, str(path))
+        src = _Source(str(path), text)
+        for name, table in _raw_tables(src).items():
+            raw[name] = (table, src)
     return PresetBook(presets=_resolve_extends(raw), sources=sources)

@@ -18,41 +18,35 @@ from ernie_tui import paths
 
 
 class PresetError(Exception):
-    """A preset file or preset that cannot be used; the message is for humans."""
+    """A preset file or preset that cannot be used; the message is for humans.
+
+    Where it is known, the error says where: `file`, `line`, `preset`, `key`;
+    str() puts them first, as compilers do: `FILE:LINE: preset 'a', key 'k': why`.
+    """
+
+    def __init__(self, reason: str, *, file: str | None = None, line: int | None = None,
+                 preset: str | None = None, key: str | None = None):
+        self.reason = reason
+        self.file, self.line, self.preset, self.key = file, line, preset, key
+        super().__init__(self._render())
+
+    def _render(self) -> str:
+        where = ""
+        if self.file:
+            where = f"{self.file}:{self.line}: " if self.line else f"{self.file}: "
+        about = []
+        if self.preset is not None:
+            about.append(f"preset {self.preset!r}")
+        if self.key is not None:
+            about.append(f"key {self.key!r}")
+        return where + (", ".join(about) + ": " if about else "") + self.reason
 
 
-# Keys that belong to ernie-tui rather than to vLLM.
+# Keys that belong to ernie-tui rather than to vLLM (typed in schema.py,
+# which a test keeps in step with this set; preflight imports it from here).
 TOOL_KEYS = frozenset(
     {"description", "model", "served_model_name", "host", "port", "extends", "env", "launcher", "api_key_env"}
 )
-
-# Known vLLM engine arguments and the Python type each takes. Other keys are
-# passed through as flags (preflight checks them against the installed vLLM).
-ENGINE_ARG_TYPES: dict[str, type | tuple[type, ...]] = {
-    "block_size": int,
-    "max_model_len": int,
-    "tensor_parallel_size": int,
-    "pipeline_parallel_size": int,
-    "data_parallel_size": int,
-    "gpu_memory_utilization": (int, float),
-    "kv_cache_memory_bytes": (int, str),
-    "enable_prefix_caching": bool,
-    "enable_chunked_prefill": bool,
-    "max_num_seqs": int,
-    "max_num_batched_tokens": int,
-    "dtype": str,
-    "kv_cache_dtype": str,
-    "enforce_eager": bool,
-    "seed": int,
-    "swap_space": (int, float),
-    "cpu_offload_gb": (int, float),
-    "quantization": str,
-    "trust_remote_code": bool,
-    "disable_log_stats": bool,
-    "max_logprobs": int,
-    "tokenizer": str,
-    "generation_config": str,
-}
 
 DEFAULT_MODULE_LAUNCHER = ["-m", "vllm.entrypoints.openai.api_server"]
 

@@ -1,15 +1,20 @@
-"""Saving a preset into the user's presets file, without ever corrupting it.
+"""The one path that writes presets files: the dashboard's fix (NAME-fixed),
+its `e` edit (a copy of a built-in to edit) and `ernie-tui presets delete`.
 
 The file is the user's: it may hold comments and hand-written tables. So:
 - a file that does not parse is never overwritten (PresetError instead);
-- a new table is appended to the existing text, leaving everything else
-  byte-for-byte as it was; a table of the same name is cut out first;
-- the result is parsed again and compared with what we meant to write
-  before anything touches the disk (else: a full, comment-less rewrite);
+- changes go through tomlkit, which keeps every comment, blank line and table
+  it is not told to change; a table that is replaced is updated key by key,
+  so comments on keys that keep their value stay too;
+- a table is checked against the preset schema before it is written, and the
+  new text must read back (tomllib) as exactly what was meant, else nothing
+  is written;
 - the write goes to a temp file in the same directory, is fsynced, and
   replaces the file with os.replace (atomic on POSIX), so a crash leaves
   either the old file or the new one;
-- an flock on a side file serialises the dashboard and the sweep.
+- an flock on a side file serialises the dashboard and the sweep;
+- the user's file is private: 0600, in a 0700 config dir (it may carry env
+  values).
 
 No Textual or Rich here (tests/test_import_contract.py).
 """
@@ -17,19 +22,24 @@ No Textual or Rich here (tests/test_import_contract.py).
 from __future__ import annotations
 
 import os
-import re
+import stat
 import tempfile
 import tomllib
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
-import tomli_w
+import tomlkit
+from tomlkit.exceptions import TOMLKitError
+from tomlkit.items import InlineTable, Table
 
 from ernie_tui import paths
+from ernie_tui.presets import locate
+from ernie_tui.presets.loader import toml_error_position
 from ernie_tui.presets.model import Preset, PresetError
+from ernie_tui.presets.schema import check_table
 
-_BARE_KEY = re.compile(r"^[A-Za-z0-9_-]+$")
+NEW_FILE_HEADER = "ernie-tui user presets: a table here overrides the built-in of the same name."
 
 
 def preset_table(preset: Preset) -> dict[str, Any]:
@@ -57,28 +67,43 @@ def preset_table(preset: Preset) -> dict[str, Any]:
     return t
 
 
-def _key(name: str) -> str:
-    return name if _BARE_KEY.match(name) else tomli_w.dumps({name: 0}).split("=")[0].strip()
+# -- private files -------------------------------------------------------------------
+# TODO(merge): paths.py is getting shared private-file helpers on another
+# branch; this local pair does the same for the presets file until then.
+def _private_dir(directory: Path) -> None:
+    """Create `directory` 0700; our own config dir is tightened to 0700 if it
+    already exists looser (someone else's directory, given by path, is not)."""
+    directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+    if directory.resolve() == paths.config_dir().resolve():
+        mode = stat.S_IMODE(directory.stat().st_mode)
+        if mode & 0o077:
+            os.chmod(directory, 0o700)
 
 
-def _table_text(name: str, table: dict[str, Any]) -> str:
-    return tomli_w.dumps({"presets": {name: table}})
-
-
-def _cut_table(text: str, name: str) -> str:
-    """Remove `[presets.NAME]` and its sub-tables (`[presets.NAME.env]`) from
-    the text; everything else stays as written."""
-    key = re.escape(_key(name))
-    header = re.compile(r"^\s*\[\s*presets\s*\.\s*(?:\"" + re.escape(name) + r"\"|" + key + r")\s*(\.[^\]]*)?\]\s*(#.*)?$")
-    any_header = re.compile(r"^\s*\[")
-    out: list[str] = []
-    skipping = False
-    for line in text.splitlines(keepends=True):
-        if any_header.match(line):
-            skipping = bool(header.match(line))
-        if not skipping:
-            out.append(line)
-    return "".join(out)
+def _atomic_write(path: Path, text: str) -> None:
+    """Write `text` to `path` 0600, all or nothing."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")  # 0600 already
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o600)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+    try:  # make the rename itself durable
+        dfd = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+    except OSError:
+        pass
 
 
 @contextmanager
@@ -97,104 +122,180 @@ def _locked(path: Path) -> Iterator[None]:
         os.close(fd)
 
 
-def _atomic_write(path: Path, text: str) -> None:
-    mode = path.stat().st_mode & 0o777 if path.exists() else 0o644
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
-    try:  # make the rename itself durable
-        dfd = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
-    except OSError:
-        pass
+# -- tomlkit editing -------------------------------------------------------------------
+def _same(old: Any, new: Any) -> bool:
+    """Equal as TOML values: 1, 1.0 and true are three different values."""
+    if isinstance(old, dict) and isinstance(new, dict):
+        return old.keys() == new.keys() and all(_same(old[k], new[k]) for k in old)
+    if isinstance(old, list) and isinstance(new, list):
+        return len(old) == len(new) and all(_same(a, b) for a, b in zip(old, new))
+    return type(old) is type(new) and old == new
 
 
-def save_preset(preset: Preset, path: str | Path | None = None, name: str | None = None) -> Path:
-    """Add or replace `[presets.NAME]` (NAME = `name` or preset.name) in the
-    user presets file (or `path`); returns the file's path."""
-    path = Path(path) if path is not None else paths.user_presets_file()
-    name = name or preset.name
-    if not name:
-        raise PresetError("cannot save a preset without a name")
-    table = preset_table(preset)
-    path.parent.mkdir(parents=True, exist_ok=True)
+def _inline(value: Any) -> Any:
+    """Nested tables as inline tables: what an inline table may hold."""
+    if isinstance(value, dict):
+        t = tomlkit.inline_table()
+        for k, v in value.items():
+            t[k] = _inline(v)
+        return t
+    return value
+
+
+def _update_table(current: Table | InlineTable, new: dict[str, Any]) -> None:
+    """Make `current` hold exactly `new`, key by key, so that the comments
+    and order of the keys that stay are kept."""
+    for key in [k for k in current if k not in new]:
+        del current[key]
+    for key, value in new.items():
+        old = current.get(key)
+        if isinstance(value, dict) and isinstance(old, (Table, InlineTable)):
+            _update_table(old, value)
+        elif old is None or not _same(old.unwrap() if hasattr(old, "unwrap") else old, value):
+            current[key] = _inline(value) if isinstance(current, InlineTable) else value
+
+
+def _new_table(new: dict[str, Any], note: str | None) -> Table:
+    t = tomlkit.table()
+    if note:
+        t.add(tomlkit.comment(note))
+    for key, value in new.items():
+        t[key] = value
+    return t
+
+
+def _presets_container(doc: tomlkit.TOMLDocument) -> Table | InlineTable:
+    presets = doc.get("presets")
+    if presets is None:
+        presets = tomlkit.table(is_super_table=True)  # [presets.NAME] headers, no bare [presets]
+        doc["presets"] = presets
+    return presets  # a table: _edit has checked that before any change
+
+
+def _set_preset(doc: tomlkit.TOMLDocument, name: str, table: dict[str, Any], note: str | None) -> None:
+    presets = _presets_container(doc)
+    current = presets.get(name)
+    if isinstance(current, (Table, InlineTable)) and not (isinstance(current, Table) and current.is_super_table()):
+        _update_table(current, table)
+    elif isinstance(presets, InlineTable):
+        presets[name] = _inline(table)
+    else:
+        if current is not None:
+            del presets[name]
+        presets[name] = _new_table(table, note)
+
+
+def _edit(path: Path, what: str, change: Callable[[tomlkit.TOMLDocument, dict[str, Any]], bool]) -> bool:
+    """Read, change and write the presets file under the lock. `change` edits
+    the tomlkit document and the plain dict alike (the dict is what the file
+    must read back as) and says whether there is anything to write."""
+    _private_dir(path.parent)
     with _locked(path):
         try:
             old_text = path.read_text("utf-8")
         except FileNotFoundError:
             old_text = ""
         except (OSError, UnicodeDecodeError) as exc:
-            raise PresetError(f"{path}: cannot read: {exc}; not saving {name!r}") from None
+            raise PresetError(f"cannot read it: {exc}; not going to {what}", file=str(path)) from None
         try:
-            doc = tomllib.loads(old_text)
+            expected = tomllib.loads(old_text)
         except tomllib.TOMLDecodeError as exc:
-            raise PresetError(f"{path}: does not parse as TOML ({exc}); refusing to overwrite it. "
-                              f"Fix the file by hand, then save {name!r} again") from None
-        presets = doc.get("presets", {})
-        if not isinstance(presets, dict):
-            raise PresetError(f"{path}: 'presets' is not a table; refusing to overwrite it")
-        expected = dict(doc)
-        expected["presets"] = {**presets, name: table}
-
-        kept = _cut_table(old_text, name) if name in presets else old_text
-        if kept and not kept.endswith("\n"):
-            kept += "\n"
-        new_text = kept + ("\n" if kept.strip() else "") + _table_text(name, table)
+            line, _, reason = toml_error_position(exc, old_text)
+            raise PresetError(f"does not parse as TOML ({reason}); refusing to overwrite it. "
+                              f"Fix the file by hand, then {what} again", file=str(path), line=line,
+                              preset=locate.preset_at(old_text, line) if line else None) from None
+        try:
+            doc = tomlkit.parse(old_text)
+        except TOMLKitError as exc:
+            raise PresetError(f"cannot be edited safely ({exc}); refusing to overwrite it", file=str(path)) from None
+        if not old_text.strip():
+            doc.add(tomlkit.comment(NEW_FILE_HEADER))
+        if not isinstance(expected.get("presets", {}), dict):
+            raise PresetError("'presets' is not a table; refusing to overwrite it", file=str(path))
+        if not change(doc, expected):
+            return False
+        new_text = tomlkit.dumps(doc)
         try:
             ok = tomllib.loads(new_text) == expected
         except tomllib.TOMLDecodeError:
             ok = False
         if not ok:
-            # The text surgery could not keep the file's meaning (an inline
-            # `presets = {...}` table, say): write the whole document anew.
-            new_text = tomli_w.dumps(expected)
-        _atomic_write(path, new_text)
-    return path
-
-
-def delete_preset(name: str, path: str | Path | None = None) -> bool:
-    """Remove `[presets.NAME]` from the user file; False if it was not there."""
-    path = Path(path) if path is not None else paths.user_presets_file()
-    with _locked(path) if path.parent.exists() else _nullcontext():
-        try:
-            old_text = path.read_text("utf-8")
-        except FileNotFoundError:
-            return False
-        try:
-            doc = tomllib.loads(old_text)
-        except tomllib.TOMLDecodeError as exc:
-            raise PresetError(f"{path}: does not parse as TOML ({exc}); refusing to change it") from None
-        if name not in doc.get("presets", {}):
-            return False
-        expected = dict(doc)
-        expected["presets"] = {k: v for k, v in doc["presets"].items() if k != name}
-        new_text = _cut_table(old_text, name)
-        try:
-            if tomllib.loads(new_text) != expected:
-                new_text = tomli_w.dumps(expected)
-        except tomllib.TOMLDecodeError:
-            new_text = tomli_w.dumps(expected)
+            # A layout tomlkit could not edit faithfully: better no write than a wrong one.
+            raise PresetError(f"could not {what} without changing other parts of the file; "
+                              "left it as it was (edit it by hand)", file=str(path))
         _atomic_write(path, new_text)
     return True
 
 
-@contextmanager
-def _nullcontext() -> Iterator[None]:
-    yield
+def _checked_table(preset: Preset, name: str) -> dict[str, Any]:
+    table = preset_table(preset)
+    problem = check_table(table)
+    if problem:
+        key, reason = problem
+        raise PresetError(reason, preset=name, key=".".join(key) or None)
+    return table
 
 
-__all__ = ["save_preset", "delete_preset", "preset_table"]
+def _target(path: str | Path | None) -> Path:
+    return Path(path) if path is not None else paths.user_presets_file()
+
+
+# -- the public write path ---------------------------------------------------------------------
+def save_preset(preset: Preset, path: str | Path | None = None, name: str | None = None, *,
+                note: str | None = None) -> Path:
+    """Add or replace `[presets.NAME]` (NAME = `name` or preset.name) in the
+    user presets file (or `path`); returns the file's path. `note` becomes a
+    comment at the top of a newly added table."""
+    path = _target(path)
+    name = name or preset.name
+    if not name:
+        raise PresetError("cannot save a preset without a name")
+    table = _checked_table(preset, name)
+
+    def change(doc, expected) -> bool:
+        _set_preset(doc, name, table, note)
+        expected.setdefault("presets", {})[name] = table
+        return True
+
+    _edit(path, f"save {name!r}", change)
+    return path
+
+
+def ensure_preset(preset: Preset, path: str | Path | None = None, *, note: str | None = None) -> bool:
+    """Add `[presets.NAME]` for `preset` unless the file has that table
+    already (the dashboard's `e`: a built-in is copied to the user's file, so
+    that the edit overrides it). True if the table was added."""
+    path = _target(path)
+    table = _checked_table(preset, preset.name)
+
+    def change(doc, expected) -> bool:
+        if preset.name in expected.get("presets", {}):
+            return False
+        _set_preset(doc, preset.name, table, note)
+        expected.setdefault("presets", {})[preset.name] = table
+        return True
+
+    return _edit(path, f"copy {preset.name!r}", change)
+
+
+def delete_preset(name: str, path: str | Path | None = None) -> bool:
+    """Remove `[presets.NAME]` (and its sub-tables) from the user file; False
+    if it was not there (`ernie-tui presets delete`)."""
+    path = _target(path)
+    if not path.is_file():
+        return False
+
+    def change(doc, expected) -> bool:
+        if name not in expected.get("presets", {}):
+            return False
+        del _presets_container(doc)[name]
+        del expected["presets"][name]
+        if not expected["presets"]:  # the last one: tomlkit drops the empty table
+            del expected["presets"]
+            doc.pop("presets", None)
+        return True
+
+    return _edit(path, f"delete {name!r}", change)
+
+
+__all__ = ["save_preset", "ensure_preset", "delete_preset", "preset_table"]

@@ -19,7 +19,6 @@ import shlex
 import signal
 import subprocess
 import time
-import tomllib
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -746,42 +745,13 @@ def _preset_from_report(report):
 
 def _ensure_preset_copy(target: Path, preset) -> None:
     """Make sure the user file has a table for `preset`, so that editing it
-    overrides the built-in. Appends; never rewrites what is there."""
-    import tomli_w
+    overrides the built-in (presets/store.py: the one write path)."""
+    from ernie_tui.presets.store import ensure_preset
 
-    existing = ""
-    if target.is_file():
-        existing = target.read_text("utf-8")
-        try:
-            if preset.name in tomllib.loads(existing).get("presets", {}):
-                return
-        except tomllib.TOMLDecodeError:
-            return  # the user will see (and fix) the syntax error in the editor
-    table: dict = {}
-    if preset.description:
-        table["description"] = preset.description
-    for key in ("model", "served_model_name"):
-        if getattr(preset, key):
-            table[key] = getattr(preset, key)
-    if preset.host != "127.0.0.1":
-        table["host"] = preset.host
-    if preset.port != 8000:
-        table["port"] = preset.port
-    if preset.launcher:
-        table["launcher"] = list(preset.launcher)
-    if preset.api_key_env:
-        table["api_key_env"] = preset.api_key_env
-    table.update(preset.engine_args)
-    if preset.env:
-        table["env"] = dict(preset.env)
-    header = ("# ernie-tui user presets: a table here overrides the built-in of the same name.\n"
-              if not existing else "\n")
-    text = header + f"# copied from the {preset.source} preset {preset.name!r}; edit and save\n"
-    text += tomli_w.dumps({"presets": {preset.name: table}})
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.with_name(target.name + ".tmp")
-    tmp.write_text(existing + text, "utf-8")
-    os.replace(tmp, target)
+    try:
+        ensure_preset(preset, target, note=f"copied from the {preset.source} preset {preset.name!r}; edit and save")
+    except PresetError:
+        pass  # a file that does not parse: the editor is where the user fixes it
 
 
 def make_app(
