@@ -259,14 +259,6 @@ def export(rows: list[SweepRow], path: str | Path, meta: dict[str, Any] | None =
     tmp.replace(p)
 
 
-class SweepCancelled(Exception):
-    pass
-
-
-def make_cancel_event() -> threading.Event:
-    return threading.Event()
-
-
 # -- running -------------------------------------------------------------------
 
 @dataclass
