@@ -245,12 +245,21 @@ class _Watcher:
         except httpx.HTTPError:
             return False
 
+    def _set_tailer(self, tailer: LogTailer | None) -> None:
+        """Install `tailer` (or none), closing the one it replaces. Every
+        replacement and every end goes through here: a tailer left open keeps
+        its llm.log open, and after the next two rotations that file is a
+        deleted llm.log.1 whose disk space comes back only when it is closed.
+        Call only while no monitor thread runs (it reads self._tailer)."""
+        old, self._tailer = self._tailer, tailer
+        if old is not None and old is not tailer:
+            old.close()
+
     def close(self) -> None:
         self._stop_monitor.set()
         if self._thread and self._thread.is_alive() and self._thread is not threading.current_thread():
             self._thread.join(timeout=5)
-        if self._tailer:
-            self._tailer.close()
+        self._set_tailer(None)
         self._http.close()
 
 
@@ -295,7 +304,7 @@ class EngineServer(_Watcher):
                 raise ServerError(f"cannot run {self.spec.argv[0]}: {exc.strerror or exc}") from None
         self._procs_seen = {}
         self._remember_tree()
-        self._tailer = LogTailer(log, from_start=True)
+        self._set_tailer(LogTailer(log, from_start=True))
         self._stopping = False
         self._stop_monitor = threading.Event()
         self._set_status(state=ServerState.STARTING, phase="launching", pid=self._proc.pid,
@@ -342,6 +351,7 @@ class EngineServer(_Watcher):
         if self._thread and self._thread is not threading.current_thread():
             self._thread.join(timeout=5)
         self._pump_log()
+        self._set_tailer(None)  # the server is gone: nothing more will be written
         final = ServerState.CRASHED if self.status.state == ServerState.CRASHED else ServerState.STOPPED
         self._set_status(state=final, phase=None, exit_code=proc.returncode)
 
@@ -372,9 +382,12 @@ class EngineServer(_Watcher):
         return [p.pid for p in process_tree(self._proc.pid)]
 
     def close_monitor(self) -> None:
+        """End the monitor thread and, with it, the tailer it read from."""
         self._stop_monitor.set()
         if self._thread and self._thread.is_alive() and self._thread is not threading.current_thread():
             self._thread.join(timeout=5)
+        if not (self._thread and self._thread.is_alive()):
+            self._set_tailer(None)
 
     # -- monitor thread ---------------------------------------------------------
     def _remember_tree(self) -> None:
@@ -420,8 +433,6 @@ class EngineServer(_Watcher):
             state = self.status.state
             report = self._parser.report
             if state == ServerState.STARTING:
-                if report.error is not None and report.error.kind in (ErrorKind.PORT_IN_USE,):
-                    pass  # the process will exit; wait for it to report the code
                 if report.phase and report.phase != self.status.phase:
                     self._set_status(phase=report.phase)
                 healthy = False
@@ -492,7 +503,7 @@ class AttachedServer(_Watcher):
         if self._thread and self._thread.is_alive():
             return
         if self.status.log_path is not None:
-            self._tailer = LogTailer(self.status.log_path, from_start=True)
+            self._set_tailer(LogTailer(self.status.log_path, from_start=True))
         self._stop_monitor = threading.Event()
         self._set_status(state=ServerState.STARTING, phase="connecting")
         self._thread = threading.Thread(target=self._monitor, name="attach-monitor", daemon=True)
