@@ -469,6 +469,23 @@ def test_missing_module():
     assert e.kind is ErrorKind.MISSING_MODULE and e.detail["module"] == "vllm._C"
 
 
+@pytest.mark.parametrize("line, module", [
+    ("/usr/bin/python3: Error while finding module specification for 'vllm.entrypoints.openai.api_server' "
+     "(ModuleNotFoundError: No module named 'vllm')", "vllm"),
+    ("/opt/venv/bin/python: No module named vllm", "vllm"),
+])
+def test_interpreter_without_vllm(line, module):
+    """The launcher's Python has no vLLM: the interpreter's own one-line complaint."""
+    r = parse_lines([line])
+    assert r.error is not None and r.error.kind is ErrorKind.MISSING_MODULE
+    assert r.error.detail["module"] == module and r.error.line_no == 1 and r.error.message == line
+
+
+def test_interpreter_cannot_open_the_launcher_script():
+    line = "/usr/bin/python3: can't open file '/srv/run_vllm.py': [Errno 2] No such file or directory"
+    assert parse_lines([line]).error.message == line
+
+
 def test_engine_dead_after_ready():
     r = parse_lines(["(APIServer pid=1) INFO:     Application startup complete.",
                      v("Engine core proc EngineCore_DP0 died unexpectedly, shutting down client.", level="ERROR",

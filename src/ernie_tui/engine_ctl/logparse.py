@@ -208,6 +208,11 @@ _RE_TS = re.compile(r"(\d\d-\d\d \d\d:\d\d:\d\d)")
 _RE_TQDM = re.compile(r"([^\r|]*?):\s+(\d+)%(?:\|[^|]*\||\s+Completed\s+\|)\s*(\d+)/(\d+)")
 _RE_EXC = re.compile(r"([A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt))(?::\s*(.*))?$")
 _RE_ARGPARSE = re.compile(r"[\w.\- ]{1,60}: error: (.*)")
+# What the interpreter itself prints when `python -m MODULE` / `python FILE`
+# cannot even begin, as "<executable>: <reason>" (runpy's and main's own
+# wording): the launcher's Python has no vLLM, or the script is not there.
+_RE_INTERPRETER = re.compile(r"\S+: (?:Error while finding module specification for |No module named "
+                             r"|can't open file )")
 _RE_STARTED = re.compile(r"Started server process \[(\d+)\]")
 _RE_UVICORN_URL = re.compile(r"Uvicorn running on (\S+)")
 _RE_PYD_TAIL = re.compile(r"\s*\[type=[\w.]+, input_value=.*$")
@@ -671,7 +676,8 @@ class LogParser:
                         if line[pos + 2:pos + 3] not in "VA":
                             continue
                     elif not ("rror" in line or "xception" in line or "Capturing" in line
-                              or "shards" in line or "died" in line):
+                              or "shards" in line or "died" in line or "o module named" in line
+                              or "can't open file" in line):
                         continue
                     h, k = self._on_plain, pos
                 rep.lines = n
@@ -1228,7 +1234,7 @@ class LogParser:
             self._pydantic(text, n)
         elif _RE_EXC.match(text):
             self._exception(text, n)
-        elif _RE_ARGPARSE.match(text):
+        elif _RE_ARGPARSE.match(text) or _RE_INTERPRETER.match(text):
             self._error(text, n)
         elif "died unexpectedly" in text:
             self._error(text, n)
