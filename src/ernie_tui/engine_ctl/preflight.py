@@ -272,10 +272,7 @@ def vllm_args(python: str | None = None, allow_dump: bool = True) -> VllmArgs:
     if allow_dump:
         try:
             data = dump_vllm_args(python)
-            cache.parent.mkdir(parents=True, exist_ok=True)
-            tmp = cache.with_suffix(".tmp")
-            tmp.write_text(json.dumps(data), "utf-8")
-            os.replace(tmp, cache)
+            paths.write_private_text(cache, json.dumps(data))
             return make(data, "dump")
         except (OSError, RuntimeError, ValueError, subprocess.SubprocessError):
             pass

@@ -284,9 +284,14 @@ class EngineServer(_Watcher):
         self.close_monitor()
         log = self.status.log_path
         assert log is not None
-        log.parent.mkdir(parents=True, exist_ok=True)
+        paths.private_dir(log.parent)
         if log.exists():
-            os.replace(log, log.with_name(log.name + ".1"))
+            rotated = log.with_name(log.name + ".1")
+            os.replace(log, rotated)
+            try:
+                os.chmod(rotated, paths.PRIVATE_FILE_MODE)  # one an older version wrote 0644
+            except OSError:
+                pass
         # If something already answers on our port, /health would report *it*
         # as ready; then only our own log's ready line counts.
         self._health_trusted = port_is_free(self.spec.host, self.spec.port)[0]
@@ -294,7 +299,8 @@ class EngineServer(_Watcher):
         with self._lock:
             self._parser = LogParser()
             self._startup_complete = None
-        with open(log, "ab", buffering=0) as out:
+        # The log echoes prompts and the preset's env: readable by its owner only.
+        with open(log, "ab", buffering=0, opener=paths.private_opener) as out:
             try:
                 self._proc = subprocess.Popen(
                     self.spec.argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
@@ -370,11 +376,9 @@ class EngineServer(_Watcher):
         self._stop_monitor.set()
         if not st.running or st.pid is None:
             return None
-        record = paths.state_dir() / DETACHED_FILE
-        record.parent.mkdir(parents=True, exist_ok=True)
-        record.write_text(json.dumps({"pid": st.pid, "url": st.url, "preset": st.preset_name,
-                                      "log_path": str(st.log_path), "started_at": st.started_at}))
-        return record
+        return paths.write_private_text(paths.state_dir() / DETACHED_FILE, json.dumps(
+            {"pid": st.pid, "url": st.url, "preset": st.preset_name, "log_path": str(st.log_path),
+             "started_at": st.started_at}))
 
     def engine_pids(self) -> list[int]:
         if self._proc is None or self._proc.poll() is not None:
