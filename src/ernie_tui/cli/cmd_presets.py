@@ -68,7 +68,7 @@ def _show(args) -> int:
     book = _book(args)
     preset = book.get(args.name)
     if args.command:
-        spec = preset.launch_spec(args.preset_model)
+        spec = preset.launch_spec(args.preset_model or getattr(args, "model", None))
         env_shown = masked_env(spec.display_env(), spec.secret_env_keys)
         if args.json:
             print(json.dumps({"argv": spec.argv, "env": env_shown}, indent=2))
