@@ -3,65 +3,28 @@ one exists, from vLLM's own message text otherwise, and from preflight."""
 
 from __future__ import annotations
 
-import re
 import shutil
 import socket
 import subprocess
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
 
 from ernie_tui.demo_model import write_demo_model
 from ernie_tui.engine_ctl.diagnose import Diagnosis, apply_fix, diagnose
+from ernie_tui.engine_ctl.logparse import parse_file
 from ernie_tui.engine_ctl.machine import GiB, GpuInfo, Machine
-from ernie_tui.engine_ctl.modelinfo import read_model_info, write_header_only_model
+from ernie_tui.engine_ctl.modelinfo import read_model_info
 from ernie_tui.engine_ctl.preflight import preflight
 from ernie_tui.engine_ctl.report import EngineError, ErrorKind
 from ernie_tui.presets import Preset, load_presets
+from model_support import write_header_only_model
 
 H200 = Machine(platform="cuda", gpus=(GpuInfo(0, "NVIDIA H200", int(139.8 * GiB), int(139.29 * GiB)),))
 
-# Root-cause patterns, newest vLLM wording first. Only used until the
-# project's log parser (engine_ctl/logparse.py) lands; then parse_file wins.
-_ROOT_CAUSES = [
-    (ErrorKind.UNKNOWN_ARGUMENT, r"error: unrecognized arguments: (?P<arg>.+)$"),
-    (ErrorKind.KV_CACHE_TOO_SMALL, r"ValueError: (To serve at least one request.*)$"),
-    (ErrorKind.NO_CACHE_MEMORY, r"ValueError: (No available memory for the cache blocks.*)$"),
-    (ErrorKind.INSUFFICIENT_FREE_MEMORY, r"ValueError: ((?:Available|Free) memory on (?:node|device).*less than.*)$"),
-    (ErrorKind.BLOCK_SIZE_UNSUPPORTED, r"ValueError: ((?:No common block size|No valid attention backend).*)$"),
-    (ErrorKind.MAX_MODEL_LEN_TOO_LARGE, r"Value error, (User-specified max_model_len.*)$"),
-    (ErrorKind.PORT_IN_USE, r"(OSError: \[Errno 98\].*|.*address already in use.*)$"),
-    (ErrorKind.TP_EXCEEDS_GPUS, r"(World size \(\d+\) is larger than the number of available GPUs.*)$"),
-    (ErrorKind.HEADS_NOT_DIVISIBLE, r"(Total number of attention heads.*must be divisible.*)$"),
-    (ErrorKind.MISSING_MODULE, r"(ModuleNotFoundError: No module named .*)$"),
-    (ErrorKind.CUDA_OOM, r"(.*CUDA out of memory.*)$"),
-]
-
-
-def error_from_log(path, parser_must_find: bool = True) -> EngineError | None:
-    """The root cause of a failed start, read from a real vLLM log by the
-    project's parser (engine_ctl/logparse.py) when it is there. The patterns
-    above stand in only while it is absent, or, with parser_must_find=False,
-    for a log shape the parser does not know yet."""
-    try:
-        from ernie_tui.engine_ctl.logparse import parse_file
-    except ImportError:
-        parse_file = None
-    if parse_file is not None:
-        err = parse_file(path).error
-        if err is not None or parser_must_find:
-            return err
-    lines = Path(path).read_text(errors="replace").splitlines()
-    for kind, pattern in _ROOT_CAUSES:
-        for no, line in enumerate(lines, 1):
-            m = re.search(pattern, line, re.IGNORECASE)
-            if m:
-                msg = m.group(1).strip()
-                detail = {"argument": m.group("arg").strip()} if "arg" in m.groupdict() else {}
-                est = re.search(r"estimated maximum model length is (\d+)", msg)
-                return EngineError(kind, msg, no, int(est.group(1)) if est else None, detail)
-    return None
+def error_from_log(path) -> EngineError | None:
+    """The root cause of a failed start, read from a real vLLM log by the project's parser."""
+    return parse_file(path).error
 
 
 @pytest.fixture(scope="module")
@@ -197,12 +160,15 @@ def test_missing_module_from_a_real_python(tmp_path, book):
     with open(log, "wb") as f:
         subprocess.run([python, "-m", "vllm.entrypoints.openai.api_server", "--model", "/nonexistent"],
                        stdout=f, stderr=subprocess.STDOUT, timeout=60)
-    # A one-line failure with no vLLM prefix at all; the parser may not read it yet.
-    err = error_from_log(log, parser_must_find=False)
-    assert err is not None and err.kind == ErrorKind.MISSING_MODULE
+    # A one-line failure with no vLLM prefix at all: "<python>: Error while finding module
+    # specification for 'vllm.entrypoints.openai.api_server' (ModuleNotFoundError: No module named 'vllm')"
+    err = error_from_log(log)
+    assert err is not None and err.kind == ErrorKind.MISSING_MODULE and err.detail["module"] == "vllm"
+    assert err.line_no == 1 and err.message.startswith(python)
     d = diagnose(err, replace(book.get("cpu-demo"), launcher=[python, "-m", "vllm.entrypoints.openai.api_server"]),
                  "cpu")
     assert d.fix_changes is None and "vllm" in d.fix_summary
+    assert "`launcher`" in d.fix_summary and "ERNIE_TUI_VLLM_PYTHON" in d.fix_summary
     with pytest.raises(ValueError, match="no automatic fix"):
         apply_fix(book.get("cpu-demo"), d)
 

@@ -19,9 +19,10 @@ from ernie_tui.engine_ctl.estimate import (
     max_len_that_fits,
 )
 from ernie_tui.engine_ctl.machine import GiB, GpuInfo, Machine, detect_machine, visible_gpus
-from ernie_tui.engine_ctl.modelinfo import ModelInfoError, read_model_info, write_header_only_model
+from ernie_tui.engine_ctl.modelinfo import ModelInfoError, read_model_info
 from ernie_tui.engine_ctl.report import EngineReport
 from ernie_tui.presets import Preset, load_presets
+from model_support import write_header_only_model
 
 H200 = Machine(platform="cuda", gpus=(GpuInfo(0, "NVIDIA H200", int(139.8 * GiB), int(139.29 * GiB)),))
 

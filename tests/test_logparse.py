@@ -469,6 +469,23 @@ def test_missing_module():
     assert e.kind is ErrorKind.MISSING_MODULE and e.detail["module"] == "vllm._C"
 
 
+@pytest.mark.parametrize("line, module", [
+    ("/usr/bin/python3: Error while finding module specification for 'vllm.entrypoints.openai.api_server' "
+     "(ModuleNotFoundError: No module named 'vllm')", "vllm"),
+    ("/opt/venv/bin/python: No module named vllm", "vllm"),
+])
+def test_interpreter_without_vllm(line, module):
+    """The launcher's Python has no vLLM: the interpreter's own one-line complaint."""
+    r = parse_lines([line])
+    assert r.error is not None and r.error.kind is ErrorKind.MISSING_MODULE
+    assert r.error.detail["module"] == module and r.error.line_no == 1 and r.error.message == line
+
+
+def test_interpreter_cannot_open_the_launcher_script():
+    line = "/usr/bin/python3: can't open file '/srv/run_vllm.py': [Errno 2] No such file or directory"
+    assert parse_lines([line]).error.message == line
+
+
 def test_engine_dead_after_ready():
     r = parse_lines(["(APIServer pid=1) INFO:     Application startup complete.",
                      v("Engine core proc EngineCore_DP0 died unexpectedly, shutting down client.", level="ERROR",
@@ -614,7 +631,9 @@ PIECES = ["(APIServer pid=1) ", "(Worker pid=", "INFO 11-30 03:20:09 [x.py:1] ",
           "Explicitly set (", "Model loading took ", "init engine (", "Graph capturing finished in ", "took ",
           "ValueError: ", "RuntimeError: Worker failed with error '", "estimated maximum model length is ",
           "unrecognized arguments: ", "[Errno 98] ", "Capturing CUDA graphs: ", "%|", "/", "[shutdown] ", "[",
-          "] ", "(", ")", ":", ",", "'", "\r", "\x1b[3", "1", "-2.5", "99999999999999999999", "\u2588", "\ufffd"]
+          "] ", "(", ")", ":", ",", "'", "\r", "\x1b[3", "1", "-2.5", "99999999999999999999", "9" * 400, "1e999",
+          "\u2588", "\ufffd", "Starting vLLM server on http://h:", "Loading weights took ", " seconds", " GiB",
+          "Running: ", "CPU KV cache usage: ", "%"]
 
 
 @settings(max_examples=400, deadline=None)
@@ -623,7 +642,7 @@ def test_keyword_soup_never_raises(lines):
     parser = LogParser()
     for line in lines:
         parser.feed(line)
-    parser.report.to_dict(include_stats=True)
+    json.dumps(parser.report.to_dict(include_stats=True), allow_nan=False, default=str)  # strict JSON, always
     assert parser.internal_errors == 0
 
 
@@ -676,6 +695,61 @@ def test_cli_parse_log_json_error(fixtures_dir, capsys):
     d = json.loads(capsys.readouterr().out)
     assert d["error"]["kind"] == "block_size_unsupported" and d["error"]["estimated_max_model_len"] is None
     assert d["error"]["message"].startswith("ValueError: No valid attention backend")
+
+
+def _strict_json(text: str):
+    def refuse(name):
+        raise AssertionError(f"{name} is not JSON")
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_cli_parse_log_json_drops_figures_no_machine_has(tmp_path, capsys):
+    """Numbers that overflow a float printed `Infinity` (not JSON); absurd ones
+    were reported as facts. Both are dropped, and the report says why."""
+    digits = "9" * 400
+    log = tmp_path / "llm.log"
+    log.write_text("\n".join([
+        v("vLLM server version 0.32.0, serving model m", role="APIServer"),
+        v("non-default args: {'model': 'm', 'block_size': 32, 'swap_space': 1e999}", role="APIServer"),
+        v(f"Loading weights took {digits} seconds"),
+        v("Model loading took 0.7 GiB and 1.5 s"),
+        v("CPU KV cache size: 100,000,000,000,000,000,000,000,000 tokens, Maximum concurrency for "
+          "2,048 tokens per request: 32.00x"),
+        v(f"init engine (profile, create kv cache, warmup model) took {digits}.5 seconds"),
+        v(f"Engine 000: Avg prompt throughput: {digits} tokens/s, Avg generation throughput: 1.0 tokens/s, "
+          "Running: 0 reqs, Waiting: 0 reqs, CPU KV cache usage: 0.0%, Prefix cache hit rate: 0.0%",
+          role="APIServer"),
+        "(APIServer pid=7) INFO:     Uvicorn running on http://inf:-1 (Press CTRL+C to quit)",
+        f"(EngineCore pid={digits}) INFO 11-30 03:20:09 [x.py:1] Graph capturing finished in 5 secs, "
+        f"took -{digits} GiB",
+        "ValueError: To serve at least one request with the model's max seq len (" + digits + "), (1.00 GiB KV "
+        "cache is needed, which is larger than the available KV cache memory (0.06 GiB). Based on the available "
+        "memory, the estimated maximum model length is " + digits + ".",
+    ]) + "\n")
+    assert cli_main(["parse-log", "--json", "--all-stats", str(log)]) == 0
+    d = _strict_json(capsys.readouterr().out)
+    assert d["weights_load_seconds"] == 1.5 and d["weights_gib"] == 0.7  # the sane line still counts
+    assert d["kv_cache_tokens"] is None and d["max_concurrency"] == 32.0
+    assert d["init_engine_seconds"] is None and d["cuda_graph_gib"] is None and d["cuda_graph_seconds"] == 5.0
+    assert d["stats"] == [] and d["server_url"] is None
+    assert d["non_default_args"] == {"model": "m", "block_size": 32} and d["pids"] == {"APIServer": 7}
+    assert d["error"]["kind"] == "kv_cache_too_small" and d["error"]["estimated_max_model_len"] is None
+    assert d["error"]["detail"] == {"needed_gib": 1.0, "available_gib": 0.06}
+    notes = "\n".join(d["notes"])
+    for what in ("weights load time", "KV cache size", "init engine time", "Avg prompt throughput",
+                 "server URL http://inf:-1", "swap_space", "EngineCore pid", "CUDA graph memory",
+                 "estimated max model len", "max model len"):
+        assert what in notes, what
+    assert len(d["notes"]) == 10
+    assert cli_main(["parse-log", str(log)]) == 0
+    text = capsys.readouterr().out
+    figures = [ln for ln in text.splitlines()[1:] if not ln.startswith("  note ")]
+    assert text.count("dropped") == 10 and not any("inf" in ln for ln in figures)
+    r = parse_lines([v("Starting vLLM server on http://inf:-1", role="APIServer"),
+                     v("Starting vLLM server on http://[::1]:99999", role="APIServer")])
+    assert r.ready and r.server_url is None and len(r.notes) == 2
+    assert parse_lines([v("Starting vLLM server on http://[::1]:8000", role="APIServer")]).server_url \
+        == "http://[::1]:8000"
 
 
 def test_cli_parse_log_missing_file(tmp_path, capsys):

@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import os
-import threading
-import time
 import tracemalloc
 
 import pytest
 
 from ernie_tui.engine_ctl.logparse import LogParser, parse_file
-from ernie_tui.engine_ctl.logtail import CUT_MARKER, LogTailer, follow, strip_ansi
+from ernie_tui.engine_ctl.logtail import CUT_MARKER, LogTailer, strip_ansi
 
 
 def append(path, data: bytes | str) -> None:
@@ -246,25 +244,6 @@ def test_close_stops_reading(log):
     append(log, "a\n")
     t.close()
     assert t.read_new() == []
-
-
-def test_follow_yields_lines_until_stopped(log):
-    stop = threading.Event()
-    got: list[str] = []
-
-    def writer():
-        for i in range(5):
-            append(log, f"w{i}\n")
-            time.sleep(0.02)
-
-    th = threading.Thread(target=writer)
-    th.start()
-    for line in follow(log, poll=0.01, stop_event=stop):
-        got.append(line)
-        if len(got) == 5:
-            stop.set()
-    th.join()
-    assert got == [f"w{i}" for i in range(5)]
 
 
 def test_tailed_fixture_parses_like_the_file(fixtures_dir, log):

@@ -1,5 +1,5 @@
 """/metrics parsing against real vLLM scrapes, windows between snapshots,
-renamed/missing metrics, and the chart history."""
+renamed/missing metrics, and the chart samples."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ def gpu_scrape(fixtures_dir) -> str:
 
 
 def test_cpu_scrape_values(cpu_scrape):
-    s = M.parse_metrics(cpu_scrape, timestamp=100.0)
+    s = M.MetricsSnapshot.parse(cpu_scrape, timestamp=100.0)
     assert s.prompt_tokens == 144
     assert s.generation_tokens == 2400
     assert s.requests_finished == 24  # summed over finished_reason labels
@@ -40,7 +40,7 @@ def test_cpu_scrape_values(cpu_scrape):
 
 
 def test_cpu_scrape_histograms(cpu_scrape):
-    s = M.parse_metrics(cpu_scrape, timestamp=0.0)
+    s = M.MetricsSnapshot.parse(cpu_scrape, timestamp=0.0)
     ttft = s.histogram(M.TTFT)
     assert ttft.count == 24
     assert ttft.mean == pytest.approx(0.22730255126953125 / 24)
@@ -57,7 +57,7 @@ def test_cpu_scrape_histograms(cpu_scrape):
 def test_gpu_scrape_without_type_lines(gpu_scrape):
     # The 0.26 GPU excerpt has no HELP/TYPE lines: the parser makes untyped
     # families, and lookups by sample name must still work.
-    s = M.parse_metrics(gpu_scrape, timestamp=0.0)
+    s = M.MetricsSnapshot.parse(gpu_scrape, timestamp=0.0)
     assert s.prompt_tokens == 51425
     assert s.generation_tokens == 38672
     cc = s.cache_config()
@@ -81,18 +81,18 @@ def test_old_names_and_derived_kv_tokens():
         'vllm:time_per_output_token_seconds_count{model_name="m"} 4\n'
         'vllm:cache_config_info{block_size="16",num_gpu_blocks="100"} 1\n'
     )
-    s = M.parse_metrics(text, timestamp=0)
+    s = M.MetricsSnapshot.parse(text, timestamp=0)
     assert s.kv_cache_usage_pct == pytest.approx(25.0)
     assert s.histogram(M.ITL).count == 4
     assert s.cache_config().kv_cache_size_tokens == 1600  # blocks * block size when the label is missing
 
 
 def test_missing_everything():
-    s = M.parse_metrics("", timestamp=0)
+    s = M.MetricsSnapshot.parse("", timestamp=0)
     assert s.prompt_tokens is None and s.kv_cache_usage_pct is None and s.cache_config() is None
     assert s.histogram(M.TTFT) is None
-    w = M.window(s, M.parse_metrics("", timestamp=1))
-    assert w.generation_tps is None and w.ttft is None
+    empty = M.MetricsSnapshot.parse("", timestamp=1)
+    assert M.counter_rate(s, empty, M.GENERATION_TOKENS) is None and M.histogram_delta(s, empty, M.TTFT) is None
 
 
 def test_malformed_lines_are_skipped():
@@ -102,7 +102,7 @@ def test_malformed_lines_are_skipped():
         'vllm:num_requests_waiting{model_name="m"} 2 garbage x\n'
         'vllm:generation_tokens_total{model_name="m"} 10\n'
     )
-    s = M.parse_metrics(text, timestamp=0)
+    s = M.MetricsSnapshot.parse(text, timestamp=0)
     assert s.running == 3
     assert s.generation_tokens == 10
     assert s.waiting is None
@@ -126,22 +126,21 @@ def _scrape(gen: float, prompt: float, ttft_buckets: list[tuple[str, float]], tt
 
 
 def test_window_rates_and_histogram_delta():
-    a = M.parse_metrics(_scrape(100, 1000, [("0.1", 5), ("1", 10), ("+Inf", 10)], 2.0), timestamp=10.0)
-    b = M.parse_metrics(_scrape(500, 3000, [("0.1", 9), ("1", 20), ("+Inf", 20)], 6.0), timestamp=14.0)
-    w = M.window(a, b)
-    assert w.seconds == 4.0
-    assert w.generation_tps == pytest.approx(100.0)
-    assert w.prompt_tps == pytest.approx(500.0)
-    # window histogram: <=0.1: 4, <=1: 10, mean (6-2)/10
-    assert w.ttft["count"] == 10
-    assert w.ttft["mean"] == pytest.approx(0.4)
-    assert w.ttft["p50"] == pytest.approx(0.1 + 0.9 * (5 - 4) / 6)
+    a = M.MetricsSnapshot.parse(_scrape(100, 1000, [("0.1", 5), ("1", 10), ("+Inf", 10)], 2.0), timestamp=10.0)
+    b = M.MetricsSnapshot.parse(_scrape(500, 3000, [("0.1", 9), ("1", 20), ("+Inf", 20)], 6.0), timestamp=14.0)
+    assert M.elapsed(a, b) == 4.0
     assert M.counter_rate(a, b, M.GENERATION_TOKENS) == pytest.approx(100.0)
+    assert M.counter_rate(a, b, M.PROMPT_TOKENS) == pytest.approx(500.0)
+    # window histogram: <=0.1: 4, <=1: 10, mean (6-2)/10
+    ttft = M.histogram_delta(a, b, M.TTFT).summary()
+    assert ttft["count"] == 10
+    assert ttft["mean"] == pytest.approx(0.4)
+    assert ttft["p50"] == pytest.approx(0.1 + 0.9 * (5 - 4) / 6)
 
 
 def test_window_over_restart_gives_none():
-    a = M.parse_metrics(_scrape(500, 3000, [("0.1", 9), ("+Inf", 20)], 6.0), timestamp=0.0)
-    b = M.parse_metrics(_scrape(10, 20, [("0.1", 1), ("+Inf", 1)], 0.1), timestamp=5.0)
+    a = M.MetricsSnapshot.parse(_scrape(500, 3000, [("0.1", 9), ("+Inf", 20)], 6.0), timestamp=0.0)
+    b = M.MetricsSnapshot.parse(_scrape(10, 20, [("0.1", 1), ("+Inf", 1)], 0.1), timestamp=5.0)
     assert M.counter_rate(a, b, M.GENERATION_TOKENS) is None
     assert M.histogram_delta(a, b, M.TTFT) is None
 
@@ -155,7 +154,7 @@ def test_quantile_in_inf_bucket_and_empty():
 
 
 def test_multiple_engines_are_summed_and_kv_is_the_fullest():
-    s = M.parse_metrics(_scrape(100, 10, [("1", 2), ("+Inf", 2)], 1.0, kv=0.5, running=3, engine_count=2),
+    s = M.MetricsSnapshot.parse(_scrape(100, 10, [("1", 2), ("+Inf", 2)], 1.0, kv=0.5, running=3, engine_count=2),
                         timestamp=0)
     assert s.generation_tokens == 200
     assert s.running == 6
@@ -166,8 +165,8 @@ def test_multiple_engines_are_summed_and_kv_is_the_fullest():
 def test_model_name_filter():
     text = ('vllm:num_requests_running{model_name="a"} 1\n'
             'vllm:num_requests_running{model_name="b"} 5\n')
-    assert M.parse_metrics(text, timestamp=0, model_name="a").running == 1
-    assert M.parse_metrics(text, timestamp=0).running == 6
+    assert M.MetricsSnapshot.parse(text, timestamp=0, model_name="a").running == 1
+    assert M.MetricsSnapshot.parse(text, timestamp=0).running == 6
 
 
 def test_only_filter_keeps_named_metrics(cpu_scrape):
@@ -176,36 +175,9 @@ def test_only_filter_keeps_named_metrics(cpu_scrape):
     assert s.histogram(M.TTFT) is None  # not asked for
 
 
-def test_history_rates_bounds_and_series():
-    h = M.MetricsHistory(max_age_s=60)
-    for i in range(0, 100, 5):  # a scrape every 5 s for 95 s, 50 tokens/s
-        h.add_snapshot(M.parse_metrics(_scrape(50 * i, 10 * i, [("+Inf", 0)], 0, kv=0.01 * i), timestamp=1000.0 + i))
-    samples = h.samples()
-    assert samples[0].timestamp >= 1095 - 60  # older than 15 min (here 60 s) dropped
-    assert samples[-1].generation_tps == pytest.approx(50.0)
-    assert samples[-1].prompt_tps == pytest.approx(10.0)
-    ts, kv = h.series("kv_cache_usage_pct")
-    assert len(ts) == len(kv) == len(samples)
-    assert kv[-1] == pytest.approx(95.0)
-    assert h.peak("kv_cache_usage_pct") == pytest.approx(95.0)
-    assert len(h.samples(last_seconds=10)) == 3
-    with pytest.raises(KeyError):
-        h.series("nope")
-    h.clear()
-    assert len(h) == 0 and h.last_snapshot is None
-
-
-def test_history_first_sample_has_no_rate():
-    h = M.MetricsHistory()
-    first = h.add_snapshot(M.parse_metrics(_scrape(10, 10, [("+Inf", 0)], 0), timestamp=0))
-    assert first.generation_tps is None and first.running == 2
-
-
-def test_history_max_points():
-    h = M.MetricsHistory(max_age_s=1e9, max_points=10)
-    for i in range(50):
-        h.add(M.MetricsSample(float(i), None, None, None, None, None))
-    assert len(h) == 10 and h.samples()[0].timestamp == 40.0
+def test_first_sample_has_no_rate():
+    s = M.derive_sample(None, M.MetricsSnapshot.parse(_scrape(10, 10, [("+Inf", 0)], 0), timestamp=0))
+    assert s.generation_tps is None and s.running == 2
 
 
 def test_metrics_url():

@@ -14,10 +14,10 @@ from ernie_tui.cli import main
 from ernie_tui.demo_model import write_demo_model
 from ernie_tui.engine_ctl import preflight as pf
 from ernie_tui.engine_ctl.machine import GiB, GpuInfo, Machine
-from ernie_tui.engine_ctl.modelinfo import write_header_only_model
 from ernie_tui.engine_ctl.preflight import preflight
 from ernie_tui.engine_ctl.report import ErrorKind
 from ernie_tui.presets import Preset, load_presets
+from model_support import write_header_only_model
 
 
 def h200(n: int = 1, free_gib: float = 139.29) -> Machine:
@@ -237,6 +237,53 @@ def test_public_host_without_key_warns(book, e03, monkeypatch):
     monkeypatch.setenv("MY_KEY", "secret")
     r = run(replace(book.get("seed-A"), host="0.0.0.0", api_key_env="MY_KEY"), e03, h200())
     assert not r.problems
+
+
+def _lan_address() -> tuple[str, str] | None:
+    """A non-loopback address of this machine and its interface, if it has one."""
+    import ipaddress
+
+    import psutil
+
+    for name, addrs in psutil.net_if_addrs().items():
+        for a in addrs:
+            if a.family in (socket.AF_INET, socket.AF_INET6):
+                ip = ipaddress.ip_address(a.address.split("%")[0])
+                if not ip.is_loopback and not ip.is_link_local:
+                    return a.address, name
+    return None
+
+
+@pytest.mark.parametrize("host", ["0", "::0", "0:0:0:0:0:0:0:0", "0.0.0.0", "::", "[::]", "", "0.0", "::ffff:0.0.0.0"])
+def test_every_interface_however_it_is_spelled_warns(book, e03, host):
+    """Exposure is what the address binds, not how it is spelled."""
+    from dataclasses import replace
+
+    assert pf.bind_exposure(host).scope == "all"
+    p = only(run(replace(book.get("seed-A"), host=host), e03, h200()), ErrorKind.OTHER)
+    assert "every interface" in p.message and "no API key" in p.message and p.fix == {"host": "127.0.0.1"}
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "localhost", "::1", "[::1]", "127.0.0.2", "127.1", "::ffff:127.0.0.1"])
+def test_loopback_however_it_is_spelled_is_quiet(book, e03, host):
+    from dataclasses import replace
+
+    assert pf.bind_exposure(host).scope == "loopback"
+    assert not run(replace(book.get("seed-A"), host=host), e03, h200()).problems
+
+
+def test_this_machines_own_network_address_warns(book, e03):
+    from dataclasses import replace
+
+    lan = _lan_address()
+    if lan is None:
+        pytest.skip("this machine has no non-loopback address")
+    address, interface = lan
+    exposure = pf.bind_exposure(address)
+    assert exposure.scope == "interface" and exposure.interfaces == (interface,)
+    p = only(run(replace(book.get("seed-A"), host=address), e03, h200()), ErrorKind.OTHER)
+    assert interface in p.message and "no API key" in p.message
+    assert pf.bind_exposure("192.0.2.254" if address != "192.0.2.254" else "198.51.100.7").scope == "none"
 
 
 def test_article_myths_warn(book, e03):

@@ -75,7 +75,7 @@ def run_until_exit(spec, log: Path, timeout: float = FAIL_TIMEOUT):
 
 
 def parsed_error(log: Path):
-    from test_diagnose import error_from_log  # the project's parser, or the stand-in patterns
+    from test_diagnose import error_from_log  # the project's parser
 
     return error_from_log(log)
 

@@ -4,7 +4,7 @@ import os
 import subprocess
 import sys
 
-from ernie_tui.engine_ctl.resources import MemoryHistory, ResourceSampler
+from ernie_tui.engine_ctl.resources import ResourceSampler
 
 
 def test_without_nvml_falls_back_to_rss_and_says_so():
@@ -45,14 +45,3 @@ def test_visible_devices(monkeypatch):
     assert _visible_indices(4) == []
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
     assert _visible_indices(2) == [0, 1]
-
-
-def test_history_window_and_peak():
-    from ernie_tui.engine_ctl.resources import MemorySample
-
-    h = MemoryHistory(max_age=100)
-    for t in range(0, 300, 10):
-        h.add(MemorySample(t=float(t), source="rss", engine_bytes=t))
-    assert h.peak_bytes == 290
-    assert min(s.t for s in h.samples) >= 190
-    assert len(h.window(50, now=290)) == 6

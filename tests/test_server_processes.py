@@ -5,9 +5,11 @@ child like EngineCore, and ignores SIGINT."""
 
 from __future__ import annotations
 
+import os
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 import psutil
 
@@ -133,3 +135,45 @@ def test_live_progress_bar_moves_the_phase_before_its_line_ends(tmp_path):
         assert partials and partials[-1].startswith("Capturing CUDA graphs (FULL):  10%")
     finally:
         server.stop()
+
+
+FAKE_VLLM = Path(__file__).with_name("tui_fake_vllm.py")
+
+
+def _open_logs(folder: Path) -> list[str]:
+    """What this process's descriptors hold open in `folder` (deleted files included)."""
+    held = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue  # the descriptor listdir itself used, gone already
+        if target.startswith(str(folder)):
+            held.append(target)
+    return held
+
+
+def test_start_stop_cycles_leave_no_log_open(tmp_path, fixtures_dir):
+    """Each start rotates llm.log; a tailer that was replaced without being
+    closed kept one descriptor per start, on files later deleted, whose disk
+    space came back only when the dashboard exited."""
+    logs = tmp_path / "logs"
+    preset = Preset(name="fake", launcher=[sys.executable, str(FAKE_VLLM)], model=str(tmp_path),
+                    port=free_port(), engine_args={"block_size": 32},
+                    env={"ERNIE_FAKE_FIXTURES": str(fixtures_dir / "cpu-vllm0.32.0"), "ERNIE_FAKE_DELAY": "0.05"})
+    server = EngineServer(preset.launch_spec(), preset_name="fake", log_path=logs / "llm.log")
+    try:
+        for cycle in range(20):
+            server.start()
+            deadline = time.time() + 15
+            while server.report.lines == 0 and time.time() < deadline:  # the tailer has the file open
+                time.sleep(0.02)
+            assert server.report.lines > 0, f"cycle {cycle}: nothing logged"
+            held = _open_logs(logs)
+            assert len(held) <= 1, f"cycle {cycle}: {held}"
+            server.stop()
+        assert _open_logs(logs) == []
+    finally:
+        server.stop()
+        server.close()
+    assert _open_logs(logs) == []

@@ -99,3 +99,24 @@ def test_real_sweep_two_presets_and_one_rejected(tmp_path, tiny_model, capsys):
         assert row["stats"]["peak_memory_gib"]["median"] > 0  # engine RSS on CPU
     md = capsys.readouterr().out
     assert "| cpu-a |" in md and "| cpu-bad |" in md
+
+
+def test_cli_global_presets_and_model_reach_sweep(tmp_path, capsys):
+    """`ernie-tui --presets F --model D sweep NAME`: the global options count, as for check and presets."""
+    presets = tmp_path / "p.toml"
+    presets.write_text(textwrap.dedent("""
+        [presets.only-in-this-file]
+        extends = "cpu-demo"
+        model = ""
+        block_size = 16
+    """))
+    missing_model = tmp_path / "no-model-here"
+    out = tmp_path / "sweep.json"
+    code = main(["--presets", str(presets), "--model", str(missing_model), "sweep", "only-in-this-file",
+                 "--out", str(out), "--log-dir", str(tmp_path / "logs")])
+    assert code == 0, capsys.readouterr().err
+    row = json.loads(out.read_text())["rows"][0]
+    # Preflight judged the preset from the global file against the global model dir; nothing launched.
+    assert row["preset"] == "only-in-this-file" and row["status"].startswith("skipped")
+    assert row["message"].startswith(f"preflight: {missing_model}: no such model directory")
+    assert not (tmp_path / "logs" / "only-in-this-file-r0.log").exists()

@@ -39,6 +39,7 @@ def ensure_demo_model() -> str:
 
     target = paths.demo_model_dir()
     if not (target / "model.safetensors").is_file():
+        paths.private_dir(target.parent)  # the data dir is ernie-tui's own: 0700
         print(f"writing the tiny demo model to {target} ...")
         write_demo_model(target, "tiny")
     return str(target)

@@ -32,7 +32,9 @@ def _run(args) -> int:
     except OSError as exc:
         raise CliError(f"{args.file}: cannot read: {exc.strerror or exc}") from None
     if args.json:
-        print(json.dumps(report.to_dict(include_stats=args.all_stats), indent=2, default=str))
+        # allow_nan=False: the parser drops figures no machine has, so the
+        # output is strict JSON (never Infinity or NaN).
+        print(json.dumps(report.to_dict(include_stats=args.all_stats), indent=2, default=str, allow_nan=False))
     else:
         print(format_report(report, args.file))
     return 0
@@ -99,4 +101,6 @@ def format_report(report, source: str = "") -> str:
         out.append(f"  last stats      {s.timestamp or '?'}: prompt {s.prompt_tps:,.1f} tok/s, generation "
                    f"{s.generation_tps:,.1f} tok/s, running {s.running}, waiting {s.waiting}, "
                    f"KV {s.kv_usage_pct:.1f}%{hit}  ({len(r.stats)} samples)")
+    for note in r.notes:
+        out.append(f"  note            {note}")
     return "\n".join(out)

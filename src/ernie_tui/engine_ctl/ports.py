@@ -1,9 +1,14 @@
-"""TCP ports: is one free the way vLLM will bind it, and which one is next."""
+"""TCP ports and bind addresses: is a port free the way vLLM will bind it,
+which one is next, and who can reach a server bound to a given host."""
 
 from __future__ import annotations
 
 import errno
+import ipaddress
 import socket
+from dataclasses import dataclass
+
+import psutil
 
 
 def port_is_free(host: str, port: int) -> tuple[bool, str]:
@@ -36,3 +41,79 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as s:
         s.bind((host, 0))
         return s.getsockname()[1]
+
+
+@dataclass(frozen=True)
+class Exposure:
+    """Who can reach a server that binds `host`.
+
+    scope: "all" (an unspecified address: every interface), "interface" (a
+    non-loopback address of this machine: whoever reaches that interface),
+    "loopback" (this machine only), or "none" (the host resolves to nothing
+    this machine has: the bind itself would fail)."""
+
+    host: str
+    scope: str
+    addresses: tuple[str, ...] = ()
+    interfaces: tuple[str, ...] = ()
+
+    @property
+    def exposed(self) -> bool:
+        return self.scope in ("all", "interface")
+
+    def describe(self) -> str:
+        if self.scope == "all":
+            return "listens on every interface"
+        if self.scope == "interface":
+            where = ", ".join(self.interfaces) or "a network interface"
+            return f"listens on {where} ({', '.join(self.addresses)})"
+        return "listens on this machine only" if self.scope == "loopback" else "binds nothing here"
+
+
+def _ip(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    try:
+        ip = ipaddress.ip_address(text.split("%", 1)[0])  # fe80::1%eth0: drop the scope id
+    except ValueError:
+        return None
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        return ip.ipv4_mapped  # ::ffff:127.0.0.1 is 127.0.0.1
+    return ip
+
+
+def _local_interfaces() -> dict[ipaddress.IPv4Address | ipaddress.IPv6Address, str]:
+    out = {}
+    for name, addrs in psutil.net_if_addrs().items():
+        for a in addrs:
+            if a.family in (socket.AF_INET, socket.AF_INET6):
+                ip = _ip(a.address)
+                if ip is not None:
+                    out.setdefault(ip, name)
+    return out
+
+
+def bind_exposure(host: str | None) -> Exposure:
+    """Decide exposure by what the address binds, not by how it is spelled:
+    "0", "::0", "0:0:0:0:0:0:0:0" and "" all mean every interface; a name is
+    resolved ("localhost" is loopback, a name of this machine's LAN address is
+    not). When a name resolves to several addresses, the widest one counts."""
+    text = (host or "").strip().strip("[]")
+    if not text:
+        return Exposure(host or "", "all")  # no host: vLLM binds every interface
+    try:
+        infos = socket.getaddrinfo(text, None, type=socket.SOCK_STREAM)
+        ips = {ip for info in infos if (ip := _ip(str(info[4][0]))) is not None}
+    except (OSError, UnicodeError):
+        ips = set()
+    if not ips:
+        return Exposure(text, "none")
+    shown = tuple(sorted(str(ip) for ip in ips))
+    if any(ip.is_unspecified for ip in ips):
+        return Exposure(text, "all", shown)
+    exposed = [ip for ip in ips if not ip.is_loopback]
+    if not exposed:
+        return Exposure(text, "loopback", shown)
+    local = _local_interfaces()
+    names = tuple(sorted({local[ip] for ip in exposed if ip in local}))
+    if not names:
+        return Exposure(text, "none", shown)  # not an address of this machine
+    return Exposure(text, "interface", tuple(sorted(str(ip) for ip in exposed if ip in local)), names)

@@ -47,7 +47,7 @@ from ernie_tui.engine_ctl.estimate import (
 )
 from ernie_tui.engine_ctl.machine import GiB, Machine
 from ernie_tui.engine_ctl.modelinfo import ModelInfo, ModelInfoError, read_model_info
-from ernie_tui.engine_ctl.ports import next_free_port, port_is_free
+from ernie_tui.engine_ctl.ports import bind_exposure, next_free_port, port_is_free
 from ernie_tui.engine_ctl.report import ErrorKind
 from ernie_tui.presets.model import TOOL_KEYS, Preset, PresetError, flag_for
 
@@ -63,7 +63,6 @@ PAGED_ATTN_MYTH_KEYS = {"enable_paged_attn", "disable_paged_attn", "paged_attn",
 # Architectures vLLM implements natively, for which trust_remote_code buys nothing.
 NATIVE_ARCHS = {"Ernie4_5ForCausalLM", "Ernie4_5_MoeForCausalLM", "LlamaForCausalLM", "Qwen2ForCausalLM",
                 "Qwen3ForCausalLM", "MistralForCausalLM", "Qwen3MoeForCausalLM", "Gemma2ForCausalLM"}
-PUBLIC_HOSTS = {"0.0.0.0", "::", "", "[::]"}
 # Device memory a fresh CUDA context takes before vLLM measures "free":
 # 139.80 GiB free in NVML vs "Free memory on device (139.29/139.8 GiB)" on the H200.
 CUDA_CONTEXT_BYTES = int(0.51 * GiB)
@@ -273,10 +272,7 @@ def vllm_args(python: str | None = None, allow_dump: bool = True) -> VllmArgs:
     if allow_dump:
         try:
             data = dump_vllm_args(python)
-            cache.parent.mkdir(parents=True, exist_ok=True)
-            tmp = cache.with_suffix(".tmp")
-            tmp.write_text(json.dumps(data), "utf-8")
-            os.replace(tmp, cache)
+            paths.write_private_text(cache, json.dumps(data))
             return make(data, "dump")
         except (OSError, RuntimeError, ValueError, subprocess.SubprocessError):
             pass
@@ -578,9 +574,10 @@ def check_port(c: _Ctx) -> None:
 def check_advice(c: _Ctx) -> None:
     """Warnings: exposure, and the articles' advice that real vLLM contradicts."""
     p = c.preset
-    if p.host in PUBLIC_HOSTS and not p.api_key():
+    exposure = bind_exposure(p.host)
+    if exposure.exposed and not p.api_key():
         c.add(ErrorKind.OTHER, "warning",
-              f"host {p.host or '0.0.0.0'} listens on every interface with no API key "
+              f"host {p.host or '(none)'} {exposure.describe()} with no API key "
               f"({'api_key_env ' + p.api_key_env + ' is unset' if p.api_key_env else 'no api_key_env'}): "
               "anyone who can reach this machine can use the server; bind 127.0.0.1 or set api_key_env",
               {"host": "127.0.0.1"})
@@ -715,6 +712,6 @@ def preflight(
 
 
 __all__ = [
-    "Problem", "PreflightResult", "VllmArgs", "preflight", "vllm_args", "port_is_free", "next_free_port",
+    "Problem", "PreflightResult", "VllmArgs", "preflight", "vllm_args", "port_is_free", "next_free_port", "bind_exposure",
     "valid_tp_sizes", "largest_valid_tp", "launcher_python", "size_str", "TOOL_KEYS",
 ]

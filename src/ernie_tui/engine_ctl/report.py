@@ -85,6 +85,9 @@ class EngineReport:
     error: EngineError | None = None
     pids: dict[str, int] = field(default_factory=dict)  # "APIServer" / "EngineCore" / "Worker_0" -> pid
     lines: int = 0
+    # Figures the log stated that no machine can have (inf seconds, 10^26 KV
+    # tokens, port -1): left out of the fields above, each said here.
+    notes: list[str] = field(default_factory=list)
 
     def to_dict(self, include_stats: bool = False) -> dict[str, Any]:
         d = asdict(self)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import time
-from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -155,24 +154,3 @@ class ResourceSampler:
             except Exception:
                 pass
             self.nvml = False
-
-
-class MemoryHistory:
-    """Bounded series of samples for the chart; kept outside any widget."""
-
-    def __init__(self, max_age: float = 15 * 60):
-        self.max_age = max_age
-        self.samples: deque[MemorySample] = deque()
-        self.peak_bytes: int = 0
-
-    def add(self, sample: MemorySample) -> None:
-        self.samples.append(sample)
-        shown = sample.shown_bytes or 0
-        self.peak_bytes = max(self.peak_bytes, shown)
-        cutoff = sample.t - self.max_age
-        while self.samples and self.samples[0].t < cutoff:
-            self.samples.popleft()
-
-    def window(self, seconds: float, now: float | None = None) -> list[MemorySample]:
-        now = now or time.time()
-        return [s for s in self.samples if s.t >= now - seconds]

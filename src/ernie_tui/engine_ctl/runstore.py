@@ -14,9 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import secrets
-import tempfile
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -129,12 +127,8 @@ def save_run(kind: str, results: Any, *, preset: Any = None, engine_report: Any 
     )
     folder = Path(directory) if directory else paths.runs_dir()
     try:
-        folder.mkdir(parents=True, exist_ok=True)
-        target = folder / f"{rid}.json"
-        fd, tmp = tempfile.mkstemp(dir=folder, prefix=".writing-", suffix=".json")
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(record.to_dict(), f, indent=1, ensure_ascii=False)
-        os.replace(tmp, target)
+        target = paths.write_private_text(folder / f"{rid}.json",
+                                          json.dumps(record.to_dict(), indent=1, ensure_ascii=False))
     except OSError as exc:
         raise RunStoreError(f"cannot write the run record in {folder}: {exc}") from exc
     record.path = target

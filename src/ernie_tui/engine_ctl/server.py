@@ -245,12 +245,21 @@ class _Watcher:
         except httpx.HTTPError:
             return False
 
+    def _set_tailer(self, tailer: LogTailer | None) -> None:
+        """Install `tailer` (or none), closing the one it replaces. Every
+        replacement and every end goes through here: a tailer left open keeps
+        its llm.log open, and after the next two rotations that file is a
+        deleted llm.log.1 whose disk space comes back only when it is closed.
+        Call only while no monitor thread runs (it reads self._tailer)."""
+        old, self._tailer = self._tailer, tailer
+        if old is not None and old is not tailer:
+            old.close()
+
     def close(self) -> None:
         self._stop_monitor.set()
         if self._thread and self._thread.is_alive() and self._thread is not threading.current_thread():
             self._thread.join(timeout=5)
-        if self._tailer:
-            self._tailer.close()
+        self._set_tailer(None)
         self._http.close()
 
 
@@ -275,9 +284,14 @@ class EngineServer(_Watcher):
         self.close_monitor()
         log = self.status.log_path
         assert log is not None
-        log.parent.mkdir(parents=True, exist_ok=True)
+        paths.private_dir(log.parent)
         if log.exists():
-            os.replace(log, log.with_name(log.name + ".1"))
+            rotated = log.with_name(log.name + ".1")
+            os.replace(log, rotated)
+            try:
+                os.chmod(rotated, paths.PRIVATE_FILE_MODE)  # one an older version wrote 0644
+            except OSError:
+                pass
         # If something already answers on our port, /health would report *it*
         # as ready; then only our own log's ready line counts.
         self._health_trusted = port_is_free(self.spec.host, self.spec.port)[0]
@@ -285,7 +299,8 @@ class EngineServer(_Watcher):
         with self._lock:
             self._parser = LogParser()
             self._startup_complete = None
-        with open(log, "ab", buffering=0) as out:
+        # The log echoes prompts and the preset's env: readable by its owner only.
+        with open(log, "ab", buffering=0, opener=paths.private_opener) as out:
             try:
                 self._proc = subprocess.Popen(
                     self.spec.argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
@@ -295,7 +310,7 @@ class EngineServer(_Watcher):
                 raise ServerError(f"cannot run {self.spec.argv[0]}: {exc.strerror or exc}") from None
         self._procs_seen = {}
         self._remember_tree()
-        self._tailer = LogTailer(log, from_start=True)
+        self._set_tailer(LogTailer(log, from_start=True))
         self._stopping = False
         self._stop_monitor = threading.Event()
         self._set_status(state=ServerState.STARTING, phase="launching", pid=self._proc.pid,
@@ -342,6 +357,7 @@ class EngineServer(_Watcher):
         if self._thread and self._thread is not threading.current_thread():
             self._thread.join(timeout=5)
         self._pump_log()
+        self._set_tailer(None)  # the server is gone: nothing more will be written
         final = ServerState.CRASHED if self.status.state == ServerState.CRASHED else ServerState.STOPPED
         self._set_status(state=final, phase=None, exit_code=proc.returncode)
 
@@ -360,11 +376,9 @@ class EngineServer(_Watcher):
         self._stop_monitor.set()
         if not st.running or st.pid is None:
             return None
-        record = paths.state_dir() / DETACHED_FILE
-        record.parent.mkdir(parents=True, exist_ok=True)
-        record.write_text(json.dumps({"pid": st.pid, "url": st.url, "preset": st.preset_name,
-                                      "log_path": str(st.log_path), "started_at": st.started_at}))
-        return record
+        return paths.write_private_text(paths.state_dir() / DETACHED_FILE, json.dumps(
+            {"pid": st.pid, "url": st.url, "preset": st.preset_name, "log_path": str(st.log_path),
+             "started_at": st.started_at}))
 
     def engine_pids(self) -> list[int]:
         if self._proc is None or self._proc.poll() is not None:
@@ -372,9 +386,12 @@ class EngineServer(_Watcher):
         return [p.pid for p in process_tree(self._proc.pid)]
 
     def close_monitor(self) -> None:
+        """End the monitor thread and, with it, the tailer it read from."""
         self._stop_monitor.set()
         if self._thread and self._thread.is_alive() and self._thread is not threading.current_thread():
             self._thread.join(timeout=5)
+        if not (self._thread and self._thread.is_alive()):
+            self._set_tailer(None)
 
     # -- monitor thread ---------------------------------------------------------
     def _remember_tree(self) -> None:
@@ -420,8 +437,6 @@ class EngineServer(_Watcher):
             state = self.status.state
             report = self._parser.report
             if state == ServerState.STARTING:
-                if report.error is not None and report.error.kind in (ErrorKind.PORT_IN_USE,):
-                    pass  # the process will exit; wait for it to report the code
                 if report.phase and report.phase != self.status.phase:
                     self._set_status(phase=report.phase)
                 healthy = False
@@ -492,7 +507,7 @@ class AttachedServer(_Watcher):
         if self._thread and self._thread.is_alive():
             return
         if self.status.log_path is not None:
-            self._tailer = LogTailer(self.status.log_path, from_start=True)
+            self._set_tailer(LogTailer(self.status.log_path, from_start=True))
         self._stop_monitor = threading.Event()
         self._set_status(state=ServerState.STARTING, phase="connecting")
         self._thread = threading.Thread(target=self._monitor, name="attach-monitor", daemon=True)

@@ -20,6 +20,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from ernie_tui import paths
 from ernie_tui.presets.model import Preset
 
 # Columns that are measured per run and aggregated across repeats.
@@ -259,14 +260,6 @@ def export(rows: list[SweepRow], path: str | Path, meta: dict[str, Any] | None =
     tmp.replace(p)
 
 
-class SweepCancelled(Exception):
-    pass
-
-
-def make_cancel_event() -> threading.Event:
-    return threading.Event()
-
-
 # -- running -------------------------------------------------------------------
 
 @dataclass
@@ -310,7 +303,7 @@ def run_sweep(plan: SweepPlan, burst_config=None, options: SweepOptions | None =
     burst_config = burst_config or BurstConfig()
     cancel = cancel or threading.Event()
     log_dir = options.log_dir or Path(__import__("tempfile").mkdtemp(prefix="ernie-sweep-"))
-    log_dir.mkdir(parents=True, exist_ok=True)
+    paths.private_dir(log_dir)  # each run's llm.log in it holds the prompts
     sampler = ResourceSampler()
     baseline = sampler.sample().shown_bytes if sampler.nvml else None
     order = plan.order()

@@ -22,8 +22,6 @@ No Textual or Rich here (tests/test_import_contract.py).
 from __future__ import annotations
 
 import os
-import stat
-import tempfile
 import tomllib
 from contextlib import contextmanager
 from pathlib import Path
@@ -65,45 +63,6 @@ def preset_table(preset: Preset) -> dict[str, Any]:
     if preset.env:
         t["env"] = dict(preset.env)
     return t
-
-
-# -- private files -------------------------------------------------------------------
-# TODO(merge): paths.py is getting shared private-file helpers on another
-# branch; this local pair does the same for the presets file until then.
-def _private_dir(directory: Path) -> None:
-    """Create `directory` 0700; our own config dir is tightened to 0700 if it
-    already exists looser (someone else's directory, given by path, is not)."""
-    directory.mkdir(parents=True, exist_ok=True, mode=0o700)
-    if directory.resolve() == paths.config_dir().resolve():
-        mode = stat.S_IMODE(directory.stat().st_mode)
-        if mode & 0o077:
-            os.chmod(directory, 0o700)
-
-
-def _atomic_write(path: Path, text: str) -> None:
-    """Write `text` to `path` 0600, all or nothing."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")  # 0600 already
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o600)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
-    try:  # make the rename itself durable
-        dfd = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
-    except OSError:
-        pass
 
 
 @contextmanager
@@ -189,7 +148,7 @@ def _edit(path: Path, what: str, change: Callable[[tomlkit.TOMLDocument, dict[st
     """Read, change and write the presets file under the lock. `change` edits
     the tomlkit document and the plain dict alike (the dict is what the file
     must read back as) and says whether there is anything to write."""
-    _private_dir(path.parent)
+    paths.private_dir(path.parent)
     with _locked(path):
         try:
             old_text = path.read_text("utf-8")
@@ -223,7 +182,7 @@ def _edit(path: Path, what: str, change: Callable[[tomlkit.TOMLDocument, dict[st
             # A layout tomlkit could not edit faithfully: better no write than a wrong one.
             raise PresetError(f"could not {what} without changing other parts of the file; "
                               "left it as it was (edit it by hand)", file=str(path))
-        _atomic_write(path, new_text)
+        paths.write_private_text(path, new_text, durable=True)
     return True
 
 
