@@ -186,3 +186,16 @@ def test_no_model_is_a_clear_error(monkeypatch):
     monkeypatch.delenv("ERNIE_TUI_MODEL", raising=False)
     with pytest.raises(PresetError, match="names no model"):
         load_presets().get("seed-A").launch_spec()
+
+
+@pytest.mark.parametrize("host, url", [
+    ("0.0.0.0", "http://127.0.0.1:8000"), ("0", "http://127.0.0.1:8000"), ("", "http://127.0.0.1:8000"),
+    ("::", "http://[::1]:8000"), ("::0", "http://[::1]:8000"), ("0:0:0:0:0:0:0:0", "http://[::1]:8000"),
+    ("127.0.0.1", "http://127.0.0.1:8000"), ("localhost", "http://localhost:8000"),
+    ("::1", "http://[::1]:8000"),
+])
+def test_launch_url_reaches_every_interface_binds_on_loopback(host, url):
+    # "0" and "::0" bind every interface like "0.0.0.0": the client must not dial http://0:8000
+    from ernie_tui.presets.model import connect_host
+    h = connect_host(host)
+    assert (f"http://[{h}]:8000" if ":" in h else f"http://{h}:8000") == url

@@ -7,8 +7,10 @@ where to launch the server.
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import re
+import socket
 import sys
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -116,7 +118,7 @@ class LaunchSpec:
 
     @property
     def url(self) -> str:
-        host = "127.0.0.1" if self.host in ("0.0.0.0", "", "::") else self.host
+        host = connect_host(self.host)
         if ":" in host:
             host = f"[{host}]"
         return f"http://{host}:{self.port}"
@@ -124,6 +126,23 @@ class LaunchSpec:
     def display_env(self) -> dict[str, str]:
         """env with secrets masked, for showing to a person."""
         return {k: ("***" if k in self.secret_env_keys else v) for k, v in self.env.items()}
+
+
+def connect_host(bind_host: str) -> str:
+    """Where a client reaches a server bound to `bind_host`: an address that
+    binds every interface ("0.0.0.0", "0", "::0", "") is reached on loopback;
+    anything else, numeric or a name, as written."""
+    text = bind_host.strip().strip("[]")
+    if not text:
+        return "127.0.0.1"
+    try:  # numeric forms only: a name is never "every interface" by spelling
+        info = socket.getaddrinfo(text, None, flags=socket.AI_NUMERICHOST)[0]
+    except (OSError, UnicodeError):
+        return text
+    ip = ipaddress.ip_address(str(info[4][0]).split("%")[0])
+    if ip.is_unspecified:
+        return "127.0.0.1" if ip.version == 4 else "::1"
+    return text
 
 
 @dataclass(frozen=True)
