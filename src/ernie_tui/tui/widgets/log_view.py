@@ -301,7 +301,13 @@ class LogView(ScrollView, can_focus=True):
         self._last_size = self.size
         self._cache.clear()
         if self.follow:
-            self.call_after_refresh(self._scroll_to_end)
+            self.call_after_refresh(self._scroll_to_end_if_following)
+
+    def _scroll_to_end_if_following(self) -> None:
+        # Deferred: a jump (a crash revealing its root cause) may have paused
+        # following between the resize and this call; that jump wins.
+        if self.follow:
+            self._scroll_to_end()
 
     def watch_compact(self, compact: bool) -> None:
         self._generation += 1
