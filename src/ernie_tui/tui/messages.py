@@ -111,6 +111,7 @@ class PreflightDone(Message):
     name: str
     result: object  # engine_ctl.preflight.PreflightResult, or None when preflight itself failed
     blocked: bool = False
+    ask: bool = False  # a switch while serving: nothing launched yet; ask before stopping the server
 
 
 @dataclass
