@@ -214,13 +214,15 @@ def test_client_fetches_and_reports_errors(cpu_scrape):
             assert _Handler.seen_auth[-1] == "Bearer sekret"
         _Handler.status = 500
         with M.MetricsClient(url) as c:
-            with pytest.raises(M.MetricsError, match="HTTP 500"):
+            with pytest.raises(M.MetricsError, match="HTTP 500") as err:
                 c.fetch()
+            assert err.value.reason == "HTTP 500"  # the few words a status line shows
             assert c.try_fetch() is None
     finally:
         _Handler.status = 200
         srv.shutdown()
         srv.server_close()
     with M.MetricsClient(url, timeout=1.0) as c:  # nothing listens there now
-        with pytest.raises(M.MetricsError, match="cannot connect"):
+        with pytest.raises(M.MetricsError, match="cannot connect") as err:
             c.fetch()
+        assert err.value.reason == "connection refused"

@@ -17,7 +17,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     d = sub.add_parser("demo", help="make the tiny model (once) and open the dashboard on the cpu-demo preset",
                        description="Generate the tiny stand-in model into the user data dir if it is missing, "
-                                   "then open the dashboard in control mode with the cpu-demo preset started.")
+                                   "then open the dashboard in control mode with the cpu-demo preset started. "
+                                   "Presets that name no model serve the tiny model (or the global --model DIR).")
     d.add_argument("--preset", default="cpu-demo", dest="demo_preset")
     d.set_defaults(run=_demo)
 
@@ -45,10 +46,17 @@ def ensure_demo_model() -> str:
     return str(target)
 
 
+def demo_args(args):
+    """The dashboard's arguments for `demo`: its preset, started, and a model
+    for every preset that names none (--model if given, else the tiny one)."""
+    tiny = ensure_demo_model()
+    args.model = getattr(args, "model", None) or tiny
+    args.preset = args.demo_preset
+    args.start = True
+    return args
+
+
 def _demo(args) -> int:
     from ernie_tui.cli.dashboard import run_dashboard
 
-    ensure_demo_model()
-    args.preset = args.demo_preset
-    args.start = True
-    return run_dashboard(args)
+    return run_dashboard(demo_args(args))

@@ -61,7 +61,24 @@ DEFAULT_TIMEOUT_S = 2.0
 
 
 class MetricsError(Exception):
-    """/metrics could not be fetched or read; the message is for humans."""
+    """/metrics could not be fetched or read; the message is for humans.
+
+    `reason` is the same in a few words, for a status line: 'HTTP 500',
+    'connection refused', 'no answer within 2 s', 'parse error: ...'."""
+
+    def __init__(self, message: str, reason: str | None = None):
+        super().__init__(message)
+        self.reason = reason or message
+
+
+def _refused(exc: BaseException) -> bool:
+    """Whether a connect error was the port being closed (nothing listens)."""
+    seen = 0
+    while exc is not None and seen < 8:
+        if isinstance(exc, ConnectionRefusedError):
+            return True
+        exc, seen = exc.__cause__ or exc.__context__, seen + 1
+    return False
 
 
 Labels = Mapping[str, str]
@@ -449,13 +466,17 @@ class MetricsClient:
         try:
             r = self._client.get(self.url)
         except httpx.ConnectError as exc:
-            raise MetricsError(f"cannot connect to {self.url}: {exc}") from exc
+            raise MetricsError(f"cannot connect to {self.url}: {exc}",
+                               "connection refused" if _refused(exc) else f"cannot connect ({exc})") from exc
         except httpx.TimeoutException as exc:
-            raise MetricsError(f"{self.url} did not answer within {self._client.timeout.read} s") from exc
+            wait = self._client.timeout.read
+            raise MetricsError(f"{self.url} did not answer within {wait} s",
+                               f"no answer within {wait:g} s" if wait else "timed out") from exc
         except httpx.HTTPError as exc:
-            raise MetricsError(f"reading {self.url} failed: {exc}") from exc
+            raise MetricsError(f"reading {self.url} failed: {exc}",
+                               f"read failed ({exc.__class__.__name__})") from exc
         if r.status_code != 200:
-            raise MetricsError(f"{self.url} answered HTTP {r.status_code}: {r.text[:200]}")
+            raise MetricsError(f"{self.url} answered HTTP {r.status_code}: {r.text[:200]}", f"HTTP {r.status_code}")
         return r.text
 
     def fetch(self, only: Iterable[str] | None = None) -> MetricsSnapshot:

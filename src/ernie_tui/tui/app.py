@@ -19,7 +19,7 @@ import shlex
 import signal
 import subprocess
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
 from typing import Callable, Iterable
@@ -30,7 +30,11 @@ from textual.screen import Screen
 from textual.worker import get_current_worker
 
 from ernie_tui import paths
+from ernie_tui.engine_ctl.diagnose import apply_fix, diagnose
+from ernie_tui.engine_ctl.preflight import preflight
+from ernie_tui.engine_ctl.report import ErrorKind
 from ernie_tui.presets import PresetBook, PresetError, load_presets
+from ernie_tui.presets.store import save_preset
 from ernie_tui.tui.lifecycle import tearing_down
 from ernie_tui.tui.messages import (
     ControlResult,
@@ -365,9 +369,15 @@ class ErnieApp(App[int]):
         st = self.server.status if self.server is not None else None
         return bool(st and st.state.value in ("starting", "ready"))
 
+    def _model_for(self, preset) -> str | None:
+        """The model dir to give `preset`: its own when it names one, else the
+        dashboard's --model (the demo's tiny model in `ernie-tui demo`); None
+        leaves it to ERNIE_TUI_MODEL, or to a 'names no model' error."""
+        return None if preset.model else self.config.model
+
     def _spec_for(self, name: str):
         preset = self.book.get(name)
-        return preset.launch_spec(self.config.model)
+        return preset.launch_spec(self._model_for(preset))
 
     def _run_control(self, action: str, fn: Callable[[], object]) -> None:
         if self._busy:
@@ -386,16 +396,19 @@ class ErnieApp(App[int]):
             return
         self.post_message(ControlResult(action, True))
 
-    def _launch(self, name: str, force: bool = False) -> None:
+    def _launch(self, name: str, force: bool = False, estimate=None) -> None:
         """Launch `name`: preflight it (in the worker, well under a second),
         then restart our server with its argv. Preflight errors stop the
-        launch and ask (fix / anyway / cancel); `force` skips preflight."""
+        launch and ask (fix / anyway / cancel); `force` skips preflight
+        (`estimate`: what an earlier preflight of it found, for the report)."""
         try:
             spec = self._spec_for(name)
             preset = self.book.get(name)
         except PresetError as exc:
             self.notify(str(exc), title="cannot launch", severity="error", timeout=8)
             return
+        if estimate is not None:
+            self.main.set_estimate(estimate, name)
         self.active_preset = name
         if self.server is None:
             factory = self.config.server_factory or default_server_factory
@@ -420,16 +433,9 @@ class ErnieApp(App[int]):
 
     def _preflight(self, preset, server=None):
         try:
-            from dataclasses import replace
-
-            from ernie_tui.engine_ctl.preflight import preflight
-            from ernie_tui.engine_ctl.report import ErrorKind
-        except ImportError:
-            return None
-        try:
             # allow_dump=False: never spend a minute asking vLLM for its argument
             # list here; the cached or shipped list is used instead.
-            result = preflight(preset, model_dir=self.config.model, check_args=True, allow_dump=False)
+            result = preflight(preset, model_dir=self._model_for(preset), check_args=True, allow_dump=False)
         except Exception:
             return None  # preflight is advice; its own failure must not block a launch
         st = server.status if server is not None else None
@@ -446,21 +452,24 @@ class ErnieApp(App[int]):
             return
         result = message.result
         if result is None:
+            if message.ask:
+                self._ask_to_switch(message.name)  # preflight itself failed: it is advice, ask anyway
             return
-        self.main.set_estimate(getattr(result, "estimate", None), message.name)
+        if not message.ask:  # launching now; a switch shows it once confirmed
+            self.main.set_estimate(getattr(result, "estimate", None), message.name)
         warnings = [p for p in result.problems if p.severity == "warning"]
         if warnings and not message.blocked:
             self.notify("\n".join(f"{p.kind.value}: {p.message}" for p in warnings[:3]),
                         title=f"preflight: {message.name}", severity="warning", timeout=8)
         if not message.blocked:
+            if message.ask:
+                self._ask_to_switch(message.name, getattr(result, "estimate", None))
             return
         preset = self.book.get(message.name) if message.name in self.book else None
         diagnosis = None
         first = result.first_error()
         if preset is not None and first is not None and first.fix:
             try:
-                from ernie_tui.engine_ctl.diagnose import diagnose
-
                 platform = getattr(getattr(result, "machine", None), "platform", None)
                 diagnosis = diagnose(first, preset, platform)
             except Exception:
@@ -469,11 +478,13 @@ class ErnieApp(App[int]):
 
         def chosen(choice: str | None) -> None:
             if choice == "anyway":
-                self._launch(message.name, force=True)
+                self._launch(message.name, force=True, estimate=getattr(result, "estimate", None))
             elif choice == "fix" and diagnosis is not None and preset is not None:
                 self._apply_fix_and_launch(preset, diagnosis)
 
-        self.push_screen(PreflightScreen(message.name, result.problems, fix_text), chosen)
+        st = self.server.status if self.server is not None else None
+        stops = f"{st.preset_name} (serving at {st.url})" if self.serving and st is not None else None
+        self.push_screen(PreflightScreen(message.name, result.problems, fix_text, stops=stops), chosen)
 
     def request_start(self) -> None:
         if self.mode != "control":
@@ -498,20 +509,43 @@ class ErnieApp(App[int]):
             self._launch(name)
 
     def request_switch(self, name: str, confirm: bool = True) -> None:
+        """Switch to `name`. While serving, judge it first (model, preflight)
+        and ask only if it can launch: a preset vLLM would refuse says why at
+        once, and the running server is left alone (issue #10, 9)."""
         if self.mode != "control":
             self.notify("switching presets needs control mode", timeout=3)
             return
-        if confirm and self.serving:
-            current = self.server.status.preset_name
-            if name == current:
-                body = f"Restart {name}? It is serving at {self.server.status.url}."
-            else:
-                body = (f"Switch to {name}? This stops {current} (serving at {self.server.status.url}) "
-                        f"and starts {name}.")
-            self.push_screen(ConfirmScreen("Restart the server?", body, yes="Switch" if name != current else "Restart"),
-                             lambda ok: self._launch(name) if ok else None)
+        if not (confirm and self.serving):
+            self._launch(name)
             return
-        self._launch(name)
+        try:
+            self._spec_for(name)  # the model resolves, or we say so now
+            preset = self.book.get(name)
+        except PresetError as exc:
+            self.notify(str(exc), title="cannot launch", severity="error", timeout=8)
+            return
+        server = self.server
+
+        def check() -> None:
+            result = self._preflight(preset, server)
+            blocked = bool(result is not None and result.errors)
+            self.post_message(PreflightDone(name, result, blocked, ask=True))
+
+        self._run_control(f"check {name}", check)
+
+    def _ask_to_switch(self, name: str, estimate=None) -> None:
+        """Preflight passed `name`: ask before stopping what is serving."""
+        st = self.server.status if self.server is not None else None
+        if st is None or not self.serving:
+            self._launch(name, force=True, estimate=estimate)  # it stopped meanwhile: nothing to ask
+            return
+        current = st.preset_name
+        if name == current:
+            body = f"Restart {name}? It is serving at {st.url}."
+        else:
+            body = f"Switch to {name}? This stops {current} (serving at {st.url}) and starts {name}."
+        self.push_screen(ConfirmScreen("Restart the server?", body, yes="Switch" if name != current else "Restart"),
+                         lambda ok: self._launch(name, force=True, estimate=estimate) if ok else None)
 
     # -- presets: edit, command line ---------------------------------------------------------
     def show_command_line(self, name: str | None) -> None:
@@ -573,10 +607,6 @@ class ErnieApp(App[int]):
         self._diagnosis = None
         if error is None or self.mode == "attach":
             return
-        try:
-            from ernie_tui.engine_ctl.diagnose import diagnose
-        except ImportError:
-            return
         preset = None
         name = self.status.preset_name if self.status is not None else None
         if self.mode == "control" and name and name in self.book:
@@ -607,12 +637,6 @@ class ErnieApp(App[int]):
         """Save the fix as NAME-fixed in the user's presets file (atomically,
         presets/store.py) and launch it."""
         try:
-            from ernie_tui.engine_ctl.diagnose import apply_fix
-            from ernie_tui.presets.store import save_preset
-        except ImportError:
-            self.notify("the diagnosis module is not installed", severity="error", timeout=4)
-            return
-        try:
             fixed = apply_fix(preset, diagnosis)
             save_preset(fixed)
         except Exception as exc:
@@ -641,11 +665,8 @@ class ErnieApp(App[int]):
         if self.mode == "replay" or not url:
             self.notify("the probe needs a running server", timeout=3)
             return
-        try:
-            from ernie_tui.tui.screens.probe import ProbeScreen
-        except ImportError:
-            self.notify("the probe pane is not available in this build", timeout=3)
-            return
+        from ernie_tui.tui.screens.probe import ProbeScreen  # here: it and httpx cost ~50 ms of start-up
+
         preset = None
         name = self.status.preset_name if self.status is not None else None
         if self.mode == "control" and name and name in self.book:
@@ -659,11 +680,8 @@ class ErnieApp(App[int]):
         if self.mode != "control":
             self.notify("the sweep starts its own servers: control mode only", timeout=3)
             return
-        try:
-            from ernie_tui.tui.screens.sweep import SweepScreen
-        except ImportError:
-            self.notify("the sweep screen is not available in this build", timeout=3)
-            return
+        from ernie_tui.tui.screens.sweep import SweepScreen  # here, as the probe screen: ~30 ms of start-up
+
         self.push_screen(SweepScreen(self.book, model=self.config.model, api_key=self.config.api_key,
                                      is_serving=lambda: self.serving))
 

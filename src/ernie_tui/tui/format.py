@@ -18,6 +18,24 @@ def duration(seconds: float | None, precise: bool = False) -> str:
     return f"{m}:{sec:02d}"
 
 
+def age(seconds: float) -> str:
+    """How long something has lasted, in words: '12 s', '3 min 4 s', '2 h 5 min'."""
+    s = max(0, int(seconds))
+    if s < 60:
+        return f"{s} s"
+    if s < 3600:
+        return f"{s // 60} min {s % 60} s"
+    return f"{s // 3600} h {s % 3600 // 60} min"
+
+
+def since(reason: str, start: float, now: float) -> tuple[str, str, str]:
+    """('/metrics: HTTP 500', '14:02:11', '12 s') for a /metrics problem that
+    began at `start` (epoch seconds) and still holds at `now`."""
+    import time
+
+    return f"/metrics: {reason}", time.strftime("%H:%M:%S", time.localtime(start)), age(now - start)
+
+
 def gib(value: float | None) -> str:
     if value is None:
         return "–"

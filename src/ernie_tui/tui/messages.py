@@ -86,6 +86,10 @@ class SeriesUpdate(Message):
     gpu_totals: tuple[float, ...] = ()  # GiB per GPU (NVML only)
     kv_tokens_metrics: int | None = None  # cache_config_info, when /metrics gives it
     now: float | None = None  # the sampler's clock at the snapshot (replay: end of log)
+    # Why /metrics gives nothing ('HTTP 500', 'no answer within 2 s', ...) and
+    # since when (the sampler's clock); None while it answers or is not asked.
+    metrics_error: str | None = None
+    metrics_error_since: float | None = None
 
     def can_replace(self, message: Message) -> bool:
         return isinstance(message, SeriesUpdate)
@@ -107,6 +111,7 @@ class PreflightDone(Message):
     name: str
     result: object  # engine_ctl.preflight.PreflightResult, or None when preflight itself failed
     blocked: bool = False
+    ask: bool = False  # a switch while serving: nothing launched yet; ask before stopping the server
 
 
 @dataclass

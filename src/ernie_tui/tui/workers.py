@@ -178,6 +178,7 @@ class Sampler:
         client_url = None
         prev = None
         kv_tokens: int | None = None
+        problem: tuple[str, float] | None = None  # (what is wrong with /metrics, since when)
         try:
             next_at = time.monotonic()
             while not cancelled():
@@ -204,8 +205,14 @@ class Sampler:
                             client.close()
                         client = (self.metrics_factory or m.MetricsClient)(status.url, api_key=self.api_key)
                         client_url, prev = status.url, None
-                    snap = _fetch_needed(client, m)
-                    if snap is not None:
+                    try:
+                        snap = _fetch_needed(client, m)
+                    except m.MetricsError as exc:
+                        # Say it, rather than look like a server that has not answered yet.
+                        if problem is None or problem[0] != exc.reason:
+                            problem = (exc.reason, self.clock())
+                    else:
+                        problem = None
                         sample = m.derive_sample(prev, snap)
                         prev = snap
                         cc = snap.cache_config()
@@ -213,6 +220,7 @@ class Sampler:
                             kv_tokens = cc.kv_cache_size_tokens
                 else:
                     prev = None  # a restart resets the counters: no rate across it
+                    problem = None  # not asked while the server is not ready
                     if not running:
                         kv_tokens = None
                 now = self.clock()
@@ -226,7 +234,9 @@ class Sampler:
                 ))
                 self.post(SeriesUpdate(tuple(self.points), memory_label=resources.label,
                                        memory_source="nvml" if resources.nvml else "rss",
-                                       gpu_totals=totals, kv_tokens_metrics=kv_tokens, now=now))
+                                       gpu_totals=totals, kv_tokens_metrics=kv_tokens, now=now,
+                                       metrics_error=problem[0] if problem else None,
+                                       metrics_error_since=problem[1] if problem else None))
                 next_at += self.interval
                 delay = next_at - time.monotonic()
                 if delay < 0:
@@ -262,15 +272,21 @@ def _needed_lines(text: str) -> str:
 
 def _fetch_needed(client, m):
     """One scrape, reduced to what the dashboard shows, then parsed by
-    engine_ctl.metrics (so names, renames and the snapshot stay its own)."""
-    try:
-        before = time.monotonic()
-        text = client.fetch_text()
-        mono = (before + time.monotonic()) / 2
-    except m.MetricsError:
-        return None
-    return m.MetricsSnapshot.parse(_needed_lines(text), timestamp=time.time(), mono=mono,
+    engine_ctl.metrics (so names, renames and the snapshot stay its own).
+
+    Raises MetricsError when the server does not answer, answers with an
+    error, or answers with something that holds none of vLLM's metrics (the
+    parser skips lines it cannot read, so garbage parses to nothing)."""
+    before = time.monotonic()
+    text = client.fetch_text()
+    mono = (before + time.monotonic()) / 2
+    snap = m.MetricsSnapshot.parse(_needed_lines(text), timestamp=time.time(), mono=mono,
                                    model_name=getattr(client, "model_name", None))
+    if not snap.names():
+        size = len(text.encode("utf-8", "replace"))
+        raise m.MetricsError(f"{getattr(client, 'url', '/metrics')} answered {size:,} bytes without a vLLM metric",
+                             f"parse error: no vLLM metrics in {size:,} bytes")
+    return snap
 
 
 def _sleep(seconds: float, cancelled: Cancelled) -> None:

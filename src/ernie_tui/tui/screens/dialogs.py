@@ -90,9 +90,10 @@ class PreflightScreen(ModalScreen[str]):
         Binding("n,escape", "choose('cancel')", "Cancel"),
     ]
 
-    def __init__(self, preset: str, problems: list, fix_summary: str | None):
+    def __init__(self, preset: str, problems: list, fix_summary: str | None, *, stops: str | None = None):
         super().__init__(classes="dialog-screen")
         self._preset, self._problems, self._fix = preset, problems, fix_summary
+        self._stops = stops  # what is serving now, which either launch stops
 
     def compose(self) -> ComposeResult:
         with Vertical(classes="dialog -wide"):
@@ -107,6 +108,9 @@ class PreflightScreen(ModalScreen[str]):
             if self._fix:
                 yield Static(Content.assemble(("fix  ", "dim"), (self._fix, "bold"),
                                               (f"  → saved as {self._preset.removesuffix('-fixed')}-fixed", "dim")),
+                             classes="dialog-body")
+            if self._stops:
+                yield Static(Content.assemble(("Launching either way stops ", "dim"), (self._stops, "bold")),
                              classes="dialog-body")
             with Horizontal(classes="dialog-buttons"):
                 if self._fix:

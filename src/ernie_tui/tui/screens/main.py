@@ -13,6 +13,7 @@ from textual.events import Resize
 from textual.screen import Screen
 from textual.widgets import Footer, Input
 
+from ernie_tui.tui.format import since
 from ernie_tui.tui.lifecycle import drop_when_torn_down
 from ernie_tui.tui.series import WINDOWS
 from ernie_tui.tui.widgets.charts import KVChart, MemoryChart, ThroughputChart
@@ -158,6 +159,8 @@ class MainScreen(Screen):
         window = WINDOWS[self.window_index][0]
         now = u.now if u.now is not None else (u.points[-1].t if u.points else 0.0)
         extra = {"memory_label": u.memory_label, "memory_source": u.memory_source, "gpu_totals": u.gpu_totals}
+        problem: dict = {}
+        alert: str | None = None
         if self.mode == "replay":
             extra.update(empty_memory="a log holds no memory figures", empty="no stats lines in this log")
         else:
@@ -165,9 +168,16 @@ class MainScreen(Screen):
             extra.update(empty_memory="waiting for samples" if u.memory_source == "nvml"
                          or self._state in ("starting", "ready", "stopping") else "no engine running",
                          empty="waiting for /metrics" if ready else "server not ready: no metrics")
+            if ready and u.metrics_error and u.metrics_error_since is not None:
+                # /metrics fails: say what and since when, not "waiting" (issue #10, 6).
+                what, began, lasted = since(u.metrics_error, u.metrics_error_since, now)
+                problem = {"empty": f"{what}\nsince {began} ({lasted})", "problem": f"{what} ({lasted})"}
+                alert = f"{what} since {began} ({lasted})"
+        self.query_one(StatusBar).set_alert(alert)
         with self.app.batch_update():
-            for chart in (self.query_one(MemoryChart), self.query_one(ThroughputChart), self.query_one(KVChart)):
-                chart.show(u.points, window, now, **extra)
+            self.query_one(MemoryChart).show(u.points, window, now, **extra)
+            for chart in (self.query_one(ThroughputChart), self.query_one(KVChart)):
+                chart.show(u.points, window, now, **{**extra, **problem})
 
 
     def show_log(self, batch, run_changed: bool) -> None:

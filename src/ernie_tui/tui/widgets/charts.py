@@ -115,11 +115,18 @@ class TimeChart(PlotextPlot):
         ticks = _ticks(self._window)
         plt.xticks(ticks, [_fmt_ago(-t) for t in ticks])
         points = in_window(self._points, self._window, self._now)
-        if not self.draw(plt, points):
+        drawn = self.draw(plt, points)
+        problem = self._extra.get("problem")
+        if problem and drawn:
+            self.border_subtitle = f"[ansi_bright_red]{problem}[/]"  # the points shown are old figures
+        if not drawn:
             plt.ylim(0, 1)
             plt.yticks([0, 1], ["", ""])
-            plt.text(self._extra.get(f"empty_{self.KIND}") or self._extra.get("empty") or "no samples yet",
-                     -self._window / 2, 0.5, alignment="center", color="gray", background="default")
+            message = self._extra.get(f"empty_{self.KIND}") or self._extra.get("empty") or "no samples yet"
+            lines = message.split("\n")
+            for i, line in enumerate(lines):  # one text per row, centred around the middle
+                plt.text(line, -self._window / 2, 0.5 + (len(lines) / 2 - 0.5 - i) * 0.25, alignment="center",
+                         color="red" if problem else "gray", background="default")
         self.refresh()
 
     def xs(self, points: Sequence[ChartPoint]) -> list[float]:

@@ -3,8 +3,13 @@
 A Line-API ScrollView: only the visible lines are rendered (and cached), so
 appending thousands of lines a second costs a list extend and a refresh.
 Levels are coloured, error lines stand out, the classified root-cause line
-is marked, and `/` search highlights matches. Following (auto-scroll) pauses
-when you scroll up and resumes at the end or with `l`.
+is marked, and `/` search highlights matches.
+
+Following (auto-scroll) is a state only the user changes: scrolling up (keys,
+wheel, scrollbar) or jumping to a line pauses it; End, `l` or scrolling back
+down to the end resumes it. It is never inferred from scroll_y moving: pruning
+past the line cap shrinks the virtual size, Textual clamps scroll_y, and that
+clamp once read as "the user scrolled up" and froze a flooding pane.
 """
 
 from __future__ import annotations
@@ -14,11 +19,14 @@ from dataclasses import dataclass
 
 from rich.style import Style
 from rich.text import Text
+from textual import events
+from textual.actions import SkipAction
 from textual.cache import LRUCache
 from textual.geometry import Size
 from textual.message import Message
 from textual.reactive import reactive
 from textual.scroll_view import ScrollView
+from textual.scrollbar import ScrollDown, ScrollTo, ScrollUp
 from textual.strip import Strip
 
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
@@ -88,7 +96,6 @@ class LogView(ScrollView, can_focus=True):
         self.root_cause_no: int | None = None
         self.pending = 0  # lines that arrived while paused
         self.dropped = 0
-        self._auto_scrolling = False
 
     # -- content ------------------------------------------------------------
     @property
@@ -162,6 +169,7 @@ class LogView(ScrollView, can_focus=True):
             pat = self._search.pattern
             self._search.matches.extend(base + start_y + i for i, ln in enumerate(clean) if pat.search(ln))
         overflow = len(self._lines) - self.max_lines
+        cut = 0
         if overflow > 0:
             # Prune in chunks so steady-state appends stay O(batch).
             cut = overflow + self.max_lines // 10
@@ -172,6 +180,9 @@ class LogView(ScrollView, can_focus=True):
                 self._search.matches = [n for n in self._search.matches if n >= self._first_no]
                 self._search.current = min(self._search.current, len(self._search.matches) - 1)
         self._set_virtual_size(Size(self._width + 1, len(self._lines)))
+        if cut and not self.follow:
+            # Paused: the lines being read moved up by `cut`; keep them in view.
+            self.scroll_to(y=max(0, self.scroll_y - cut), animate=False, immediate=True)
         if self.follow:
             self._scroll_to_end()
         else:
@@ -201,26 +212,88 @@ class LogView(ScrollView, can_focus=True):
         update(size)
 
     def _scroll_to_end(self) -> None:
-        self._auto_scrolling = True
         self.scroll_to(y=max(0, len(self._lines) - self.scrollable_content_region.height),
                        animate=False, immediate=True)
-        self._auto_scrolling = False
 
-    # -- follow ---------------------------------------------------------------
+    # -- follow: changed by the user only ------------------------------------------
     def watch_follow(self, follow: bool) -> None:
         if follow:
             self.pending = 0
             self._scroll_to_end()
         self.post_message(self.StateChanged())
 
-    def watch_scroll_y(self, old_value: float, new_value: float) -> None:
-        super().watch_scroll_y(old_value, new_value)
-        if self._auto_scrolling or not self.is_mounted:
-            return
-        if new_value < old_value and self.follow:
-            self.follow = False  # the user scrolled up: stop following
-        elif not self.follow and new_value >= self.max_scroll_y and new_value > old_value:
-            self.follow = True  # scrolled back to the end
+    def _user_scroll(self, dy: float | None = None, *, to: float | None = None) -> bool:
+        """Scroll as the user asked (by `dy` rows, or to row `to`): up from
+        where we are pauses following, landing on the end resumes it.
+        Returns whether the view moved or the follow state changed."""
+        before = self.scroll_y
+        target = to if to is not None else before + (dy or 0)
+        target = max(0.0, min(float(target), float(self.max_scroll_y)))
+        self.scroll_to(y=target, animate=False, immediate=True)
+        if target >= self.max_scroll_y:
+            if not self.follow:
+                self.follow = True
+                return True
+        elif target < before and self.follow:
+            self.follow = False
+            return True
+        return target != before
+
+    def _vertical_only(self) -> None:
+        if not self.allow_vertical_scroll:
+            raise SkipAction()  # let the key reach the screen
+
+    def action_scroll_up(self) -> None:
+        self._vertical_only()
+        self._user_scroll(-1)
+
+    def action_scroll_down(self) -> None:
+        self._vertical_only()
+        self._user_scroll(1)
+
+    def action_page_up(self) -> None:
+        self._vertical_only()
+        self._user_scroll(-self.scrollable_content_region.height)
+
+    def action_page_down(self) -> None:
+        self._vertical_only()
+        self._user_scroll(self.scrollable_content_region.height)
+
+    def action_scroll_home(self) -> None:
+        self._vertical_only()
+        self._user_scroll(to=0)
+
+    def action_scroll_end(self) -> None:
+        self.follow = True
+
+    def _on_mouse_scroll_up(self, event: events.MouseScrollUp) -> None:
+        if event.ctrl or event.shift or not self.allow_vertical_scroll:
+            super()._on_mouse_scroll_up(event)  # sideways: Textual's own
+        elif self._user_scroll(-self.app.scroll_sensitivity_y):
+            event.stop()
+
+    def _on_mouse_scroll_down(self, event: events.MouseScrollDown) -> None:
+        if event.ctrl or event.shift or not self.allow_vertical_scroll:
+            super()._on_mouse_scroll_down(event)
+        elif self._user_scroll(self.app.scroll_sensitivity_y):
+            event.stop()
+
+    def _on_scroll_up(self, event: ScrollUp) -> None:  # a click on the scrollbar above its thumb
+        if self.allow_vertical_scroll:
+            self._user_scroll(-self.scrollable_content_region.height)
+            event.stop()
+
+    def _on_scroll_down(self, event: ScrollDown) -> None:
+        if self.allow_vertical_scroll:
+            self._user_scroll(self.scrollable_content_region.height)
+            event.stop()
+
+    def _on_scroll_to(self, message: ScrollTo) -> None:  # the scrollbar's thumb dragged
+        if message.x is not None:
+            self.scroll_to(x=message.x, animate=False, immediate=True)
+        if message.y is not None:
+            self._user_scroll(to=message.y)
+        message.stop()
 
     def on_resize(self) -> None:
         if self.size == getattr(self, "_last_size", None):
@@ -228,7 +301,13 @@ class LogView(ScrollView, can_focus=True):
         self._last_size = self.size
         self._cache.clear()
         if self.follow:
-            self.call_after_refresh(self._scroll_to_end)
+            self.call_after_refresh(self._scroll_to_end_if_following)
+
+    def _scroll_to_end_if_following(self) -> None:
+        # Deferred: a jump (a crash revealing its root cause) may have paused
+        # following between the resize and this call; that jump wins.
+        if self.follow:
+            self._scroll_to_end()
 
     def watch_compact(self, compact: bool) -> None:
         self._generation += 1
@@ -258,10 +337,8 @@ class LogView(ScrollView, can_focus=True):
         y = line_no - self._first_no
         if not 0 <= y < len(self._lines):
             return False
-        self.follow = False
-        self._auto_scrolling = True
+        self.follow = False  # the user asked for this line (search, root cause): stay on it
         self.scroll_to(y=max(0, y - self.scrollable_content_region.height // 2), animate=False, immediate=True)
-        self._auto_scrolling = False
         return True
 
     # -- search ---------------------------------------------------------------

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from textual.app import ComposeResult
 from textual.containers import Horizontal
+from textual.content import Content
 from textual.widgets import Label
 
 from ernie_tui.tui.format import duration
@@ -47,6 +48,7 @@ class StatusBar(Horizontal):
         self._report = None
         self._now: float | None = None
         self._replay_name: str | None = None
+        self._alert: str | None = None
 
     def compose(self) -> ComposeResult:
         yield Label("", id="sb-state", classes="-stopped")
@@ -68,6 +70,12 @@ class StatusBar(Horizontal):
     def set_replay(self, name: str) -> None:
         self._replay_name = name
         self._redraw()
+
+    def set_alert(self, text: str | None) -> None:
+        """A problem to read first, beside the state ('/metrics: HTTP 500 since ...')."""
+        if text != self._alert:
+            self._alert = text
+            self._redraw()
 
     def tick(self, now: float) -> None:
         self._now = now
@@ -127,7 +135,9 @@ class StatusBar(Horizontal):
         if rp is not None and rp.platform:
             facts.append(rp.platform)
         line = "  ".join(facts)
-        if line != getattr(self, "_facts_text", None):
+        key = (self._alert, line)
+        if key != getattr(self, "_facts_text", None):
             # 1fr wide, one row: the uptime ticking never needs a layout pass.
-            self._facts_text = line
-            self.query_one("#sb-facts", Label).update(line, layout=False)
+            self._facts_text = key
+            shown = Content.assemble((self._alert, "bold $error"), "  ", line) if self._alert else line
+            self.query_one("#sb-facts", Label).update(shown, layout=False)
