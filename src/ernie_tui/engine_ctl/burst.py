@@ -15,7 +15,11 @@ can be trusted and compared between presets:
 - afterwards vLLM's own view of the same window (its TTFT histogram and its
   generation-token counter) is put beside ours, with the differences.
 
-Requests run on one asyncio loop with C workers pulling from a queue. A
+Requests run on one asyncio loop with C workers pulling from a queue, over
+aiohttp on uvloop (when installed): the load generator must never be the
+bottleneck, and bench/client_cpu.py measured that pair at about a third of
+httpx's client CPU per streamed token and below vLLM's own bench client
+(docs/benchmarks.md). A
 killed server ends the burst with errors, not a hang: refused connections
 fail at once, dropped streams fail at once, a wedged server trips the read
 timeout, and after `max_consecutive_failures` transport failures in a row the
@@ -45,6 +49,7 @@ from ernie_tui.engine_ctl.probe import (
     PromptBuilder,
     ServedModel,
     base_url,
+    fast_loop_factory,
     find_tokenizer,
     new_async_client,
     resolve_model,
@@ -304,8 +309,11 @@ async def run_burst_async(url: str, config: BurstConfig | None = None, *,
                           on_request: Callable[[RequestRecord], None] | None = None,
                           cancel: threading.Event | None = None,
                           memory_sampler: MemorySampler | None = None,
-                          use_metrics: bool = True) -> BurstResult:
-    """Run a burst from inside an event loop. See run_burst."""
+                          use_metrics: bool = True,
+                          transport: str = "aiohttp") -> BurstResult:
+    """Run a burst from inside an event loop. See run_burst.
+
+    transport: new_async_client's ("aiohttp", or "httpx" as before)."""
     config = config or BurstConfig()
     config.validate()
     warnings: list[str] = []
@@ -392,8 +400,8 @@ async def run_burst_async(url: str, config: BurstConfig | None = None, *,
                     pass
 
     rec_itls: list[list[float]] = [[] for _ in range(total)]
-    async with new_async_client(api_key, config.read_timeout_s,
-                                max_connections=config.concurrency + 2) as client:
+    async with new_async_client(api_key, config.read_timeout_s, max_connections=config.concurrency + 2,
+                                transport=transport) as client:
         if config.warmup:
             warm = ProbeRequest(prompt=prompts[0].text, max_tokens=1, temperature=config.temperature,
                                 top_p=config.top_p, chat=config.chat)
@@ -558,11 +566,13 @@ def run_burst(url: str, config: BurstConfig | None = None, **kwargs: Any) -> Bur
     kwargs: prompts, model, api_key, tokenizer, model_dir, progress(done,
     total), on_request(RequestRecord), cancel (threading.Event),
     memory_sampler (() -> bytes or None; an attribute `source` on it, if
-    any, is reported as memory_source), use_metrics.
+    any, is reported as memory_source), use_metrics, transport.
     Call from a thread without a running event loop; inside one, await
-    run_burst_async instead.
+    run_burst_async instead. The loop is uvloop's when it is installed.
     """
-    return asyncio.run(run_burst_async(url, config, **kwargs))
+    with asyncio.Runner(loop_factory=fast_loop_factory()) as runner:
+        return runner.run(run_burst_async(url, config, **kwargs))
+
 
 
 def format_result(r: BurstResult) -> str:
