@@ -199,6 +199,13 @@ def _only(text: str, prefixes: tuple[str, ...]) -> str:
     return "\n".join(keep) + "\n"
 
 
+def only_metrics(text: str, names: Iterable[str]) -> str:
+    """The lines of a scrape that belong to the named metrics (prefixes),
+    HELP/TYPE lines included: what MetricsSnapshot.parse(only=...) parses.
+    A poller can compare two of these to skip parsing an unchanged scrape."""
+    return _only(text, tuple(names))
+
+
 def _parse_families(text: str) -> list:
     try:
         return list(text_string_to_metric_families(text))

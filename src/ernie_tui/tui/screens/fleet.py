@@ -10,6 +10,7 @@ the app's full dashboard for the highlighted server; escape or b comes back.
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 from rich.text import Text
 from textual import on, work
@@ -144,6 +145,7 @@ class FleetScreen(Screen):
         self.rows: dict[str, list] = {}  # server name -> its latest rows
         self._order: list[str] = []  # row keys as the table holds them
         self._shown: dict[str, dict[str, str]] = {}  # row key -> column key -> text shown
+        self._detail = ""
 
     def compose(self) -> ComposeResult:
         yield Static(id="fleet-title")
@@ -176,7 +178,17 @@ class FleetScreen(Screen):
 
         worker = get_current_worker()
         poller = (self._poller_factory or FleetPoller)(self.servers, interval=self.interval)
-        poller.run(lambda name, rows: self.post_message(FleetUpdate(name, rows)), lambda: worker.is_cancelled)
+        shown: dict[str, list] = {}
+
+        def post(name: str, rows: list) -> None:
+            # Rows that show the same as last time (an idle server) cost the
+            # UI thread nothing: only what a cell would change is posted.
+            looks = [replace(r, polled_at=None, last_ok=None) for r in rows]
+            if shown.get(name) != looks:
+                shown[name] = looks
+                self.post_message(FleetUpdate(name, rows))
+
+        poller.run(post, lambda: worker.is_cancelled)
 
     # -- rows from the poller -------------------------------------------------------
     @on(FleetUpdate)
@@ -242,6 +254,7 @@ class FleetScreen(Screen):
         row = self.selected_row()
         detail = self.query_one("#fleet-detail", Static)
         if row is None:
+            self._detail = ""
             detail.update("")
             return
         server = next((s for s in self.servers if s.name == row.server), None)
@@ -256,9 +269,10 @@ class FleetScreen(Screen):
                         else "no figures yet")
             if row.error:
                 bits.append(row.error)
-        elif row.state == "up":
-            bits.append(f"polled {clock_time(row.polled_at)}")
-        detail.update(" · ".join(bits))
+        text = " · ".join(bits)
+        if text != self._detail:  # an unchanged line costs no repaint
+            self._detail = text
+            detail.update(text)
 
     # -- keys -----------------------------------------------------------------------
     @on(DataTable.RowSelected)
