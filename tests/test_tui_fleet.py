@@ -171,3 +171,32 @@ def test_cli_fleet_servers_and_errors(tmp_path, capsys):
     assert "--log goes with a single --attach" in capsys.readouterr().err
     assert cli_main(["--fleet", str(tmp_path / "missing.toml")]) == 1
     assert "missing.toml" in capsys.readouterr().err
+
+
+async def test_data_parallel_engines_get_their_own_rows(fixtures_dir):
+    """Rows from a real capture given a second engine (engine="1" copies):
+    the table grows a row per engine under the server's row."""
+    from test_fleet import CPU, fixture_text, scaled, with_second_engine
+
+    from ernie_tui.engine_ctl.fleet import ServerPoller
+    from ernie_tui.tui.messages import FleetUpdate
+
+    text = with_second_engine(fixture_text(fixtures_dir, CPU),
+                              lambda name, v: 0.25 if name == "vllm:kv_cache_usage_perc" else v)
+    servers = [FleetServer("dp", "http://10.0.0.1:8000"), FleetServer("solo", "http://10.0.0.2:8000")]
+    poller = ServerPoller(servers[0])
+    poller.ingest(text, mono=0.0, now=0.0)
+    rows = poller.ingest(scaled(text, 2.0), mono=1.0, now=1.0)
+    app = make_fleet_app(servers, live=False, include_user_presets=False)
+    async with app.run_test(size=(140, 30)) as pilot:
+        table = app.fleet.query_one(DataTable)
+        assert table.row_count == 2 and cell(app, "dp", "state") == "connecting…"
+        app.fleet.post_message(FleetUpdate("dp", rows))
+        await pilot.pause(0.2)
+        assert table.row_count == 4
+        assert [table.get_row_at(i)[0].plain for i in range(4)] == ["dp", "  └ engine 0", "  └ engine 1", "solo"]
+        assert cell(app, "dp/engine 1", "kv") == "25.0" and cell(app, "dp/engine 0", "kv") == "0.0"
+        assert cell(app, "dp", "kv") == "25.0"  # the fullest engine
+        assert cell(app, "dp/engine 1", "ttft").endswith("ms")
+        await pilot.press("down")  # the detail line names the engine row and the engine count
+        assert "2 engines (data parallel)" in str(app.fleet.query_one("#fleet-detail", Static).content)
