@@ -185,9 +185,17 @@ def _log_prefixes_shown(screen: str) -> bool | None:
     return None
 
 
-def key_latencies(tmux: Tmux, rss_proc: psutil.Process, seconds: float) -> dict:
-    """Alternate two probes at a person's pace, timing each press until the
-    screen shows its effect:
+HELP_PRESS = ("help", "?", lambda s: "keys and figures" in s)
+LOG_PRESS = ("log", "v", _log_prefixes_shown)
+DASHBOARD_PRESSES = (HELP_PRESS, HELP_PRESS, LOG_PRESS, LOG_PRESS)
+
+
+def key_latencies(tmux: Tmux, rss_proc: psutil.Process, seconds: float,
+                  presses: tuple = DASHBOARD_PRESSES) -> dict:
+    """Cycle through `presses` at a person's pace, timing each press until
+    the screen shows its effect. A press is (probe name, tmux key, state):
+    state(screen) reads what the key changes (None: cannot tell yet), and the
+    press counts once the state differs from before. The dashboard's:
 
     help  `?` opens the help screen, `?` closes it (full-screen repaints);
     log   `v` switches the log pane between short and full vLLM prefixes.
@@ -195,18 +203,13 @@ def key_latencies(tmux: Tmux, rss_proc: psutil.Process, seconds: float) -> dict:
     Not escape to close: a terminal app cannot tell a lone ESC from the start
     of an escape sequence without waiting (Textual waits ~100 ms), which would
     measure that wait rather than the dashboard."""
-    probes = {
-        "help": ("?", lambda s: "keys and figures" in s),
-        "log": ("v", _log_prefixes_shown),
-    }
-    lat: dict[str, list[float]] = {name: [] for name in probes}
+    lat: dict[str, list[float]] = {name: [] for name, _, _ in presses}
     misses = 0
     end = time.monotonic() + seconds
     turn = 0
     while time.monotonic() < end - 1:
-        name = ("help", "help", "log", "log")[turn % 4]
+        name, key, state = presses[turn % len(presses)]
         turn += 1
-        key, state = probes[name]
         before = state(tmux.screen())
         while before is None:  # the flood's visible lines happen to have no prefixes: look again
             time.sleep(0.05)

@@ -36,7 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
         description=(
             "Terminal dashboard for tuning a vLLM server live. With no command it opens the "
             "dashboard in control mode (start/stop/restart a server from a preset), or monitors "
-            "a running server (--attach), or replays a captured llm.log (--replay)."
+            "a running server (--attach), several at once (--attach repeated, or --fleet), or replays a captured llm.log (--replay)."
         ),
     )
     parser.add_argument("--version", action="version", version=f"ernie-tui {__version__}")
@@ -44,8 +44,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--presets", metavar="FILE", action="append", default=[],
                         help="extra presets TOML file (may repeat); overrides built-ins and the user file")
     parser.add_argument("--model", metavar="DIR", help="model directory for presets that name none")
-    parser.add_argument("--attach", metavar="URL", help="monitor a server this tool did not start; never stops it")
-    parser.add_argument("--log", metavar="PATH", help="with --attach: the server's llm.log to tail")
+    parser.add_argument("--attach", metavar="URL", action="append", default=[],
+                        help="monitor a server this tool did not start; never stops it. May repeat: "
+                             "several open the fleet view, one row per server")
+    parser.add_argument("--fleet", metavar="FILE",
+                        help="fleet view of the servers a TOML file names ([servers.NAME] url, log, preset)")
+    parser.add_argument("--log", metavar="PATH", help="with one --attach: the server's llm.log to tail")
     parser.add_argument("--replay", metavar="LOG", help="open a captured llm.log offline (no server)")
     parser.add_argument("--start", action="store_true", help="control mode: start the selected preset at once")
     parser.add_argument("--on-exit", choices=["ask", "stop", "leave"], default="ask",

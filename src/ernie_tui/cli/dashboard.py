@@ -2,6 +2,7 @@
 
     ernie-tui [--preset NAME] [--presets FILE] [--model DIR] [--start]   control mode
     ernie-tui --attach URL [--log PATH]                                   monitor only
+    ernie-tui --attach URL --attach URL ... | --fleet FILE                the fleet view
     ernie-tui --replay LOG                                                offline
 
 After the app exits this finishes what it left to do: stop the server (quit
@@ -31,6 +32,12 @@ def run_dashboard(args) -> int:
     attach = getattr(args, "attach", None)
     replay = getattr(args, "replay", None)
     log = getattr(args, "log", None)
+    attach_all = [attach] if isinstance(attach, str) else list(attach or [])
+    if getattr(args, "fleet", None) or len(attach_all) > 1:
+        from ernie_tui.cli.fleet import run_fleet
+
+        return run_fleet(args, attach_all)
+    attach = attach_all[0] if attach_all else None
     if attach and replay:
         raise CliError("--attach and --replay exclude each other")
     if log and not attach:

@@ -214,6 +214,13 @@ def _only(text: str, prefixes: tuple[str, ...]) -> str:
     return "\n".join(keep) + "\n"
 
 
+def only_metrics(text: str, names: Iterable[str]) -> str:
+    """The lines of a scrape that belong to the named metrics (prefixes),
+    HELP/TYPE lines included: what MetricsSnapshot.parse(only=...) parses.
+    A poller can compare two of these to skip parsing an unchanged scrape."""
+    return _only(text, tuple(names))
+
+
 def _parse_families(text: str) -> list:
     try:
         return list(text_string_to_metric_families(text))
@@ -296,6 +303,21 @@ class MetricsSnapshot:
 
     def has(self, name: str) -> bool:
         return name in self._index
+
+    def label_values(self, label: str) -> list[str]:
+        """Every value `label` takes over all samples, sorted: e.g. the
+        ``engine`` ids of a data-parallel server ("0", "1", ...)."""
+        values = {labels[label] for samples in self._index.values() for labels, _ in samples if label in labels}
+        return sorted(values, key=lambda v: (len(v), v))  # "2" before "10"
+
+    def where(self, label: str, value: str) -> "MetricsSnapshot":
+        """The samples whose `label` is `value`, plus those without that label
+        (server-wide ones): one engine's view of a data-parallel server.
+        Shares nothing mutable with this snapshot; every figure works on it."""
+        index = {name: kept for name, samples in self._index.items()
+                 if (kept := [(labels, v) for labels, v in samples if labels.get(label, value) == value])}
+        return MetricsSnapshot(timestamp=self.timestamp, mono=self.mono, model_name=self.model_name,
+                               _index=index)
 
     def _pick(self, names: Iterable[str] | str, suffix: str = "") -> str | None:
         if isinstance(names, str):

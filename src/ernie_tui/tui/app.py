@@ -120,6 +120,7 @@ class ErnieApp(App[int]):
         self._diagnosis = None
         self._main_ready = False
         self._early: list = []
+        self._ticking = False
         self.log_name = "llm.log"
         self.main = MainScreen(self.mode)
 
@@ -148,8 +149,10 @@ class ErnieApp(App[int]):
         # p99 to ~55 ms for +9 MB RSS (bench/tui_overhead.py, docs/benchmarks.md).
         gen0, gen1, _ = gc.get_threshold()
         gc.set_threshold(gen0, gen1, 100)
-        self.set_interval(1.0, self._tick)
-        self._install_signal_handlers()
+        if not self._ticking:  # once per app: the fleet mounts one dashboard after another
+            self._ticking = True
+            self.set_interval(1.0, self._tick)
+            self._install_signal_handlers()
         if self.mode == "replay":
             path = Path(self.config.replay_path or "")
             self.log_name = path.name

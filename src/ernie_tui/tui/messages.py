@@ -129,3 +129,15 @@ class ReplayDone(Message):
     path: str
     lines: int = 0
     extra: dict = field(default_factory=dict)
+
+
+@dataclass
+class FleetUpdate(Message):
+    """One server's rows after a poll (engine_ctl.fleet.FleetRow: the server,
+    then one per engine when it has several). Latest wins, per server."""
+
+    server: str
+    rows: list
+
+    def can_replace(self, message: Message) -> bool:
+        return isinstance(message, FleetUpdate) and message.server == self.server

@@ -1,0 +1,68 @@
+"""`ernie-tui --attach URL --attach URL ...` or `--fleet FILE`: the fleet view.
+
+Not a subcommand module (those are cmd_*.py): run_dashboard hands over here
+when more than one server is named.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def fleet_servers(fleet_file: str | None, urls: list[str]) -> list:
+    """The fleet file's servers, then each --attach URL (named host:port).
+    A URL the previous session left running (quit: leave) gets its log and
+    preset from the record it left."""
+    from dataclasses import replace
+
+    from ernie_tui.cli import CliError
+    from ernie_tui.engine_ctl.fleet import FleetError, load_fleet, servers_from_urls
+
+    servers = []
+    if fleet_file:
+        try:
+            servers = load_fleet(fleet_file)
+        except FleetError as exc:
+            raise CliError(str(exc)) from exc
+    servers += servers_from_urls(urls, taken=[s.name for s in servers])
+    if not servers:
+        raise CliError("the fleet view needs servers: --attach URL (repeated) or --fleet FILE")
+    record = _detached_record()
+    if record:
+        url = str(record.get("url", "")).rstrip("/")
+        log = record.get("log_path")
+        servers = [replace(s, log=s.log or (log if log and Path(log).exists() else None),
+                           preset=s.preset or record.get("preset"))
+                   if s.url.rstrip("/") == url else s for s in servers]
+    return servers
+
+
+def _detached_record() -> dict | None:
+    try:
+        from ernie_tui.engine_ctl.server import find_detached
+    except ImportError:
+        return None
+    return find_detached()
+
+
+def run_fleet(args, urls: list[str]) -> int:
+    from ernie_tui.cli import CliError
+    from ernie_tui.tui.fleet_app import make_fleet_app
+
+    if getattr(args, "replay", None):
+        raise CliError("--replay opens one log; it does not go with the fleet view")
+    if getattr(args, "log", None):
+        raise CliError("--log goes with a single --attach; give each server's log in a fleet file (log = PATH)")
+    if getattr(args, "start", False):
+        raise CliError("--start is for control mode; the fleet view only watches")
+    app = make_fleet_app(fleet_servers(getattr(args, "fleet", None), urls),
+                         preset_files=getattr(args, "presets", None) or [])
+    try:
+        app.run()
+    finally:
+        if app.server is not None:  # a dashboard was open at quit: let go of it (it never stops a server)
+            try:
+                app.server.close()
+            except Exception:
+                pass
+    return int(app.return_code or 0)
