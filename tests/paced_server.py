@@ -16,6 +16,10 @@ For testing timing and the capacity search over real HTTP without vLLM:
 
     python tests/paced_server.py --slots 4 --ttft-ms 20 --itl-ms 10 [--port 0]
 
+As a preset's `launcher` it takes vLLM's command line (its engine arguments
+are ignored; the pacing comes from the preset's env: PACED_SLOTS,
+PACED_TTFT_MS, PACED_ITL_MS).
+
 It prints `listening on http://HOST:PORT` once it accepts connections.
 """
 
@@ -23,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import socket
 import sys
 import threading
@@ -258,12 +263,22 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=0, help="0: a free port (printed)")
-    p.add_argument("--slots", type=int, default=4, help="requests served at once (the capacity)")
-    p.add_argument("--ttft-ms", type=float, default=20.0, help="slot taken -> first token")
-    p.add_argument("--itl-ms", type=float, default=10.0, help="between tokens")
+    env = os.environ.get
+    p.add_argument("--slots", type=int, default=int(env("PACED_SLOTS", "4")),
+                   help="requests served at once (the capacity; env PACED_SLOTS)")
+    p.add_argument("--ttft-ms", type=float, default=float(env("PACED_TTFT_MS", "20")),
+                   help="slot taken -> first token (env PACED_TTFT_MS)")
+    p.add_argument("--itl-ms", type=float, default=float(env("PACED_ITL_MS", "10")),
+                   help="between tokens (env PACED_ITL_MS)")
     p.add_argument("--model-name", default="paced")
     p.add_argument("--max-model-len", type=int, default=4096)
-    args = p.parse_args(argv)
+    # Launched as a preset's `launcher` it gets vLLM's command line: take the
+    # model's name, ignore the engine arguments it has no use for.
+    p.add_argument("--model", default=None)
+    p.add_argument("--served-model-name", default=None)
+    args, _engine_args = p.parse_known_args(argv)
+    if args.served_model_name:
+        args.model_name = args.served_model_name
     srv = Server(args)
     httpd = _Http((args.host, args.port), make_handler(srv))
     host, port = httpd.server_address[:2]
