@@ -290,7 +290,7 @@ Progress = Callable[[dict[str, Any]], None]
 LevelRunner = Callable[[int], LevelResult]
 
 
-def _emit(progress: Progress | None, **event: Any) -> None:
+def emit(progress: Progress | None, **event: Any) -> None:
     if progress is not None:
         try:
             progress(event)
@@ -315,7 +315,7 @@ def search(run_level: LevelRunner, slo: Sequence[S.Objective], config: SearchCon
     reason: str | None = None
 
     def measure(c: int) -> LevelResult:
-        _emit(progress, event="level_start", concurrency=c, index=len(levels))
+        emit(progress, event="level_start", concurrency=c, index=len(levels))
         lv = run_level(c)
         levels.append(lv)
         seen[c] = lv
@@ -328,7 +328,7 @@ def search(run_level: LevelRunner, slo: Sequence[S.Objective], config: SearchCon
                 best = lv
         elif lv.stop != "cancelled":
             fail_at = lv.concurrency if fail_at is None else min(fail_at, lv.concurrency)
-        _emit(progress, event="level_done", level=lv, index=len(levels) - 1,
+        emit(progress, event="level_done", level=lv, index=len(levels) - 1,
               low_pass=best.concurrency if best else None, high_fail=fail_at)
 
     def interrupted(lv: LevelResult) -> str | None:

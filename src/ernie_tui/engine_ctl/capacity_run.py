@@ -294,7 +294,7 @@ class HttpLevelRunner:
                         decide(r)
                 if self.progress is not None and now - last_progress >= 0.5:
                     last_progress = now
-                    C._emit(self.progress, event="level_progress", concurrency=concurrency,
+                    C.emit(self.progress, event="level_progress", concurrency=concurrency,
                             requests=monitor.count, elapsed_s=now - t0)
 
         before = None
