@@ -120,3 +120,70 @@ def test_cli_global_presets_and_model_reach_sweep(tmp_path, capsys):
     assert row["preset"] == "only-in-this-file" and row["status"].startswith("skipped")
     assert row["message"].startswith(f"preflight: {missing_model}: no such model directory")
     assert not (tmp_path / "logs" / "only-in-this-file-r0.log").exists()
+
+
+def capacity_runs():
+    cap = dict(mode="capacity")
+    return [
+        SweepRun("a", 0, "ok", goodput_output_tps=300.0, capacity_concurrency=4.0, goodput_rps=20.0, **cap),
+        SweepRun("a", 1, "ok", goodput_output_tps=340.0, capacity_concurrency=5.0, goodput_rps=22.0, **cap),
+        SweepRun("b", 0, "ok", goodput_output_tps=330.0, capacity_concurrency=4.0, goodput_rps=21.0,
+                 output_tps=900.0, **cap),
+        SweepRun("b", 1, "ok", goodput_output_tps=332.0, capacity_concurrency=4.0, goodput_rps=21.0,
+                 output_tps=900.0, **cap),
+        SweepRun("c", 0, "ok", goodput_output_tps=0.0, capacity_concurrency=0.0, goodput_rps=0.0, **cap),
+        SweepRun("c", 1, "ok", goodput_output_tps=0.0, capacity_concurrency=0.0, goodput_rps=0.0, **cap),
+    ]
+
+
+def test_capacity_sweep_ranks_by_goodput_not_raw_throughput():
+    rows = fold(capacity_runs(), ["a", "b", "c"])
+    a, b, c = rows
+    # Ranked by the goodput median (b 331, a 320, c 0), not by raw output tok/s.
+    assert b.rank == 1 and b.vs_best == "best"
+    assert a.rank == 2 and a.vs_best == "within noise"  # 320 vs 331, inside a's 300-340 spread
+    assert c.rank == 3 and c.vs_best == "-100.0%"
+    md = to_markdown(rows)
+    assert "goodput tok/s" in md and "capacity (conc.)" in md and "output tok/s" not in md
+    assert "| a |" in md and "4.5 (4–5)" in md
+    table = list(csv.DictReader(io.StringIO(to_csv(rows))))
+    assert table[1]["goodput_output_tps"] == "331.0" and table[1]["rank"] == "1"
+
+
+def test_capacity_sweep_on_paced_stand_ins(tmp_path, tiny_model, capsys):
+    # Two "servers" launched as presets through the sweep's own process
+    # control: the paced stand-in with 2 and with 4 slots. Under the same SLO
+    # the one with more slots has the higher capacity and goodput.
+    import sys
+    from pathlib import Path
+
+    paced = Path(__file__).resolve().parent / "paced_server.py"
+    presets = tmp_path / "p.toml"
+    body = ""
+    for name, slots, port in (("slots2", 2, 18131), ("slots4", 4, 18132)):
+        body += textwrap.dedent(f"""
+            [presets.{name}]
+            extends = "cpu-demo"
+            model = "{tiny_model}"
+            port = {port}
+            launcher = ["{sys.executable}", "{paced}"]
+            env = {{ PACED_SLOTS = "{slots}", PACED_TTFT_MS = "20", PACED_ITL_MS = "10" }}
+        """)
+    presets.write_text(body)
+    out = tmp_path / "sweep.json"
+    code = main(["sweep", "slots2", "slots4", "--presets", str(presets), "--out", str(out), "--capacity",
+                 "--slo", "ttft_p90=100ms", "--max-tokens", "16", "--min-tokens", "10", "--max-tokens-in", "40",
+                 "--start-concurrency", "2", "--ready-timeout", "30"])
+    assert code == 0, capsys.readouterr().err
+    data = json.loads(out.read_text())
+    rows = {r["preset"]: r for r in data["rows"]}
+    assert rows["slots2"]["stats"]["capacity_concurrency"]["median"] == 2
+    assert rows["slots4"]["stats"]["capacity_concurrency"]["median"] == 4
+    assert rows["slots4"]["rank"] == 1 and rows["slots2"]["rank"] == 2
+    g2 = rows["slots2"]["stats"]["goodput_output_tps"]["median"]
+    g4 = rows["slots4"]["stats"]["goodput_output_tps"]["median"]
+    assert 1.6 < g4 / g2 < 2.4
+    assert "ttft_p90=100ms" in data["meta"]["capacity"]
+    from ernie_tui.engine_ctl import runstore
+
+    assert len(runstore.list_runs(kind="capacity")) == 2

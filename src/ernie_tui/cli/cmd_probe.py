@@ -3,10 +3,12 @@
     ernie-tui probe --url URL [--prompt TEXT | --ready short|chinese|long]
     ernie-tui probe --url URL --burst N [--concurrency C --min-tokens A
                     --max-tokens-in B --max-tokens M] [--json]
+    ernie-tui probe --url URL --capacity --slo ttft_p99=500ms [--slo ...]
+                    [--workload FILE.jsonl] [--json]
 
 The API key is read from an environment variable named by --api-key-env
 (default VLLM_API_KEY), never from the command line, where `ps` and shell
-history would show it. Bursts are stored as run records (see runstore).
+history would show it. Bursts and capacity searches are stored as run records (see runstore).
 """
 
 from __future__ import annotations
@@ -16,14 +18,18 @@ import json
 import os
 import sys
 
+from ernie_tui.cli.capacity_args import add_capacity_args
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
-        "probe", help="stream one prompt, or run a load burst, against a vLLM server",
+        "probe", help="stream one prompt, run a load burst, or find the capacity under an SLO",
         description="Send one streaming prompt and show TTFT, inter-token latency, tok/s and the server's "
                     "token usage; or, with --burst N, send N prompts of exact token lengths at a given "
                     "concurrency and show throughput and latency percentiles beside vLLM's own figures "
-                    "from /metrics. Bursts are saved as run records.")
+                    "from /metrics; or, with --capacity, find the highest concurrency whose requests meet "
+                    "the --slo objectives, with the goodput there and the curve of every level measured. "
+                    "Bursts and searches are saved as run records.")
     p.add_argument("--url", required=True, help="server base URL, e.g. http://127.0.0.1:8000")
     what = p.add_mutually_exclusive_group()
     what.add_argument("--prompt", metavar="TEXT", help="the prompt to send (default: a short English question)")
@@ -31,6 +37,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                       help="a ready-made prompt: short English, the articles' Chinese question, or an "
                            "exactly 1,500-token prompt built with the served model's tokenizer")
     what.add_argument("--burst", type=int, metavar="N", help="run a load burst of N requests instead")
+    what.add_argument("--capacity", action="store_true",
+                      help="search the capacity under the --slo objectives (see the capacity options below)")
     p.add_argument("--chat", action="store_true", help="use /v1/chat/completions (default: /v1/completions)")
     p.add_argument("--model", dest="probe_model", metavar="NAME",
                    help="served model name (default: the first one /v1/models lists)")
@@ -57,6 +65,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     b.add_argument("--preset", dest="probe_preset", metavar="NAME",
                    help="tag the run record with this preset (its engine args are recorded)")
     b.add_argument("--no-save", action="store_true", help="do not store a run record")
+    add_capacity_args(p)
     p.set_defaults(run=_run)
 
 
@@ -76,6 +85,12 @@ def _api_key(var: str) -> str | None:
 
 
 def _run(args) -> int:
+    if args.capacity:
+        return _run_capacity(args)
+    if args.slo or args.workload:
+        from ernie_tui.cli import CliError
+
+        raise CliError("--slo and --workload belong to --capacity")
     if args.burst is not None:
         return _run_burst(args)
     return _run_probe(args)
@@ -190,3 +205,91 @@ def _run_burst(args) -> int:
         if record is not None:
             print(f"saved run record {record.path}")
     return 0 if result.completed > 0 else 1
+
+
+def _run_capacity(args) -> int:
+    import threading
+
+    from ernie_tui.cli import CliError
+    from ernie_tui.cli.capacity_args import capacity_options, load_workload
+    from ernie_tui.engine_ctl import burst as B
+    from ernie_tui.engine_ctl import capacity as C
+    from ernie_tui.engine_ctl import capacity_run as R
+    from ernie_tui.engine_ctl import probe as P
+    from ernie_tui.engine_ctl import runstore
+
+    opts = capacity_options(args)
+    max_tokens = args.max_tokens if args.max_tokens is not None else 128
+    workload = load_workload(args.workload, max_tokens)
+    cfg = B.BurstConfig(n=1, min_tokens=args.min_tokens, max_tokens_in=args.max_tokens_in, max_tokens=max_tokens,
+                        ignore_eos=not args.no_ignore_eos, temperature=args.temperature, top_p=args.top_p,
+                        seed=args.seed, chat=args.chat)
+    try:
+        cfg.validate()
+    except ValueError as exc:
+        raise CliError(str(exc)) from exc
+    settings = R.RequestSettings(chat=args.chat, temperature=args.temperature, top_p=args.top_p,
+                                 ignore_eos=not args.no_ignore_eos, read_timeout_s=args.timeout or 120.0)
+    api_key = _api_key(args.api_key_env)
+    tokenizer = None
+    if args.tokenizer and workload is None:
+        try:
+            tokenizer = P.find_tokenizer(tokenizer_path=args.tokenizer)
+        except P.ProbeFailure as exc:
+            raise CliError(str(exc)) from exc
+
+    def progress(ev: dict) -> None:
+        # The curve as it grows, on stderr: stdout keeps the result (or the JSON).
+        if ev.get("event") == "level_start":
+            print(f"level {ev['index'] + 1}: concurrency {ev['concurrency']} ...", file=sys.stderr, flush=True)
+        elif ev.get("event") == "level_done":
+            lv = ev["level"]
+            att = "-" if lv.attainment is None else f"{lv.attainment * 100:.1f}%"
+            print(f"  {lv.requests} requests in {lv.seconds:.1f} s, attainment {att}: "
+                  f"{'pass' if lv.passed else 'fail'}{'' if lv.decided else ' (undecided)'} ({lv.stop})",
+                  file=sys.stderr, flush=True)
+
+    cancel = threading.Event()
+    box: dict = {}
+
+    def work() -> None:
+        try:
+            box["result"] = R.run_capacity(args.url, opts.slo, search_config=opts.search, rules=opts.rules,
+                                           settings=settings, workload=workload, burst_config=cfg,
+                                           tokenizer=tokenizer, model=args.probe_model, api_key=api_key,
+                                           progress=progress, cancel=cancel)
+        except BaseException as exc:  # re-raised on the main thread
+            box["error"] = exc
+
+    # A worker thread, so Ctrl-C on the main thread can end the search
+    # cleanly (the running level stops, what was measured is kept).
+    worker = threading.Thread(target=work, name="capacity", daemon=True)
+    worker.start()
+    try:
+        while worker.is_alive():
+            worker.join(0.2)
+    except KeyboardInterrupt:
+        print("ernie-tui: interrupted: ending the running level, keeping the levels measured ...", file=sys.stderr)
+        cancel.set()
+        worker.join()
+    if "error" in box:
+        raise box["error"]
+    result: C.CapacityResult = box["result"]
+    record = None
+    if not args.no_save and result.levels:
+        preset = _preset_for(args.probe_preset, list(getattr(args, "presets", []) or []))
+        try:
+            record = result.save(preset=preset)
+        except runstore.RunStoreError as exc:
+            print(f"ernie-tui: warning: {exc}", file=sys.stderr)
+    if args.json:
+        out = result.to_dict()
+        out["run_record"] = str(record.path) if record else None
+        print(json.dumps(out, indent=2, ensure_ascii=False))
+    else:
+        print(C.format_result(result))
+        if record is not None:
+            print(f"saved run record {record.path}")
+    if cancel.is_set():
+        return 130
+    return 0 if result.levels and result.stop_reason != "server_down" else 1

@@ -7,6 +7,8 @@ import sys
 import threading
 import time
 
+from ernie_tui.cli.capacity_args import add_capacity_args
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
@@ -14,7 +16,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="For each preset: preflight (a preset that fails it is recorded and not launched), start, "
                     "wait ready, burst, stop, wait for the engine to be gone and GPU memory back to its "
                     "baseline. With --repeat R the presets run in rotated order R times and each figure is the "
-                    "median with its min-max spread. Ctrl-C stops the server and keeps the rows measured.")
+                    "median with its min-max spread. With --capacity each preset gets a capacity search under "
+                    "the --slo objectives instead of a burst, and presets are ranked by goodput at the SLO. "
+                    "Ctrl-C stops the server and keeps the rows measured.")
     p.add_argument("names", nargs="+", metavar="NAME", help="presets to measure, in order")
     p.add_argument("--presets", metavar="FILE", action="append", default=[], dest="sweep_presets",
                    help="extra presets TOML file (may repeat; added to the global --presets)")
@@ -30,6 +34,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--repeat", type=int, default=1, metavar="R", help="rounds, in rotated order (1)")
     p.add_argument("--ready-timeout", type=float, default=600.0, metavar="S")
     p.add_argument("--log-dir", metavar="DIR", help="keep each run's llm.log here")
+    p.add_argument("--capacity", action="store_true",
+                   help="search each preset's capacity under --slo (see below) and rank by goodput")
+    add_capacity_args(p)
     p.set_defaults(run=_sweep)
 
 
@@ -39,7 +46,8 @@ def _sweep(args) -> int:
     from ernie_tui.cli import CliError
     from ernie_tui.engine_ctl.burst import BurstConfig
     from ernie_tui.engine_ctl.runstore import save_run
-    from ernie_tui.engine_ctl.sweep import SweepOptions, SweepPlan, export, fold, run_sweep, to_markdown
+    from ernie_tui.engine_ctl.sweep import (CapacitySweep, SweepOptions, SweepPlan, export, fold, run_sweep,
+                                            to_markdown)
     from ernie_tui.presets import load_presets
 
     for out in args.out:
@@ -60,6 +68,16 @@ def _sweep(args) -> int:
         config.validate()
     except ValueError as exc:
         raise CliError(str(exc)) from None
+    capacity = None
+    if args.capacity:
+        from ernie_tui.cli.capacity_args import capacity_options, load_workload
+
+        opts = capacity_options(args)
+        workload = load_workload(args.workload, args.max_tokens)
+        capacity = CapacitySweep(slo=opts.slo, search=opts.search, rules=opts.rules,
+                                 workload_items=workload.items if workload else None)
+    elif args.slo or args.workload:
+        raise CliError("--slo and --workload belong to --capacity")
     plan = SweepPlan(presets, args.repeat)
     options = SweepOptions(model=model, ready_timeout_s=args.ready_timeout,
                            log_dir=Path(args.log_dir) if args.log_dir else None)
@@ -69,10 +87,18 @@ def _sweep(args) -> int:
     last_line = [""]
     t0 = time.monotonic()
 
+    burst_text = (f"N={config.n}, C={config.concurrency}, prompts {config.min_tokens}-{config.max_tokens_in} "
+                  f"tokens, max_tokens {config.max_tokens}, ignore_eos")
+    capacity_text = ""
+    if capacity:
+        prompts = (f"workload {args.workload}" if args.workload
+                   else f"prompts {config.min_tokens}-{config.max_tokens_in} tokens")
+        capacity_text = (f"SLO {' '.join(str(o) for o in capacity.slo)}, {prompts}, max_tokens {config.max_tokens}, "
+                         "ranked by goodput tok/s at the SLO")
+
     def meta_now() -> dict:
         return {"date": time.strftime("%Y-%m-%d"), "presets": " ".join(args.names),
-                "burst": f"N={config.n}, C={config.concurrency}, prompts {config.min_tokens}-"
-                         f"{config.max_tokens_in} tokens, max_tokens {config.max_tokens}, ignore_eos",
+                **({"capacity": capacity_text} if capacity else {"burst": burst_text}),
                 "repeat": args.repeat, "seconds": round(time.monotonic() - t0, 1),
                 "vllm": ", ".join(sorted({f"{r.vllm_version} ({r.platform})" for r in done_runs
                                           if r.vllm_version})) or "-"}
@@ -86,6 +112,13 @@ def _sweep(args) -> int:
             if done not in (0, n) and done % max(1, n // 10):
                 return
             phase = f"burst {done}/{n}"
+        if phase == "capacity" and ev.get("capacity_event"):
+            ce = ev["capacity_event"]
+            if ce.get("event") != "level_done":
+                return
+            lv = ce["level"]
+            phase = (f"capacity: concurrency {lv.concurrency} {'pass' if lv.passed else 'fail'}"
+                     f"{'' if lv.decided else ' (undecided)'}, {lv.requests} requests")
         if phase == "done":
             phase = ev.get("status", "done")
             # Write the table after every preset, so a killed or interrupted
@@ -100,7 +133,7 @@ def _sweep(args) -> int:
 
     def work() -> None:
         try:
-            box["runs"] = run_sweep(plan, config, options, progress, cancel)
+            box["runs"] = run_sweep(plan, config, options, progress, cancel, capacity=capacity)
         except BaseException as exc:  # reported on the main thread
             box["error"] = exc
 

@@ -6,6 +6,11 @@ engine is gone and memory is back to its baseline, then the next one. With
 repeat R the presets run in rotated order R times (so no preset always goes
 first onto a cold cache), and each column is reported as the median with the
 min-max spread; a difference smaller than the spread is marked as noise.
+
+With a capacity spec (run_sweep(..., capacity=CapacitySweep)) each preset
+gets a capacity search under an SLO instead of a burst, and presets are
+ranked by goodput at the SLO (output tok/s of the requests meeting it, at the
+highest concurrency that passes) instead of raw output tok/s.
 """
 
 from __future__ import annotations
@@ -25,7 +30,8 @@ from ernie_tui.presets.model import Preset
 
 # Columns that are measured per run and aggregated across repeats.
 MEASURED = ("ready_s", "output_tps", "total_tps", "ttft_p50_ms", "ttft_p90_ms", "itl_p50_ms",
-            "peak_memory_gib", "kv_usage_peak_pct")
+            "peak_memory_gib", "kv_usage_peak_pct", "capacity_concurrency", "goodput_rps", "goodput_output_tps",
+            "ttft_p99_ms", "itl_p99_ms")
 
 
 @dataclass
@@ -57,6 +63,16 @@ class SweepRun:
     burst_s: float | None = None
     vllm_version: str | None = None
     platform: str | None = None
+    # Capacity mode: the search's answer (0 when no level met the SLO), and
+    # the figures at that concurrency.
+    mode: str = "burst"  # burst | capacity
+    capacity_concurrency: float | None = None
+    goodput_rps: float | None = None
+    goodput_output_tps: float | None = None
+    ttft_p99_ms: float | None = None
+    itl_p99_ms: float | None = None
+    capacity_stop: str | None = None
+    levels: int | None = None
 
 
 @dataclass
@@ -86,7 +102,8 @@ class SweepRow:
     kv_cache_gib: float | None = None
     kv_cache_tokens: int | None = None
     max_concurrency: float | None = None
-    vs_best: str = ""  # output tok/s against the best preset, or "within noise"
+    vs_best: str = ""  # the score against the best preset, or "within noise"
+    rank: int | None = None  # by the score's median, 1 = best
 
 
 @dataclass
@@ -114,7 +131,13 @@ def aggregate(values: list[float | None]) -> Aggregate:
     return Aggregate(statistics.median(vals), min(vals), max(vals))
 
 
-def fold(runs: list[SweepRun], preset_order: list[str]) -> list[SweepRow]:
+def score_column(runs: list[SweepRun]) -> str:
+    """What presets are ranked by: goodput at the SLO in capacity mode, else output tok/s."""
+    return "goodput_output_tps" if any(r.mode == "capacity" for r in runs) else "output_tps"
+
+
+def fold(runs: list[SweepRun], preset_order: list[str], score: str | None = None) -> list[SweepRow]:
+    score = score or score_column(runs)
     rows = []
     for name in preset_order:
         mine = [r for r in runs if r.preset == name]
@@ -130,18 +153,21 @@ def fold(runs: list[SweepRun], preset_order: list[str]) -> list[SweepRow]:
         for col in ("weights_gib", "kv_cache_gib", "kv_cache_tokens", "max_concurrency"):
             setattr(row, col, getattr(first, col))
         rows.append(row)
-    _mark_noise(rows)
+    _mark_noise(rows, score)
     return rows
 
 
-def _mark_noise(rows: list[SweepRow]) -> None:
-    scored = [r for r in rows if r.stats.get("output_tps") and r.stats["output_tps"].median is not None]
+def _mark_noise(rows: list[SweepRow], score: str = "output_tps") -> None:
+    scored = [r for r in rows if r.stats.get(score) and r.stats[score].median is not None]
     if not scored:
         return
-    best = max(scored, key=lambda r: r.stats["output_tps"].median)
-    b = best.stats["output_tps"]
+    ranked = sorted(scored, key=lambda r: r.stats[score].median, reverse=True)
+    for i, r in enumerate(ranked, 1):
+        r.rank = i
+    best = ranked[0]
+    b = best.stats[score]
     for r in scored:
-        s = r.stats["output_tps"]
+        s = r.stats[score]
         if r is best:
             r.vs_best = "best"
             continue
@@ -149,8 +175,10 @@ def _mark_noise(rows: list[SweepRow]) -> None:
         # Repeats give a spread; a gap inside either preset's spread is noise.
         if abs(diff) <= max(s.spread, b.spread):
             r.vs_best = "within noise"
-        else:
+        elif b.median:
             r.vs_best = f"{100 * diff / b.median:+.1f}%"
+        else:
+            r.vs_best = "–"
 
 
 # -- export ------------------------------------------------------------------
@@ -164,6 +192,20 @@ COLUMNS = [
     ("kv_usage_peak_pct", "KV peak %"), ("vs_best", "vs best"),
 ]
 
+# Capacity mode: the figures at each preset's capacity under the SLO.
+CAPACITY_COLUMNS = [
+    ("preset", "preset"), ("key_args", "key args"), ("status", "status"), ("ready_s", "ready s"),
+    ("kv_cache_tokens", "KV tokens"), ("max_concurrency", "max conc."),
+    ("capacity_concurrency", "capacity (conc.)"), ("goodput_rps", "goodput req/s"),
+    ("goodput_output_tps", "goodput tok/s"), ("ttft_p99_ms", "TTFT p99 ms"), ("itl_p99_ms", "ITL p99 ms"),
+    ("kv_usage_peak_pct", "KV peak %"), ("rank", "rank"), ("vs_best", "vs best"),
+]
+
+
+def columns_for(rows: list[SweepRow]) -> list[tuple[str, str]]:
+    capacity = any(x.mode == "capacity" for r in rows for x in r.runs)
+    return CAPACITY_COLUMNS if capacity else COLUMNS
+
 
 def _fmt(value: Any, col: str) -> str:
     if value is None:
@@ -172,6 +214,8 @@ def _fmt(value: Any, col: str) -> str:
         return f"{int(value):,}"
     if col == "max_concurrency":
         return f"{value:.2f}x"
+    if col == "capacity_concurrency":
+        return f"{value:g}"
     if isinstance(value, float):
         return f"{value:,.0f}" if abs(value) >= 100 else f"{value:.2f}"
     return str(value)
@@ -192,13 +236,14 @@ def cell(row: SweepRow, col: str) -> str:
 
 
 def to_markdown(rows: list[SweepRow], title: str | None = None) -> str:
+    columns = columns_for(rows)
     lines = []
     if title:
         lines += [title, ""]
-    lines.append("| " + " | ".join(h for _, h in COLUMNS) + " |")
-    lines.append("|" + "|".join("---" for _ in COLUMNS) + "|")
+    lines.append("| " + " | ".join(h for _, h in columns) + " |")
+    lines.append("|" + "|".join("---" for _ in columns) + "|")
     for row in rows:
-        lines.append("| " + " | ".join(cell(row, c).replace("|", "\\|") for c, _ in COLUMNS) + " |")
+        lines.append("| " + " | ".join(cell(row, c).replace("|", "\\|") for c, _ in columns) + " |")
     notes = [f"- **{r.preset}**: {r.message}" for r in rows if r.status != "ok" and r.message]
     if rows and all(len([x for x in r.runs if x.status == "ok"]) <= 1 for r in rows):
         notes.append("- One run per preset: no spread was measured, so 'vs best' carries no noise "
@@ -209,10 +254,11 @@ def to_markdown(rows: list[SweepRow], title: str | None = None) -> str:
 
 
 def to_csv(rows: list[SweepRow]) -> str:
+    columns = columns_for(rows)
     buf = io.StringIO()
     w = csv.writer(buf)
     header = []
-    for col, _ in COLUMNS:
+    for col, _ in columns:
         if col in MEASURED:
             header += [col, f"{col}_min", f"{col}_max"]
         else:
@@ -220,7 +266,7 @@ def to_csv(rows: list[SweepRow]) -> str:
     w.writerow([*header, "message"])
     for row in rows:
         out = []
-        for col, _ in COLUMNS:
+        for col, _ in columns:
             if col in MEASURED:
                 a = row.stats.get(col) or Aggregate(None, None, None)
                 out += [a.median, a.low, a.high]
@@ -273,6 +319,17 @@ class SweepOptions:
     save_records: bool = True
 
 
+@dataclass
+class CapacitySweep:
+    """A capacity search per preset instead of a burst (see capacity.py)."""
+
+    slo: list  # slo.Objective
+    search: Any = None  # capacity.SearchConfig
+    rules: Any = None  # capacity.LevelRules
+    settings: Any = None  # capacity_run.RequestSettings
+    workload_items: list | None = None  # capacity_run.WorkItem; None: built prompts (burst_config)
+
+
 class _MemoryProbe:
     """Adapts a ResourceSampler to the burst's memory_sampler callable."""
 
@@ -293,9 +350,12 @@ def _emit(progress: Progress | None, **event: Any) -> None:
 
 
 def run_sweep(plan: SweepPlan, burst_config=None, options: SweepOptions | None = None,
-              progress: Progress | None = None, cancel: threading.Event | None = None) -> list[SweepRun]:
+              progress: Progress | None = None, cancel: threading.Event | None = None,
+              capacity: CapacitySweep | None = None) -> list[SweepRun]:
     """Measure every preset of the plan; returns the runs done (all of them
-    unless cancelled). Never leaves a server running, even on errors."""
+    unless cancelled). Never leaves a server running, even on errors. With
+    `capacity`, each preset gets a capacity search (phase "capacity", with
+    the search's own events under "capacity_event") instead of a burst."""
     from ernie_tui.engine_ctl.burst import BurstConfig
     from ernie_tui.engine_ctl.resources import ResourceSampler
 
@@ -319,7 +379,7 @@ def run_sweep(plan: SweepPlan, burst_config=None, options: SweepOptions | None =
                   phase="preflight", eta_s=eta)
             t0 = time.monotonic()
             run = _run_one(preset, repeat, burst_config, options, log_dir, sampler, baseline,
-                           progress, cancel, index, len(order))
+                           progress, cancel, index, len(order), capacity)
             runs.append(run)
             durations.append(time.monotonic() - t0)
             _emit(progress, preset=preset.name, repeat=repeat, index=index, total=len(order), phase="done",
@@ -331,14 +391,15 @@ def run_sweep(plan: SweepPlan, burst_config=None, options: SweepOptions | None =
 
 def _run_one(preset: Preset, repeat: int, burst_config, options: SweepOptions, log_dir: Path, sampler,
              baseline: int | None, progress: Progress | None, cancel: threading.Event,
-             index: int, total: int) -> SweepRun:
+             index: int, total: int, capacity: CapacitySweep | None = None) -> SweepRun:
     from ernie_tui.engine_ctl.burst import run_burst
     from ernie_tui.engine_ctl.preflight import preflight
     from ernie_tui.engine_ctl.resources import ResourceSampler
     from ernie_tui.engine_ctl.server import EngineServer, ServerState
 
     t_begin = time.monotonic()
-    run = SweepRun(preset=preset.name, repeat=repeat, status="ok", key_args=preset.key_args())
+    run = SweepRun(preset=preset.name, repeat=repeat, status="ok", key_args=preset.key_args(),
+                   mode="capacity" if capacity is not None else "burst")
     model = preset.resolve_model(options.model)
     result = preflight(preset, model)
     if not result.ok:
@@ -383,6 +444,14 @@ def _run_one(preset: Preset, repeat: int, burst_config, options: SweepOptions, l
         run.vllm_version, run.platform = report.vllm_version, report.platform
         run.kv_cache_tokens = report.kv_cache_tokens
         run.max_concurrency = report.max_concurrency
+        if capacity is not None:
+            t_search = time.monotonic()
+            try:
+                _measure_capacity(run, capacity, burst_config, spec, preset, report, options, progress, ev, cancel)
+            finally:
+                burst_s = time.monotonic() - t_search
+                run.burst_s = burst_s
+            return run
         _emit(progress, **ev, phase="burst", burst_done=0, burst_total=burst_config.n)
         # The burst's peak memory is this engine's: a fresh sampler bound to its pids.
         engine_sampler = ResourceSampler(server.engine_pids, use_nvml=sampler.nvml)
@@ -427,6 +496,54 @@ def _run_one(preset: Preset, repeat: int, burst_config, options: SweepOptions, l
         _wait_baseline(sampler, baseline, options)
         run.stop_s = stop_s
         run.overhead_s = max(0.0, (time.monotonic() - t_begin) - ready_wait - burst_s - stop_s)
+
+
+def _measure_capacity(run: SweepRun, capacity: CapacitySweep, burst_config, spec, preset: Preset, report,
+                      options: SweepOptions, progress: Progress | None, ev: dict[str, Any],
+                      cancel: threading.Event) -> None:
+    """One preset's capacity search; fills the run's capacity columns."""
+    from ernie_tui.engine_ctl.capacity_run import Workload, run_capacity
+    from ernie_tui.engine_ctl.probe import ProbeFailure, find_tokenizer
+
+    run.mode = "capacity"
+    # Every preset replays the same requests from the first: a fresh cursor.
+    workload = Workload(list(capacity.workload_items), "file") if capacity.workload_items else None
+    tokenizer = None
+    if workload is None:
+        try:
+            tokenizer = find_tokenizer(model_dir=spec.model)
+        except ProbeFailure:
+            tokenizer = None  # the search asks the server's /tokenize instead
+    _emit(progress, **ev, phase="capacity")
+    result = run_capacity(spec.url, capacity.slo, search_config=capacity.search, rules=capacity.rules,
+                          settings=capacity.settings, workload=workload, burst_config=burst_config,
+                          tokenizer=tokenizer, model=spec.served_model_name, api_key=preset.api_key(),
+                          progress=lambda e: _emit(progress, **ev, phase="capacity", capacity_event=e),
+                          cancel=cancel)
+    run.capacity_stop = result.stop_reason
+    run.levels = len(result.levels)
+    run.requests = sum(lv.requests for lv in result.levels)
+    run.errors = sum(lv.failed for lv in result.levels)
+    if result.capacity is not None:
+        at = result.level(result.capacity["concurrency"])
+        run.capacity_concurrency = float(at.concurrency)
+        run.goodput_rps, run.goodput_output_tps = at.goodput_rps, at.goodput_output_tps
+        run.output_tps = at.output_tps
+        run.ttft_p50_ms, run.ttft_p99_ms = at.ttft_p50_ms, at.ttft_p99_ms
+        run.itl_p50_ms, run.itl_p99_ms = at.itl_p50_ms, at.itl_p99_ms
+        run.kv_usage_peak_pct = at.kv_cache_peak_pct
+    elif result.stop_reason == "first_level_failed":
+        # A real answer: not even the lowest concurrency meets the SLO.
+        run.capacity_concurrency, run.goodput_rps, run.goodput_output_tps = 0.0, 0.0, 0.0
+    if result.stop_reason == "cancelled" or cancel.is_set():
+        run.status, run.message = "cancelled", "cancelled during the capacity search"
+    elif result.stop_reason == "server_down":
+        run.status, run.message = "failed: capacity", result.stop_message
+    if options.save_records:
+        from ernie_tui.engine_ctl.runstore import save_run
+
+        save_run("capacity", result.to_dict(), preset=preset, engine_report=report.to_dict(), url=spec.url,
+                 model=spec.served_model_name, notes=f"sweep repeat {run.repeat}")
 
 
 def _ms(seconds: float | None) -> float | None:

@@ -1,0 +1,426 @@
+"""The capacity search against a live server: workloads and the HTTP level runner.
+
+One level = a closed loop at concurrency C: C workers, each sends its next
+request as soon as its previous one ends, through the probe's streaming
+client (probe.stream_request: per-token timing). A LevelMonitor (capacity.py)
+says when the level has seen enough; then nothing new is sent, the requests
+in flight are let finish (dropping them would keep only the fast ones), and
+vLLM's /metrics is read for the same window: histogram deltas (TTFT, ITL,
+e2e) as the burst's VllmView does, and, sampled while the level ran, the
+KV-cache peak, running/waiting peaks and the mean waiting queue.
+
+Prompts come from a Workload: the burst's exact-length prompts
+(burst.build_prompts with a BurstConfig) or a JSONL file of real prompts.
+One cursor runs through it across levels, so a later level does not send the
+same prompts again (vLLM's prefix cache would make them cheaper) until the
+workload wraps, which is reported.
+
+Not exposed by probe/burst and so written here: the /metrics sampler with a
+waiting-queue mean, and the settled closing scrape (burst keeps both private).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from ernie_tui.engine_ctl import capacity as C
+from ernie_tui.engine_ctl import metrics as M
+from ernie_tui.engine_ctl import slo as S
+from ernie_tui.engine_ctl.probe import (
+    DEFAULT_TEMPERATURE,
+    DEFAULT_TOP_P,
+    ProbeFailure,
+    ProbeRequest,
+    ServedModel,
+    base_url,
+    find_tokenizer,
+    new_async_client,
+    resolve_model,
+    stream_request,
+)
+
+# Transport failures: the server is not answering at all.
+_TRANSPORT_KINDS = frozenset({"connection_refused", "connect_error", "timeout", "disconnected"})
+
+
+# -- workloads -----------------------------------------------------------------
+
+@dataclass(frozen=True)
+class WorkItem:
+    prompt: str
+    max_tokens: int
+    prompt_tokens: int | None = None  # when known (built prompts)
+
+
+class Workload:
+    """The prompts to send, taken in order across all levels."""
+
+    def __init__(self, items: list[WorkItem], source: str) -> None:
+        if not items:
+            raise ValueError("the workload has no prompts")
+        self.items = items
+        self.source = source
+        self.cursor = 0
+        self.wraps = 0
+
+    def take(self) -> WorkItem:
+        item = self.items[self.cursor]
+        self.cursor += 1
+        if self.cursor >= len(self.items):
+            self.cursor = 0
+            self.wraps += 1
+        return item
+
+    def describe(self) -> dict[str, Any]:
+        toks = [i.max_tokens for i in self.items]
+        lens = [i.prompt_tokens for i in self.items if i.prompt_tokens is not None]
+        return {"source": self.source, "prompts": len(self.items), "max_tokens_min": min(toks),
+                "max_tokens_max": max(toks), "prompt_tokens_min": min(lens) if lens else None,
+                "prompt_tokens_max": max(lens) if lens else None, "wrapped": self.wraps}
+
+
+def load_jsonl(path: str | Path, default_max_tokens: int) -> Workload:
+    """A JSONL file, one request a line: {"prompt": "...", "max_tokens": 128}
+    (max_tokens optional). Blank lines and lines starting with # are skipped.
+    ValueError names the line of the first bad one."""
+    p = Path(path).expanduser()
+    try:
+        text = p.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ValueError(f"cannot read the workload {p}: {exc.strerror or exc}") from exc
+    items = []
+    for n, line in enumerate(text.splitlines(), 1):
+        s = line.strip()
+        if not s or s.startswith("#"):
+            continue
+        try:
+            obj = json.loads(s)
+        except ValueError as exc:
+            raise ValueError(f"{p}:{n}: not JSON ({exc.msg})") from exc
+        if not isinstance(obj, dict) or not isinstance(obj.get("prompt"), str) or not obj["prompt"]:
+            raise ValueError(f'{p}:{n}: each line needs a non-empty "prompt" string')
+        mt = obj.get("max_tokens", default_max_tokens)
+        if not isinstance(mt, int) or isinstance(mt, bool) or mt < 1:
+            raise ValueError(f"{p}:{n}: max_tokens must be a positive integer, got {mt!r}")
+        items.append(WorkItem(obj["prompt"], mt))
+    if not items:
+        raise ValueError(f"{p} holds no prompts")
+    return Workload(items, f"file {p.name}")
+
+
+def burst_workload(config: Any, tokenizer: Any, size: int) -> Workload:
+    """`size` prompts of exact token lengths as a burst would build them
+    (lengths uniform in [min_tokens, max_tokens_in], fixed seed)."""
+    from dataclasses import replace
+
+    from ernie_tui.engine_ctl.burst import build_prompts
+
+    cfg = replace(config, n=size)
+    prompts = build_prompts(cfg, tokenizer)
+    return Workload([WorkItem(p.text, cfg.max_tokens, p.tokens) for p in prompts],
+                    f"built prompts of {cfg.min_tokens}-{cfg.max_tokens_in} tokens, seed {cfg.seed}")
+
+
+# -- the server's side of a level -------------------------------------------------
+
+class _MetricsSampler(threading.Thread):
+    """Polls running/waiting/KV usage while a level runs (a thread: the scrape
+    is a blocking call that must not stall the loop timing the streams)."""
+
+    def __init__(self, client: M.MetricsClient, interval: float) -> None:
+        super().__init__(name="capacity-sampler", daemon=True)
+        self.client = client
+        self.interval = interval
+        self.halt = threading.Event()
+        self.kv_peak: float | None = None
+        self.running_peak: float | None = None
+        self.waiting_peak: float | None = None
+        self.waiting_sum = 0.0
+        self.waiting_n = 0
+
+    def run(self) -> None:
+        while not self.halt.is_set():
+            snap = self.client.try_fetch(only=(*M.RUNNING, *M.WAITING, *M.KV_USAGE))
+            if snap is not None:
+                for attr, value in (("kv_peak", snap.kv_cache_usage_pct), ("running_peak", snap.running),
+                                    ("waiting_peak", snap.waiting)):
+                    if value is not None:
+                        old = getattr(self, attr)
+                        setattr(self, attr, value if old is None else max(old, value))
+                if snap.waiting is not None:
+                    self.waiting_sum += snap.waiting
+                    self.waiting_n += 1
+            self.halt.wait(self.interval)
+
+    def stop(self) -> None:
+        self.halt.set()
+        self.join(timeout=5)
+
+    @property
+    def waiting_mean(self) -> float | None:
+        return self.waiting_sum / self.waiting_n if self.waiting_n else None
+
+
+def _settled(client: M.MetricsClient, before: M.MetricsSnapshot, finished: int,
+             timeout: float) -> M.MetricsSnapshot | None:
+    """The closing scrape, once vLLM has counted the level's finished
+    requests (it records a request just after its last chunk is sent)."""
+    deadline = time.monotonic() + timeout
+    snap = client.try_fetch()
+    while snap is not None and time.monotonic() < deadline:
+        done = M.counter_delta(before, snap, M.REQUEST_SUCCESS)
+        if done is None or done >= finished:
+            break
+        time.sleep(0.05)
+        snap = client.try_fetch() or snap
+    return snap
+
+
+def vllm_window(before: M.MetricsSnapshot | None, after: M.MetricsSnapshot | None) -> dict[str, float | None] | None:
+    """vLLM's own figures for the window between two scrapes, in ms."""
+    if before is None or after is None:
+        return None
+
+    def q(h: M.Histogram | None, p: float) -> float | None:
+        v = h.quantile(p) if h is not None else None
+        return None if v is None else v * 1000.0
+
+    ttft = M.histogram_delta(before, after, M.TTFT)
+    itl = M.histogram_delta(before, after, M.ITL)
+    e2e = M.histogram_delta(before, after, M.E2E)
+    return {
+        "ttft_p50_ms": q(ttft, 0.5), "ttft_p99_ms": q(ttft, 0.99),
+        "ttft_mean_ms": None if ttft is None or ttft.mean is None else ttft.mean * 1000.0,
+        "itl_p50_ms": q(itl, 0.5), "itl_p99_ms": q(itl, 0.99),
+        "itl_mean_ms": None if itl is None or itl.mean is None else itl.mean * 1000.0,
+        "e2e_p50_ms": q(e2e, 0.5), "e2e_p99_ms": q(e2e, 0.99),
+        "requests_finished": M.counter_delta(before, after, M.REQUEST_SUCCESS),
+        "generation_tokens": M.counter_delta(before, after, M.GENERATION_TOKENS),
+        "preemptions": M.counter_delta(before, after, M.PREEMPTIONS),
+        "window_s": M.elapsed(before, after),
+    }
+
+
+# -- the level runner ------------------------------------------------------------
+
+@dataclass
+class RequestSettings:
+    chat: bool = False
+    temperature: float | None = DEFAULT_TEMPERATURE
+    top_p: float | None = DEFAULT_TOP_P
+    ignore_eos: bool = True
+    read_timeout_s: float = 120.0
+    request_timeout_s: float = 600.0
+    # Open the level's C connections with one 1-token request each first, so
+    # connection set-up is not billed to the level's first TTFTs.
+    warmup: bool = True
+    sample_interval_s: float = 0.25
+    settle_timeout_s: float = 5.0
+    # After the stop decision, how long in-flight requests may take to finish.
+    drain_timeout_s: float = 30.0
+
+
+Progress = Callable[[dict[str, Any]], None]
+
+
+class HttpLevelRunner:
+    """A LevelRunner (concurrency -> LevelResult) against a live server."""
+
+    def __init__(self, url: str, model: str, workload: Workload, slo: list[S.Objective],
+                 rules: C.LevelRules | None = None, settings: RequestSettings | None = None, *,
+                 api_key: str | None = None, use_metrics: bool = True,
+                 cancel: threading.Event | None = None, progress: Progress | None = None) -> None:
+        self.url = url
+        self.model = model
+        self.workload = workload
+        self.slo = slo
+        self.rules = rules or C.LevelRules()
+        self.settings = settings or RequestSettings()
+        self.api_key = api_key
+        self.use_metrics = use_metrics
+        self.cancel = cancel
+        self.progress = progress
+        self.metrics_missing = False
+
+    def __call__(self, concurrency: int) -> C.LevelResult:
+        return asyncio.run(self.run_async(concurrency))
+
+    def _request(self, item: WorkItem, max_tokens: int | None = None) -> ProbeRequest:
+        s = self.settings
+        return ProbeRequest(prompt=item.prompt, max_tokens=max_tokens or item.max_tokens,
+                            temperature=s.temperature, top_p=s.top_p, chat=s.chat, ignore_eos=s.ignore_eos)
+
+    def _cancelled(self) -> bool:
+        return self.cancel is not None and self.cancel.is_set()
+
+    async def run_async(self, concurrency: int) -> C.LevelResult:
+        s = self.settings
+        monitor = C.LevelMonitor(concurrency, self.slo, self.rules)
+        mclient = M.MetricsClient(self.url, self.api_key) if self.use_metrics else None
+        stop = asyncio.Event()
+        reason: list[str] = []
+        in_row = 0  # transport failures in a row
+        t0 = t_last = 0.0
+        last_progress = 0.0
+
+        def decide(r: str) -> None:
+            if not reason:
+                reason.append(r)
+            stop.set()
+
+        async def worker(client) -> None:
+            nonlocal in_row, t_last, last_progress
+            while not stop.is_set():
+                res = await stream_request(client, self.url, self._request(self.workload.take()), self.model,
+                                           read_timeout=s.read_timeout_s, total_timeout=s.request_timeout_s)
+                now = time.perf_counter()
+                t_last = max(t_last, now)
+                kind = res.error.kind if res.error else None
+                monitor.add(S.RequestOutcome(ok=res.ok, ttft_s=res.ttft_s, latency_s=res.latency_s,
+                                             itls=list(res.itls), completion_tokens=res.completion_tokens,
+                                             prompt_tokens=res.prompt_tokens, error_kind=kind))
+                in_row = in_row + 1 if kind in _TRANSPORT_KINDS else 0
+                if in_row >= max(4, 2 * concurrency):
+                    decide("server_down")
+                if not stop.is_set():
+                    r = monitor.stop_reason(now - t0)
+                    if r is not None:
+                        decide(r)
+                if self.progress is not None and now - last_progress >= 0.5:
+                    last_progress = now
+                    C.emit(self.progress, event="level_progress", concurrency=concurrency,
+                            requests=monitor.count, elapsed_s=now - t0)
+
+        before = None
+        sampler = None
+        async with new_async_client(self.api_key, s.read_timeout_s, max_connections=concurrency + 2) as client:
+            if s.warmup:
+                warm = self._request(self.workload.items[0], max_tokens=1)
+                await asyncio.gather(*(stream_request(client, self.url, warm, self.model,
+                                                      read_timeout=s.read_timeout_s,
+                                                      total_timeout=s.request_timeout_s)
+                                       for _ in range(concurrency)))
+            if mclient is not None:
+                before = await asyncio.to_thread(mclient.try_fetch)
+                if before is None:
+                    self.metrics_missing = True
+                else:
+                    sampler = _MetricsSampler(mclient, s.sample_interval_s)
+                    sampler.start()
+            t0 = t_last = time.perf_counter()
+            tasks = [asyncio.ensure_future(worker(client)) for _ in range(concurrency)]
+            try:
+                while not stop.is_set():
+                    if self._cancelled():
+                        decide("cancelled")
+                        break
+                    r = monitor.stop_reason(time.perf_counter() - t0)
+                    if r is not None:
+                        decide(r)
+                        break
+                    try:
+                        await asyncio.wait_for(stop.wait(), 0.1)
+                    except asyncio.TimeoutError:
+                        pass
+                # Let what is in flight finish, unless cancelled or the server is gone.
+                if reason and reason[0] not in ("cancelled", "server_down"):
+                    deadline = time.monotonic() + s.drain_timeout_s
+                    while not all(t.done() for t in tasks) and time.monotonic() < deadline \
+                            and not self._cancelled():
+                        await asyncio.wait(tasks, timeout=0.1)
+            finally:
+                for t in tasks:
+                    t.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
+        seconds = max(t_last - t0, 1e-9)
+        if sampler is not None:
+            sampler.halt.set()
+        server: dict[str, Any] = {}
+        if mclient is not None and before is not None:
+            ok = sum(1 for o in monitor.outcomes if o.ok)
+            after = await asyncio.to_thread(_settled, mclient, before, ok, s.settle_timeout_s)
+            view = vllm_window(before, after)
+            server = {"vllm": view, "preemptions": view.get("preemptions") if view else None}
+        if sampler is not None:
+            sampler.stop()
+            server.update(kv_cache_peak_pct=sampler.kv_peak, running_peak=sampler.running_peak,
+                          waiting_peak=sampler.waiting_peak, waiting_mean=sampler.waiting_mean)
+        if mclient is not None:
+            mclient.close()
+        stop_reason = reason[0] if reason else "cancelled"
+        if stop_reason != "cancelled" and monitor.outcomes and not any(o.ok for o in monitor.outcomes) and all(
+                o.error_kind in _TRANSPORT_KINDS for o in monitor.outcomes):
+            stop_reason = "server_down"
+        return monitor.result(seconds, stop_reason, server)
+
+
+# -- the whole search -------------------------------------------------------------
+
+def run_capacity(url: str, slo: list[S.Objective], *, search_config: C.SearchConfig | None = None,
+                 rules: C.LevelRules | None = None, settings: RequestSettings | None = None,
+                 workload: Workload | None = None, burst_config: Any = None, tokenizer: Any = None,
+                 model: str | None = None, api_key: str | None = None, use_metrics: bool = True,
+                 progress: Progress | None = None, cancel: threading.Event | None = None) -> C.CapacityResult:
+    """Search a live server's capacity under `slo`. Without a workload,
+    prompts are built as a burst would (burst_config; the tokenizer is found
+    as the burst finds it). Blocking; call from a thread without a running
+    event loop. Never raises for server trouble: the result says."""
+    search_config = search_config or C.SearchConfig()
+    rules = rules or C.LevelRules()
+    settings = settings or RequestSettings()
+    search_config.validate()
+    rules.validate()
+    t0 = time.monotonic()
+    warnings: list[str] = []
+
+    def failed(message: str) -> C.CapacityResult:
+        return C.CapacityResult(slo=S.describe(slo), capacity=None, levels=[], stop_reason="server_down",
+                                stop_message=message, seconds=time.monotonic() - t0,
+                                config={**_config_dict(search_config, rules, settings)}, url=base_url(url),
+                                model=model, warnings=[message])
+
+    try:
+        served: ServedModel = resolve_model(url, model, api_key)
+    except ProbeFailure as exc:
+        return failed(f"the search did not start: {exc.error.message}")
+    if workload is None:
+        from ernie_tui.engine_ctl.burst import BurstConfig
+
+        cfg = burst_config or BurstConfig()
+        try:
+            tok = tokenizer or find_tokenizer(None, None, url, served.id, api_key)
+            # Enough distinct prompts that levels rarely repeat one (prefix caching).
+            workload = burst_workload(cfg, tok, size=max(2 * rules.max_requests, 64))
+        except ProbeFailure as exc:
+            return failed(f"the search did not start: {exc.error.message}")
+    longest = max((i.prompt_tokens or 0) + i.max_tokens for i in workload.items)
+    if served.max_model_len and longest > served.max_model_len:
+        warnings.append(f"the longest prompt plus max_tokens exceeds the model's max_model_len "
+                        f"({served.max_model_len}): such requests fail and count as misses")
+    runner = HttpLevelRunner(url, served.id, workload, slo, rules, settings, api_key=api_key,
+                             use_metrics=use_metrics, cancel=cancel, progress=progress)
+    result = C.search(runner, slo, search_config, progress=progress, cancel=cancel)
+    result.seconds = time.monotonic() - t0
+    result.config = _config_dict(search_config, rules, settings)
+    result.url = base_url(url)
+    result.model = served.id
+    result.workload = workload.describe()
+    if workload.wraps:
+        warnings.append(f"the workload's {len(workload.items)} prompts were used {workload.wraps + 1} times over; "
+                        "repeated prompts can hit vLLM's prefix cache and look faster")
+    if runner.metrics_missing:
+        warnings.append("/metrics could not be read: no KV-cache, queue or vLLM figures, no saturation check")
+    result.warnings = warnings + result.warnings
+    return result
+
+
+def _config_dict(search_config: C.SearchConfig, rules: C.LevelRules, settings: RequestSettings) -> dict[str, Any]:
+    from dataclasses import asdict
+
+    return {"search": asdict(search_config), "level": asdict(rules), "requests": asdict(settings)}

@@ -1,0 +1,299 @@
+"""Service-level objectives: parsing, percentile verdicts and attainment.
+
+An objective is ``METRIC_pNN=LIMIT``: METRIC is ``ttft`` (time to first
+token), ``itl`` (inter-token latency) or ``e2e`` (request latency); NN is 50,
+90, 95 or 99; LIMIT is a number with ``ms`` or ``s``. A set of requests meets
+the objective when the NN-th percentile of the metric over them is within the
+limit: ttft and e2e take one value per request, itl takes every token gap of
+every request.
+
+How sure a verdict is: the percentile of a sample is only an estimate. The
+interval for it here is distribution-free (order statistics: the number of
+samples below the true percentile is binomial), so it holds whatever the
+latency distribution looks like. Each end is a one-sided bound at the given
+confidence: "pass" means even the upper bound is within the limit, "fail"
+means even the lower bound is past it. Token gaps of one request are not
+independent (they share that request's batch), so for itl the interval is
+sized by the number of requests, not of gaps: a request with 128 gaps is not
+128 independent observations.
+
+A request that failed (error, timeout) never got its tokens in time: it
+counts as infinitely slow for ttft and e2e and as missing every objective
+for attainment.
+
+All pure functions: no clocks, no I/O. Times are seconds.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from statistics import NormalDist
+from typing import Any
+
+from ernie_tui.engine_ctl import stats
+
+METRICS = ("ttft", "itl", "e2e")
+PERCENTILES = (50, 90, 95, 99)
+
+_OBJECTIVE_RE = re.compile(r"^\s*(ttft|itl|e2e)_p(\d+)\s*(?:=|<=|<)\s*([0-9]*\.?[0-9]+)\s*(ms|s)\s*$", re.I)
+
+PASS, FAIL, UNDECIDED = "pass", "fail", "undecided"
+
+
+@dataclass(frozen=True)
+class Objective:
+    metric: str  # ttft | itl | e2e
+    percentile: int  # 50, 90, 95 or 99
+    limit_s: float
+
+    @property
+    def name(self) -> str:
+        return f"{self.metric}_p{self.percentile}"
+
+    def __str__(self) -> str:
+        ms = self.limit_s * 1000.0
+        limit = f"{ms:g}ms" if ms < 1000 or ms % 1000 else f"{self.limit_s:g}s"
+        return f"{self.name}={limit}"
+
+
+def parse_objective(text: str) -> Objective:
+    """'ttft_p99=500ms' -> Objective('ttft', 99, 0.5). ValueError with a
+    plain message otherwise."""
+    m = _OBJECTIVE_RE.match(text or "")
+    if not m:
+        raise ValueError(f"an objective looks like ttft_p99=500ms (metric ttft, itl or e2e; percentile "
+                         f"{', '.join(map(str, PERCENTILES))}; limit in ms or s), got {text!r}")
+    metric, pct, value, unit = m.group(1).lower(), int(m.group(2)), float(m.group(3)), m.group(4).lower()
+    if pct not in PERCENTILES:
+        raise ValueError(f"percentile p{pct} in {text!r}: use one of "
+                         + ", ".join(f"p{p}" for p in PERCENTILES))
+    limit = value / 1000.0 if unit == "ms" else value
+    if limit <= 0:
+        raise ValueError(f"the limit in {text!r} must be more than zero")
+    return Objective(metric, pct, limit)
+
+
+def parse_slo(texts: Sequence[str]) -> list[Objective]:
+    """Several objectives; one per metric and percentile (a repeat is an error)."""
+    out: list[Objective] = []
+    for t in texts:
+        o = parse_objective(t)
+        if any(x.name == o.name for x in out):
+            raise ValueError(f"{o.name} is given twice")
+        out.append(o)
+    if not out:
+        raise ValueError("give at least one objective, e.g. --slo ttft_p99=500ms")
+    return out
+
+
+@dataclass
+class RequestOutcome:
+    """What one request measured, as the SLO needs it."""
+
+    ok: bool
+    ttft_s: float | None = None
+    latency_s: float | None = None
+    itls: Sequence[float] = ()
+    completion_tokens: int | None = None
+    prompt_tokens: int | None = None
+    error_kind: str | None = None
+
+
+# -- order statistics ---------------------------------------------------------
+
+def _binom_cdf_table(n: int, q: float) -> list[float]:
+    """P(B <= k) for k = 0..n, B ~ Binomial(n, q), computed in log space so
+    large n and q near 1 neither underflow nor overflow."""
+    if q <= 0.0:
+        return [1.0] * (n + 1)
+    if q >= 1.0:
+        return [0.0] * n + [1.0]
+    lq, l1q = math.log(q), math.log1p(-q)
+    lgn = math.lgamma(n + 1)
+    cdf, acc = [], 0.0
+    for k in range(n + 1):
+        acc += math.exp(lgn - math.lgamma(k + 1) - math.lgamma(n - k + 1) + k * lq + (n - k) * l1q)
+        cdf.append(min(acc, 1.0))
+    return cdf
+
+
+def quantile_rank_bounds(n: int, q: float, confidence: float) -> tuple[int | None, int | None]:
+    """1-based ranks (l, u) of the order statistics that bound the q-quantile:
+    P(x_(l) <= Q_q) >= confidence and P(x_(u) >= Q_q) >= confidence. None
+    where the sample is too small for that end (e.g. no upper bound for p99
+    from fewer than ~300 values at 95 %)."""
+    if n <= 0:
+        return None, None
+    cdf = _binom_cdf_table(n, q)
+    # x_(l) <= Q  <=>  at least l samples are <= Q  <=>  B >= l, B ~ Bin(n, q).
+    lower = None
+    for l in range(n, 0, -1):
+        if 1.0 - cdf[l - 1] >= confidence:
+            lower = l
+            break
+    # x_(u) >= Q  <=>  fewer than u samples are below Q  <=>  B <= u - 1.
+    upper = None
+    for u in range(1, n + 1):
+        if cdf[u - 1] >= confidence:
+            upper = u
+            break
+    return lower, upper
+
+
+def quantile_interval(values: Sequence[float], q: float, confidence: float,
+                      n_eff: int | None = None) -> tuple[float, float]:
+    """(low, high) bounds for the q-quantile of `values`' distribution; -inf
+    or +inf where the sample cannot bound that end. With n_eff (fewer
+    independent units than values, e.g. requests behind token gaps) the ranks
+    are found for n_eff and mapped onto the values proportionally."""
+    xs = sorted(values)
+    n = len(xs)
+    if n == 0:
+        return -math.inf, math.inf
+    m = n if n_eff is None else max(1, min(n_eff, n))
+    lo_r, hi_r = quantile_rank_bounds(m, q, confidence)
+    lo = -math.inf if lo_r is None else xs[max(0, math.floor(lo_r * n / m) - 1)]
+    hi = math.inf if hi_r is None else xs[min(n - 1, math.ceil(hi_r * n / m) - 1)]
+    return lo, hi
+
+
+def wilson_interval(successes: int, n: int, confidence: float = 0.95) -> tuple[float | None, float | None]:
+    """Wilson score interval (two-sided) for a proportion; (None, None) if n == 0."""
+    if n <= 0:
+        return None, None
+    z = NormalDist().inv_cdf(0.5 + confidence / 2.0)
+    p = successes / n
+    denom = 1.0 + z * z / n
+    centre = (p + z * z / (2 * n)) / denom
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+# -- evaluation ---------------------------------------------------------------
+
+@dataclass
+class ObjectiveResult:
+    objective: str  # "ttft_p99=500ms"
+    metric: str
+    percentile: int
+    limit_ms: float
+    value_ms: float | None  # the sample's percentile (None: no samples)
+    low_ms: float | None  # bounds at the confidence (None: unbounded on that side)
+    high_ms: float | None
+    samples: int
+    verdict: str  # pass | fail | undecided
+    how: str  # "bounds" (interval on one side), "precision" (narrow interval), "estimate" (neither)
+
+
+@dataclass
+class Evaluation:
+    verdict: str  # pass | fail | undecided
+    objectives: list[ObjectiveResult] = field(default_factory=list)
+    requests: int = 0
+    met: int = 0  # requests meeting every objective
+    attainment: float | None = None
+    attainment_low: float | None = None
+    attainment_high: float | None = None
+
+    @property
+    def point_pass(self) -> bool:
+        """Every objective's sample percentile within its limit."""
+        return bool(self.objectives) and all(
+            o.value_ms is not None and o.value_ms <= o.limit_ms for o in self.objectives)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _ms(x: float | None) -> float | None:
+    if x is None or math.isinf(x) or math.isnan(x):
+        return None
+    return x * 1000.0
+
+
+def metric_values(objective: Objective, outcomes: Sequence[RequestOutcome]) -> tuple[list[float], int]:
+    """The values an objective's percentile is taken over, and how many
+    independent units they come from."""
+    if objective.metric == "itl":
+        gaps = [g for o in outcomes if o.ok for g in o.itls]
+        return gaps, sum(1 for o in outcomes if o.ok and o.itls)
+    attr = "ttft_s" if objective.metric == "ttft" else "latency_s"
+    vals = []
+    for o in outcomes:
+        v = getattr(o, attr)
+        vals.append(math.inf if not o.ok or v is None else float(v))
+    return vals, len(vals)
+
+
+def _percentile(values: Sequence[float], p: float) -> float | None:
+    if not values:
+        return None
+    v = stats.percentile(values, p)
+    return math.inf if v is None or math.isnan(v) else v
+
+
+def judge(objective: Objective, outcomes: Sequence[RequestOutcome], confidence: float,
+          precision: float) -> ObjectiveResult:
+    """One objective over a set of requests. Decided when the interval is on
+    one side of the limit, or narrower than `precision` x limit (then the
+    sample percentile decides: the truth is that close to the limit)."""
+    values, units = metric_values(objective, outcomes)
+    q = objective.percentile / 100.0
+    value = _percentile(values, objective.percentile)
+    lo, hi = quantile_interval(values, q, confidence, n_eff=units if objective.metric == "itl" else None)
+    limit = objective.limit_s
+    if value is None:
+        verdict, how = UNDECIDED, "estimate"
+    elif hi <= limit:
+        verdict, how = PASS, "bounds"
+    elif lo > limit:
+        verdict, how = FAIL, "bounds"
+    elif math.isfinite(lo) and math.isfinite(hi) and hi - lo <= precision * limit:
+        verdict, how = (PASS if value <= limit else FAIL), "precision"
+    else:
+        verdict, how = UNDECIDED, "estimate"
+    return ObjectiveResult(objective=str(objective), metric=objective.metric, percentile=objective.percentile,
+                           limit_ms=limit * 1000.0, value_ms=_ms(value) if value is not None else None,
+                           low_ms=_ms(lo), high_ms=_ms(hi), samples=len(values), verdict=verdict, how=how)
+
+
+def request_meets(outcome: RequestOutcome, slo: Sequence[Objective]) -> bool:
+    """One request against every objective: ttft and e2e by its own value,
+    itl by its own gaps' percentile (a one-token answer has no gaps and
+    cannot miss an itl objective)."""
+    if not outcome.ok:
+        return False
+    for o in slo:
+        if o.metric == "ttft":
+            v = outcome.ttft_s
+        elif o.metric == "e2e":
+            v = outcome.latency_s
+        else:
+            if not outcome.itls:
+                continue
+            v = stats.percentile(outcome.itls, o.percentile)
+        if v is None or v > o.limit_s:
+            return False
+    return True
+
+
+def evaluate(outcomes: Sequence[RequestOutcome], slo: Sequence[Objective], confidence: float = 0.95,
+             precision: float = 0.05) -> Evaluation:
+    """Every objective over the requests, and the level's verdict: fail as
+    soon as one objective is decided failed, pass once all are decided
+    passed, else undecided."""
+    results = [judge(o, outcomes, confidence, precision) for o in slo]
+    verdicts = {r.verdict for r in results}
+    verdict = FAIL if FAIL in verdicts else (PASS if verdicts == {PASS} else UNDECIDED)
+    met = sum(1 for o in outcomes if request_meets(o, slo))
+    n = len(outcomes)
+    lo, hi = wilson_interval(met, n, confidence)
+    return Evaluation(verdict=verdict, objectives=results, requests=n, met=met,
+                      attainment=(met / n) if n else None, attainment_low=lo, attainment_high=hi)
+
+
+def describe(slo: Sequence[Objective]) -> list[str]:
+    return [str(o) for o in slo]

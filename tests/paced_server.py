@@ -1,0 +1,296 @@
+"""A local OpenAI-style streaming server whose pacing and capacity are set.
+
+For testing timing and the capacity search over real HTTP without vLLM:
+- POST /v1/completions and /v1/chat/completions stream SSE as vLLM does,
+  with continuous usage (every chunk carries the running token count), a
+  final usage chunk and `data: [DONE]`; chunked transfer, keep-alive;
+- N slots are its capacity: a request takes a slot, waits --ttft-ms, then
+  sends one token every --itl-ms up to max_tokens; requests beyond N wait
+  for a slot (queued in arrival order), so TTFT grows with the queue;
+- GET /metrics (prometheus_client): vllm:num_requests_running/waiting,
+  vllm:kv_cache_usage_perc (running / slots), the TTFT, ITL and e2e
+  histograms, generation/prompt token and finished-request counters, all
+  measured here, server side;
+- GET /v1/models, /health; POST /tokenize and /detokenize with a word-level
+  vocabulary (one word = one token), so prompts of exact lengths can be built.
+
+    python tests/paced_server.py --slots 4 --ttft-ms 20 --itl-ms 10 [--port 0]
+
+As a preset's `launcher` it takes vLLM's command line (its engine arguments
+are ignored; the pacing comes from the preset's env: PACED_SLOTS,
+PACED_TTFT_MS, PACED_ITL_MS).
+
+It prints `listening on http://HOST:PORT` once it accepts connections.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+# vLLM's bucket bounds (seconds), so the histogram deltas read like its own.
+TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+                20.0, 40.0, 80.0)
+ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0)
+E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0)
+
+
+class Slots:
+    """N slots handed out in arrival order, with the running/waiting counts."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.cond = threading.Condition()
+        self.running = 0
+        self.queue: list[object] = []
+
+    def acquire(self) -> None:
+        me = object()
+        with self.cond:
+            self.queue.append(me)
+            while self.queue[0] is not me or self.running >= self.n:
+                self.cond.wait()
+            self.queue.pop(0)
+            self.running += 1
+            self.cond.notify_all()
+
+    def release(self) -> None:
+        with self.cond:
+            self.running -= 1
+            self.cond.notify_all()
+
+    def counts(self) -> tuple[int, int]:
+        with self.cond:
+            return self.running, len(self.queue)
+
+
+class Vocab:
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.ids: dict[str, int] = {}
+        self.words: list[str] = []
+
+    def encode(self, text: str) -> list[int]:
+        out = []
+        with self.lock:
+            for w in text.split():
+                if w not in self.ids:
+                    self.ids[w] = len(self.words)
+                    self.words.append(w)
+                out.append(self.ids[w])
+        return out
+
+    def decode(self, ids: list[int]) -> str:
+        with self.lock:
+            return " ".join(self.words[i] for i in ids if 0 <= i < len(self.words))
+
+
+class Server:
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.slots = Slots(args.slots)
+        self.vocab = Vocab()
+        self.registry = CollectorRegistry()
+        lbl = ["model_name"]
+        r = self.registry
+        self.g_running = Gauge("vllm:num_requests_running", "running", lbl, registry=r)
+        self.g_waiting = Gauge("vllm:num_requests_waiting", "waiting", lbl, registry=r)
+        self.g_kv = Gauge("vllm:kv_cache_usage_perc", "KV usage 0..1", lbl, registry=r)
+        self.c_gen = Counter("vllm:generation_tokens", "generated tokens", lbl, registry=r)
+        self.c_prompt = Counter("vllm:prompt_tokens", "prompt tokens", lbl, registry=r)
+        self.c_ok = Counter("vllm:request_success", "finished requests", lbl, registry=r)
+        self.c_preempt = Counter("vllm:num_preemptions", "preemptions", lbl, registry=r)
+        self.h_ttft = Histogram("vllm:time_to_first_token_seconds", "TTFT", lbl, buckets=TTFT_BUCKETS, registry=r)
+        self.h_itl = Histogram("vllm:inter_token_latency_seconds", "ITL", lbl, buckets=ITL_BUCKETS, registry=r)
+        self.h_e2e = Histogram("vllm:e2e_request_latency_seconds", "e2e", lbl, buckets=E2E_BUCKETS, registry=r)
+        self.c_preempt.labels(args.model_name).inc(0)
+        self.gauges()
+
+    def gauges(self) -> None:
+        running, waiting = self.slots.counts()
+        m = self.args.model_name
+        self.g_running.labels(m).set(running)
+        self.g_waiting.labels(m).set(waiting)
+        self.g_kv.labels(m).set(running / self.slots.n)
+
+
+def make_handler(srv: Server):
+    args = srv.args
+    model = args.model_name
+
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def setup(self) -> None:
+            super().setup()
+            # As uvicorn does: without it, Nagle holds each small SSE chunk
+            # back behind the client's delayed ACK (~40 ms) and the pacing is lost.
+            self.request.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+        def log_message(self, *a) -> None:
+            pass
+
+        def _send(self, status: int, body: str, ctype: str = "application/json") -> None:
+            data = body.encode()
+            self.send_response(status)
+            self.send_header("Content-Type", ctype)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def _body(self) -> dict:
+            n = int(self.headers.get("Content-Length") or 0)
+            try:
+                obj = json.loads(self.rfile.read(n) or b"{}")
+            except ValueError:
+                return {}
+            return obj if isinstance(obj, dict) else {}
+
+        def do_GET(self) -> None:  # noqa: N802
+            if self.path == "/health":
+                self._send(200, "", "text/plain")
+            elif self.path == "/metrics":
+                srv.gauges()
+                self._send(200, generate_latest(srv.registry).decode(), "text/plain; version=0.0.4")
+            elif self.path == "/v1/models":
+                self._send(200, json.dumps({"object": "list", "data": [
+                    {"id": model, "object": "model", "root": None, "max_model_len": args.max_model_len}]}))
+            else:
+                self._send(404, json.dumps({"error": {"message": "not found", "code": 404}}))
+
+        def do_POST(self) -> None:  # noqa: N802
+            body = self._body()
+            if self.path == "/tokenize":
+                toks = srv.vocab.encode(str(body.get("prompt", "")))
+                self._send(200, json.dumps({"tokens": toks, "count": len(toks), "max_model_len": args.max_model_len}))
+            elif self.path == "/detokenize":
+                self._send(200, json.dumps({"prompt": srv.vocab.decode(list(body.get("tokens") or []))}))
+            elif self.path in ("/v1/completions", "/v1/chat/completions"):
+                self._stream(body, chat=self.path.endswith("chat/completions"))
+            else:
+                self._send(404, json.dumps({"error": {"message": "not found", "code": 404}}))
+
+        def _chunk(self, payload: str) -> None:
+            data = f"data: {payload}\n\n".encode()
+            self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+            self.wfile.flush()
+
+        def _stream(self, body: dict, chat: bool) -> None:
+            t_arrive = time.perf_counter()
+            if chat:
+                msgs = body.get("messages") or []
+                prompt = " ".join(str(m.get("content", "")) for m in msgs if isinstance(m, dict))
+            else:
+                prompt = str(body.get("prompt", ""))
+            n_prompt = len(prompt.split())
+            n_out = int(body.get("max_tokens") or 16)
+            if n_prompt + n_out > args.max_model_len:
+                msg = (f"This model's maximum context length is {args.max_model_len} tokens. However, you "
+                       f"requested {n_prompt + n_out} tokens ({n_prompt} in the messages, {n_out} in the "
+                       "completion). Please reduce the length of the messages or completion.")
+                self._send(400, json.dumps({"error": {"message": msg, "type": "BadRequestError", "code": 400}}))
+                return
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            obj = "chat.completion.chunk" if chat else "text_completion"
+            rid = f"cmpl-{id(self):x}"
+
+            def event(k: int, finish: str | None, choices: bool = True) -> str:
+                usage = {"prompt_tokens": n_prompt, "completion_tokens": k, "total_tokens": n_prompt + k}
+                ch: list = []
+                if choices:
+                    piece = f" w{k}"
+                    ch = [{"index": 0, "delta": {"content": piece}, "finish_reason": finish} if chat else
+                          {"index": 0, "text": piece, "logprobs": None, "finish_reason": finish}]
+                return json.dumps({"id": rid, "object": obj, "created": int(time.time()), "model": model,
+                                   "choices": ch, "usage": usage})
+
+            srv.slots.acquire()
+            srv.gauges()
+            m = model
+            try:
+                srv.c_prompt.labels(m).inc(n_prompt)
+                if chat:
+                    self._chunk(json.dumps({"id": rid, "object": obj, "model": model, "choices": [
+                        {"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]}))
+                # Pace against deadlines, not sleeps in a row, so delays do not add up.
+                t_first = time.perf_counter() + args.ttft_ms / 1000.0
+                prev = None
+                for k in range(1, n_out + 1):
+                    due = t_first + (k - 1) * args.itl_ms / 1000.0
+                    delay = due - time.perf_counter()
+                    if delay > 0:
+                        time.sleep(delay)
+                    self._chunk(event(k, "length" if k == n_out else None))
+                    now = time.perf_counter()
+                    if prev is None:
+                        srv.h_ttft.labels(m).observe(now - t_arrive)
+                    else:
+                        srv.h_itl.labels(m).observe(now - prev)
+                    prev = now
+                    srv.c_gen.labels(m).inc()
+                self._chunk(event(n_out, None, choices=False))
+                self._chunk("[DONE]")
+                self.wfile.write(b"0\r\n\r\n")
+                self.wfile.flush()
+                srv.h_e2e.labels(m).observe(time.perf_counter() - t_arrive)
+                srv.c_ok.labels(m).inc()
+            except (BrokenPipeError, ConnectionResetError):
+                self.close_connection = True  # the client went away: vLLM aborts the request
+            finally:
+                srv.slots.release()
+                srv.gauges()
+
+    return Handler
+
+
+class _Http(ThreadingHTTPServer):
+    daemon_threads = True
+    request_queue_size = 256
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=0, help="0: a free port (printed)")
+    env = os.environ.get
+    p.add_argument("--slots", type=int, default=int(env("PACED_SLOTS", "4")),
+                   help="requests served at once (the capacity; env PACED_SLOTS)")
+    p.add_argument("--ttft-ms", type=float, default=float(env("PACED_TTFT_MS", "20")),
+                   help="slot taken -> first token (env PACED_TTFT_MS)")
+    p.add_argument("--itl-ms", type=float, default=float(env("PACED_ITL_MS", "10")),
+                   help="between tokens (env PACED_ITL_MS)")
+    p.add_argument("--model-name", default="paced")
+    p.add_argument("--max-model-len", type=int, default=4096)
+    # Launched as a preset's `launcher` it gets vLLM's command line: take the
+    # model's name, ignore the engine arguments it has no use for.
+    p.add_argument("--model", default=None)
+    p.add_argument("--served-model-name", default=None)
+    args, _engine_args = p.parse_known_args(argv)
+    if args.served_model_name:
+        args.model_name = args.served_model_name
+    srv = Server(args)
+    httpd = _Http((args.host, args.port), make_handler(srv))
+    host, port = httpd.server_address[:2]
+    print(f"listening on http://{host}:{port}", flush=True)
+    try:
+        httpd.serve_forever(poll_interval=0.2)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        httpd.server_close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,307 @@
+"""The capacity search: pure tests against a simulated server whose capacity
+is known, end-to-end tests of `probe --capacity` against the paced HTTP
+stand-in (tests/paced_server.py), and one short search on real vLLM (CPU)."""
+
+from __future__ import annotations
+
+import json
+import random
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from ernie_tui.cli import main
+from ernie_tui.engine_ctl import capacity as C
+from ernie_tui.engine_ctl import capacity_run as R
+from ernie_tui.engine_ctl import runstore
+from ernie_tui.engine_ctl import slo as S
+
+HERE = Path(__file__).resolve().parent
+
+
+class SimServer:
+    """A server with `slots` request slots. Up to `slots` concurrent requests
+    get a TTFT near `ttft`; past it every request queues, TTFT grows with the
+    overload and throughput stays flat. `edge` maps a concurrency to the share
+    of its requests that miss the TTFT limit by far (a level on the edge).
+    Time is simulated: each request adds service / min(c, slots) seconds."""
+
+    def __init__(self, slots: int, ttft: float = 0.02, itl: float = 0.01, tokens: int = 16,
+                 edge: dict[int, float] | None = None, metrics: bool = True, seed: int = 0) -> None:
+        self.slots, self.ttft, self.itl, self.tokens = slots, ttft, itl, tokens
+        self.edge = edge or {}
+        self.metrics = metrics
+        self.seed = seed
+        self.calls: list[int] = []
+
+    def runner(self, slo, rules: C.LevelRules, cancel_after: int | None = None,
+               cancel: threading.Event | None = None):
+        def run(c: int) -> C.LevelResult:
+            self.calls.append(c)
+            rng = random.Random(self.seed * 7919 + c)
+            mon = C.LevelMonitor(c, slo, rules)
+            service = self.ttft + (self.tokens - 1) * self.itl
+            overload = max(0.0, c / self.slots - 1.0)
+            elapsed = 0.0
+            while True:
+                ttft = self.ttft * (1 + 0.2 * rng.random())
+                if overload:
+                    # Past its slots every request queues for about half a request or more.
+                    ttft += service * (0.5 + overload) * (0.8 + 0.4 * rng.random())
+                if rng.random() < self.edge.get(c, 0.0):
+                    ttft = 10 * self.ttft
+                itls = [self.itl * (1 + 0.2 * rng.random()) for _ in range(self.tokens - 1)]
+                mon.add(S.RequestOutcome(ok=True, ttft_s=ttft, itls=itls, latency_s=ttft + sum(itls),
+                                         completion_tokens=self.tokens))
+                elapsed += service / min(c, self.slots)
+                reason = mon.stop_reason(elapsed)
+                if reason:
+                    break
+            server = {}
+            if self.metrics:
+                server = {"waiting_mean": float(max(0, c - self.slots)), "waiting_peak": float(max(0, c - self.slots)),
+                          "kv_cache_peak_pct": 100.0 * min(c, self.slots) / self.slots}
+            return mon.result(elapsed, reason, server)
+        return run
+
+
+SLO = S.parse_slo(["ttft_p90=40ms", "itl_p50=20ms"])
+RULES = C.LevelRules(min_requests=20, max_requests=300, time_cap_s=600)
+
+
+@pytest.mark.parametrize("slots", [1, 3, 5, 12, 37, 100])
+def test_finds_the_known_capacity_within_tolerance(slots):
+    sim = SimServer(slots)
+    res = C.search(sim.runner(SLO, RULES), SLO, C.SearchConfig(tolerance=0.10, max_concurrency=512))
+    cap = res.capacity["concurrency"]
+    assert res.stop_reason == "bracketed"
+    assert slots * 0.9 <= cap <= slots  # never above the truth, within the tolerance below it
+    fails = [lv.concurrency for lv in res.levels if not lv.passed]
+    assert min(fails) - cap <= max(1, 0.10 * cap)
+    assert len(sim.calls) == len(set(sim.calls))  # no level measured twice
+    assert all(lv.decided for lv in res.levels)
+    # goodput at the capacity: every request met the SLO there
+    lv = res.level(cap)
+    assert res.capacity["goodput_rps"] == pytest.approx(lv.requests_per_s)
+    assert lv.attainment == 1.0
+
+
+def test_doubles_then_bisects():
+    sim = SimServer(5)
+    res = C.search(sim.runner(SLO, RULES), SLO, C.SearchConfig())
+    assert sim.calls == [1, 2, 4, 8, 6, 5]
+    assert res.capacity["concurrency"] == 5
+
+
+def test_a_looser_tolerance_measures_fewer_levels():
+    tight, loose = SimServer(37), SimServer(37)
+    a = C.search(tight.runner(SLO, RULES), SLO, C.SearchConfig(tolerance=0.02))
+    b = C.search(loose.runner(SLO, RULES), SLO, C.SearchConfig(tolerance=0.5))
+    assert a.capacity["concurrency"] == 37
+    assert tight.calls[:7] == [1, 2, 4, 8, 16, 32, 64]
+    assert loose.calls == [1, 2, 4, 8, 16, 32, 64, 48]  # 32 pass, 48 fail: within 50 %
+    assert b.capacity["concurrency"] == 32 and len(loose.calls) < len(tight.calls)
+
+
+def test_first_level_failing_and_a_start_above_capacity():
+    res = C.search(SimServer(1, ttft=0.1).runner(SLO, RULES), SLO, C.SearchConfig())
+    assert res.capacity is None and res.stop_reason == "first_level_failed"
+    sim = SimServer(3)
+    res = C.search(sim.runner(SLO, RULES), SLO, C.SearchConfig(start=16))
+    assert sim.calls == [16, 8, 4, 2, 3] and res.capacity["concurrency"] == 3
+
+
+def test_max_concurrency_stops_a_search_that_never_fails():
+    sim = SimServer(1000)
+    res = C.search(sim.runner(SLO, RULES), SLO, C.SearchConfig(max_concurrency=24))
+    assert sim.calls == [1, 2, 4, 8, 16, 24]
+    assert res.stop_reason == "max_concurrency" and res.capacity["concurrency"] == 24
+
+
+def test_levels_stop_early_when_decided():
+    sim = SimServer(4)
+    res = C.search(sim.runner(SLO, RULES), SLO, C.SearchConfig())
+    failing = res.level(8)
+    # Clearly failing: decided at the minimum (20 requests, or 2 x concurrency).
+    assert failing.stop == "decided" and failing.requests == 20 and not failing.passed
+    # Passing a p90 needs ~29 requests for its upper bound at 95 %.
+    passing = res.level(4)
+    assert passing.stop == "decided" and 29 <= passing.requests < 40
+
+
+def test_undecided_level_is_marked_and_goes_by_its_estimate():
+    # At concurrency 8, 10 % of requests miss: the p90 sits on the limit and
+    # no bound can exclude it; the level runs to max requests, undecided.
+    sim = SimServer(12, edge={8: 0.10})
+    rules = C.LevelRules(min_requests=20, max_requests=60, time_cap_s=600)
+    res = C.search(sim.runner(SLO, rules), SLO, C.SearchConfig())
+    lv = res.level(8)
+    assert lv.verdict == S.UNDECIDED and not lv.decided and lv.stop == "max_requests" and lv.requests == 60
+    assert lv.passed == (lv.objectives[0]["value_ms"] <= 40.0 and lv.objectives[1]["value_ms"] <= 20.0)
+    assert any(o["verdict"] == S.UNDECIDED for o in lv.objectives)
+    assert res.capacity is not None  # the search went on past it
+    # The same level under a time cap: undecided by time.
+    sim2 = SimServer(12, edge={8: 0.10})
+    res2 = C.search(sim2.runner(SLO, C.LevelRules(min_requests=20, max_requests=10_000, time_cap_s=1.0)), SLO,
+                    C.SearchConfig())
+    assert res2.level(8).stop == "time_cap" and not res2.level(8).decided
+
+
+def test_saturation_stops_the_search_under_a_loose_slo():
+    loose = S.parse_slo(["ttft_p90=100s"])
+    sim = SimServer(4)
+    res = C.search(sim.runner(loose, RULES), loose, C.SearchConfig())
+    assert sim.calls == [1, 2, 4, 8]
+    assert res.stop_reason == "saturated" and res.capacity["concurrency"] == 8
+    # Without /metrics there is no queue figure, so no saturation verdict.
+    blind = SimServer(4, metrics=False)
+    res = C.search(blind.runner(loose, RULES), loose, C.SearchConfig(max_concurrency=32))
+    assert res.stop_reason == "max_concurrency" and blind.calls[-1] == 32
+
+
+def test_progress_events_and_cancel():
+    sim = SimServer(50)
+    cancel = threading.Event()
+    events = []
+
+    def progress(ev):
+        events.append(ev)
+        if ev["event"] == "level_done" and ev["index"] == 1:
+            cancel.set()
+
+    res = C.search(sim.runner(SLO, RULES), SLO, C.SearchConfig(), progress=progress, cancel=cancel)
+    assert res.stop_reason == "cancelled" and sim.calls == [1, 2]
+    assert [e["event"] for e in events] == ["level_start", "level_done"] * 2
+    assert isinstance(events[1]["level"], C.LevelResult) and events[3]["low_pass"] == 2
+
+
+def test_result_json_shape_and_run_record():
+    res = C.search(SimServer(5).runner(SLO, RULES), SLO, C.SearchConfig())
+    d = json.loads(json.dumps(res.to_dict()))
+    assert set(d["capacity"]) >= {"concurrency", "goodput_rps", "goodput_output_tps", "ttft_p99_ms", "itl_p99_ms"}
+    for lv in d["levels"]:
+        assert set(lv) >= {"concurrency", "requests", "passed", "attainment", "output_tps", "ttft_p50_ms",
+                           "ttft_p99_ms", "itl_p50_ms", "itl_p99_ms"}
+    assert d["slo"] == ["ttft_p90=40ms", "itl_p50=20ms"] and d["stop_reason"] == "bracketed"
+    rec = res.save(notes="sim")
+    back = runstore.load_run(rec.path)
+    assert back.kind == "capacity" and back.results["capacity"]["concurrency"] == 5
+    assert "capacity: concurrency 5" in C.format_result(res)
+
+
+# -- over HTTP: the paced stand-in ------------------------------------------------
+
+class PacedServer:
+    def __init__(self, *args: str) -> None:
+        self.proc = subprocess.Popen([sys.executable, str(HERE / "paced_server.py"), "--port", "0", *args],
+                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        line = self.proc.stdout.readline()
+        assert line.startswith("listening on "), line
+        self.url = line.split()[-1]
+
+    def close(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(10)
+
+
+@pytest.fixture
+def paced():
+    servers = []
+
+    def start(*args: str) -> PacedServer:
+        s = PacedServer(*args)
+        servers.append(s)
+        return s
+
+    yield start
+    for s in servers:
+        s.close()
+
+
+def test_cli_capacity_finds_the_paced_servers_slots(paced, capsys):
+    # 3 slots, 20 ms to the first token, 16 tokens 10 ms apart (~170 ms a
+    # request). At 4 in flight a quarter of the requests wait a whole request
+    # for a slot, so TTFT p90 goes far past 100 ms; at 3 it stays near 20-40.
+    srv = paced("--slots", "3", "--ttft-ms", "20", "--itl-ms", "10")
+    code = main(["probe", "--url", srv.url, "--capacity", "--slo", "ttft_p90=100ms", "--slo", "itl_p50=50ms",
+                 "--max-tokens", "16", "--min-tokens", "10", "--max-tokens-in", "40", "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert code == 0, out
+    assert out["capacity"]["concurrency"] == 3
+    assert [lv["concurrency"] for lv in out["levels"]] == [1, 2, 4, 3]
+    assert out["stop_reason"] == "bracketed" and out["seconds"] > 0
+    assert [lv["passed"] for lv in out["levels"]] == [True, True, False, True]
+    at3 = out["levels"][3]
+    assert out["capacity"]["goodput_rps"] == pytest.approx(at3["goodput_rps"])
+    assert 10 < out["capacity"]["goodput_rps"] < 20  # 3 slots / ~0.17 s
+    assert out["capacity"]["goodput_output_tps"] == pytest.approx(16 * out["capacity"]["goodput_rps"], rel=0.01)
+    assert at3["kv_cache_peak_pct"] == 100.0 and at3["vllm"]["requests_finished"] == at3["requests"]
+    assert 5 < at3["itl_p50_ms"] < 20 and 5 < at3["vllm"]["itl_p50_ms"] < 20
+    at4 = out["levels"][2]
+    assert at4["waiting_peak"] >= 1 and at4["ttft_p99_ms"] > 150 and at4["vllm"]["ttft_p99_ms"] > 150
+    assert runstore.load_run(out["run_record"]).kind == "capacity"
+
+
+def test_cli_capacity_stops_at_saturation_replaying_a_workload(paced, tmp_path, capsys):
+    srv = paced("--slots", "3", "--ttft-ms", "10", "--itl-ms", "10")
+    wl = tmp_path / "w.jsonl"
+    wl.write_text("\n".join(json.dumps({"prompt": f"question {i} about the river", "max_tokens": 8})
+                            for i in range(50)) + "\n\n# a comment\n")
+    code = main(["probe", "--url", srv.url, "--capacity", "--slo", "ttft_p90=30s", "--workload", str(wl),
+                 "--chat", "--start-concurrency", "2", "--json", "--no-save"])
+    out = json.loads(capsys.readouterr().out)
+    assert code == 0, out
+    assert [lv["concurrency"] for lv in out["levels"]] == [2, 4, 8]
+    assert out["stop_reason"] == "saturated" and out["capacity"]["concurrency"] == 8
+    at8 = out["levels"][2]
+    assert at8["waiting_mean"] >= 2 and at8["output_tps"] < 1.1 * out["levels"][1]["output_tps"]
+    assert out["workload"]["source"] == "file w.jsonl" and out["workload"]["prompts"] == 50
+    assert out["run_record"] is None
+
+
+def test_bad_workload_and_bad_slo_are_plain_errors(tmp_path, capsys):
+    wl = tmp_path / "w.jsonl"
+    wl.write_text('{"prompt": "a"}\n{"text": "b"}\n')
+    assert main(["probe", "--url", "http://127.0.0.1:9", "--capacity", "--slo", "ttft_p99=1s",
+                 "--workload", str(wl)]) == 1
+    assert "w.jsonl:2" in capsys.readouterr().err
+    assert main(["probe", "--url", "http://127.0.0.1:9", "--capacity", "--slo", "ttft_p97=1s"]) == 1
+    assert "percentile" in capsys.readouterr().err
+    assert main(["probe", "--url", "http://127.0.0.1:9", "--slo", "ttft_p99=1s"]) == 1
+    assert "--capacity" in capsys.readouterr().err
+
+
+def test_server_down_ends_the_search():
+    from ernie_tui.engine_ctl.ports import free_port
+
+    res = R.run_capacity(f"http://127.0.0.1:{free_port()}", S.parse_slo(["ttft_p99=1s"]))
+    assert res.capacity is None and res.stop_reason == "server_down" and res.levels == []
+    assert "did not start" in res.stop_message
+
+
+# -- real vLLM (CPU) -------------------------------------------------------------------
+
+@pytest.mark.vllm
+def test_real_vllm_capacity_under_a_loose_slo(cpu_server, capsys):
+    # Loose objectives the tiny model meets at low concurrency; a cap keeps it
+    # short: at most 8 in flight, 40 requests or 20 s a level.
+    code = main(["probe", "--url", cpu_server.spec.url, "--capacity", "--slo", "ttft_p90=5s",
+                 "--slo", "itl_p50=2s", "--max-tokens", "8", "--min-tokens", "10", "--max-tokens-in", "40",
+                 "--max-concurrency", "8", "--min-requests", "10", "--max-requests", "40", "--level-time", "20",
+                 "--json"])
+    out = json.loads(capsys.readouterr().out)
+    with capsys.disabled():  # the curve, for the record of what real vLLM did (visible with -s)
+        for lv in out["levels"]:
+            print(f"\nC={lv['concurrency']} n={lv['requests']} pass={lv['passed']} decided={lv['decided']} "
+                  f"{lv['stop']} TTFT p50/p99 {lv['ttft_p50_ms']:.0f}/{lv['ttft_p99_ms']:.0f} ms "
+                  f"ITL p50 {lv['itl_p50_ms']:.1f} ms {lv['output_tps']:.0f} tok/s {lv['seconds']:.1f} s")
+        print(f"capacity {out['capacity']} stop {out['stop_reason']} {out['seconds']:.1f} s")
+    assert code == 0, out
+    assert out["capacity"] is not None and out["capacity"]["concurrency"] >= 1
+    assert out["capacity"]["goodput_output_tps"] > 0
+    lv = out["levels"][0]
+    assert lv["vllm"] is not None and lv["vllm"]["requests_finished"] >= lv["ok"]
+    assert lv["kv_cache_peak_pct"] is not None

@@ -1,0 +1,110 @@
+"""SLO objectives, order-statistic bounds, Wilson intervals, attainment (pure)."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+
+from ernie_tui.engine_ctl import slo as S
+
+
+def test_parse_objectives():
+    assert S.parse_objective("ttft_p99=500ms") == S.Objective("ttft", 99, 0.5)
+    assert S.parse_objective("ITL_p50 = 0.05s") == S.Objective("itl", 50, 0.05)
+    assert S.parse_objective("e2e_p90<=2s") == S.Objective("e2e", 90, 2.0)
+    assert str(S.parse_objective("e2e_p90=2s")) == "e2e_p90=2s"
+    assert str(S.parse_objective("ttft_p95=250ms")) == "ttft_p95=250ms"
+    for bad in ("ttft_p98=1s", "tpot_p99=1s", "ttft_p99=500", "ttft_p99=0ms", "ttft=1s", ""):
+        with pytest.raises(ValueError):
+            S.parse_objective(bad)
+    with pytest.raises(ValueError, match="twice"):
+        S.parse_slo(["ttft_p99=1s", "ttft_p99=2s"])
+    with pytest.raises(ValueError, match="at least one"):
+        S.parse_slo([])
+
+
+def test_rank_bounds_need_enough_samples_for_a_tail():
+    # P(all n below the p99) = 0.99^n: an upper bound at 95 % exists from n = 299 on.
+    assert S.quantile_rank_bounds(298, 0.99, 0.95)[1] is None
+    assert S.quantile_rank_bounds(299, 0.99, 0.95)[1] == 299
+    # The median of 5 values: the largest bounds it from above with 1 - 0.5^5 = 96.9 %.
+    assert S.quantile_rank_bounds(5, 0.5, 0.95) == (1, 5)
+    assert S.quantile_rank_bounds(4, 0.5, 0.95) == (None, None)
+    lo, hi = S.quantile_rank_bounds(100, 0.5, 0.95)
+    assert lo < 50 < hi and hi - lo < 20
+
+
+def test_quantile_interval_covers_the_true_quantile():
+    # Distribution-free: for any continuous distribution each one-sided bound
+    # holds at least `confidence` of the time. Exponential latencies, p90.
+    rng = random.Random(1)
+    true_p90 = -math.log(0.1)
+    trials, n = 600, 60
+    above = below = 0
+    for _ in range(trials):
+        xs = [rng.expovariate(1.0) for _ in range(n)]
+        lo, hi = S.quantile_interval(xs, 0.9, 0.95)
+        above += lo > true_p90
+        below += hi < true_p90
+    assert above / trials <= 0.08 and below / trials <= 0.08  # 5 % nominal, sampling slack
+
+
+def test_neff_widens_the_interval_for_correlated_gaps():
+    gaps = [0.01 + 0.0001 * i for i in range(1000)]
+    lo1, hi1 = S.quantile_interval(gaps, 0.5, 0.95)
+    lo2, hi2 = S.quantile_interval(gaps, 0.5, 0.95, n_eff=10)
+    assert lo2 < lo1 and hi2 > hi1
+
+
+def test_wilson_interval():
+    lo, hi = S.wilson_interval(8, 10, 0.95)
+    assert lo == pytest.approx(0.4902, abs=1e-3) and hi == pytest.approx(0.9433, abs=1e-3)
+    lo, hi = S.wilson_interval(10, 10, 0.95)
+    assert hi == 1.0 and 0.69 < lo < 0.73
+    assert S.wilson_interval(0, 0) == (None, None)
+
+
+def ok(ttft, itls=(0.01,) * 9, latency=None):
+    return S.RequestOutcome(ok=True, ttft_s=ttft, itls=list(itls), latency_s=latency or ttft + sum(itls),
+                            completion_tokens=len(itls) + 1)
+
+
+def test_request_meets_uses_its_own_itl_percentile_and_failures_miss():
+    slo = S.parse_slo(["ttft_p99=100ms", "itl_p50=20ms"])
+    assert S.request_meets(ok(0.05), slo)
+    assert not S.request_meets(ok(0.15), slo)
+    # One slow gap among nine does not move this request's median gap ...
+    assert S.request_meets(ok(0.05, [0.01] * 8 + [0.5]), slo)
+    # ... five slow ones do.
+    assert not S.request_meets(ok(0.05, [0.01] * 4 + [0.5] * 5), slo)
+    assert S.request_meets(ok(0.05, []), slo)  # one token: no gap to miss
+    assert not S.request_meets(S.RequestOutcome(ok=False, error_kind="timeout"), slo)
+
+
+def test_evaluate_decides_pass_fail_and_undecided():
+    slo = S.parse_slo(["ttft_p90=100ms"])
+    fast = [ok(0.02 + 0.0001 * i) for i in range(40)]
+    ev = S.evaluate(fast, slo)
+    assert ev.verdict == S.PASS and ev.objectives[0].how == "bounds" and ev.attainment == 1.0
+    slow = [ok(0.3 + 0.001 * i) for i in range(10)]
+    assert S.evaluate(slow, slo).verdict == S.FAIL
+    # 10 % over the limit: the p90 sits on the limit and no bound excludes it.
+    edge = [ok(0.05)] * 27 + [ok(0.5)] * 3
+    ev = S.evaluate(edge, slo)
+    assert ev.verdict == S.UNDECIDED and ev.met == 27
+    assert ev.attainment == pytest.approx(0.9) and ev.attainment_low < 0.9 < ev.attainment_high
+    # Failed requests are infinitely slow for ttft: enough of them fail the level.
+    failed = fast[:20] + [S.RequestOutcome(ok=False, error_kind="server_error")] * 20
+    assert S.evaluate(failed, slo).verdict == S.FAIL
+
+
+def test_narrow_interval_decides_by_estimate():
+    slo = S.parse_slo(["ttft_p50=100ms"])
+    # Half just under the limit, half just over: the bounds straddle it, but
+    # only 1.5 ms apart, within 5 % of the limit, so the sample median decides.
+    near = [ok(0.099)] * 125 + [ok(0.1005)] * 125
+    ev = S.evaluate(near, slo, precision=0.05)
+    assert ev.objectives[0].how == "precision" and ev.verdict == S.PASS
+    assert S.evaluate(near, slo, precision=0.0).verdict == S.UNDECIDED
