@@ -25,7 +25,7 @@ from textual.widgets import DataTable, Input, Static, TextArea
 
 import ernie_tui.tui
 from ernie_tui.tui.screens.probe import ProbeScreen, ProbeText, describe_error
-from ernie_tui.tui.screens.sweep import TABLE_COLUMNS, SweepScreen
+from ernie_tui.tui.screens.sweep import CAPACITY_TABLE_COLUMNS, TABLE_COLUMNS, SweepScreen
 
 
 class Host(App[None]):
@@ -389,7 +389,8 @@ async def test_probe_pane_streams_and_shows_the_servers_usage(cpu_server):
         await wait_for(pilot, lambda: screen.last_probe is not None, 120, "the probe")
         r = screen.last_probe
         assert r.ok, r.error
-        assert screen.probe_tab.stream_updates >= 1 and screen.probe_tab.streamed_text == r.text  # streamed, nothing lost
+        tab = screen.probe_tab
+        assert tab.stream_updates >= 1 and tab.streamed_text == r.text  # streamed, nothing lost
         assert str(screen.query_one("#pf-output").content) == r.text
         stats = shown(screen, "#pf-stats")
         assert f"completion {r.completion_tokens}" in stats and f"prompt {r.prompt_tokens}" in stats, stats
@@ -476,3 +477,68 @@ async def test_p_opens_the_probe_pane_in_the_dashboard(cpu_server):
         assert screen.url == app.status.url
         await pilot.press("escape")
         await wait_for(pilot, lambda: not isinstance(app.screen, ProbeScreen), 10, "the pane to close")
+
+
+async def test_sweep_screen_capacity_mode_draws_every_presets_curve_and_the_front(tmp_path, tiny_model):
+    # Two "servers" the sweep launches through its own process control: the
+    # paced stand-in with 2 and with 4 slots. Under the same SLO the one with
+    # more slots has the higher capacity and goodput, so it is on the front.
+    import json
+    import sys
+
+    from ernie_tui.engine_ctl.pareto import front_of_rows
+    from ernie_tui.engine_ctl.runstore import list_runs
+    from ernie_tui.presets import load_presets
+    from ernie_tui.tui.widgets.charts import CapacityChart
+
+    paced = Path(__file__).resolve().parent / "paced_server.py"
+    body = ""
+    for name, slots in (("slots2", 2), ("slots4", 4)):
+        body += textwrap.dedent(f"""
+            [presets.{name}]
+            extends = "cpu-demo"
+            model = "{tiny_model}"
+            port = {free_port()}
+            launcher = ["{sys.executable}", "{paced}"]
+            env = {{ PACED_SLOTS = "{slots}", PACED_TTFT_MS = "20", PACED_ITL_MS = "10" }}
+        """)
+    path = tmp_path / "presets.toml"
+    path.write_text(body)
+    book = load_presets([path], include_user=False)
+    app = Host(SweepScreen(book, model=str(tiny_model), is_serving=lambda: False))
+    async with app.run_test(size=(120, 40)) as pilot:
+        screen = app.screen
+        screen.query_one("#sw-presets").select("slots2")
+        screen.query_one("#sw-presets").select("slots4")
+        screen.query_one("#sw-capacity").value = True
+        await pilot.pause()
+        assert screen.has_class("-capacity") and screen.query_one("#sw-chart").display
+        for wid, value in (("#sw-slo", "ttft_p90=100ms"), ("#sw-max", "16"), ("#sw-lmin", "10"),
+                           ("#sw-lmax", "40"), ("#sw-cap-start", "2")):
+            screen.query_one(wid, Input).value = value
+        await pilot.press("ctrl+r")
+        assert screen.running, screen.last_error
+        chart = screen.query_one("#sw-chart", CapacityChart)
+        await wait_for(pilot, lambda: not screen.running, 120, "the sweep to finish")
+        assert [r.status for r in screen.runs] == ["ok", "ok"], shown(screen, "#sw-notes")
+        caps = {r.preset: r.capacity_concurrency for r in screen.runs}
+        assert caps == {"slots2": 2, "slots4": 4}
+        # Every preset's curve on the one chart, a point per level measured.
+        assert {c.name for c in chart.curves} == {"slots2", "slots4"}
+        assert chart.points_drawn == sum(r.levels for r in screen.runs) >= 4
+        # The front: the pure function's answer, marked on the chart and in the table.
+        assert screen.front == front_of_rows(screen.rows) and "slots4" in screen.front
+        assert {c.name for c in chart.curves if c.front} == screen.front
+        assert "Pareto front" in chart.border_subtitle
+        table = screen.query_one("#sw-table", DataTable)
+        keys = [k for k, _ in CAPACITY_TABLE_COLUMNS]
+        assert str(table.get_row("slots4")[keys.index("front")]) == "◆"
+        assert str(table.get_row("slots4")[keys.index("rank")]) == "1"
+        assert screen.record is not None and len(list_runs(kind="capacity")) == 2
+        out = tmp_path / "sweep.json"
+        screen.query_one("#sw-path", Input).value = str(out)
+        await pilot.press("ctrl+s")
+        await pilot.pause(0.1)
+        data = json.loads(out.read_text())
+        assert "ttft_p90=100ms" in data["meta"]["capacity"]
+        assert {r["preset"]: r["rank"] for r in data["rows"]} == {"slots4": 1, "slots2": 2}
