@@ -305,3 +305,29 @@ def test_real_vllm_capacity_under_a_loose_slo(cpu_server, capsys):
     lv = out["levels"][0]
     assert lv["vllm"] is not None and lv["vllm"]["requests_finished"] >= lv["ok"]
     assert lv["kv_cache_peak_pct"] is not None
+
+
+def test_make_search_checks_what_a_person_typed():
+    from ernie_tui.engine_ctl.capacity import make_search
+
+    slo, search, rules = make_search("ttft_p99=500ms itl_p99=50ms", start=2, max_concurrency=64, tolerance=0.2,
+                                     min_requests=10, max_requests=100, level_time_s=30)
+    assert [str(o) for o in slo] == ["ttft_p99=500ms", "itl_p99=50ms"]
+    assert (search.start, search.max_concurrency, search.tolerance) == (2, 64, 0.2)
+    assert (rules.min_requests, rules.max_requests, rules.time_cap_s) == (10, 100, 30)
+    assert make_search(["e2e_p90=2s"])[0][0].metric == "e2e"  # the command line's list
+    for kwargs, words in (({"start": 0}, "start concurrency"), ({"max_concurrency": 1, "start": 4}, "highest"),
+                          ({"tolerance": 1.5}, "tolerance"), ({"min_requests": 50, "max_requests": 10}, "min requests"),
+                          ({"level_time_s": 0}, "time cap")):
+        with pytest.raises(ValueError, match=words):
+            make_search("ttft_p99=1s", **kwargs)
+
+
+def test_request_setup_gives_the_prompt_shape_and_settings_together():
+    from ernie_tui.engine_ctl.capacity_run import request_setup
+
+    cfg, settings = request_setup(min_tokens=10, max_tokens_in=40, max_tokens=16, chat=True, ignore_eos=False)
+    assert (cfg.min_tokens, cfg.max_tokens_in, cfg.max_tokens, cfg.chat, cfg.ignore_eos) == (10, 40, 16, True, False)
+    assert (settings.chat, settings.ignore_eos) == (True, False)
+    with pytest.raises(ValueError):
+        request_setup(min_tokens=50, max_tokens_in=40)

@@ -45,3 +45,18 @@ def test_visible_devices(monkeypatch):
     assert _visible_indices(4) == []
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
     assert _visible_indices(2) == [0, 1]
+
+
+def test_engine_memory_is_the_bursts_memory_sampler():
+    # One adapter for the probe pane and the sweep: it owns a sampler made
+    # from pids, and leaves one it was handed to its owner.
+    from ernie_tui.engine_ctl.resources import EngineMemory
+
+    own = EngineMemory(lambda: [os.getpid()], use_nvml=False)
+    assert own.source == "rss" and own() > 10_000_000
+    own.close()
+    shared = ResourceSampler(lambda: [os.getpid()], use_nvml=False)
+    lent = EngineMemory(sampler=shared)
+    assert lent.source == "rss" and lent.sampler is shared and lent() > 10_000_000
+    lent.close()
+    assert shared.sample().shown_bytes > 10_000_000  # still the owner's to close

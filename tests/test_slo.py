@@ -108,3 +108,18 @@ def test_narrow_interval_decides_by_estimate():
     ev = S.evaluate(near, slo, precision=0.05)
     assert ev.objectives[0].how == "precision" and ev.verdict == S.PASS
     assert S.evaluate(near, slo, precision=0.0).verdict == S.UNDECIDED
+
+
+def test_objectives_on_one_line_as_a_form_field_takes_them():
+    assert S.parse_slo_text("ttft_p99=500ms itl_p99=50ms") == [S.Objective("ttft", 99, 0.5),
+                                                               S.Objective("itl", 99, 0.05)]
+    assert S.parse_slo_text(" ttft_p90=1s,e2e_p50=2s ") == [S.Objective("ttft", 90, 1.0),
+                                                           S.Objective("e2e", 50, 2.0)]
+    with pytest.raises(ValueError, match="at least one objective"):
+        S.parse_slo_text("  ")
+    with pytest.raises(ValueError, match="given twice"):
+        S.parse_slo_text("ttft_p99=1s ttft_p99=2s")
+    with pytest.raises(ValueError, match="p97"):
+        S.parse_slo_text("ttft_p97=1s")
+    assert S.limit_ms(S.parse_slo_text("itl_p50=20ms ttft_p99=0.5s"), "ttft", 99) == 500.0
+    assert S.limit_ms(S.parse_slo_text("ttft_p90=1s"), "ttft", 99) is None

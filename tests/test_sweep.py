@@ -187,3 +187,20 @@ def test_capacity_sweep_on_paced_stand_ins(tmp_path, tiny_model, capsys):
     from ernie_tui.engine_ctl import runstore
 
     assert len(runstore.list_runs(kind="capacity")) == 2
+
+
+def test_sweep_meta_is_one_dict_for_the_cli_and_the_screen():
+    from ernie_tui.engine_ctl.burst import BurstConfig
+    from ernie_tui.engine_ctl.slo import parse_slo
+    from ernie_tui.engine_ctl.sweep import CapacitySweep, sweep_meta
+
+    cfg = BurstConfig(n=50, concurrency=8, min_tokens=10, max_tokens_in=40, max_tokens=16)
+    runs = [SweepRun("a", 0, "ok", vllm_version="0.32.0", platform="cpu"), SweepRun("b", 0, "ok")]
+    burst = sweep_meta(["a", "b"], 2, cfg, runs)
+    assert burst["presets"] == "a b" and burst["repeat"] == 2 and burst["vllm"] == "0.32.0 (cpu)"
+    assert burst["burst"] == "N=50, C=8, prompts 10-40 tokens, max_tokens 16, ignore_eos"
+    assert "seconds" not in burst and "capacity" not in burst
+    cap = sweep_meta(["a"], 1, cfg, [], capacity=CapacitySweep(slo=parse_slo(["ttft_p99=500ms"])),
+                     workload="w.jsonl", seconds=12.34)
+    assert cap["capacity"] == "SLO ttft_p99=500ms, workload w.jsonl, max_tokens 16, ranked by goodput tok/s at the SLO"
+    assert cap["seconds"] == 12.3 and cap["vllm"] == "-" and "burst" not in cap

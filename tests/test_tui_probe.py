@@ -15,18 +15,24 @@ import socket
 import textwrap
 import time
 
+from pathlib import Path
+
 import pytest
 from textual.app import App
 from textual.content import Content
 from textual.screen import Screen
 from textual.widgets import DataTable, Input, Static, TextArea
 
+import ernie_tui.tui
 from ernie_tui.tui.screens.probe import ProbeScreen, ProbeText, describe_error
-from ernie_tui.tui.screens.sweep import TABLE_COLUMNS, SweepScreen
+from ernie_tui.tui.screens.sweep import CAPACITY_TABLE_COLUMNS, TABLE_COLUMNS, SweepScreen
 
 
 class Host(App[None]):
-    """A bare app that shows one screen, as the dashboard pushes it."""
+    """A bare app that shows one screen, as the dashboard pushes it, with
+    the dashboard's one stylesheet."""
+
+    CSS_PATH = str(Path(ernie_tui.tui.__file__).with_name("ernie_tui.tcss"))
 
     def __init__(self, screen: Screen) -> None:
         super().__init__()
@@ -88,8 +94,11 @@ async def test_probe_dead_url_says_connection_refused():
 async def test_late_worker_messages_after_the_pane_closes_are_dropped(rejected_book):
     """A burst or sweep worker can finish just as its screen is popped; its last
     message must not hit widgets that are already gone (NoMatches)."""
+    from ernie_tui.tui.messages import CapacityDone
     from ernie_tui.tui.screens.probe import BurstDone, ProbeDone
     from ernie_tui.tui.screens.sweep import SweepFinished
+    from ernie_tui.tui.widgets.burst_tab import BurstTab
+    from ernie_tui.tui.widgets.probe_tab import ProbeTab
     from ernie_tui.engine_ctl.probe import ProbeResult
 
     book, model = rejected_book
@@ -99,13 +108,16 @@ async def test_late_worker_messages_after_the_pane_closes_are_dropped(rejected_b
         async with app.run_test(size=(120, 40)) as pilot:
             await pilot.pause()
             assert app.screen is screen
+            tabs = list(screen.query(ProbeTab)) + list(screen.query(BurstTab))
             await app.pop_screen()
             await pilot.pause()
             assert app.screen is not screen
             if isinstance(screen, ProbeScreen):
-                screen.burst_running = screen.probe_running = True
-                screen._burst_done(BurstDone(screen._burst_run, None, error="late"))
-                screen._probe_done(ProbeDone(screen._probe_run, ProbeResult(ok=True, model="m", endpoint="/v1")))
+                probe, burst = tabs
+                burst.running = probe.running = True
+                burst._burst_done(BurstDone(burst._run, None, error="late"))
+                burst._capacity_done(CapacityDone(burst._run, None, error="late"))
+                probe._done(ProbeDone(probe._run, ProbeResult(ok=True, model="m", endpoint="/v1")))
             else:
                 screen._finished(SweepFinished([], cancelled=True))
 
@@ -177,7 +189,7 @@ async def test_probe_streams_then_cancels_a_stalled_server():
         async with app.run_test(size=(120, 40)) as pilot:
             screen = await _open_probe(pilot, app)
             await pilot.press("ctrl+r")
-            await wait_for(pilot, lambda: screen.streamed_text == "Hello", 10, "the first chunk on screen")
+            await wait_for(pilot, lambda: screen.probe_tab.streamed_text == "Hello", 10, "the first chunk on screen")
             assert screen.probe_running and str(screen.query_one("#pf-output").content) == "Hello"
             t0 = time.monotonic()
             await pilot.press("ctrl+c")
@@ -204,6 +216,92 @@ async def test_probe_says_plainly_when_the_server_dies_mid_stream():
             assert screen.query_one("#pf-stats").has_class("-error")
     finally:
         stub.close()
+
+
+# -- the capacity search in the Burst tab, against the paced stand-in -------------------------
+
+@pytest.fixture
+def paced():
+    from test_capacity import PacedServer
+
+    servers = []
+
+    def start(*args: str):
+        servers.append(PacedServer(*args))
+        return servers[-1]
+
+    yield start
+    for s in servers:
+        s.close()
+
+
+async def _capacity_form(pilot, app, **fields: str):
+    screen = await _open_probe(pilot, app)
+    await pilot.press("ctrl+b")
+    tab = screen.burst_tab
+    screen.query_one("#pf-b-capacity").value = True
+    await pilot.pause()
+    assert tab.has_class("-capacity") and screen.query_one("#pf-cap-form").display
+    assert not screen.query_one("#pf-b-n").parent.display  # N and C belong to a burst
+    for wid, value in fields.items():
+        screen.query_one(f"#{wid}", Input).value = value
+    return screen, tab
+
+
+async def test_capacity_search_draws_levels_and_finds_the_paced_servers_slots(paced):
+    from ernie_tui.engine_ctl.runstore import load_run
+    from ernie_tui.tui.widgets.charts import CapacityChart
+
+    # As test_capacity's command-line test: 3 slots, so 4 in flight queue a
+    # quarter of the requests behind a whole request and TTFT p90 passes 100 ms.
+    srv = paced("--slots", "3", "--ttft-ms", "20", "--itl-ms", "10")
+    app = Host(ProbeScreen(srv.url))
+    async with app.run_test(size=(120, 40)) as pilot:
+        screen, tab = await _capacity_form(pilot, app, **{
+            "pf-cap-slo": "ttft_p90=100ms itl_p50=50ms", "pf-b-max": "16", "pf-b-lmin": "10", "pf-b-lmax": "40"})
+        chart = screen.query_one(CapacityChart)
+        await pilot.press("ctrl+r")
+        assert tab.running and tab.running_capacity
+        # The curve grows while the search runs, a point per finished level.
+        await wait_for(pilot, lambda: chart.points_drawn >= 1, 30, "the first level on the chart")
+        assert tab.running and chart.points_drawn < 4
+        await wait_for(pilot, lambda: not tab.running, 90, "the search to end")
+        r = tab.last_capacity
+        assert r is not None and r.capacity["concurrency"] == 3, shown(screen, "#pf-cap-result")
+        assert [lv.concurrency for lv in r.levels] == [1, 2, 4, 3] and r.stop_reason == "bracketed"
+        assert tab.level_starts == [1, 2, 4, 3]
+        assert chart.points_drawn == 4 and chart.limit_ms == 100.0 and chart.percentile == 90
+        assert screen.query_one("#pf-cap-levels", DataTable).row_count == 4
+        result = shown(screen, "#pf-cap-result")
+        assert "capacity: concurrency 3" in result and "goodput" in result and "stopped: bracketed" in result
+        assert f"saved as run record {tab.last_record}" in result
+        record = load_run(tab.last_record)
+        assert record.kind == "capacity" and record.results["capacity"]["concurrency"] == 3
+        # A plain error for a bad objective, and nothing starts.
+        screen.query_one("#pf-cap-slo", Input).value = "ttft_p97=1s"
+        await pilot.press("ctrl+r")
+        await pilot.pause()
+        assert not tab.running and "Cannot search: percentile p97" in shown(screen, "#pf-cap-result")
+
+
+async def test_capacity_search_cancels_promptly_mid_level(paced):
+    # Slow requests (64 tokens 20 ms apart): a level takes far longer than
+    # the cancel may.
+    srv = paced("--slots", "2", "--ttft-ms", "20", "--itl-ms", "20")
+    app = Host(ProbeScreen(srv.url))
+    async with app.run_test(size=(120, 40)) as pilot:
+        screen, tab = await _capacity_form(pilot, app, **{
+            "pf-cap-slo": "ttft_p99=500ms", "pf-b-max": "64", "pf-b-lmin": "10", "pf-b-lmax": "40"})
+        await pilot.press("ctrl+r")
+        await wait_for(pilot, lambda: "requests in" in shown(screen, "#pf-note"), 30, "a level under way")
+        t0 = time.monotonic()
+        await pilot.press("ctrl+c")
+        await wait_for(pilot, lambda: not tab.running, 10, "the cancel")
+        assert time.monotonic() - t0 < 3
+        r = tab.last_capacity
+        assert r.stop_reason == "cancelled" and len(r.levels) == 1 and r.levels[0].stop == "cancelled"
+        assert "stopped: cancelled" in shown(screen, "#pf-cap-result")
+        assert not screen.query_one("#pf-b-run").disabled
 
 
 @pytest.fixture
@@ -291,7 +389,8 @@ async def test_probe_pane_streams_and_shows_the_servers_usage(cpu_server):
         await wait_for(pilot, lambda: screen.last_probe is not None, 120, "the probe")
         r = screen.last_probe
         assert r.ok, r.error
-        assert screen.stream_updates >= 1 and screen.streamed_text == r.text  # streamed, nothing lost
+        tab = screen.probe_tab
+        assert tab.stream_updates >= 1 and tab.streamed_text == r.text  # streamed, nothing lost
         assert str(screen.query_one("#pf-output").content) == r.text
         stats = shown(screen, "#pf-stats")
         assert f"completion {r.completion_tokens}" in stats and f"prompt {r.prompt_tokens}" in stats, stats
@@ -378,3 +477,68 @@ async def test_p_opens_the_probe_pane_in_the_dashboard(cpu_server):
         assert screen.url == app.status.url
         await pilot.press("escape")
         await wait_for(pilot, lambda: not isinstance(app.screen, ProbeScreen), 10, "the pane to close")
+
+
+async def test_sweep_screen_capacity_mode_draws_every_presets_curve_and_the_front(tmp_path, tiny_model):
+    # Two "servers" the sweep launches through its own process control: the
+    # paced stand-in with 2 and with 4 slots. Under the same SLO the one with
+    # more slots has the higher capacity and goodput, so it is on the front.
+    import json
+    import sys
+
+    from ernie_tui.engine_ctl.pareto import front_of_rows
+    from ernie_tui.engine_ctl.runstore import list_runs
+    from ernie_tui.presets import load_presets
+    from ernie_tui.tui.widgets.charts import CapacityChart
+
+    paced = Path(__file__).resolve().parent / "paced_server.py"
+    body = ""
+    for name, slots in (("slots2", 2), ("slots4", 4)):
+        body += textwrap.dedent(f"""
+            [presets.{name}]
+            extends = "cpu-demo"
+            model = "{tiny_model}"
+            port = {free_port()}
+            launcher = ["{sys.executable}", "{paced}"]
+            env = {{ PACED_SLOTS = "{slots}", PACED_TTFT_MS = "20", PACED_ITL_MS = "10" }}
+        """)
+    path = tmp_path / "presets.toml"
+    path.write_text(body)
+    book = load_presets([path], include_user=False)
+    app = Host(SweepScreen(book, model=str(tiny_model), is_serving=lambda: False))
+    async with app.run_test(size=(120, 40)) as pilot:
+        screen = app.screen
+        screen.query_one("#sw-presets").select("slots2")
+        screen.query_one("#sw-presets").select("slots4")
+        screen.query_one("#sw-capacity").value = True
+        await pilot.pause()
+        assert screen.has_class("-capacity") and screen.query_one("#sw-chart").display
+        for wid, value in (("#sw-slo", "ttft_p90=100ms"), ("#sw-max", "16"), ("#sw-lmin", "10"),
+                           ("#sw-lmax", "40"), ("#sw-cap-start", "2")):
+            screen.query_one(wid, Input).value = value
+        await pilot.press("ctrl+r")
+        assert screen.running, screen.last_error
+        chart = screen.query_one("#sw-chart", CapacityChart)
+        await wait_for(pilot, lambda: not screen.running, 120, "the sweep to finish")
+        assert [r.status for r in screen.runs] == ["ok", "ok"], shown(screen, "#sw-notes")
+        caps = {r.preset: r.capacity_concurrency for r in screen.runs}
+        assert caps == {"slots2": 2, "slots4": 4}
+        # Every preset's curve on the one chart, a point per level measured.
+        assert {c.name for c in chart.curves} == {"slots2", "slots4"}
+        assert chart.points_drawn == sum(r.levels for r in screen.runs) >= 4
+        # The front: the pure function's answer, marked on the chart and in the table.
+        assert screen.front == front_of_rows(screen.rows) and "slots4" in screen.front
+        assert {c.name for c in chart.curves if c.front} == screen.front
+        assert "Pareto front" in chart.border_subtitle
+        table = screen.query_one("#sw-table", DataTable)
+        keys = [k for k, _ in CAPACITY_TABLE_COLUMNS]
+        assert str(table.get_row("slots4")[keys.index("front")]) == "◆"
+        assert str(table.get_row("slots4")[keys.index("rank")]) == "1"
+        assert screen.record is not None and len(list_runs(kind="capacity")) == 2
+        out = tmp_path / "sweep.json"
+        screen.query_one("#sw-path", Input).value = str(out)
+        await pilot.press("ctrl+s")
+        await pilot.pause(0.1)
+        data = json.loads(out.read_text())
+        assert "ttft_p90=100ms" in data["meta"]["capacity"]
+        assert {r["preset"]: r["rank"] for r in data["rows"]} == {"slots4": 1, "slots2": 2}

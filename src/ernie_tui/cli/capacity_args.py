@@ -51,17 +51,13 @@ class CapacityOptions:
 def capacity_options(args: argparse.Namespace) -> CapacityOptions:
     """Parse and check the capacity options; CliError with a plain message."""
     from ernie_tui.cli import CliError
-    from ernie_tui.engine_ctl.capacity import LevelRules, SearchConfig
-    from ernie_tui.engine_ctl.slo import parse_slo
+    from ernie_tui.engine_ctl.capacity import make_search
 
     try:
-        slo = parse_slo(args.slo)
-        search = SearchConfig(start=args.start_concurrency, max_concurrency=args.max_concurrency,
-                              tolerance=args.tolerance)
-        search.validate()
-        rules = LevelRules(min_requests=args.min_requests, max_requests=args.max_requests,
-                           time_cap_s=args.level_time, confidence=args.confidence)
-        rules.validate()
+        slo, search, rules = make_search(args.slo, start=args.start_concurrency,
+                                         max_concurrency=args.max_concurrency, tolerance=args.tolerance,
+                                         min_requests=args.min_requests, max_requests=args.max_requests,
+                                         level_time_s=args.level_time, confidence=args.confidence)
     except ValueError as exc:
         raise CliError(str(exc)) from None
     return CapacityOptions(slo, search, rules, args.workload)

@@ -212,7 +212,6 @@ def _run_capacity(args) -> int:
 
     from ernie_tui.cli import CliError
     from ernie_tui.cli.capacity_args import capacity_options, load_workload
-    from ernie_tui.engine_ctl import burst as B
     from ernie_tui.engine_ctl import capacity as C
     from ernie_tui.engine_ctl import capacity_run as R
     from ernie_tui.engine_ctl import probe as P
@@ -221,15 +220,13 @@ def _run_capacity(args) -> int:
     opts = capacity_options(args)
     max_tokens = args.max_tokens if args.max_tokens is not None else 128
     workload = load_workload(args.workload, max_tokens)
-    cfg = B.BurstConfig(n=1, min_tokens=args.min_tokens, max_tokens_in=args.max_tokens_in, max_tokens=max_tokens,
-                        ignore_eos=not args.no_ignore_eos, temperature=args.temperature, top_p=args.top_p,
-                        seed=args.seed, chat=args.chat)
     try:
-        cfg.validate()
+        cfg, settings = R.request_setup(min_tokens=args.min_tokens, max_tokens_in=args.max_tokens_in,
+                                        max_tokens=max_tokens, ignore_eos=not args.no_ignore_eos, chat=args.chat,
+                                        temperature=args.temperature, top_p=args.top_p, seed=args.seed,
+                                        read_timeout_s=args.timeout or 120.0)
     except ValueError as exc:
         raise CliError(str(exc)) from exc
-    settings = R.RequestSettings(chat=args.chat, temperature=args.temperature, top_p=args.top_p,
-                                 ignore_eos=not args.no_ignore_eos, read_timeout_s=args.timeout or 120.0)
     api_key = _api_key(args.api_key_env)
     tokenizer = None
     if args.tokenizer and workload is None:

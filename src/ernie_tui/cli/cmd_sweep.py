@@ -47,7 +47,7 @@ def _sweep(args) -> int:
     from ernie_tui.engine_ctl.burst import BurstConfig
     from ernie_tui.engine_ctl.runstore import save_run
     from ernie_tui.engine_ctl.sweep import (CapacitySweep, SweepOptions, SweepPlan, export, fold, run_sweep,
-                                            to_markdown)
+                                            sweep_meta, to_markdown)
     from ernie_tui.presets import load_presets
 
     for out in args.out:
@@ -87,21 +87,9 @@ def _sweep(args) -> int:
     last_line = [""]
     t0 = time.monotonic()
 
-    burst_text = (f"N={config.n}, C={config.concurrency}, prompts {config.min_tokens}-{config.max_tokens_in} "
-                  f"tokens, max_tokens {config.max_tokens}, ignore_eos")
-    capacity_text = ""
-    if capacity:
-        prompts = (f"workload {args.workload}" if args.workload
-                   else f"prompts {config.min_tokens}-{config.max_tokens_in} tokens")
-        capacity_text = (f"SLO {' '.join(str(o) for o in capacity.slo)}, {prompts}, max_tokens {config.max_tokens}, "
-                         "ranked by goodput tok/s at the SLO")
-
     def meta_now() -> dict:
-        return {"date": time.strftime("%Y-%m-%d"), "presets": " ".join(args.names),
-                **({"capacity": capacity_text} if capacity else {"burst": burst_text}),
-                "repeat": args.repeat, "seconds": round(time.monotonic() - t0, 1),
-                "vllm": ", ".join(sorted({f"{r.vllm_version} ({r.platform})" for r in done_runs
-                                          if r.vllm_version})) or "-"}
+        return sweep_meta(args.names, args.repeat, config, done_runs, capacity=capacity, workload=args.workload,
+                          seconds=time.monotonic() - t0)
 
     def progress(ev: dict) -> None:
         eta = ev.get("eta_s")

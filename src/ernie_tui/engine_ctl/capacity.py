@@ -87,6 +87,23 @@ class SearchConfig:
             raise ValueError("the tolerance is a share between 0 and 1, e.g. 0.1")
 
 
+def make_search(slo: Sequence[str] | str, *, start: int = 1, max_concurrency: int = 256,
+                tolerance: float = 0.10, min_requests: int = 20, max_requests: int = 400,
+                level_time_s: float = 60.0, confidence: float = 0.95,
+                ) -> tuple[list[S.Objective], SearchConfig, LevelRules]:
+    """The objectives, the search and the level rules from what a person
+    typed (the command line's options, the dashboard's fields), checked:
+    ValueError with a plain message. `slo` is a list of objectives or one
+    line of them ('ttft_p99=500ms itl_p99=50ms')."""
+    objectives = S.parse_slo_text(slo) if isinstance(slo, str) else S.parse_slo(slo)
+    search = SearchConfig(start=start, max_concurrency=max_concurrency, tolerance=tolerance)
+    search.validate()
+    rules = LevelRules(min_requests=min_requests, max_requests=max_requests, time_cap_s=level_time_s,
+                       confidence=confidence)
+    rules.validate()
+    return objectives, search, rules
+
+
 @dataclass
 class LevelResult:
     """One concurrency level: our figures, the verdict, and the server's."""

@@ -154,3 +154,23 @@ class ResourceSampler:
             except Exception:
                 pass
             self.nvml = False
+
+
+class EngineMemory:
+    """A burst's `memory_sampler`: the engine's memory now, in bytes (GPU
+    memory with NVML, else the engine's RSS), with `source` "nvml" or "rss"
+    for the record. Give it the engine's `pids` (it then owns a sampler and
+    close() ends it) or an existing `sampler` (its owner closes that)."""
+
+    def __init__(self, pids: Callable[[], list[int]] | None = None, *,
+                 sampler: ResourceSampler | None = None, use_nvml: bool = True) -> None:
+        self._owned = sampler is None
+        self.sampler = sampler if sampler is not None else ResourceSampler(pids, use_nvml=use_nvml)
+        self.source = "nvml" if self.sampler.nvml else "rss"
+
+    def __call__(self) -> float | None:
+        return self.sampler.sample().shown_bytes
+
+    def close(self) -> None:
+        if self._owned:
+            self.sampler.close()

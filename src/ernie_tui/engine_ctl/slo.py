@@ -295,5 +295,19 @@ def evaluate(outcomes: Sequence[RequestOutcome], slo: Sequence[Objective], confi
                       attainment=(met / n) if n else None, attainment_low=lo, attainment_high=hi)
 
 
+def parse_slo_text(text: str) -> list[Objective]:
+    """Objectives written on one line, separated by spaces or commas
+    ('ttft_p99=500ms itl_p99=50ms'), as a form field takes them."""
+    parts = [p for p in re.split(r"[\s,]+", text or "") if p]
+    if not parts:
+        raise ValueError("give at least one objective, e.g. ttft_p99=500ms itl_p99=50ms")
+    return parse_slo(parts)
+
+
+def limit_ms(slo: Sequence[Objective], metric: str, percentile: int) -> float | None:
+    """The limit, in ms, of the objective on that metric and percentile (None: the SLO has none)."""
+    return next((o.limit_s * 1000.0 for o in slo if o.metric == metric and o.percentile == percentile), None)
+
+
 def describe(slo: Sequence[Objective]) -> list[str]:
     return [str(o) for o in slo]

@@ -330,15 +330,25 @@ class CapacitySweep:
     workload_items: list | None = None  # capacity_run.WorkItem; None: built prompts (burst_config)
 
 
-class _MemoryProbe:
-    """Adapts a ResourceSampler to the burst's memory_sampler callable."""
-
-    def __init__(self, sampler) -> None:
-        self.sampler = sampler
-        self.source = "nvml" if sampler.nvml else "rss"
-
-    def __call__(self) -> float | None:
-        return self.sampler.sample().shown_bytes
+def sweep_meta(names: list[str], repeat: int, burst_config, runs: list[SweepRun], *,
+               capacity: CapacitySweep | None = None, workload: str | None = None,
+               seconds: float | None = None) -> dict[str, Any]:
+    """What the exports and the sweep's run record say about how it was
+    measured: the date, the presets, the burst (or the capacity search), the
+    repeats, the time it took (when given) and the vLLM builds that served."""
+    c = burst_config
+    if capacity is not None:
+        prompts = f"workload {workload}" if workload else f"prompts {c.min_tokens}-{c.max_tokens_in} tokens"
+        how = {"capacity": f"SLO {' '.join(str(o) for o in capacity.slo)}, {prompts}, max_tokens {c.max_tokens}, "
+                           "ranked by goodput tok/s at the SLO"}
+    else:
+        how = {"burst": f"N={c.n}, C={c.concurrency}, prompts {c.min_tokens}-{c.max_tokens_in} tokens, "
+                        f"max_tokens {c.max_tokens}, ignore_eos"}
+    meta: dict[str, Any] = {"date": time.strftime("%Y-%m-%d"), "presets": " ".join(names), **how, "repeat": repeat}
+    if seconds is not None:
+        meta["seconds"] = round(seconds, 1)
+    meta["vllm"] = ", ".join(sorted({f"{r.vllm_version} ({r.platform})" for r in runs if r.vllm_version})) or "-"
+    return meta
 
 
 def _emit(progress: Progress | None, **event: Any) -> None:
@@ -394,7 +404,7 @@ def _run_one(preset: Preset, repeat: int, burst_config, options: SweepOptions, l
              index: int, total: int, capacity: CapacitySweep | None = None) -> SweepRun:
     from ernie_tui.engine_ctl.burst import run_burst
     from ernie_tui.engine_ctl.preflight import preflight
-    from ernie_tui.engine_ctl.resources import ResourceSampler
+    from ernie_tui.engine_ctl.resources import EngineMemory, ResourceSampler
     from ernie_tui.engine_ctl.server import EngineServer, ServerState
 
     t_begin = time.monotonic()
@@ -458,7 +468,8 @@ def _run_one(preset: Preset, repeat: int, burst_config, options: SweepOptions, l
         t_burst = time.monotonic()
         try:
             burst = run_burst(spec.url, burst_config, model=spec.served_model_name, model_dir=spec.model,
-                              api_key=preset.api_key(), cancel=cancel, memory_sampler=_MemoryProbe(engine_sampler),
+                              api_key=preset.api_key(), cancel=cancel,
+                              memory_sampler=EngineMemory(sampler=engine_sampler),
                               progress=lambda d, n: _emit(progress, **ev, phase="burst", burst_done=d,
                                                           burst_total=n))
         finally:

@@ -14,12 +14,16 @@ most the log pane keeps anyway).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from textual.message import Message
 
 if TYPE_CHECKING:
+    from ernie_tui.engine_ctl.burst import BurstResult
+    from ernie_tui.engine_ctl.capacity import CapacityResult, LevelResult
+    from ernie_tui.engine_ctl.probe import ProbeResult, ServedModel
     from ernie_tui.engine_ctl.report import EngineReport
+    from ernie_tui.engine_ctl.sweep import SweepRun
     from ernie_tui.engine_ctl.server import ServerStatus
     from ernie_tui.presets import PresetBook
     from ernie_tui.tui.series import ChartPoint
@@ -141,3 +145,147 @@ class FleetUpdate(Message):
 
     def can_replace(self, message: Message) -> bool:
         return isinstance(message, FleetUpdate) and message.server == self.server
+
+
+# -- the probe pane (`p`): probe, burst and capacity workers -----------------------------------
+# Each run has an id (`run`) so that late messages of an earlier run are ignored.
+
+@dataclass
+class ModelInfo(Message):
+    """What /v1/models says (or why it could not be read)."""
+
+    model: "ServedModel | None"
+    error: str | None = None
+
+
+@dataclass
+class LongPromptReady(Message):
+    text: str | None
+    tokens: int | None = None
+    target: int | None = None
+    error: str | None = None
+
+
+@dataclass
+class ProbeText(Message):
+    """Text streamed since the previous ProbeText of the same run. When the
+    UI is behind, an older one hands its text forward to the next."""
+
+    run: int
+    text: str
+
+    def can_replace(self, message: Message) -> bool:
+        if isinstance(message, ProbeText) and message.run == self.run:
+            message.text = self.text + message.text
+            return True
+        return False
+
+
+@dataclass
+class ProbeDone(Message):
+    run: int
+    result: "ProbeResult"
+
+
+@dataclass
+class BurstProgress(Message):
+    """Requests finished so far (latest wins)."""
+
+    run: int
+    done: int
+    total: int
+    ok: int = 0
+    failed: int = 0
+
+    def can_replace(self, message: Message) -> bool:
+        return isinstance(message, BurstProgress) and message.run == self.run
+
+
+@dataclass
+class BurstDone(Message):
+    run: int
+    result: "BurstResult | None"
+    record: str | None = None  # the run record's id
+    record_path: str | None = None
+    error: str | None = None
+
+
+@dataclass
+class CapacityLevelStart(Message):
+    """The search began measuring a concurrency level (never dropped: the
+    level table shows every one)."""
+
+    run: int
+    concurrency: int
+    index: int
+
+
+@dataclass
+class CapacityLevelProgress(Message):
+    """Requests finished so far in the running level (latest wins)."""
+
+    run: int
+    concurrency: int
+    requests: int
+    elapsed_s: float
+
+    def can_replace(self, message: Message) -> bool:
+        return isinstance(message, CapacityLevelProgress) and message.run == self.run
+
+
+@dataclass
+class CapacityLevelDone(Message):
+    """A level finished: its point joins the curve (never dropped)."""
+
+    run: int
+    level: "LevelResult"
+    low_pass: int | None = None  # the highest passing concurrency so far
+    high_fail: int | None = None  # the lowest failing one
+
+
+@dataclass
+class CapacityDone(Message):
+    run: int
+    result: "CapacityResult | None"
+    record: str | None = None
+    record_path: str | None = None
+    error: str | None = None
+
+
+# -- the sweep screen (`w`) ----------------------------------------------------------------------
+
+@dataclass
+class SweepProgress(Message):
+    """A phase change or burst progress (latest wins)."""
+
+    event: dict[str, Any]
+
+    def can_replace(self, message: Message) -> bool:
+        return isinstance(message, SweepProgress)
+
+
+@dataclass
+class SweepLevelDone(Message):
+    """A capacity level of one preset finished (never dropped: every level
+    is a point of that preset's curve)."""
+
+    preset: str
+    repeat: int
+    level: "LevelResult"
+
+
+@dataclass
+class SweepRunDone(Message):
+    """One preset measured once (never dropped)."""
+
+    run: "SweepRun"
+    event: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class SweepFinished(Message):
+    runs: list["SweepRun"]
+    cancelled: bool = False
+    error: str | None = None
+    record: str | None = None  # the sweep's run record id
+    log_dir: str | None = None

@@ -6,6 +6,13 @@ the server, waits until it is ready, runs the burst, stops it and waits until
 the engine is gone, then the next one. With repeat R the presets run in
 rotated order R times and each figure is the median with its min–max range.
 
+Capacity mode (the "capacity search (SLO)" box, `ernie-tui sweep --capacity`):
+each preset gets a capacity search under the SLO typed in instead of a
+burst, the table ranks presets by goodput at the SLO, and a chart draws every
+preset's curve (output tok/s against TTFT p99, a point per level, as levels
+finish) with the Pareto front marked: the presets whose goodput and TTFT p99
+no other preset beats on both (engine_ctl.pareto).
+
 The sweep starts and stops its own servers, so it refuses to start while
 the dashboard's own server runs (`is_serving`). `run_sweep` is blocking: it
 runs in a thread worker that only posts the Messages below; rows appear in
@@ -20,7 +27,6 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
@@ -30,14 +36,27 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.content import Content
-from textual.message import Message
 from textual.screen import Screen
-from textual.widgets import Button, DataTable, Footer, Input, Label, ProgressBar, SelectionList, Static
+from textual.widgets import Button, Checkbox, DataTable, Footer, Input, Label, ProgressBar, SelectionList, Static
 from textual.widgets.selection_list import Selection
 
 from ernie_tui.engine_ctl.burst import BurstConfig
-from ernie_tui.engine_ctl.sweep import COLUMNS, SweepOptions, SweepPlan, SweepRow, SweepRun, cell, fold
+from ernie_tui.engine_ctl.sweep import (
+    CAPACITY_COLUMNS,
+    COLUMNS,
+    CapacitySweep,
+    SweepOptions,
+    SweepPlan,
+    SweepRow,
+    SweepRun,
+    cell,
+    fold,
+    sweep_meta,
+)
 from ernie_tui.tui.lifecycle import drop_when_torn_down
+from ernie_tui.tui.messages import SweepFinished, SweepLevelDone, SweepProgress, SweepRunDone
+from ernie_tui.tui.widgets.charts import FRONT_MARKER, CapacityChart, CapacityCurve
+from ernie_tui.tui.widgets.form import read_float, read_int
 
 EXPORT_SUFFIXES = (".md", ".csv", ".json")
 
@@ -47,34 +66,14 @@ _FIRST = ("preset", "status", "output_tps", "ttft_p50_ms", "ttft_p90_ms", "itl_p
           "kv_usage_peak_pct", "vs_best")
 TABLE_COLUMNS = [c for key in _FIRST for c in COLUMNS if c[0] == key] + [c for c in COLUMNS if c[0] not in _FIRST]
 
+# Capacity mode: the capacity, goodput and latency there first, then the
+# Pareto front column ("front"), then the rest of sweep.CAPACITY_COLUMNS.
+_CAP_FIRST = ("preset", "status", "capacity_concurrency", "goodput_output_tps", "goodput_rps", "ttft_p99_ms",
+              "itl_p99_ms", "rank", "vs_best")
+CAPACITY_TABLE_COLUMNS = ([c for key in _CAP_FIRST for c in CAPACITY_COLUMNS if c[0] == key] + [("front", "Pareto")]
+                          + [c for c in CAPACITY_COLUMNS if c[0] not in _CAP_FIRST])
 
-# -- messages (worker -> screen) ----------------------------------------------------
-
-@dataclass
-class SweepProgress(Message):
-    """A phase change or burst progress (latest wins)."""
-
-    event: dict[str, Any]
-
-    def can_replace(self, message: Message) -> bool:
-        return isinstance(message, SweepProgress)
-
-
-@dataclass
-class SweepRunDone(Message):
-    """One preset measured once (never dropped)."""
-
-    run: SweepRun
-    event: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass
-class SweepFinished(Message):
-    runs: list[SweepRun]
-    cancelled: bool = False
-    error: str | None = None
-    record: str | None = None  # the sweep's run record id
-    log_dir: str | None = None
+DEFAULT_SLO = "ttft_p99=500ms itl_p99=50ms"
 
 
 # -- pure helpers ----------------------------------------------------------------------
@@ -100,6 +99,17 @@ def describe_event(ev: dict[str, Any], repeat: int) -> str:
     phase = str(ev.get("phase", ""))
     if phase == "burst" and ev.get("burst_total"):
         phase = f"burst {ev.get('burst_done', 0)}/{ev['burst_total']} requests"
+    elif phase == "capacity" and ev.get("capacity_event"):
+        ce = ev["capacity_event"]
+        if ce.get("event") == "level_done":
+            lv = ce["level"]
+            phase = (f"capacity search: concurrency {lv.concurrency} {'pass' if lv.passed else 'fail'}"
+                     f"{'' if lv.decided else ' (undecided)'}, {lv.requests} requests")
+        elif ce.get("event") == "level_progress":
+            phase = (f"capacity search: concurrency {ce.get('concurrency')}, {ce.get('requests')} requests in "
+                     f"{ce.get('elapsed_s', 0):.0f} s")
+        else:
+            phase = f"capacity search: concurrency {ce.get('concurrency', '?')} …"
     elif phase == "done":
         phase = f"done: {ev.get('status', '?')}"
     return f"{where}: {phase}"
@@ -129,59 +139,6 @@ class SweepScreen(Screen[None]):
         Binding("ctrl+s", "export", "Export"),
     ]
 
-    DEFAULT_CSS = """
-    SweepScreen {
-        layout: vertical;
-        background: $background;
-    }
-    SweepScreen #sw-head {
-        height: 1;
-        background: $panel;
-        padding: 0 1;
-        text-wrap: nowrap;
-        text-overflow: ellipsis;
-    }
-    SweepScreen #sw-refuse {
-        display: none;
-        height: auto;
-        border: heavy $error;
-        background: $error 15%;
-        padding: 0 1;
-    }
-    SweepScreen #sw-refuse.-visible { display: block; }
-    SweepScreen #sw-top { height: auto; max-height: 50%; }
-    SweepScreen #sw-left {
-        width: 40;
-        height: auto;
-        max-height: 100%;
-        border: round $primary 60%;
-        border-title-color: $primary;
-    }
-    SweepScreen #sw-left:focus-within { border: round $primary; }
-    SweepScreen #sw-presets { height: auto; max-height: 10; border: none; padding: 0 0; }
-    SweepScreen #sw-desc { height: auto; max-height: 3; color: $text-muted; padding: 0 1; }
-    SweepScreen #sw-right { width: 1fr; height: auto; padding: 0 0 0 1; }
-    SweepScreen .sw-row { height: auto; }
-    SweepScreen .sw-field { width: auto; height: 2; margin: 0 2 0 0; }
-    SweepScreen .sw-field Label { color: $text-muted; }
-    SweepScreen .sw-field Input { width: 10; }
-    SweepScreen .sw-field { width: 12; }
-    SweepScreen .sw-buttons { height: 1; margin: 1 0 0 0; }
-    SweepScreen Button { width: auto; min-width: 0; margin: 0 1 0 0; }
-    SweepScreen #sw-phase { height: auto; margin: 1 0 0 0; }
-    SweepScreen .sw-bar { height: 1; }
-    SweepScreen .sw-bar Label { width: 10; color: $text-muted; }
-    SweepScreen #sw-table {
-        height: 1fr;
-        border: round $secondary 60%;
-        border-title-color: $secondary;
-    }
-    SweepScreen #sw-notes { height: auto; max-height: 5; padding: 0 1; color: $text-muted; }
-    SweepScreen #sw-export { height: 1; }
-    SweepScreen #sw-export Label { padding: 0 1; color: $text-muted; }
-    SweepScreen #sw-path { width: 1fr; }
-    """
-
     def __init__(self, book, model: str | None = None, api_key: str | None = None, *,
                  is_serving: Callable[[], bool] | None = None,
                  name: str | None = None, id: str | None = None, classes: str | None = None) -> None:
@@ -197,18 +154,22 @@ class SweepScreen(Screen[None]):
         self.names: list[str] = []
         self.repeat = 1
         self.config: BurstConfig | None = None
+        self.capacity: CapacitySweep | None = None  # the capacity search of the sweep running or shown
+        self.curves: dict[tuple[str, int], list[Any]] = {}  # (preset, repeat) -> its levels, as they finish
+        self.front: set[str] = set()  # presets on the Pareto front
         self.last_error: str | None = None
         self.record: str | None = None
         self._cancel: threading.Event | None = None
         self._eta_at: float | None = None
+        self._table_capacity = False
         self._t0: float | None = None
         self._last_event: dict[str, Any] = {}
 
     # -- layout -------------------------------------------------------------------------
     def compose(self) -> ComposeResult:
         yield Static(Content.assemble(("Preset sweep ", "bold"),
-                                      ("each preset: preflight → start → ready → burst → stop; "
-                                       "the sweep runs its own servers", "dim")), id="sw-head")
+                                      ("each preset: preflight → start → ready → burst or capacity search → "
+                                       "stop; the sweep runs its own servers", "dim")), id="sw-head")
         yield Static("", id="sw-refuse")
         with Horizontal(id="sw-top"):
             with Vertical(id="sw-left"):
@@ -216,13 +177,24 @@ class SweepScreen(Screen[None]):
                 yield Static("", id="sw-desc")
             with Vertical(id="sw-right"):
                 with Horizontal(classes="sw-row"):
-                    yield self._field("N requests", "sw-n", "100")
+                    yield self._field("N requests", "sw-n", "100", "-burst-only")
                     yield self._field("L_min tok", "sw-lmin", "30")
                     yield self._field("L_max tok", "sw-lmax", "300")
-                with Horizontal(classes="sw-row"):
-                    yield self._field("conc. C", "sw-c", "4")
+                    yield self._field("conc. C", "sw-c", "4", "-burst-only")
                     yield self._field("max_tokens", "sw-max", "128")
                     yield self._field("repeat R", "sw-repeat", "1")
+                with Horizontal(classes="sw-row -capacity-only", id="sw-cap-form"):
+                    yield Vertical(Label("SLO (METRIC_pNN=LIMIT ...)"), Input(DEFAULT_SLO, id="sw-slo", compact=True),
+                                   classes="sw-field -slo")
+                    yield self._field("start C", "sw-cap-start", "1")
+                    yield self._field("max C", "sw-cap-maxc", "256")
+                with Horizontal(classes="sw-row -capacity-only"):
+                    yield self._field("tolerance", "sw-cap-tol", "0.10", kind="number")
+                    yield self._field("min reqs", "sw-cap-minr", "20")
+                    yield self._field("max reqs", "sw-cap-maxr", "400")
+                    yield self._field("level s", "sw-cap-time", "60", kind="number")
+                yield Checkbox("capacity search (SLO) per preset, ranked by goodput", False, id="sw-capacity",
+                               compact=True)
                 with Horizontal(classes="sw-buttons"):
                     yield Button("Start (ctrl+r)", id="sw-start", variant="primary", compact=True)
                     yield Button("Cancel (x)", id="sw-cancel", compact=True, disabled=True)
@@ -233,7 +205,9 @@ class SweepScreen(Screen[None]):
                 with Horizontal(classes="sw-bar", id="sw-burst-row"):
                     yield Label("burst")
                     yield ProgressBar(total=None, id="sw-burst", show_eta=False)
-        yield DataTable(id="sw-table", cursor_type="row", zebra_stripes=True)
+        with Horizontal(id="sw-results"):
+            yield DataTable(id="sw-table", cursor_type="row", zebra_stripes=True)
+            yield CapacityChart(id="sw-chart", classes="-capacity-only")
         yield Static("", id="sw-notes")
         with Horizontal(id="sw-export"):
             yield Label("export to (.md .csv .json)")
@@ -242,8 +216,8 @@ class SweepScreen(Screen[None]):
         yield Footer()
 
     @staticmethod
-    def _field(label: str, wid: str, value: str) -> Vertical:
-        return Vertical(Label(label), Input(value, type="integer", id=wid, compact=True), classes="sw-field")
+    def _field(label: str, wid: str, value: str, classes: str = "", kind: str = "integer") -> Vertical:
+        return Vertical(Label(label), Input(value, type=kind, id=wid, compact=True), classes=f"sw-field {classes}")
 
     def _selections(self) -> list[Selection[str]]:
         out = []
@@ -257,9 +231,8 @@ class SweepScreen(Screen[None]):
         self.query_one("#sw-left").border_title = "presets (space selects)"
         table = self.query_one("#sw-table", DataTable)
         table.border_title = "results"
-        for key, label in TABLE_COLUMNS:
-            table.add_column(label, key=key)
-        table.add_column("note", key="note")
+        self._columns(capacity=False)
+        self.query_one("#sw-chart", CapacityChart).show([], empty="the curves appear as levels finish")
         for row in self.query(".sw-bar"):
             row.display = False
         self.query_one("#sw-presets", SelectionList).focus()
@@ -305,21 +278,52 @@ class SweepScreen(Screen[None]):
 
     # -- starting -------------------------------------------------------------------------------
     def _read_config(self) -> tuple[BurstConfig, int]:
-        def integer(wid: str, what: str) -> int:
-            raw = self.query_one(wid, Input).value.strip()
-            try:
-                return int(raw)
-            except ValueError:
-                raise ValueError(f"{what} must be a whole number, got {raw!r}") from None
-
-        config = BurstConfig(n=integer("#sw-n", "N"), min_tokens=integer("#sw-lmin", "L_min"),
-                             max_tokens_in=integer("#sw-lmax", "L_max"), concurrency=integer("#sw-c", "C"),
-                             max_tokens=integer("#sw-max", "max_tokens"))
+        q = self.query_one
+        config = BurstConfig(n=read_int(q("#sw-n", Input), "N"), min_tokens=read_int(q("#sw-lmin", Input), "L_min"),
+                             max_tokens_in=read_int(q("#sw-lmax", Input), "L_max"),
+                             concurrency=read_int(q("#sw-c", Input), "C"),
+                             max_tokens=read_int(q("#sw-max", Input), "max_tokens"))
         config.validate()
-        repeat = integer("#sw-repeat", "repeat R")
+        repeat = read_int(q("#sw-repeat", Input), "repeat R")
         if repeat < 1:
             raise ValueError("repeat R must be at least 1")
         return config, repeat
+
+    def _read_capacity(self) -> CapacitySweep | None:
+        """The capacity search of each preset when capacity mode is on,
+        checked as `sweep --capacity` checks its options (ValueError)."""
+        if not self.query_one("#sw-capacity", Checkbox).value:
+            return None
+        from ernie_tui.engine_ctl.capacity import make_search
+
+        q = self.query_one
+        slo, search, rules = make_search(
+            q("#sw-slo", Input).value, start=read_int(q("#sw-cap-start", Input), "start C"),
+            max_concurrency=read_int(q("#sw-cap-maxc", Input), "max C"),
+            tolerance=read_float(q("#sw-cap-tol", Input), "tolerance"),
+            min_requests=read_int(q("#sw-cap-minr", Input), "min reqs"),
+            max_requests=read_int(q("#sw-cap-maxr", Input), "max reqs"),
+            level_time_s=read_float(q("#sw-cap-time", Input), "level s"))
+        return CapacitySweep(slo=slo, search=search, rules=rules)
+
+    @on(Checkbox.Changed, "#sw-capacity")
+    def _mode_changed(self, event: Checkbox.Changed) -> None:
+        if self.running:  # the sweep under way keeps its mode
+            with event.checkbox.prevent(Checkbox.Changed):
+                event.checkbox.value = self.capacity is not None
+            self.notify("wait for the sweep to end (or x) before switching", timeout=3)
+            return
+        self.set_class(event.value, "-capacity")
+        if not self.runs:
+            self._columns(capacity=event.value)
+
+    def _columns(self, capacity: bool) -> None:
+        table = self.query_one("#sw-table", DataTable)
+        table.clear(columns=True)
+        for key, label in (CAPACITY_TABLE_COLUMNS if capacity else TABLE_COLUMNS):
+            table.add_column(label, key=key)
+        table.add_column("note", key="note")
+        self._table_capacity = capacity
 
     def _say(self, content: Content | str, error: bool = False) -> None:
         phase = self.query_one("#sw-phase", Static)
@@ -344,6 +348,7 @@ class SweepScreen(Screen[None]):
             return False
         try:
             config, repeat = self._read_config()
+            capacity = self._read_capacity()
             presets = [self.book.get(n) for n in names]
             for p in presets:
                 p.resolve_model(self.model)  # a preset without a model is an error now, not mid-sweep
@@ -352,25 +357,29 @@ class SweepScreen(Screen[None]):
             self.last_error = str(exc)
             return False
         self.last_error = None
-        self.names, self.repeat, self.config = names, repeat, config
+        self.names, self.repeat, self.config, self.capacity = names, repeat, config, capacity
         self.runs, self.rows, self.record = [], [], None
+        self.curves, self.front = {}, set()
         self._cancel = threading.Event()
         self.running, self.cancelling = True, False
         self._t0 = time.monotonic()
         self._eta_at = None
         self._last_event = {"phase": "preflight", "index": 0, "total": len(names) * repeat, "preset": names[0]}
-        self.query_one("#sw-table", DataTable).clear()
+        self._columns(capacity=capacity is not None)
+        self._redraw_chart()
         for row in self.query(".sw-bar"):
             row.display = True
+        self.query_one("#sw-burst-row").display = capacity is None  # a search's levels are in the phase line
         self.query_one("#sw-overall", ProgressBar).update(total=len(names) * repeat, progress=0)
         self.query_one("#sw-burst", ProgressBar).update(total=config.n, progress=0)
         self._buttons()
         self._show_phase()
-        self._worker(SweepPlan(presets, repeat), config, self._cancel)
+        self._worker(SweepPlan(presets, repeat), config, self._cancel, capacity)
         return True
 
     @work(thread=True, group="sweep", exit_on_error=False)
-    def _worker(self, plan: SweepPlan, config: BurstConfig, cancel: threading.Event) -> None:
+    def _worker(self, plan: SweepPlan, config: BurstConfig, cancel: threading.Event,
+                capacity: CapacitySweep | None = None) -> None:
         from ernie_tui import paths
         from ernie_tui.engine_ctl.sweep import run_sweep
 
@@ -381,12 +390,16 @@ class SweepScreen(Screen[None]):
             if ev.get("phase") == "done" and ev.get("run") is not None:
                 done.append(ev["run"])
                 self.post_message(SweepRunDone(ev["run"], {k: v for k, v in ev.items() if k != "run"}))
-            else:
-                self.post_message(SweepProgress(dict(ev)))
+                return
+            ce = ev.get("capacity_event") or {}
+            if ce.get("event") == "level_done":  # a point of the preset's curve: never coalesced away
+                self.post_message(SweepLevelDone(ev["preset"], ev.get("repeat", 0), ce["level"]))
+            self.post_message(SweepProgress(dict(ev)))
 
         error = None
         try:
-            runs = run_sweep(plan, config, SweepOptions(model=self.model, log_dir=log_dir), progress, cancel)
+            runs = run_sweep(plan, config, SweepOptions(model=self.model, log_dir=log_dir), progress, cancel,
+                             capacity=capacity)
         except Exception as exc:  # run_sweep stops its server in `finally`; report what broke
             runs = done
             error = f"{type(exc).__name__}: {exc}"
@@ -395,23 +408,16 @@ class SweepScreen(Screen[None]):
             try:
                 from ernie_tui.engine_ctl.runstore import save_run
 
-                rec = save_run("sweep", {"meta": self._meta(runs, plan, config), "runs": runs},
+                rec = save_run("sweep", {"meta": sweep_meta([p.name for p in plan.presets], plan.repeat, config, runs,
+                                                             capacity=capacity), "runs": runs},
                                notes=" ".join(p.name for p in plan.presets))
                 record = rec.id
             except Exception as exc:
                 error = (error + "; " if error else "") + f"the sweep's run record was not saved: {exc}"
         self.post_message(SweepFinished(runs, cancel.is_set(), error, record, str(log_dir)))
 
-    def _meta(self, runs: list[SweepRun], plan: SweepPlan | None = None, config: BurstConfig | None = None) -> dict:
-        config = config or self.config or BurstConfig()
-        names = [p.name for p in plan.presets] if plan else self.names
-        repeat = plan.repeat if plan else self.repeat
-        return {"date": time.strftime("%Y-%m-%d"), "presets": " ".join(names),
-                "burst": f"N={config.n}, C={config.concurrency}, prompts {config.min_tokens}-"
-                         f"{config.max_tokens_in} tokens, max_tokens {config.max_tokens}, ignore_eos",
-                "repeat": repeat,
-                "vllm": ", ".join(sorted({f"{r.vllm_version} ({r.platform})" for r in runs if r.vllm_version}))
-                        or "-"}
+    def _meta(self) -> dict:
+        return sweep_meta(self.names, self.repeat, self.config or BurstConfig(), self.runs, capacity=self.capacity)
 
     # -- progress ------------------------------------------------------------------------------
     @on(SweepProgress)
@@ -429,6 +435,29 @@ class SweepScreen(Screen[None]):
             self.query_one("#sw-burst", ProgressBar).update(total=ev["burst_total"], progress=ev.get("burst_done", 0))
         self.query_one("#sw-overall", ProgressBar).update(progress=ev.get("index", 0))
         self._show_phase()
+
+    @on(SweepLevelDone)
+    @drop_when_torn_down
+    def _level_done(self, message: SweepLevelDone) -> None:
+        if not self.running:
+            return
+        self.curves.setdefault((message.preset, message.repeat), []).append(message.level)
+        self._redraw_chart()
+
+    def _redraw_chart(self) -> None:
+        """Every preset's curve (one per repeat), the Pareto front's marked."""
+        from ernie_tui.engine_ctl.slo import limit_ms
+
+        capacity_at = {(r.preset, r.repeat): int(r.capacity_concurrency) for r in self.runs
+                       if r.capacity_concurrency}
+        curves = [CapacityCurve(name if self.repeat == 1 else f"{name} r{repeat + 1}", levels,
+                                capacity_at.get((name, repeat)), front=name in self.front)
+                  for (name, repeat), levels in self.curves.items()]
+        limit = limit_ms(self.capacity.slo, "ttft", 99) if self.capacity else None
+        chart = self.query_one("#sw-chart", CapacityChart)
+        chart.show(curves, limit, 99, empty="the curves appear as levels finish")
+        if self.front:
+            chart.border_subtitle += f" · {FRONT_MARKER} Pareto front: {', '.join(sorted(self.front))}"
 
     @on(SweepRunDone)
     @drop_when_torn_down
@@ -477,12 +506,19 @@ class SweepScreen(Screen[None]):
         self._say(text)
 
     def _refresh_table(self) -> None:
+        from ernie_tui.engine_ctl.pareto import front_of_rows
+
         self.rows = fold(self.runs, self.names or [r.preset for r in self.runs])
+        capacity = self._table_capacity
+        self.front = front_of_rows(self.rows) if capacity else set()
         table = self.query_one("#sw-table", DataTable)
         table.clear()
         for row in self.rows:
             cells: list[Any] = []
-            for key, _ in TABLE_COLUMNS:
+            for key, _ in (CAPACITY_TABLE_COLUMNS if capacity else TABLE_COLUMNS):
+                if key == "front":
+                    cells.append(Text(FRONT_MARKER, style="bold green") if row.preset in self.front else "")
+                    continue
                 text = cell(row, key)
                 cells.append(status_text(text) if key == "status" else text)
             cells.append(row.message)
@@ -490,6 +526,8 @@ class SweepScreen(Screen[None]):
         notes = [Content.assemble((row.preset, "bold"), ": ", row.message)
                  for row in self.rows if row.status != "ok" and row.message]
         self.query_one("#sw-notes", Static).update(Content("\n").join(notes))
+        if capacity:
+            self._redraw_chart()
 
     # -- export -----------------------------------------------------------------------------------
     def export(self, path: str | None = None) -> Path | None:
@@ -508,7 +546,7 @@ class SweepScreen(Screen[None]):
                         severity="error", timeout=6)
             return None
         try:
-            export(self.rows, target, self._meta(self.runs))
+            export(self.rows, target, self._meta())
         except (OSError, ValueError) as exc:
             self.notify(f"cannot write {target}: {exc}", severity="error", timeout=8)
             return None

@@ -1,4 +1,5 @@
-"""The three charts, one textual-plotext widget each.
+"""The charts, one textual-plotext widget each: the dashboard's three time
+series, and the capacity curves of the probe pane and the sweep screen.
 
 The data lives outside: the sampler keeps the series and posts snapshots;
 `show()` hands a widget the snapshot, the window and the clock, and the
@@ -8,7 +9,8 @@ subtitle so the number is readable even when the plot is small.
 
 from __future__ import annotations
 
-from typing import Sequence
+from dataclasses import dataclass
+from typing import Any, Sequence
 
 from textual_plotext import PlotextPlot
 
@@ -234,3 +236,112 @@ class KVChart(TimeChart):
         else:
             self.border_subtitle = "no samples"
         return bool(ky or ry or wy)
+
+
+# -- capacity curves ------------------------------------------------------------------------------
+
+@dataclass
+class CapacityCurve:
+    """One capacity search as the chart draws it: its levels (capacity.LevelResult
+    or anything with concurrency, ttft_p99_ms, output_tps and passed), the
+    concurrency it settled on, and whether it is on the sweep's Pareto front."""
+
+    name: str
+    levels: Sequence[Any]
+    capacity: int | None = None
+    front: bool = False
+
+
+PASS_MARKER, FAIL_MARKER, FRONT_MARKER = "●", "×", "◆"
+
+
+def ttft_at(level: Any, percentile: int) -> float | None:
+    """A level's TTFT at a percentile, in ms: p50 and p99 are its own
+    columns, another percentile is there when the SLO judged it."""
+    if percentile in (50, 99):
+        return getattr(level, f"ttft_p{percentile}_ms")
+    for o in getattr(level, "objectives", None) or ():
+        if o.get("metric") == "ttft" and o.get("percentile") == percentile:
+            return o.get("value_ms")
+    return None
+
+
+class CapacityChart(PlotextPlot):
+    """Output tok/s against TTFT (p99, or the percentile the SLO judges),
+    one curve per search, its points in concurrency order: ● a level that
+    met the SLO, × one that missed it, ◆ the capacity of a curve on the
+    Pareto front. The SLO's TTFT limit is the red vertical line. The curves
+    live outside; `show()` hands them in and the widget only draws."""
+
+    def __init__(self, *, id: str | None = None, classes: str | None = None):
+        super().__init__(id=id, classes=classes)
+        self.curves: tuple[CapacityCurve, ...] = ()
+        self.limit_ms: float | None = None
+        self.percentile = 99
+        self.points_drawn = 0
+        self._empty = "no level measured yet"
+
+    def on_mount(self) -> None:
+        super().on_mount()
+        self.replot()
+
+    def show(self, curves: Sequence[CapacityCurve], limit_ms: float | None = None, percentile: int = 99,
+             empty: str | None = None) -> None:
+        """Draw `curves` with TTFT p`percentile` across and its SLO limit
+        (None: the SLO sets none on that percentile)."""
+        self.curves = tuple(curves)
+        self.limit_ms = limit_ms
+        self.percentile = percentile
+        if empty is not None:
+            self._empty = empty
+        self.replot()
+
+    def on_resize(self) -> None:
+        self.replot()
+
+    def replot(self) -> None:
+        plt = self.plt
+        plt.clear_figure()
+        xs_all: list[float] = []
+        ys_all: list[float] = []
+        self.points_drawn = 0
+        p = self.percentile
+        drawn: list[tuple[int, CapacityCurve, list[Any], list[float], list[float]]] = []
+        for i, curve in enumerate(self.curves):
+            levels = sorted((lv for lv in curve.levels if ttft_at(lv, p) is not None and lv.output_tps is not None),
+                            key=lambda lv: lv.concurrency)
+            if levels:
+                drawn.append((i, curve, levels, [float(ttft_at(lv, p)) for lv in levels],
+                              [float(lv.output_tps) for lv in levels]))
+        for _, _, _, xs, ys in drawn:
+            xs_all += xs
+            ys_all += ys
+        right = max([*xs_all, self.limit_ms or 0.0], default=0.0) * 1.1 or 1.0
+        for i, curve, levels, xs, ys in drawn:
+            label = curve.name + (f" {FRONT_MARKER} front" if curve.front else "")
+            plt.plot(xs, ys, marker="braille", color=COLORS[i % len(COLORS)],
+                     label=label if len(self.curves) > 1 else None)
+            if len(self.curves) == 1:  # one search: say which concurrency each point is
+                for lv, x, y in zip(levels, xs, ys):
+                    plt.text(f"c{lv.concurrency}", x + right * 0.03, y, color="gray", alignment="left")
+            for lv, x, y in zip(levels, xs, ys):
+                marker = FRONT_MARKER if curve.front and lv.concurrency == curve.capacity else (
+                    PASS_MARKER if lv.passed else FAIL_MARKER)
+                plt.scatter([x], [y], marker=marker, color="green+" if lv.passed else "red+")
+            self.points_drawn += len(levels)
+        if self.limit_ms is not None:
+            plt.vline(self.limit_ms, color="red")
+        if xs_all:
+            plt.xlim(0, right)
+            top = max(ys_all)
+            plt.ylim(0, top * 1.2 if top > 0 else 1)
+        else:
+            plt.xlim(0, (self.limit_ms or 1.0) * 1.5)
+            plt.ylim(0, 1)
+            plt.yticks([0, 1], ["", ""])
+            plt.text(self._empty, (self.limit_ms or 1.0) * 0.75, 0.5, alignment="center", color="gray",
+                     background="default")
+        self.border_title = f"output tok/s against TTFT p{p} ms"
+        limit = f" · [ansi_bright_red]limit {self.limit_ms:g} ms[/]" if self.limit_ms is not None else ""
+        self.border_subtitle = f"{self.points_drawn} level(s){limit}"
+        self.refresh()

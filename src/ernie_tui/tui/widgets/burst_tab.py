@@ -1,0 +1,434 @@
+"""The probe pane's Burst tab: a load burst, or a capacity search.
+
+- Burst: N prompts of exact lengths in [L_min, L_max] at concurrency C, with
+  a progress bar, a cancel key and the result, stored as a run record.
+- Capacity (the "capacity search" box): the highest concurrency whose
+  requests meet the SLO typed in (e.g. `ttft_p99=500ms itl_p99=50ms`),
+  searched as `ernie-tui probe --capacity` searches it (engine_ctl.capacity,
+  capacity_run): the curve of output tok/s against TTFT p99 is drawn and
+  the level table grows as levels finish; ctrl+c ends it at any time (the
+  running level stops, the levels measured are kept). The result is stored
+  as a 'capacity' run record, as the command line stores it.
+
+Both run in a thread worker that only posts messages (tui/messages.py) to
+this widget; the handlers update the widgets on the UI thread.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Callable
+
+from textual import on, work
+from textual.app import ComposeResult
+from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.content import Content
+from textual.widgets import Button, Checkbox, Input, ProgressBar, Static
+
+from ernie_tui.engine_ctl.burst import BurstConfig, BurstResult
+from ernie_tui.tui.lifecycle import drop_when_torn_down
+from ernie_tui.tui.messages import (
+    BurstDone,
+    BurstProgress,
+    CapacityDone,
+    CapacityLevelDone,
+    CapacityLevelProgress,
+    CapacityLevelStart,
+)
+from ernie_tui.tui.widgets.capacity_view import CapacityView, describe_capacity
+from ernie_tui.tui.widgets.form import labelled, read_float, read_int
+from ernie_tui.tui.widgets.probe_tab import ProbeTarget
+
+DEFAULT_SLO = "ttft_p99=500ms itl_p99=50ms"
+
+
+def describe_burst(r: BurstResult) -> Content:
+    """The figures of a finished burst, the CLI's wording."""
+    from ernie_tui.engine_ctl.burst import format_result
+
+    head = f"{r.completed} of {r.total} ok · {r.failed} failed · {r.not_sent} not sent"
+    if r.cancelled:
+        head += " · cancelled"
+    style = "bold $success" if r.completed == r.total else "bold $warning" if r.completed else "bold $error"
+    body = format_result(r)
+    if r.peak_memory_bytes is None:
+        body += "\npeak memory: not sampled (no engine processes known to this pane)"
+    return Content("\n").join([Content.styled(head, style), Content(body)])
+
+
+def _int_field(label: str, wid: str, value: str, classes: str = "pf-field") -> Vertical:
+    return labelled(label, Input(value, type="integer", id=wid, compact=True), classes)
+
+
+def _num_field(label: str, wid: str, value: str) -> Vertical:
+    return labelled(label, Input(value, type="number", id=wid, compact=True))
+
+
+class BurstTab(Vertical):
+    """The Burst tab. `pids()` returns the engine's process ids (peak memory
+    of a burst), `tags()` the (preset, engine report) its run record is
+    tagged with; either may be None."""
+
+    def __init__(self, target: ProbeTarget, *, pids: Callable[[], Callable[[], list[int]] | None] | None = None,
+                 tags: Callable[[], tuple[Any, Any]] | None = None,
+                 id: str | None = None, classes: str | None = None) -> None:
+        super().__init__(id=id, classes=classes)
+        self.target = target
+        self._pids = pids or (lambda: None)
+        self._tags = tags or (lambda: (None, None))
+        self._run = 0  # ids that let late messages of an earlier run be ignored
+        self._cancel: threading.Event | None = None
+        self.running = False
+        self.running_capacity = False
+        self.last_burst: BurstResult | None = None
+        self.last_record: str | None = None
+        # The capacity search: the levels measured so far (the view draws them).
+        self.levels: list[Any] = []
+        self.level_starts: list[int] = []
+        self.last_capacity: Any = None
+        self._capacity_at: int | None = None
+
+    def compose(self) -> ComposeResult:
+        with Horizontal(classes="pf-row"):
+            yield _int_field("N requests", "pf-b-n", "100", "pf-field -burst-only")
+            yield _int_field("L_min tokens", "pf-b-lmin", "30")
+            yield _int_field("L_max tokens", "pf-b-lmax", "300")
+            yield _int_field("concurrency C", "pf-b-c", "4", "pf-field -burst-only")
+            yield _int_field("max_tokens", "pf-b-max", "128")
+        with Horizontal(classes="pf-row -capacity-only", id="pf-cap-form"):
+            yield labelled("SLO (METRIC_pNN=LIMIT ...)", Input(DEFAULT_SLO, id="pf-cap-slo", compact=True,
+                                                                classes="-slo"))
+            yield _int_field("start C", "pf-cap-start", "1")
+            yield _int_field("max C", "pf-cap-maxc", "256")
+            yield _num_field("tolerance", "pf-cap-tol", "0.10")
+            yield _int_field("min reqs", "pf-cap-minr", "20")
+            yield _int_field("max reqs", "pf-cap-maxr", "400")
+            yield _num_field("level s", "pf-cap-time", "60")
+        with Horizontal(classes="pf-row"):
+            yield Checkbox("ignore_eos", True, id="pf-b-ignore-eos", compact=True)
+            yield Checkbox("chat endpoint", False, id="pf-b-chat", compact=True)
+            yield Checkbox("capacity search (SLO)", False, id="pf-b-capacity", compact=True,
+                           tooltip="find the highest concurrency whose requests meet the SLO")
+        with Horizontal(classes="pf-buttons"):
+            yield Button("Run burst (ctrl+r)", id="pf-b-run", variant="primary", compact=True)
+            yield Button("Cancel (ctrl+c)", id="pf-b-cancel", compact=True, disabled=True)
+        progress = ProgressBar(total=None, id="pf-burst-progress", show_eta=True)
+        progress.display = False
+        yield progress
+        yield Static("", id="pf-note")
+        with VerticalScroll(id="pf-burst-box", classes="-burst-only"):
+            yield Static(Content.styled(
+                "Prompt lengths are exact (built with the served model's tokenizer); ignore_eos makes "
+                "every request produce max_tokens tokens. ctrl+r runs the burst.", "dim"),
+                id="pf-burst-result")
+        yield CapacityView(id="pf-cap-view", classes="-capacity-only")
+
+    def on_mount(self) -> None:
+        self.query_one("#pf-burst-box").border_title = "result"
+
+    def on_unmount(self) -> None:
+        self.cancel()
+
+    # -- the mode ----------------------------------------------------------------------------
+    @property
+    def capacity_mode(self) -> bool:
+        return self.query_one("#pf-b-capacity", Checkbox).value
+
+    @on(Checkbox.Changed, "#pf-b-capacity")
+    def _mode_changed(self, event: Checkbox.Changed) -> None:
+        event.stop()
+        if self.running:  # the mode of a running search or burst stays what it is
+            with event.checkbox.prevent(Checkbox.Changed):
+                event.checkbox.value = self.running_capacity
+            self.notify("wait for the run to end (or ctrl+c) before switching", timeout=3)
+            return
+        self.set_class(event.value, "-capacity")
+        button = self.query_one("#pf-b-run", Button)
+        button.label = "Search capacity (ctrl+r)" if event.value else "Run burst (ctrl+r)"
+        button.refresh(layout=True)  # its width follows the label
+        self.query_one("#pf-burst-progress").display = False
+        self.query_one("#pf-note", Static).update("")
+
+    def run(self) -> None:
+        """Run what the mode says: a burst or a capacity search."""
+        if self.running:
+            self.notify("a run is going: ctrl+c cancels it", timeout=3)
+            return
+        if self.capacity_mode:
+            self.run_capacity()
+        else:
+            self.run_burst()
+
+    def cancel(self) -> bool:
+        """Ask the running burst or search to stop; False when none runs."""
+        if self.running and self._cancel is not None:
+            self._cancel.set()
+            return True
+        return False
+
+    def _begin(self, capacity: bool) -> threading.Event:
+        self._run += 1
+        self._cancel = threading.Event()
+        self.running, self.running_capacity = True, capacity
+        self._buttons()
+        return self._cancel
+
+    def _end(self) -> None:
+        self.running = False
+        self._buttons()
+
+    # -- burst -------------------------------------------------------------------------------------
+    def read_burst(self) -> BurstConfig:
+        q = self.query_one
+        config = BurstConfig(n=read_int(q("#pf-b-n", Input), "N"), min_tokens=read_int(q("#pf-b-lmin", Input), "L_min"),
+                             max_tokens_in=read_int(q("#pf-b-lmax", Input), "L_max"),
+                             concurrency=read_int(q("#pf-b-c", Input), "C"),
+                             max_tokens=read_int(q("#pf-b-max", Input), "max_tokens"),
+                             ignore_eos=q("#pf-b-ignore-eos", Checkbox).value, chat=q("#pf-b-chat", Checkbox).value)
+        config.validate()
+        self._check_fits(config.max_tokens_in, config.max_tokens)
+        return config
+
+    def _check_fits(self, longest_prompt: int, max_tokens: int) -> None:
+        served = self.target.served
+        limit = served.max_model_len if served else None
+        if limit and longest_prompt + max_tokens > limit:
+            raise ValueError(f"L_max + max_tokens ({longest_prompt + max_tokens:,}) is more than the "
+                             f"model's max_model_len ({limit:,}): those requests would be refused")
+
+    def run_burst(self) -> None:
+        result_box = self.query_one("#pf-burst-result", Static)
+        try:
+            config = self.read_burst()
+        except ValueError as exc:
+            result_box.update(Content.assemble(("Cannot run: ", "bold $error"), str(exc)))
+            result_box.set_class(True, "-error")
+            return
+        cancel = self._begin(capacity=False)
+        self.last_burst = None
+        self.last_record = None
+        result_box.set_class(False, "-error")
+        result_box.update(Content.styled("building exact-length prompts with the served model's tokenizer, "
+                                         "then opening the connections …", "$warning"))
+        bar = self.query_one("#pf-burst-progress", ProgressBar)
+        bar.display = True
+        bar.update(total=config.n, progress=0)
+        self.query_one("#pf-note", Static).update(f"0 / {config.n} requests")
+        preset, report = self._tags()
+        self._burst_worker(self._run, config, cancel, self._pids(), preset, report)
+
+    @work(thread=True, group="pf-burst", exit_on_error=False)
+    def _burst_worker(self, run: int, config: BurstConfig, cancel: threading.Event,
+                      pids: Callable[[], list[int]] | None, preset: Any, report: Any) -> None:
+        from ernie_tui.engine_ctl.burst import run_burst
+        from ernie_tui.engine_ctl.resources import EngineMemory
+
+        counts = {"ok": 0, "failed": 0}
+
+        def on_request(rec) -> None:
+            counts["ok" if rec.ok else "failed"] += 1
+
+        def progress(done: int, total: int) -> None:
+            self.post_message(BurstProgress(run, done, total, counts["ok"], counts["failed"]))
+
+        memory = None
+        t = self.target
+        try:
+            if pids is not None:
+                try:
+                    memory = EngineMemory(pids)
+                except Exception:
+                    memory = None
+            result = run_burst(t.url, config, api_key=t.api_key, model=t.served.id if t.served else None,
+                               tokenizer=t.tokenizer, progress=progress, on_request=on_request,
+                               cancel=cancel, memory_sampler=memory)
+        except Exception as exc:
+            self.post_message(BurstDone(run, None, error=f"{type(exc).__name__}: {exc}"))
+            return
+        finally:
+            if memory is not None:
+                memory.close()
+        record_id = record_path = error = None
+        if result.completed or result.failed:  # a burst that never started is not worth a record
+            try:
+                rec = result.save(preset, report)
+                record_id, record_path = rec.id, str(rec.path)
+            except Exception as exc:
+                error = f"the run record was not saved: {exc}"
+        self.post_message(BurstDone(run, result, record_id, record_path, error))
+
+    @on(BurstProgress)
+    @drop_when_torn_down
+    def _burst_progress(self, message: BurstProgress) -> None:
+        message.stop()
+        if message.run != self._run or not self.running:
+            return
+        self.query_one("#pf-burst-progress", ProgressBar).update(total=message.total, progress=message.done)
+        failed = f" · {message.failed} failed" if message.failed else ""
+        self.query_one("#pf-note", Static).update(f"{message.done} / {message.total} requests{failed}")
+        if message.done == 0:
+            self.query_one("#pf-burst-result", Static).update(Content.styled("running …", "$warning"))
+
+    @on(BurstDone)
+    @drop_when_torn_down
+    def _burst_done(self, message: BurstDone) -> None:
+        message.stop()
+        if message.run != self._run:
+            return
+        self._end()
+        box = self.query_one("#pf-burst-result", Static)
+        r = message.result
+        if r is None:
+            box.update(Content.assemble(("The burst failed: ", "bold $error"), message.error or "?"))
+            box.set_class(True, "-error")
+            return
+        self.last_burst = r
+        self.last_record = message.record
+        bar = self.query_one("#pf-burst-progress", ProgressBar)
+        bar.update(total=r.total, progress=r.completed + r.failed)
+        self.query_one("#pf-note", Static).update(
+            f"{r.completed + r.failed} / {r.total} requests" + (f" · {r.failed} failed" if r.failed else ""))
+        parts = [describe_burst(r)]
+        if message.record:
+            parts.append(Content.assemble(("saved as run record ", "dim"), (message.record, "bold"),
+                                          ("  ", "dim"), (message.record_path or "", "dim")))
+        if message.error:
+            parts.append(Content.styled(message.error, "$warning"))
+        box.update(Content("\n").join(parts))
+        box.set_class(r.completed == 0, "-error")
+
+    # -- capacity search -------------------------------------------------------------------------
+    def read_capacity(self) -> tuple[list, Any, Any, BurstConfig, Any]:
+        """(objectives, SearchConfig, LevelRules, prompt shape, RequestSettings)
+        from the fields, checked by the same functions as the command line's
+        options. ValueError in plain words."""
+        from ernie_tui.engine_ctl.capacity import make_search
+        from ernie_tui.engine_ctl.capacity_run import request_setup
+
+        q = self.query_one
+        slo, search, rules = make_search(
+            q("#pf-cap-slo", Input).value, start=read_int(q("#pf-cap-start", Input), "start C"),
+            max_concurrency=read_int(q("#pf-cap-maxc", Input), "max C"),
+            tolerance=read_float(q("#pf-cap-tol", Input), "tolerance"),
+            min_requests=read_int(q("#pf-cap-minr", Input), "min reqs"),
+            max_requests=read_int(q("#pf-cap-maxr", Input), "max reqs"),
+            level_time_s=read_float(q("#pf-cap-time", Input), "level s"))
+        cfg, settings = request_setup(min_tokens=read_int(q("#pf-b-lmin", Input), "L_min"),
+                                      max_tokens_in=read_int(q("#pf-b-lmax", Input), "L_max"),
+                                      max_tokens=read_int(q("#pf-b-max", Input), "max_tokens"),
+                                      ignore_eos=q("#pf-b-ignore-eos", Checkbox).value,
+                                      chat=q("#pf-b-chat", Checkbox).value)
+        self._check_fits(cfg.max_tokens_in, cfg.max_tokens)
+        return slo, search, rules, cfg, settings
+
+    def run_capacity(self) -> None:
+        view = self.query_one(CapacityView)
+        try:
+            slo, search, rules, cfg, settings = self.read_capacity()
+        except ValueError as exc:
+            view.say(Content.assemble(("Cannot search: ", "bold $error"), str(exc)), error=True)
+            return
+        cancel = self._begin(capacity=True)
+        self.levels, self.level_starts, self.last_capacity, self.last_record = [], [], None, None
+        self._capacity_at = None
+        view.reset(slo, Content.styled(
+            f"searching under {' '.join(str(o) for o in slo)}: building prompts, then doubling the "
+            "concurrency from the start until a level misses the SLO …", "$warning"))
+        self.query_one("#pf-note", Static).update("")
+        preset, report = self._tags()
+        self._capacity_worker(self._run, slo, search, rules, cfg, settings, cancel, preset, report)
+
+    @work(thread=True, group="pf-capacity", exit_on_error=False)
+    def _capacity_worker(self, run: int, slo: list, search: Any, rules: Any, cfg: BurstConfig, settings: Any,
+                         cancel: threading.Event, preset: Any, report: Any) -> None:
+        from ernie_tui.engine_ctl.capacity_run import run_capacity
+
+        def progress(ev: dict[str, Any]) -> None:
+            kind = ev.get("event")
+            if kind == "level_start":
+                self.post_message(CapacityLevelStart(run, ev["concurrency"], ev["index"]))
+            elif kind == "level_progress":
+                self.post_message(CapacityLevelProgress(run, ev["concurrency"], ev["requests"], ev["elapsed_s"]))
+            elif kind == "level_done":
+                self.post_message(CapacityLevelDone(run, ev["level"], ev.get("low_pass"), ev.get("high_fail")))
+
+        t = self.target
+        try:
+            result = run_capacity(t.url, slo, search_config=search, rules=rules, settings=settings, burst_config=cfg,
+                                  tokenizer=t.tokenizer, model=t.served.id if t.served else None,
+                                  api_key=t.api_key, progress=progress, cancel=cancel)
+        except Exception as exc:  # run_capacity reports server trouble in its result; this is a bug
+            self.post_message(CapacityDone(run, None, error=f"{type(exc).__name__}: {exc}"))
+            return
+        record_id = record_path = error = None
+        if result.levels:  # as the command line: a search that measured nothing is not worth a record
+            try:
+                rec = result.save(preset, report)
+                record_id, record_path = rec.id, str(rec.path)
+            except Exception as exc:
+                error = f"the run record was not saved: {exc}"
+        self.post_message(CapacityDone(run, result, record_id, record_path, error))
+
+    @on(CapacityLevelStart)
+    @drop_when_torn_down
+    def _level_start(self, message: CapacityLevelStart) -> None:
+        message.stop()
+        if message.run != self._run or not self.running:
+            return
+        self.level_starts.append(message.concurrency)
+        self.query_one("#pf-note", Static).update(
+            f"level {message.index + 1}: concurrency {message.concurrency} …")
+
+    @on(CapacityLevelProgress)
+    @drop_when_torn_down
+    def _level_progress(self, message: CapacityLevelProgress) -> None:
+        message.stop()
+        if message.run != self._run or not self.running:
+            return
+        self.query_one("#pf-note", Static).update(
+            f"level {len(self.level_starts)}: concurrency {message.concurrency} · {message.requests} requests "
+            f"in {message.elapsed_s:.1f} s")
+
+    @on(CapacityLevelDone)
+    @drop_when_torn_down
+    def _level_done(self, message: CapacityLevelDone) -> None:
+        message.stop()
+        if message.run != self._run:
+            return
+        self.levels.append(message.level)
+        self._capacity_at = message.low_pass
+        self.query_one(CapacityView).show_levels(self.levels, self._capacity_at)
+        bounds = (f"highest pass {message.low_pass if message.low_pass is not None else '–'}, lowest fail "
+                  f"{message.high_fail if message.high_fail is not None else '–'}")
+        self.query_one("#pf-note", Static).update(f"{len(self.levels)} level(s) measured · {bounds}")
+
+    @on(CapacityDone)
+    @drop_when_torn_down
+    def _capacity_done(self, message: CapacityDone) -> None:
+        message.stop()
+        if message.run != self._run:
+            return
+        self._end()
+        view = self.query_one(CapacityView)
+        r = message.result
+        if r is None:
+            view.say(Content.assemble(("The search failed: ", "bold $error"), message.error or "?"), error=True)
+            return
+        self.last_capacity = r
+        self.last_record = message.record
+        self.levels = list(r.levels)
+        at = r.capacity["concurrency"] if r.capacity else None
+        view.show_levels(self.levels, at)
+        parts = [describe_capacity(r)]
+        if message.record:
+            parts.append(Content.assemble(("saved as run record ", "dim"), (message.record, "bold"),
+                                          ("  ", "dim"), (message.record_path or "", "dim")))
+        if message.error:
+            parts.append(Content.styled(message.error, "$warning"))
+        view.say(Content("\n").join(parts), error=not r.levels)
+        self.query_one("#pf-note", Static).update(f"{len(r.levels)} level(s) measured")
+
+    def _buttons(self) -> None:
+        self.query_one("#pf-b-run", Button).disabled = self.running
+        self.query_one("#pf-b-cancel", Button).disabled = not self.running
+        self.screen.refresh_bindings()

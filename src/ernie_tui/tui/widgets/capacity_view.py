@@ -1,0 +1,106 @@
+"""A capacity search on screen: its curve, its levels, its answer.
+
+CapacityView only shows what it is handed (the levels measured so far, the
+result at the end); the search runs in the Burst tab's worker, which keeps
+the levels. The chart is a CapacityChart (widgets/charts.py).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.content import Content
+from textual.widgets import DataTable, Static
+
+from ernie_tui.tui.widgets.charts import CapacityChart, CapacityCurve
+
+LEVEL_COLUMNS = (("concurrency", "conc."), ("requests", "reqs"), ("requests_per_s", "req/s"),
+                 ("output_tps", "out tok/s"), ("ttft_p50_ms", "TTFT p50"), ("ttft_p99_ms", "TTFT p99"),
+                 ("itl_p50_ms", "ITL p50"), ("itl_p99_ms", "ITL p99"), ("attainment", "attain"),
+                 ("verdict", "verdict"))
+
+
+def _num(v: float | None, fmt: str = ".1f") -> str:
+    return "–" if v is None else format(v, fmt)
+
+
+def level_verdict(lv: Any) -> str:
+    """'pass', 'fail (undecided)', ... with why the level stopped."""
+    return ("pass" if lv.passed else "fail") + ("" if lv.decided else " (undecided)") + f", {lv.stop}"
+
+
+def level_cells(lv: Any) -> list[Any]:
+    """One row of the level table."""
+    att = "–" if lv.attainment is None else f"{lv.attainment * 100:.1f}%"
+    verdict = Text(level_verdict(lv), style="bold green" if lv.passed else "bold red")
+    return [str(lv.concurrency), str(lv.requests), _num(lv.requests_per_s, ".2f"), _num(lv.output_tps),
+            _num(lv.ttft_p50_ms), _num(lv.ttft_p99_ms), _num(lv.itl_p50_ms), _num(lv.itl_p99_ms), att, verdict]
+
+
+def describe_capacity(result: Any) -> Content:
+    """The answer of a finished search: the capacity and goodput there, why
+    it stopped, and its warnings."""
+    c = result.capacity
+    if c:
+        head = Content.assemble(
+            ("capacity: concurrency ", "dim"), (str(c["concurrency"]), "bold $success"),
+            ("" if c.get("decided", True) else " (its level was undecided at a cap)", "$warning"),
+            ("  · goodput ", "dim"), (f"{_num(c['goodput_rps'], '.2f')} req/s", "bold"),
+            (", ", "dim"), (f"{_num(c['goodput_output_tps'])} output tok/s", "bold"),
+            ("  · TTFT p99 ", "dim"), f"{_num(c['ttft_p99_ms'])} ms", ("  · ITL p99 ", "dim"),
+            f"{_num(c['itl_p99_ms'])} ms")
+    else:
+        head = Content.styled("capacity: none (no level met the SLO)", "bold $error")
+    lines = [head, Content.assemble(("stopped: ", "dim"), (result.stop_reason, "bold"),
+                                    (f" ({result.stop_message}) · {result.seconds:.1f} s · SLO "
+                                     f"{' '.join(result.slo)}", "dim"))]
+    lines += [Content.styled(f"warning: {w}", "$warning") for w in result.warnings]
+    return Content("\n").join(lines)
+
+
+class CapacityView(Vertical):
+    """The chart beside the table of levels, the answer below."""
+
+    _percentile = 99
+    _limit_ms: float | None = None
+
+    def compose(self) -> ComposeResult:
+        with Horizontal(id="pf-cap-body"):
+            yield CapacityChart(id="pf-cap-chart")
+            yield DataTable(id="pf-cap-levels", cursor_type="row", zebra_stripes=True)
+        with VerticalScroll(id="pf-cap-result-box"):
+            yield Static("", id="pf-cap-result")
+
+    def on_mount(self) -> None:
+        table = self.query_one("#pf-cap-levels", DataTable)
+        table.border_title = "levels, as they finish"
+        for key, label in LEVEL_COLUMNS:
+            table.add_column(label, key=key)
+        self.query_one("#pf-cap-result-box").border_title = "capacity"
+
+    def reset(self, slo: Sequence[Any], note: Content | str) -> None:
+        """A new search under `slo` (slo.Objective): an empty chart whose
+        TTFT axis is the percentile the SLO judges, with its limit."""
+        ttft = next((o for o in slo if o.metric == "ttft"), None)
+        self._percentile = ttft.percentile if ttft else 99
+        self._limit_ms = ttft.limit_s * 1000.0 if ttft else None
+        self.query_one("#pf-cap-levels", DataTable).clear()
+        self.query_one(CapacityChart).show([], self._limit_ms, self._percentile, empty="waiting for the first level")
+        self.say(note)
+
+    def show_levels(self, levels: Sequence[Any], capacity: int | None = None) -> None:
+        """Redraw the curve and the table from the levels measured so far."""
+        self.query_one(CapacityChart).show([CapacityCurve("this server", list(levels), capacity)],
+                                           self._limit_ms, self._percentile)
+        table = self.query_one("#pf-cap-levels", DataTable)
+        table.clear()
+        for lv in levels:
+            table.add_row(*level_cells(lv), key=f"{lv.concurrency}")
+
+    def say(self, content: Content | str, error: bool = False) -> None:
+        box = self.query_one("#pf-cap-result", Static)
+        box.update(content)
+        box.set_class(error, "-error")
