@@ -38,23 +38,17 @@ from typing import Any
 
 from ernie_tui.engine_ctl import metrics as M
 from ernie_tui.engine_ctl import stats
-from ernie_tui.engine_ctl.probe import (
-    DEFAULT_TEMPERATURE,
-    DEFAULT_TOP_P,
-    BuiltPrompt,
-    ProbeError,
-    ProbeFailure,
-    ProbeRequest,
-    ProbeResult,
-    PromptBuilder,
+from ernie_tui.engine_ctl.http_client import (
     ServedModel,
     base_url,
     fast_loop_factory,
-    find_tokenizer,
     new_async_client,
     resolve_model,
-    stream_request,
 )
+from ernie_tui.engine_ctl.http_errors import ProbeError, ProbeFailure
+from ernie_tui.engine_ctl.probe import stream_request
+from ernie_tui.engine_ctl.prompts import BuiltPrompt, PromptBuilder, find_tokenizer
+from ernie_tui.engine_ctl.stream_timing import DEFAULT_TEMPERATURE, DEFAULT_TOP_P, ProbeRequest, ProbeResult
 
 # Transport failures (as opposed to HTTP answers): these mean the server is
 # not there any more, so enough of them in a row stop the burst.

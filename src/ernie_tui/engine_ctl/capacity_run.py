@@ -32,18 +32,11 @@ from typing import Any, Callable
 from ernie_tui.engine_ctl import capacity as C
 from ernie_tui.engine_ctl import metrics as M
 from ernie_tui.engine_ctl import slo as S
-from ernie_tui.engine_ctl.probe import (
-    DEFAULT_TEMPERATURE,
-    DEFAULT_TOP_P,
-    ProbeFailure,
-    ProbeRequest,
-    ServedModel,
-    base_url,
-    find_tokenizer,
-    new_async_client,
-    resolve_model,
-    stream_request,
-)
+from ernie_tui.engine_ctl.http_client import ServedModel, base_url, new_async_client, resolve_model
+from ernie_tui.engine_ctl.http_errors import ProbeFailure
+from ernie_tui.engine_ctl.probe import stream_request
+from ernie_tui.engine_ctl.prompts import find_tokenizer
+from ernie_tui.engine_ctl.stream_timing import DEFAULT_TEMPERATURE, DEFAULT_TOP_P, ProbeRequest
 
 # Transport failures: the server is not answering at all.
 _TRANSPORT_KINDS = frozenset({"connection_refused", "connect_error", "timeout", "disconnected"})

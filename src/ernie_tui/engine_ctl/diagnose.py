@@ -19,7 +19,8 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from ernie_tui.engine_ctl.machine import GiB, Machine
-from ernie_tui.engine_ctl.report import EngineError, ErrorKind
+from ernie_tui.engine_ctl.errors import ErrorKind
+from ernie_tui.engine_ctl.report import EngineError
 from ernie_tui.presets.model import Preset, parse_size
 
 DEFAULT_UTIL = 0.92

@@ -48,7 +48,7 @@ from ernie_tui.engine_ctl.estimate import (
 from ernie_tui.engine_ctl.machine import GiB, Machine
 from ernie_tui.engine_ctl.modelinfo import ModelInfo, ModelInfoError, read_model_info
 from ernie_tui.engine_ctl.ports import bind_exposure, next_free_port, port_is_free
-from ernie_tui.engine_ctl.report import ErrorKind
+from ernie_tui.engine_ctl.errors import ErrorKind
 from ernie_tui.presets.model import TOOL_KEYS, Preset, PresetError, flag_for
 
 # Block sizes the attention backends take (vLLM's get_supported_kernel_block_sizes):

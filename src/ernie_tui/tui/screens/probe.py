@@ -47,17 +47,15 @@ from textual.widgets import (
 )
 
 from ernie_tui.engine_ctl.burst import BurstConfig, BurstResult
-from ernie_tui.engine_ctl.probe import (
-    CHINESE_PROMPT,
+from ernie_tui.engine_ctl.http_client import ServedModel
+from ernie_tui.engine_ctl.http_errors import ProbeError
+from ernie_tui.engine_ctl.prompts import CHINESE_PROMPT, LONG_PROMPT_TOKENS, SHORT_PROMPT
+from ernie_tui.engine_ctl.stream_timing import (
     DEFAULT_MAX_TOKENS,
     DEFAULT_TEMPERATURE,
     DEFAULT_TOP_P,
-    LONG_PROMPT_TOKENS,
-    SHORT_PROMPT,
-    ProbeError,
     ProbeRequest,
     ProbeResult,
-    ServedModel,
 )
 from ernie_tui.tui.lifecycle import drop_when_torn_down
 
@@ -430,7 +428,8 @@ class ProbeScreen(Screen[None]):
     # -- model info ------------------------------------------------------------------
     @work(thread=True, group="pf-model", exit_on_error=False)
     def _fetch_model(self) -> None:
-        from ernie_tui.engine_ctl.probe import ProbeFailure, resolve_model
+        from ernie_tui.engine_ctl.http_client import resolve_model
+        from ernie_tui.engine_ctl.http_errors import ProbeFailure
 
         try:
             served = resolve_model(self.url, None, self.api_key)
@@ -470,7 +469,8 @@ class ProbeScreen(Screen[None]):
 
     @work(thread=True, group="pf-long", exit_on_error=False)
     def _build_long(self) -> None:
-        from ernie_tui.engine_ctl.probe import ProbeFailure, find_tokenizer, long_prompt
+        from ernie_tui.engine_ctl.http_errors import ProbeFailure
+        from ernie_tui.engine_ctl.prompts import find_tokenizer, long_prompt
 
         try:
             if self._tokenizer is None:
