@@ -46,6 +46,7 @@ from ernie_tui.engine_ctl.http_client import (
     resolve_model,
 )
 from ernie_tui.engine_ctl.http_errors import ProbeError, ProbeFailure
+from ernie_tui.engine_ctl.machine import gib_str
 from ernie_tui.engine_ctl.probe import stream_request
 from ernie_tui.engine_ctl.prompts import BuiltPrompt, PromptBuilder, find_tokenizer
 from ernie_tui.engine_ctl.stream_timing import DEFAULT_TEMPERATURE, DEFAULT_TOP_P, ProbeRequest, ProbeResult
@@ -590,7 +591,7 @@ def format_result(r: BurstResult) -> str:
     ]
     if r.peak_memory_bytes is not None:
         src = f" ({r.memory_source})" if r.memory_source else ""
-        lines.append(f"peak memory {r.peak_memory_bytes / 2**30:.2f} GiB{src}")
+        lines.append(f"peak memory {gib_str(r.peak_memory_bytes)}{src}")
     if r.vllm is not None:
         c = r.comparison
         lines.append(f"vLLM's view: TTFT mean {ms(r.vllm.ttft_mean_s)} ms (ours {ms(c.get('ttft_mean_ours_s'))}, "

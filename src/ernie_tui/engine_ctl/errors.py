@@ -109,7 +109,7 @@ def classify_error(message: str, notes: list[str] | None = None,
             put("requested_gib", m.group(4), "gib")
     elif kind is ErrorKind.MAX_MODEL_LEN_TOO_LARGE:
         m = re.search(r"max_model_len \((\d+)\) is greater than the derived max_model_len "
-                      r"\((?:max_position_embeddings=)?(\d+)(?:\.\d+)?", text)
+                      r"\((?:[a-z_ ]+=)?(\d+)(?:\.\d+)?", text)  # the key vLLM took it from varies
         if m:
             put("requested", m.group(1), "tokens")
             put("derived", m.group(2), "tokens")

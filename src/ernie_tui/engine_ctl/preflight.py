@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from ernie_tui import paths
+from ernie_tui.engine_ctl.errors import ErrorKind
 from ernie_tui.engine_ctl.estimate import (
     DEFAULT_BLOCK_SIZE,
     DEFAULT_GPU_MEMORY_UTILIZATION,
@@ -45,11 +46,12 @@ from ernie_tui.engine_ctl.estimate import (
     cdiv,
     estimate_capacity,
 )
-from ernie_tui.engine_ctl.machine import GiB, Machine
+from ernie_tui.engine_ctl.machine import CUDA_CONTEXT_BYTES, GiB, Machine
+from ernie_tui.engine_ctl.machine import gib_str as _gib
 from ernie_tui.engine_ctl.modelinfo import ModelInfo, ModelInfoError, read_model_info
 from ernie_tui.engine_ctl.ports import bind_exposure, next_free_port, port_is_free
-from ernie_tui.engine_ctl.errors import ErrorKind
 from ernie_tui.presets.model import TOOL_KEYS, Preset, PresetError, flag_for
+from ernie_tui.presets.model import format_size as size_str
 
 # Block sizes the attention backends take (vLLM's get_supported_kernel_block_sizes):
 # FlashAttention / Triton on CUDA take multiples of 16; the CPU backend MultipleOf(32).
@@ -63,9 +65,6 @@ PAGED_ATTN_MYTH_KEYS = {"enable_paged_attn", "disable_paged_attn", "paged_attn",
 # Architectures vLLM implements natively, for which trust_remote_code buys nothing.
 NATIVE_ARCHS = {"Ernie4_5ForCausalLM", "Ernie4_5_MoeForCausalLM", "LlamaForCausalLM", "Qwen2ForCausalLM",
                 "Qwen3ForCausalLM", "MistralForCausalLM", "Qwen3MoeForCausalLM", "Gemma2ForCausalLM"}
-# Device memory a fresh CUDA context takes before vLLM measures "free":
-# 139.80 GiB free in NVML vs "Free memory on device (139.29/139.8 GiB)" on the H200.
-CUDA_CONTEXT_BYTES = int(0.51 * GiB)
 
 
 @dataclass
@@ -281,10 +280,6 @@ def vllm_args(python: str | None = None, allow_dump: bool = True) -> VllmArgs:
 
 # -- helpers ------------------------------------------------------------------------------
 
-def _gib(n: float) -> str:
-    return f"{n / GiB:.2f} GiB"
-
-
 def valid_tp_sizes(info: ModelInfo) -> list[int]:
     """TP sizes vLLM accepts for this model: TP divides the attention heads,
     and KV heads divide evenly (kv % tp == 0, or tp % kv == 0 once TP
@@ -311,14 +306,6 @@ def largest_valid_tp(info: ModelInfo | None, limit: int) -> int:
 
 def _round_up_mib(n: float) -> int:
     return int(cdiv(int(math.ceil(n)), 1 << 20) * (1 << 20))
-
-
-def size_str(n: int) -> str:
-    """Bytes as the shortest exact '64M' / '1G' string parse_size reads back."""
-    for unit, mult in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
-        if n % mult == 0 and n >= mult:
-            return f"{n // mult}{unit}"
-    return str(n)
 
 
 def util_needed(est: Estimate, machine: Machine, blocks: int) -> float | None:
