@@ -110,7 +110,8 @@ def error_from_response(status: int, body: str, target: str = "") -> ProbeError:
     return ProbeError("http_error", f"HTTP {status}: {msg}", status)
 
 
-def _refused(exc: BaseException) -> bool:
+def connection_refused(exc: BaseException) -> bool:
+    """Whether a connect error was the port being closed (nothing listens)."""
     # The async transport words it "All connection attempts failed" and keeps
     # the ConnectionRefusedError (or an OSError group holding it) as the cause.
     seen = 0
@@ -141,7 +142,7 @@ def _classify_aiohttp(exc: BaseException, target: str, tokens_so_far: int,
     if isinstance(exc, aiohttp.ConnectionTimeoutError):
         return ProbeError("timeout", f"connecting to {target} timed out")
     if isinstance(exc, aiohttp.ClientConnectorError):
-        if _refused(exc):
+        if connection_refused(exc):
             return ProbeError("connection_refused",
                               f"connection refused by {target} (is the server running on that port?)")
         return ProbeError("connect_error", f"cannot connect to {target}: {text}")
@@ -174,7 +175,7 @@ def classify_exception(exc: BaseException, target: str, tokens_so_far: int = 0,
     if isinstance(exc, httpx.ConnectTimeout):
         return ProbeError("timeout", f"connecting to {target} timed out")
     if isinstance(exc, httpx.ConnectError):
-        if _refused(exc):
+        if connection_refused(exc):
             return ProbeError("connection_refused",
                               f"connection refused by {target} (is the server running on that port?)")
         return ProbeError("connect_error", f"cannot connect to {target}: {text}")
