@@ -45,15 +45,11 @@ from ernie_tui.engine_ctl.http_client import (
     new_async_client,
     resolve_model,
 )
-from ernie_tui.engine_ctl.http_errors import ProbeError, ProbeFailure
+from ernie_tui.engine_ctl.http_errors import TRANSPORT_KINDS, ProbeError, ProbeErrorKind, ProbeFailure
 from ernie_tui.engine_ctl.machine import gib_str
 from ernie_tui.engine_ctl.probe import stream_request
 from ernie_tui.engine_ctl.prompts import BuiltPrompt, PromptBuilder, find_tokenizer
 from ernie_tui.engine_ctl.stream_timing import DEFAULT_TEMPERATURE, DEFAULT_TOP_P, ProbeRequest, ProbeResult
-
-# Transport failures (as opposed to HTTP answers): these mean the server is
-# not there any more, so enough of them in a row stop the burst.
-_TRANSPORT_KINDS = frozenset({"connection_refused", "connect_error", "timeout", "disconnected"})
 
 MemorySampler = Callable[[], "float | None"]
 Progress = Callable[[int, int], None]
@@ -379,7 +375,7 @@ async def run_burst_async(url: str, config: BurstConfig | None = None, *,
             rec.finish_reason = res.finish_reason
             rec.error = res.error.to_dict() if res.error else None
             rec_itls[i] = res.itls
-            if res.error is not None and res.error.kind in _TRANSPORT_KINDS:
+            if res.error is not None and res.error.kind in TRANSPORT_KINDS:
                 consecutive_failures += 1
                 if consecutive_failures >= limit and abort_reason is None:
                     abort_reason = (f"stopped after {consecutive_failures} failed connections in a row "
@@ -433,7 +429,7 @@ async def run_burst_async(url: str, config: BurstConfig | None = None, *,
 
     for rec in records:
         if rec.sent and not rec.ok and rec.error is None:
-            rec.error = ProbeError("cancelled", "cancelled while running").to_dict()
+            rec.error = ProbeError(ProbeErrorKind.CANCELLED, "cancelled while running").to_dict()
     for r in results:
         if isinstance(r, BaseException) and not isinstance(r, asyncio.CancelledError):
             warnings.append(f"internal error in a burst worker: {type(r).__name__}: {r}")

@@ -9,12 +9,14 @@ the root cause; preflight and the diagnosis use the same kinds.
 from __future__ import annotations
 
 import re
-from enum import Enum
+from enum import StrEnum
 from typing import Any
 
 from ernie_tui.engine_ctl.figures import _figure
 
-class ErrorKind(str, Enum):
+# Kinds and severities are StrEnums: code compares members, while JSON,
+# run records and printed text see the same strings as before.
+class ErrorKind(StrEnum):
     KV_CACHE_TOO_SMALL = "kv_cache_too_small"
     NO_CACHE_MEMORY = "no_cache_memory"
     INSUFFICIENT_FREE_MEMORY = "insufficient_free_memory"
@@ -28,6 +30,13 @@ class ErrorKind(str, Enum):
     MISSING_MODULE = "missing_module"
     ENGINE_DEAD = "engine_dead"
     OTHER = "other"
+
+
+class Severity(StrEnum):
+    """How bad a preflight problem is: an ERROR means vLLM would not start."""
+
+    ERROR = "error"
+    WARNING = "warning"
 
 
 _HANDLER_TEXT_CAP = 65536  # handlers look at most this much of one line

@@ -15,7 +15,7 @@ from typing import Any
 
 import httpx
 
-from ernie_tui.engine_ctl.http_errors import ProbeError, ProbeFailure, classify_exception, error_from_response
+from ernie_tui.engine_ctl.http_errors import ProbeError, ProbeErrorKind, ProbeFailure, classify_exception, error_from_response
 
 DEFAULT_CONNECT_TIMEOUT_S = 5.0
 # vLLM sends nothing while a request waits in its queue or is prefilled, so
@@ -65,7 +65,7 @@ def _models_from_response(status: int, body: str, target: str) -> list[ServedMod
     try:
         data = json.loads(body).get("data") or []
     except (ValueError, AttributeError) as exc:
-        raise ProbeFailure(ProbeError("bad_response", f"{target} did not return JSON")) from exc
+        raise ProbeFailure(ProbeError(ProbeErrorKind.BAD_RESPONSE, f"{target} did not return JSON")) from exc
     out = []
     for m in data:
         if isinstance(m, dict) and m.get("id"):
@@ -107,7 +107,7 @@ async def warm_client(client: Any, url: str, model: str | None = None, *,
     except asyncio.TimeoutError as exc:
         if model:
             return ServedModel(model)
-        raise ProbeFailure(ProbeError("timeout", f"{target} did not answer within {timeout:g} s")) from exc
+        raise ProbeFailure(ProbeError(ProbeErrorKind.TIMEOUT, f"{target} did not answer within {timeout:g} s")) from exc
     except Exception as exc:  # httpx, aiohttp or OSError; CancelledError is not an Exception
         if model:
             return ServedModel(model)
@@ -115,7 +115,7 @@ async def warm_client(client: Any, url: str, model: str | None = None, *,
     if model:
         return next((m for m in models if m.id == model), ServedModel(model))
     if not models:
-        raise ProbeFailure(ProbeError("bad_response", f"{target} lists no model"))
+        raise ProbeFailure(ProbeError(ProbeErrorKind.BAD_RESPONSE, f"{target} lists no model"))
     return models[0]
 
 
@@ -135,7 +135,7 @@ def resolve_model(url: str, model: str | None = None, api_key: str | None = None
                 return m
         return ServedModel(model)
     if not models:
-        raise ProbeFailure(ProbeError("bad_response", f"{base_url(url)}/v1/models lists no model"))
+        raise ProbeFailure(ProbeError(ProbeErrorKind.BAD_RESPONSE, f"{base_url(url)}/v1/models lists no model"))
     return models[0]
 
 

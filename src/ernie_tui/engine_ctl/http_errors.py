@@ -13,23 +13,50 @@ import json
 import re
 import sys
 from dataclasses import asdict, dataclass
+from enum import StrEnum
 from typing import Any
 
 import httpx
 
 
+class ProbeErrorKind(StrEnum):
+    """What kind of trouble a request met. A StrEnum: it compares equal to
+    its value and is written as it in JSON, so run records are unchanged."""
+
+    PROMPT_TOO_LONG = "prompt_too_long"
+    BAD_REQUEST = "bad_request"
+    UNAUTHORIZED = "unauthorized"
+    NOT_FOUND = "not_found"
+    SERVER_ERROR = "server_error"
+    HTTP_ERROR = "http_error"
+    CONNECTION_REFUSED = "connection_refused"
+    CONNECT_ERROR = "connect_error"
+    TIMEOUT = "timeout"
+    DISCONNECTED = "disconnected"
+    STREAM_ERROR = "stream_error"
+    BAD_RESPONSE = "bad_response"
+    CANCELLED = "cancelled"
+
+
+# Transport failures (as opposed to HTTP answers): the server is not there
+# or not answering, so enough of them in a row stop a burst or a capacity run.
+TRANSPORT_KINDS = frozenset({ProbeErrorKind.CONNECTION_REFUSED, ProbeErrorKind.CONNECT_ERROR,
+                             ProbeErrorKind.TIMEOUT, ProbeErrorKind.DISCONNECTED})
+
+
 @dataclass
 class ProbeError:
-    """What went wrong, for people. `kind` is one of: prompt_too_long,
-    bad_request, unauthorized, not_found, server_error, http_error,
-    connection_refused, connect_error, timeout, disconnected, stream_error,
-    bad_response, cancelled."""
+    """What went wrong, for people; `kind` (a ProbeErrorKind, a plain string
+    of one is converted) is what code branches on."""
 
-    kind: str
+    kind: ProbeErrorKind
     message: str
     status: int | None = None
     max_model_len: int | None = None  # prompt_too_long: the model's limit, from vLLM's message
     prompt_tokens: int | None = None  # prompt_too_long: the prompt's size as vLLM counted it
+
+    def __post_init__(self) -> None:
+        self.kind = ProbeErrorKind(self.kind)
 
     def __str__(self) -> str:
         return self.message
@@ -98,16 +125,16 @@ def error_from_response(status: int, body: str, target: str = "") -> ProbeError:
     msg = _error_message_from_body(body)
     if status == 400 and _looks_too_long(msg):
         limit, prompt = parse_too_long(msg)
-        return ProbeError("prompt_too_long", msg, status, max_model_len=limit, prompt_tokens=prompt)
+        return ProbeError(ProbeErrorKind.PROMPT_TOO_LONG, msg, status, max_model_len=limit, prompt_tokens=prompt)
     if status == 400 or status == 422:
-        return ProbeError("bad_request", f"HTTP {status}: {msg}", status)
+        return ProbeError(ProbeErrorKind.BAD_REQUEST, f"HTTP {status}: {msg}", status)
     if status in (401, 403):
-        return ProbeError("unauthorized", f"HTTP {status}: {msg} (set the API key's environment variable)", status)
+        return ProbeError(ProbeErrorKind.UNAUTHORIZED, f"HTTP {status}: {msg} (set the API key's environment variable)", status)
     if status == 404:
-        return ProbeError("not_found", f"HTTP 404: {msg}", status)
+        return ProbeError(ProbeErrorKind.NOT_FOUND, f"HTTP 404: {msg}", status)
     if status >= 500:
-        return ProbeError("server_error", f"HTTP {status} from the server: {msg}", status)
-    return ProbeError("http_error", f"HTTP {status}: {msg}", status)
+        return ProbeError(ProbeErrorKind.SERVER_ERROR, f"HTTP {status} from the server: {msg}", status)
+    return ProbeError(ProbeErrorKind.HTTP_ERROR, f"HTTP {status}: {msg}", status)
 
 
 def connection_refused(exc: BaseException) -> bool:
@@ -140,20 +167,20 @@ def _classify_aiohttp(exc: BaseException, target: str, tokens_so_far: int,
     text = str(exc) or type(exc).__name__
     where = "before answering" if tokens_so_far == 0 else f"mid-stream after {tokens_so_far} tokens"
     if isinstance(exc, aiohttp.ConnectionTimeoutError):
-        return ProbeError("timeout", f"connecting to {target} timed out")
+        return ProbeError(ProbeErrorKind.TIMEOUT, f"connecting to {target} timed out")
     if isinstance(exc, aiohttp.ClientConnectorError):
         if connection_refused(exc):
-            return ProbeError("connection_refused",
+            return ProbeError(ProbeErrorKind.CONNECTION_REFUSED,
                               f"connection refused by {target} (is the server running on that port?)")
-        return ProbeError("connect_error", f"cannot connect to {target}: {text}")
+        return ProbeError(ProbeErrorKind.CONNECT_ERROR, f"cannot connect to {target}: {text}")
     if isinstance(exc, aiohttp.ServerTimeoutError):
         waited = f" for {read_timeout:g} s" if read_timeout else ""
         first = "before the first token" if tokens_so_far == 0 else f"after {tokens_so_far} tokens"
-        return ProbeError("timeout", f"the server sent nothing{waited} {first}")
+        return ProbeError(ProbeErrorKind.TIMEOUT, f"the server sent nothing{waited} {first}")
     if isinstance(exc, (aiohttp.ServerDisconnectedError, aiohttp.ClientPayloadError, aiohttp.ClientOSError)):
-        return ProbeError("disconnected", f"the server closed the connection {where} (did it die?): {text}")
+        return ProbeError(ProbeErrorKind.DISCONNECTED, f"the server closed the connection {where} (did it die?): {text}")
     if isinstance(exc, aiohttp.ClientError):
-        return ProbeError("connect_error", f"request to {target} failed: {text}")
+        return ProbeError(ProbeErrorKind.CONNECT_ERROR, f"request to {target} failed: {text}")
     return None
 
 
@@ -165,27 +192,27 @@ def classify_exception(exc: BaseException, target: str, tokens_so_far: int = 0,
         if err is not None:
             return err
     if isinstance(exc, ConnectionRefusedError):
-        return ProbeError("connection_refused",
+        return ProbeError(ProbeErrorKind.CONNECTION_REFUSED,
                           f"connection refused by {target} (is the server running on that port?)")
     if isinstance(exc, (ConnectionResetError, BrokenPipeError)):
         where = "before answering" if tokens_so_far == 0 else f"mid-stream after {tokens_so_far} tokens"
-        return ProbeError("disconnected", f"the server closed the connection {where} (did it die?): {text}")
+        return ProbeError(ProbeErrorKind.DISCONNECTED, f"the server closed the connection {where} (did it die?): {text}")
     if isinstance(exc, OSError):
-        return ProbeError("connect_error", f"request to {target} failed: {text}")
+        return ProbeError(ProbeErrorKind.CONNECT_ERROR, f"request to {target} failed: {text}")
     if isinstance(exc, httpx.ConnectTimeout):
-        return ProbeError("timeout", f"connecting to {target} timed out")
+        return ProbeError(ProbeErrorKind.TIMEOUT, f"connecting to {target} timed out")
     if isinstance(exc, httpx.ConnectError):
         if connection_refused(exc):
-            return ProbeError("connection_refused",
+            return ProbeError(ProbeErrorKind.CONNECTION_REFUSED,
                               f"connection refused by {target} (is the server running on that port?)")
-        return ProbeError("connect_error", f"cannot connect to {target}: {text}")
+        return ProbeError(ProbeErrorKind.CONNECT_ERROR, f"cannot connect to {target}: {text}")
     if isinstance(exc, httpx.TimeoutException):
         waited = f" for {read_timeout:g} s" if read_timeout else ""
         where = "before the first token" if tokens_so_far == 0 else f"after {tokens_so_far} tokens"
-        return ProbeError("timeout", f"the server sent nothing{waited} {where}")
+        return ProbeError(ProbeErrorKind.TIMEOUT, f"the server sent nothing{waited} {where}")
     if isinstance(exc, (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError)):
         where = "before answering" if tokens_so_far == 0 else f"mid-stream after {tokens_so_far} tokens"
-        return ProbeError("disconnected", f"the server closed the connection {where} (did it die?): {text}")
+        return ProbeError(ProbeErrorKind.DISCONNECTED, f"the server closed the connection {where} (did it die?): {text}")
     if isinstance(exc, httpx.HTTPError):
-        return ProbeError("connect_error", f"request to {target} failed: {text}")
-    return ProbeError("stream_error", f"{type(exc).__name__}: {text}")
+        return ProbeError(ProbeErrorKind.CONNECT_ERROR, f"request to {target} failed: {text}")
+    return ProbeError(ProbeErrorKind.STREAM_ERROR, f"{type(exc).__name__}: {text}")

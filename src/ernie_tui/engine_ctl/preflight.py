@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from ernie_tui import paths
-from ernie_tui.engine_ctl.errors import ErrorKind
+from ernie_tui.engine_ctl.errors import ErrorKind, Severity
 from ernie_tui.engine_ctl.estimate import (
     DEFAULT_BLOCK_SIZE,
     DEFAULT_GPU_MEMORY_UTILIZATION,
@@ -70,13 +70,17 @@ NATIVE_ARCHS = {"Ernie4_5ForCausalLM", "Ernie4_5_MoeForCausalLM", "LlamaForCausa
 @dataclass
 class Problem:
     kind: ErrorKind
-    severity: str  # "error" | "warning"
+    severity: Severity  # a plain "error" / "warning" is converted
     message: str
     fix: dict[str, Any] | None = None  # preset changes; a value of None removes the key
     check: str = ""  # which check found it
 
+    def __post_init__(self) -> None:
+        self.kind = ErrorKind(self.kind)
+        self.severity = Severity(self.severity)
+
     def to_dict(self) -> dict[str, Any]:
-        return {"kind": self.kind.value, "severity": self.severity, "message": self.message, "fix": self.fix}
+        return {"kind": self.kind.value, "severity": self.severity.value, "message": self.message, "fix": self.fix}
 
 
 @dataclass
@@ -90,11 +94,11 @@ class PreflightResult:
 
     @property
     def errors(self) -> list[Problem]:
-        return [p for p in self.problems if p.severity == "error"]
+        return [p for p in self.problems if p.severity is Severity.ERROR]
 
     @property
     def warnings(self) -> list[Problem]:
-        return [p for p in self.problems if p.severity == "warning"]
+        return [p for p in self.problems if p.severity is Severity.WARNING]
 
     def first_error(self) -> Problem | None:
         errs = self.errors
@@ -330,7 +334,7 @@ class _Ctx:
     args: VllmArgs | None
     problems: list[Problem]
 
-    def add(self, kind: ErrorKind, severity: str, message: str, fix: dict | None = None, check: str = "") -> None:
+    def add(self, kind: ErrorKind, severity: Severity | str, message: str, fix: dict | None = None, check: str = "") -> None:
         self.problems.append(Problem(kind, severity, message, fix, check))
 
 

@@ -49,6 +49,7 @@ from ernie_tui.engine_ctl.http_client import (
 )
 from ernie_tui.engine_ctl.http_errors import (
     ProbeError,
+    ProbeErrorKind,
     ProbeFailure,
     _is_aiohttp_error,
     classify_exception,
@@ -156,7 +157,7 @@ async def stream_request(client: Any, url: str, request: ProbeRequest, model: st
         if _is_aiohttp_error(exc):  # aiohttp's read/connect timeouts are TimeoutErrors too
             error = classify_exception(exc, target, state.tokens_seen, read_timeout)
         else:
-            error = ProbeError("timeout", f"the request did not finish within {total_timeout:g} s")
+            error = ProbeError(ProbeErrorKind.TIMEOUT, f"the request did not finish within {total_timeout:g} s")
     except httpx.HTTPError as exc:
         error = classify_exception(exc, target, state.tokens_seen, read_timeout)
     except OSError as exc:
@@ -204,7 +205,7 @@ async def probe_async(url: str, request: ProbeRequest, *, api_key: str | None = 
                 except asyncio.CancelledError:
                     pass
                 return ProbeResult(ok=False, model=model, endpoint=request.path,
-                                   error=ProbeError("cancelled", "cancelled"))
+                                   error=ProbeError(ProbeErrorKind.CANCELLED, "cancelled"))
             await asyncio.wait({task}, timeout=0.05)
         return task.result()
 
@@ -240,7 +241,7 @@ def format_result(r: ProbeResult) -> str:
     lines = []
     if r.error:
         lines.append(f"error ({r.error.kind}): {r.error.message}")
-        if r.error.kind == "prompt_too_long" and r.error.max_model_len:
+        if r.error.kind is ProbeErrorKind.PROMPT_TOO_LONG and r.error.max_model_len:
             extra = f"; the prompt has {r.error.prompt_tokens}" if r.error.prompt_tokens else ""
             lines.append(f"the model's limit (max_model_len) is {r.error.max_model_len} tokens{extra}")
         if r.chunks == 0:

@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 
 from ernie_tui.engine_ctl.http_client import auth_headers, base_url, resolve_model
-from ernie_tui.engine_ctl.http_errors import ProbeError, ProbeFailure, classify_exception, error_from_response
+from ernie_tui.engine_ctl.http_errors import ProbeError, ProbeErrorKind, ProbeFailure, classify_exception, error_from_response
 
 SHORT_PROMPT = "Explain in two sentences what the KV cache of a large language model is for."
 CHINESE_PROMPT = "请用一句话介绍ERNIE系列模型的特点。"
@@ -150,7 +150,7 @@ class PromptBuilder:
         if self._pool is None:
             self._pool = self.tokenizer.candidate_ids()
             if not self._pool:
-                raise ProbeFailure(ProbeError("bad_response", "the tokenizer has no plain word tokens to build prompts from"))
+                raise ProbeFailure(ProbeError(ProbeErrorKind.BAD_RESPONSE, "the tokenizer has no plain word tokens to build prompts from"))
         return self._pool
 
     @property
@@ -201,7 +201,7 @@ def find_tokenizer(model_dir: str | Path | None = None, tokenizer_path: str | Pa
                 path = path / "tokenizer.json"
             if path.is_file():
                 return LocalTokenizer(path)
-            raise ProbeFailure(ProbeError("bad_request", f"no tokenizer.json at {path}"))
+            raise ProbeFailure(ProbeError(ProbeErrorKind.BAD_REQUEST, f"no tokenizer.json at {path}"))
     if url:
         served = resolve_model(url, model, api_key)
         if served.root:
@@ -209,7 +209,7 @@ def find_tokenizer(model_dir: str | Path | None = None, tokenizer_path: str | Pa
             if cand.is_file():
                 return LocalTokenizer(cand)
         return ServerTokenizer(url, served.id, api_key)
-    raise ProbeFailure(ProbeError("bad_request", "no tokenizer: give a model dir, a tokenizer.json or a server URL"))
+    raise ProbeFailure(ProbeError(ProbeErrorKind.BAD_REQUEST, "no tokenizer: give a model dir, a tokenizer.json or a server URL"))
 
 
 def long_prompt(tokenizer: Any, n_tokens: int = LONG_PROMPT_TOKENS) -> BuiltPrompt:

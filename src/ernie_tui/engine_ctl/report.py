@@ -7,13 +7,23 @@ diagnosis and the dashboard. Plain dataclasses, JSON-friendly via to_dict().
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+from enum import StrEnum
 from typing import Any
 
 from ernie_tui.engine_ctl.errors import ErrorKind
 
 
-# Startup phases in the order the dashboard's progress bar shows them.
-PHASES = ("load_weights", "compile", "kv_profiling", "cuda_graphs", "ready")
+class Phase(StrEnum):
+    """Startup phases, in the order the dashboard's progress bar shows them."""
+
+    LOAD_WEIGHTS = "load_weights"
+    COMPILE = "compile"
+    KV_PROFILING = "kv_profiling"
+    CUDA_GRAPHS = "cuda_graphs"
+    READY = "ready"
+
+
+PHASES = tuple(Phase)
 
 
 @dataclass

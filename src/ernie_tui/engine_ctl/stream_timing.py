@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ernie_tui.engine_ctl import stats
-from ernie_tui.engine_ctl.http_errors import ProbeError, _looks_too_long, parse_too_long
+from ernie_tui.engine_ctl.http_errors import ProbeError, ProbeErrorKind, _looks_too_long, parse_too_long
 from ernie_tui.engine_ctl.sse import DONE
 
 # The source articles' Chainlit page used these sampling settings.
@@ -96,9 +96,9 @@ class StreamState:
             status = code if isinstance(code, int) else None
             if status == 400 and msg and _looks_too_long(msg):
                 limit, prompt = parse_too_long(msg)
-                self.stream_error = ProbeError("prompt_too_long", msg, 400, limit, prompt)
+                self.stream_error = ProbeError(ProbeErrorKind.PROMPT_TOO_LONG, msg, 400, limit, prompt)
             else:
-                self.stream_error = ProbeError("stream_error", f"the server reported an error mid-stream: {msg}",
+                self.stream_error = ProbeError(ProbeErrorKind.STREAM_ERROR, f"the server reported an error mid-stream: {msg}",
                                                status)
             return 0
         self.chunks += 1
@@ -236,7 +236,7 @@ def _finish(state: StreamState, request: ProbeRequest, model: str, t_end: float,
         error = state.stream_error
     if error is None and not state.done and state.finish_reason is None:
         where = "before any token" if state.tokens_seen == 0 else f"after {state.tokens_seen} tokens"
-        error = ProbeError("disconnected", f"the stream ended {where} without finishing (did the server die?)")
+        error = ProbeError(ProbeErrorKind.DISCONNECTED, f"the stream ended {where} without finishing (did the server die?)")
     return ProbeResult(
         ok=error is None,
         model=model,
