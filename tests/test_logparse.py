@@ -15,11 +15,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ernie_tui.cli import main as cli_main
-from ernie_tui.engine_ctl.logparse import (
-    ErrorEvent, FieldEvent, LogParser, PhaseEvent, PidEvent, ProgressEvent, ReadyEvent, ShutdownEvent,
-    StatsEvent, VersionEvent, classify_error, parse_file, parse_lines,
+from ernie_tui.engine_ctl.errors import ErrorKind, classify_error
+from ernie_tui.engine_ctl.events import (
+    ErrorEvent, FieldEvent, PhaseEvent, PidEvent, ProgressEvent, ReadyEvent, ShutdownEvent, StatsEvent,
+    VersionEvent,
 )
-from ernie_tui.engine_ctl.report import PHASES, ErrorKind
+from ernie_tui.engine_ctl.logparse import LogParser, parse_file, parse_lines
+from ernie_tui.engine_ctl.report import PHASES
 
 GPU = "gpu-h200-vllm0.26.0"
 CPU = "cpu-vllm0.32.0"

@@ -15,7 +15,7 @@ from ernie_tui.demo_model import write_demo_model
 from ernie_tui.engine_ctl import preflight as pf
 from ernie_tui.engine_ctl.machine import GiB, GpuInfo, Machine
 from ernie_tui.engine_ctl.preflight import preflight
-from ernie_tui.engine_ctl.report import ErrorKind
+from ernie_tui.engine_ctl.errors import ErrorKind
 from ernie_tui.presets import Preset, load_presets
 from model_support import write_header_only_model
 

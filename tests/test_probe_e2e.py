@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -23,6 +22,7 @@ import pytest
 from ernie_tui.engine_ctl import burst as B
 from ernie_tui.engine_ctl import metrics as M
 from ernie_tui.engine_ctl import probe as P
+from ernie_tui.engine_ctl.ports import free_port
 
 pytestmark = pytest.mark.vllm
 
@@ -30,15 +30,9 @@ READY_TIMEOUT = 300.0
 MAX_MODEL_LEN = 2048
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class VllmProcess:
     def __init__(self, model_dir: Path, log_path: Path) -> None:
-        self.port = _free_port()
+        self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.model_dir = model_dir
         self.log_path = log_path

@@ -18,6 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ernie_tui.engine_ctl import probe as P
+from ernie_tui.engine_ctl.ports import free_port
 
 
 def _chunk(text, n, finish=None, prompt=5):
@@ -393,9 +394,7 @@ def test_probe_500(fake):
 
 
 def test_probe_connection_refused():
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()
     t = time.monotonic()
     r = P.run_probe(f"http://127.0.0.1:{port}", "x", model="m")
     assert not r.ok and r.error.kind == "connection_refused"
@@ -583,9 +582,7 @@ def test_stream_request_on_either_transport(fake, transport):
         _send_chunked(conn, sse(_chunk(" a", 1)) + sse(_chunk(" b", 2, finish="length")) + sse(_usage(2)) + DONE)
         _end_chunked(conn)
     s = fake(script)
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        dead = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    dead = f"http://127.0.0.1:{free_port()}"
 
     async def go():
         async with P.new_async_client(None, 5.0, transport=transport) as client:
@@ -765,9 +762,7 @@ def test_burst_cancel(fake, tiny_dir):
 def test_burst_refused_before_start():
     from ernie_tui.engine_ctl import burst as B
 
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()
     r = B.run_burst(f"http://127.0.0.1:{port}", B.BurstConfig(n=5))
     assert r.completed == 0 and r.errors["by_kind"] == {"connection_refused": 1}
     assert "did not start" in B.format_result(r)

@@ -16,6 +16,7 @@ import psutil
 import pytest
 from textual.widgets import Static
 
+from ernie_tui.engine_ctl.ports import free_port
 from ernie_tui.engine_ctl.server import EngineServer
 from ernie_tui.tui.app import make_app
 from ernie_tui.tui.screens.dialogs import ConfirmScreen, PreflightScreen, QuitScreen
@@ -23,14 +24,6 @@ from ernie_tui.tui.widgets.error_panel import ErrorPanel
 from ernie_tui.tui.widgets.log_view import LogView
 
 FAKE = Path(__file__).with_name("tui_fake_vllm.py")
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture

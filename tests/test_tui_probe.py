@@ -11,7 +11,6 @@ launching it.
 
 from __future__ import annotations
 
-import socket
 import textwrap
 import time
 
@@ -24,6 +23,7 @@ from textual.screen import Screen
 from textual.widgets import DataTable, Input, Static, TextArea
 
 import ernie_tui.tui
+from ernie_tui.engine_ctl.ports import free_port
 from ernie_tui.tui.screens.probe import ProbeScreen, ProbeText, describe_error
 from ernie_tui.tui.screens.sweep import CAPACITY_TABLE_COLUMNS, TABLE_COLUMNS, SweepScreen
 
@@ -40,12 +40,6 @@ class Host(App[None]):
 
     def on_mount(self) -> None:
         self.push_screen(self._first)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 async def wait_for(pilot, condition, timeout: float = 30.0, what: str = "condition") -> None:

@@ -18,6 +18,7 @@ import pkgutil
 import sys
 
 from ernie_tui import __version__
+from ernie_tui.cli.shared_options import SubcommandsAction, shared_options
 
 
 class CliError(Exception):
@@ -32,7 +33,7 @@ def _command_modules() -> list[str]:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="ernie-tui",
+        prog="ernie-tui", parents=[shared_options(top_level=True)],
         description=(
             "Terminal dashboard for tuning a vLLM server live. With no command it opens the "
             "dashboard in control mode (start/stop/restart a server from a preset), or monitors "
@@ -41,9 +42,6 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"ernie-tui {__version__}")
     parser.add_argument("--preset", metavar="NAME", help="preset to select (control mode)")
-    parser.add_argument("--presets", metavar="FILE", action="append", default=[],
-                        help="extra presets TOML file (may repeat); overrides built-ins and the user file")
-    parser.add_argument("--model", metavar="DIR", help="model directory for presets that name none")
     parser.add_argument("--attach", metavar="URL", action="append", default=[],
                         help="monitor a server this tool did not start; never stops it. May repeat: "
                              "several open the fleet view, one row per server")
@@ -55,6 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--on-exit", choices=["ask", "stop", "leave"], default="ask",
                         help="control mode: on quit, stop the server, leave it running, or ask (default); "
                              "a lost SSH session (SIGHUP) stops it unless this is 'leave'")
+    parser.register("action", "parsers", SubcommandsAction)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in _command_modules():
         importlib.import_module(f"ernie_tui.cli.{name}").register(sub)

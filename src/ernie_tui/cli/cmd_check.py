@@ -9,16 +9,15 @@ from __future__ import annotations
 import argparse
 import json
 
+from ernie_tui.cli.shared_options import shared_options
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
-        "check", help="preflight a preset: problems vLLM would hit, with fixes, and a capacity estimate",
+        "check", parents=[shared_options(top_level=False)], help="preflight a preset: problems vLLM would hit, with fixes, and a capacity estimate",
         description="Check a preset against the model's config.json and the machine (or one described by "
                     "--platform/--gpus/--gpu-memory-gib) before launching vLLM. Exit 1 if vLLM would fail.")
     p.add_argument("name", help="preset name")
-    p.add_argument("--presets", metavar="FILE", action="append", default=[], dest="check_presets",
-                   help="extra presets TOML file (may repeat)")
-    p.add_argument("--model", metavar="DIR", dest="check_model", help="model directory (overrides the preset's)")
     p.add_argument("--json", action="store_true", help="machine-readable result")
     p.add_argument("--platform", choices=["cuda", "cpu"], help="judge for this platform instead of detecting")
     p.add_argument("--gpus", type=int, metavar="N", help="number of visible GPUs to assume")
@@ -33,7 +32,7 @@ def _run(args) -> int:
     from ernie_tui.engine_ctl.preflight import preflight
     from ernie_tui.presets import load_presets
 
-    book = load_presets(list(getattr(args, "presets", []) or []) + list(args.check_presets))
+    book = load_presets(args.presets)
     preset = book.get(args.name)
     env = None
     try:
@@ -44,7 +43,7 @@ def _run(args) -> int:
                                  env=env)
     except ValueError as exc:
         raise CliError(str(exc)) from None
-    model = args.check_model or getattr(args, "model", None)
+    model = args.model
     result = preflight(preset, model, machine)
     if args.no_port:
         result.problems = [p for p in result.problems if p.kind.value != "port_in_use"]

@@ -7,6 +7,8 @@ import json
 import re
 import shlex
 
+from ernie_tui.cli.shared_options import shared_options
+
 # Words that make an environment variable's value a secret: HF_TOKEN,
 # OPENAI_API_KEY, AWS_SECRET_ACCESS_KEY, DB_PASSWORD, ... A name is split at
 # _ and -, so TOKENIZERS_PARALLELISM stays readable.
@@ -31,14 +33,11 @@ def register(sub: argparse._SubParsersAction) -> None:
                                    "print the path of the user presets file, or delete a preset from it. Environment values whose "
                                    "name looks like a secret (KEY, TOKEN, SECRET, PASSWORD, ...) show as ***.")
     ps = p.add_subparsers(dest="presets_command", metavar="ACTION", required=True)
-    lst = ps.add_parser("list", help="every preset with its key arguments")
-    lst.add_argument("--presets", metavar="FILE", action="append", default=[], dest="presets_files")
+    lst = ps.add_parser("list", parents=[shared_options(top_level=False)], help="every preset with its key arguments")
     lst.add_argument("--json", action="store_true")
     lst.set_defaults(run=_list)
-    show = ps.add_parser("show", help="one preset")
+    show = ps.add_parser("show", parents=[shared_options(top_level=False)], help="one preset")
     show.add_argument("name")
-    show.add_argument("--presets", metavar="FILE", action="append", default=[], dest="presets_files")
-    show.add_argument("--model", metavar="DIR", dest="preset_model")
     show.add_argument("--command", action="store_true", help="print the exact argv and env that launch it")
     show.add_argument("--json", action="store_true")
     show.set_defaults(run=_show)
@@ -54,7 +53,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def _book(args):
     from ernie_tui.presets import load_presets
 
-    return load_presets(list(getattr(args, "presets", []) or []) + list(args.presets_files))
+    return load_presets(args.presets)
 
 
 def _list(args) -> int:
@@ -73,7 +72,7 @@ def _show(args) -> int:
     book = _book(args)
     preset = book.get(args.name)
     if args.command:
-        spec = preset.launch_spec(args.preset_model or getattr(args, "model", None))
+        spec = preset.launch_spec(args.model)
         env_shown = masked_env(spec.display_env(), spec.secret_env_keys)
         if args.json:
             print(json.dumps({"argv": spec.argv, "env": env_shown}, indent=2))

@@ -8,11 +8,12 @@ import threading
 import time
 
 from ernie_tui.cli.capacity_args import add_capacity_args
+from ernie_tui.cli.shared_options import shared_options
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
-        "sweep", help="measure several presets one after another and write the comparison table",
+        "sweep", parents=[shared_options(top_level=False)], help="measure several presets one after another and write the comparison table",
         description="For each preset: preflight (a preset that fails it is recorded and not launched), start, "
                     "wait ready, burst, stop, wait for the engine to be gone and GPU memory back to its "
                     "baseline. With --repeat R the presets run in rotated order R times and each figure is the "
@@ -20,10 +21,6 @@ def register(sub: argparse._SubParsersAction) -> None:
                     "the --slo objectives instead of a burst, and presets are ranked by goodput at the SLO. "
                     "Ctrl-C stops the server and keeps the rows measured.")
     p.add_argument("names", nargs="+", metavar="NAME", help="presets to measure, in order")
-    p.add_argument("--presets", metavar="FILE", action="append", default=[], dest="sweep_presets",
-                   help="extra presets TOML file (may repeat; added to the global --presets)")
-    p.add_argument("--model", metavar="DIR", dest="sweep_model",
-                   help="model dir for presets that name none (default: the global --model)")
     p.add_argument("--out", metavar="FILE", required=True, action="append",
                    help="FILE.csv, FILE.json or FILE.md (may repeat)")
     p.add_argument("--burst", type=int, default=100, metavar="N", help="requests per burst (100)")
@@ -55,10 +52,8 @@ def _sweep(args) -> int:
             raise CliError(f"--out must end in .csv, .json or .md, got {out}")
     if args.repeat < 1:
         raise CliError("--repeat must be at least 1")
-    # The global options (`ernie-tui --presets F --model D sweep ...`) count
-    # as much as the subcommand's own, as for `check` and `presets`.
-    book = load_presets(list(getattr(args, "presets", []) or []) + list(args.sweep_presets))
-    model = args.sweep_model or getattr(args, "model", None)
+    book = load_presets(args.presets)
+    model = args.model
     presets = [book.get(n) for n in args.names]
     for p in presets:
         p.resolve_model(model)  # a missing model is an error now, not after the first run

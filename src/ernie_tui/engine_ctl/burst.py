@@ -38,27 +38,18 @@ from typing import Any
 
 from ernie_tui.engine_ctl import metrics as M
 from ernie_tui.engine_ctl import stats
-from ernie_tui.engine_ctl.probe import (
-    DEFAULT_TEMPERATURE,
-    DEFAULT_TOP_P,
-    BuiltPrompt,
-    ProbeError,
-    ProbeFailure,
-    ProbeRequest,
-    ProbeResult,
-    PromptBuilder,
+from ernie_tui.engine_ctl.http_client import (
     ServedModel,
     base_url,
     fast_loop_factory,
-    find_tokenizer,
     new_async_client,
     resolve_model,
-    stream_request,
 )
-
-# Transport failures (as opposed to HTTP answers): these mean the server is
-# not there any more, so enough of them in a row stop the burst.
-_TRANSPORT_KINDS = frozenset({"connection_refused", "connect_error", "timeout", "disconnected"})
+from ernie_tui.engine_ctl.http_errors import TRANSPORT_KINDS, ProbeError, ProbeErrorKind, ProbeFailure
+from ernie_tui.engine_ctl.machine import gib_str
+from ernie_tui.engine_ctl.probe import stream_request
+from ernie_tui.engine_ctl.prompts import BuiltPrompt, PromptBuilder, find_tokenizer
+from ernie_tui.engine_ctl.stream_timing import DEFAULT_TEMPERATURE, DEFAULT_TOP_P, ProbeRequest, ProbeResult
 
 MemorySampler = Callable[[], "float | None"]
 Progress = Callable[[int, int], None]
@@ -384,7 +375,7 @@ async def run_burst_async(url: str, config: BurstConfig | None = None, *,
             rec.finish_reason = res.finish_reason
             rec.error = res.error.to_dict() if res.error else None
             rec_itls[i] = res.itls
-            if res.error is not None and res.error.kind in _TRANSPORT_KINDS:
+            if res.error is not None and res.error.kind in TRANSPORT_KINDS:
                 consecutive_failures += 1
                 if consecutive_failures >= limit and abort_reason is None:
                     abort_reason = (f"stopped after {consecutive_failures} failed connections in a row "
@@ -438,7 +429,7 @@ async def run_burst_async(url: str, config: BurstConfig | None = None, *,
 
     for rec in records:
         if rec.sent and not rec.ok and rec.error is None:
-            rec.error = ProbeError("cancelled", "cancelled while running").to_dict()
+            rec.error = ProbeError(ProbeErrorKind.CANCELLED, "cancelled while running").to_dict()
     for r in results:
         if isinstance(r, BaseException) and not isinstance(r, asyncio.CancelledError):
             warnings.append(f"internal error in a burst worker: {type(r).__name__}: {r}")
@@ -596,7 +587,7 @@ def format_result(r: BurstResult) -> str:
     ]
     if r.peak_memory_bytes is not None:
         src = f" ({r.memory_source})" if r.memory_source else ""
-        lines.append(f"peak memory {r.peak_memory_bytes / 2**30:.2f} GiB{src}")
+        lines.append(f"peak memory {gib_str(r.peak_memory_bytes)}{src}")
     if r.vllm is not None:
         c = r.comparison
         lines.append(f"vLLM's view: TTFT mean {ms(r.vllm.ttft_mean_s)} ms (ours {ms(c.get('ttft_mean_ours_s'))}, "

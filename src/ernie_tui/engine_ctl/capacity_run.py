@@ -32,21 +32,11 @@ from typing import Any, Callable
 from ernie_tui.engine_ctl import capacity as C
 from ernie_tui.engine_ctl import metrics as M
 from ernie_tui.engine_ctl import slo as S
-from ernie_tui.engine_ctl.probe import (
-    DEFAULT_TEMPERATURE,
-    DEFAULT_TOP_P,
-    ProbeFailure,
-    ProbeRequest,
-    ServedModel,
-    base_url,
-    find_tokenizer,
-    new_async_client,
-    resolve_model,
-    stream_request,
-)
-
-# Transport failures: the server is not answering at all.
-_TRANSPORT_KINDS = frozenset({"connection_refused", "connect_error", "timeout", "disconnected"})
+from ernie_tui.engine_ctl.http_client import ServedModel, base_url, new_async_client, resolve_model
+from ernie_tui.engine_ctl.http_errors import TRANSPORT_KINDS, ProbeFailure
+from ernie_tui.engine_ctl.probe import stream_request
+from ernie_tui.engine_ctl.prompts import find_tokenizer
+from ernie_tui.engine_ctl.stream_timing import DEFAULT_TEMPERATURE, DEFAULT_TOP_P, ProbeRequest
 
 
 # -- workloads -----------------------------------------------------------------
@@ -302,7 +292,7 @@ class HttpLevelRunner:
                 monitor.add(S.RequestOutcome(ok=res.ok, ttft_s=res.ttft_s, latency_s=res.latency_s,
                                              itls=list(res.itls), completion_tokens=res.completion_tokens,
                                              prompt_tokens=res.prompt_tokens, error_kind=kind))
-                in_row = in_row + 1 if kind in _TRANSPORT_KINDS else 0
+                in_row = in_row + 1 if kind in TRANSPORT_KINDS else 0
                 if in_row >= max(4, 2 * concurrency):
                     decide("server_down")
                 if not stop.is_set():
@@ -372,7 +362,7 @@ class HttpLevelRunner:
             mclient.close()
         stop_reason = reason[0] if reason else "cancelled"
         if stop_reason != "cancelled" and monitor.outcomes and not any(o.ok for o in monitor.outcomes) and all(
-                o.error_kind in _TRANSPORT_KINDS for o in monitor.outcomes):
+                o.error_kind in TRANSPORT_KINDS for o in monitor.outcomes):
             stop_reason = "server_down"
         return monitor.result(seconds, stop_reason, server)
 

@@ -18,12 +18,12 @@ import re
 from dataclasses import dataclass, replace
 from typing import Any
 
-from ernie_tui.engine_ctl.machine import GiB, Machine
-from ernie_tui.engine_ctl.report import EngineError, ErrorKind
-from ernie_tui.presets.model import Preset, parse_size
+from ernie_tui.engine_ctl.errors import ErrorKind, classify_error
+from ernie_tui.engine_ctl.machine import CUDA_CONTEXT_BYTES, GiB, Machine
+from ernie_tui.engine_ctl.report import EngineError
+from ernie_tui.presets.model import Preset, format_size, parse_size
 
 DEFAULT_UTIL = 0.92
-CUDA_CONTEXT_BYTES = int(0.51 * GiB)  # see preflight.CUDA_CONTEXT_BYTES
 TOOL_FIX_KEYS = ("port", "host")  # fix keys that are Preset fields, not engine args
 
 
@@ -111,6 +111,17 @@ def _num(pattern: str, text: str, group: int = 1) -> float | None:
         return None
 
 
+def _figures(err: EngineError | None, text: str) -> tuple[int | None, dict[str, Any]]:
+    """(vLLM's estimated max model len, the message's figures) as the log
+    parser read them. An error that comes without them (a preflight Problem
+    quoting vLLM, an EngineError made by hand) is read by the same
+    classifier, so the wording of vLLM's messages is known in one place."""
+    if err is not None and (err.detail or err.estimated_max_model_len):
+        return err.estimated_max_model_len, dict(err.detail)
+    _, est, detail = classify_error(text)
+    return est, detail
+
+
 def _util(preset: Preset) -> float:
     return float(preset.get("gpu_memory_utilization", DEFAULT_UTIL))
 
@@ -143,13 +154,6 @@ def _summary(changes: dict[str, Any] | None) -> str:
     return "; ".join(parts)
 
 
-def _size_str(n: int) -> str:
-    for unit, mult in (("G", 1 << 30), ("M", 1 << 20)):
-        if n % mult == 0 and n >= mult:
-            return f"{n // mult}{unit}"
-    return str(n)
-
-
 def _estimate(preset: Preset, model_info: Any, machine: Machine | None):
     if model_info is None or machine is None:
         return None
@@ -163,12 +167,9 @@ def _estimate(preset: Preset, model_info: Any, machine: Machine | None):
 
 def _fix_for(kind: ErrorKind, text: str, err: EngineError | None, preset: Preset, platform: str,
              machine: Machine | None, model_info: Any) -> tuple[dict[str, Any] | None, str]:
-    """(changes, extra words for the summary). The log parser's `detail`
-    figures win over re-reading the message."""
-    detail = dict(err.detail) if err is not None and err.detail else {}
+    """(changes, extra words for the summary)."""
+    est_len, detail = _figures(err, text)
     if kind == ErrorKind.KV_CACHE_TOO_SMALL:
-        est_len = (err.estimated_max_model_len if err else None) or _num(
-            r"estimated maximum model length is (\d+)", text)
         block = preset.block_size or (16 if platform == "cuda" else 128)
         if est_len and est_len > 0:
             fit = int(est_len) // block * block or int(est_len)
@@ -181,13 +182,13 @@ def _fix_for(kind: ErrorKind, text: str, err: EngineError | None, preset: Preset
                 new = max(cur * 2, -(-need // (1 << 20)) * (1 << 20))
             else:
                 new = max(cur * 4, 64 << 20)
-            return {"kv_cache_memory_bytes": _size_str(new)}, "a larger KV cache"
+            return {"kv_cache_memory_bytes": format_size(new)}, "a larger KV cache"
         return {"gpu_memory_utilization": round(min(0.95, _util(preset) + 0.05), 2)}, "a larger share of the GPU"
 
     if kind == ErrorKind.NO_CACHE_MEMORY:
         if platform == "cpu":
             cur = preset.kv_cache_memory_bytes or 0
-            return {"kv_cache_memory_bytes": _size_str(max(cur * 4, 64 << 20))}, ""
+            return {"kv_cache_memory_bytes": format_size(max(cur * 4, 64 << 20))}, ""
         util = _util(preset)
         new = DEFAULT_UTIL
         est = _estimate(preset, model_info, machine)
@@ -203,8 +204,8 @@ def _fix_for(kind: ErrorKind, text: str, err: EngineError | None, preset: Preset
         return {"gpu_memory_utilization": round(new, 2)}, "vLLM's default share" if new == DEFAULT_UTIL else ""
 
     if kind == ErrorKind.INSUFFICIENT_FREE_MEMORY:
-        free = detail.get("free_gib") or _num(r"\((\d+(?:\.\d+)?)/(\d+(?:\.\d+)?) GiB\)", text)
-        total = detail.get("total_gib") or _num(r"\((\d+(?:\.\d+)?)/(\d+(?:\.\d+)?) GiB\)", text, 2)
+        free = detail.get("free_gib")
+        total = detail.get("total_gib")
         if machine is not None:
             if platform == "cuda" and machine.gpu_free_bytes is not None and machine.gpu_total_bytes:
                 # NVML's free, less the CUDA context vLLM creates before it measures
@@ -222,7 +223,7 @@ def _fix_for(kind: ErrorKind, text: str, err: EngineError | None, preset: Preset
                 want = max(-(-want // (1 << 20)) * (1 << 20), 64 << 20)
             if free:
                 want = min(want, int(free * GiB / 2) // (1 << 20) * (1 << 20))
-            return {"kv_cache_memory_bytes": _size_str(max(want, 1 << 20))}, "an explicit KV cache that fits what is free"
+            return {"kv_cache_memory_bytes": format_size(max(want, 1 << 20))}, "an explicit KV cache that fits what is free"
         if free and total:
             new = math.floor(free / total * 100) / 100 - 0.01
             if new > 0:
@@ -230,10 +231,10 @@ def _fix_for(kind: ErrorKind, text: str, err: EngineError | None, preset: Preset
         return None, "free GPU memory unknown: stop the other process or lower gpu_memory_utilization"
 
     if kind == ErrorKind.MAX_MODEL_LEN_TOO_LARGE:
-        limit = detail.get("derived") or _num(r"derived max_model_len \([a-z_ ]+=(\d+(?:\.\d+)?)", text)
+        limit = detail.get("derived")
         if limit is None and model_info is not None:
             limit = model_info.derived_max_model_len
-        if limit is None:
+        if limit is None:  # preflight's wording: "above this model's limit of N"
             limit = _num(r"(?:limit of|max_position_embeddings=?)\s*(\d+)", text)
         if limit:
             return {"max_model_len": int(limit)}, "the model's own limit"
@@ -246,7 +247,7 @@ def _fix_for(kind: ErrorKind, text: str, err: EngineError | None, preset: Preset
         if machine is not None and machine.platform == "cuda":
             gpus = machine.gpu_count
         if gpus is None:
-            n = detail.get("available_gpus") or _num(r"number of available GPUs \((\d+)\)", text)
+            n = detail.get("available_gpus")
             gpus = int(n) if n is not None else 1
         limit = max(1, gpus // max(1, pp))
         if model_info is not None:
@@ -259,7 +260,7 @@ def _fix_for(kind: ErrorKind, text: str, err: EngineError | None, preset: Preset
 
     if kind == ErrorKind.HEADS_NOT_DIVISIBLE:
         tp = preset.tensor_parallel_size
-        heads = detail.get("heads") or _num(r"attention heads \((\d+)\)", text)
+        heads = detail.get("heads")
         limit = tp
         if machine is not None and machine.platform == "cuda" and machine.gpu_count:
             limit = min(tp, machine.gpu_count)
@@ -277,7 +278,7 @@ def _fix_for(kind: ErrorKind, text: str, err: EngineError | None, preset: Preset
     if kind == ErrorKind.PORT_IN_USE:
         from ernie_tui.engine_ctl.preflight import next_free_port
 
-        port = int(detail.get("port") or _num(r"port (\d+)", text) or preset.port)
+        port = int(detail.get("port") or preset.port)
         nxt = next_free_port(preset.host, max(port, preset.port))
         return ({"port": nxt}, "the next free port") if nxt else (None, "no free port found nearby")
 
@@ -286,10 +287,6 @@ def _fix_for(kind: ErrorKind, text: str, err: EngineError | None, preset: Preset
         arg = detail.get("arguments") or detail.get("argument")
         if arg:
             flags = arg if isinstance(arg, list) else str(arg).split()
-        if not flags:
-            m = re.search(r"unrecognized arguments?:\s*(.+)", text or "")
-            if m:
-                flags = m.group(1).split()
         keys = []
         for f in flags:
             if not f.startswith("-"):
@@ -316,8 +313,7 @@ def _fix_for(kind: ErrorKind, text: str, err: EngineError | None, preset: Preset
         return changes, ""
 
     if kind == ErrorKind.MISSING_MODULE:
-        m = re.search(r"No module named '?([\w.]+)", text or "")
-        mod = str(detail.get("module") or (m.group(1) if m else "")).split(".")[0] or None
+        mod = str(detail.get("module") or "").split(".")[0] or None
         if mod is None and "vllm is not importable" in (text or "").lower():  # preflight's wording
             mod = "vllm"
         if mod == "vllm":

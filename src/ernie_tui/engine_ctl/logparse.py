@@ -45,15 +45,29 @@ port in use), so a rejected request does not mark the server as crashed.
 from __future__ import annotations
 
 import ast
-import math
 import os
 import re
 from collections.abc import Iterable
-from dataclasses import dataclass
 from typing import Any
 
+from ernie_tui.engine_ctl.errors import _HANDLER_TEXT_CAP, ErrorKind, classify_error
+from ernie_tui.engine_ctl.events import (
+    ArgsEvent,
+    ErrorEvent,
+    Event,
+    FieldEvent,
+    NewRunEvent,
+    PhaseEvent,
+    PidEvent,
+    ProgressEvent,
+    ReadyEvent,
+    ShutdownEvent,
+    StatsEvent,
+    VersionEvent,
+)
+from ernie_tui.engine_ctl.figures import _figure, _finite, _note
 from ernie_tui.engine_ctl.logtail import strip_ansi as _strip_ansi
-from ernie_tui.engine_ctl.report import PHASES, EngineError, EngineReport, ErrorKind, StatsSample
+from ernie_tui.engine_ctl.report import PHASES, EngineError, EngineReport, StatsSample
 
 __all__ = [
     "ArgsEvent", "ErrorEvent", "Event", "FieldEvent", "LogParser", "NewRunEvent", "PhaseEvent", "PidEvent",
@@ -62,103 +76,8 @@ __all__ = [
 ]
 
 
-# --------------------------------------------------------------------------- events
-
-
-class Event:
-    """Base class of everything feed() returns. Every event has `line_no` (1-based)."""
-
-    line_no: int | None
-
-
 # Periodic stats samples kept in a report (see _m_stats).
 MAX_STATS = 5000
-
-
-@dataclass(frozen=True)
-class VersionEvent(Event):
-    version: str
-    line_no: int | None = None
-
-
-@dataclass(frozen=True)
-class ArgsEvent(Event):
-    """The `non-default args: {...}` dict, parsed."""
-
-    args: dict[str, Any]
-    line_no: int | None = None
-
-
-@dataclass(frozen=True)
-class FieldEvent(Event):
-    """A scalar report field got a value: `name` is the EngineReport attribute."""
-
-    name: str
-    value: Any
-    line_no: int | None = None
-
-
-@dataclass(frozen=True)
-class PhaseEvent(Event):
-    """Startup progress. done=False: `phase` is now the current phase (report.phase).
-    done=True: `phase` finished; `seconds` is how long the log says it took (or None)."""
-
-    phase: str
-    seconds: float | None = None
-    done: bool = False
-    line_no: int | None = None
-
-
-@dataclass(frozen=True)
-class ProgressEvent(Event):
-    """A tqdm bar line, e.g. label='Capturing CUDA graphs (FULL)', done=18, total=51."""
-
-    label: str
-    done: int
-    total: int
-    phase: str | None = None
-    line_no: int | None = None
-
-
-@dataclass(frozen=True)
-class StatsEvent(Event):
-    sample: StatsSample
-    line_no: int | None = None
-
-
-@dataclass(frozen=True)
-class ReadyEvent(Event):
-    url: str | None
-    line_no: int | None = None
-
-
-@dataclass(frozen=True)
-class ErrorEvent(Event):
-    """report.error was set, or replaced by a more specific root cause."""
-
-    error: EngineError
-    line_no: int | None = None
-
-
-@dataclass(frozen=True)
-class PidEvent(Event):
-    role: str
-    pid: int
-    line_no: int | None = None
-
-
-@dataclass(frozen=True)
-class ShutdownEvent(Event):
-    """The server began shutting down (SIGINT/SIGTERM or after a crash)."""
-
-    line_no: int | None = None
-
-
-@dataclass(frozen=True)
-class NewRunEvent(Event):
-    """A second server start in the same log: the report was reset for it."""
-
-    line_no: int | None = None
 
 
 # --------------------------------------------------------------------------- prefilter
@@ -234,203 +153,6 @@ _ERROR_MESSAGES = ("EngineCore failed to start", "EngineCore encountered", "Engi
                    "WorkerProc hit an exception", "WorkerProc failed to start", "Worker proc ",
                    "AsyncLLM output_handler failed")
 _PHASE_INDEX = {p: i for i, p in enumerate(PHASES)}
-_HANDLER_TEXT_CAP = 65536  # handlers look at most this much of one line
-
-
-# --------------------------------------------------------------------------- error classification
-
-_CLASSIFIERS: list[tuple[re.Pattern[str], ErrorKind]] = [
-    (re.compile(r"CUDA out of memory|OutOfMemoryError|CUDA error: out of memory"), ErrorKind.CUDA_OOM),
-    (re.compile(r"estimated maximum model length is|To serve at least one request with the model's max seq len"
-                r"|is larger than the maximum number of tokens that can be stored in KV cache"),
-     ErrorKind.KV_CACHE_TOO_SMALL),
-    (re.compile(r"No available memory for the cache blocks"), ErrorKind.NO_CACHE_MEMORY),
-    (re.compile(r"on startup is less than desired \w+ memory utilization|Error in memory profiling"),
-     ErrorKind.INSUFFICIENT_FREE_MEMORY),
-    (re.compile(r"User-specified max_model_len \(\d+\) is greater than the derived max_model_len"),
-     ErrorKind.MAX_MODEL_LEN_TOO_LARGE),
-    (re.compile(r"World size \(\d+\) is larger than the number of available GPUs"
-                r"|number of required GPUs exceeds the total number of available GPUs"),
-     ErrorKind.TP_EXCEEDS_GPUS),
-    (re.compile(r"Total number of attention heads \(\d+\) must be divisible by tensor parallel size"),
-     ErrorKind.HEADS_NOT_DIVISIBLE),
-    (re.compile(r"No common block size for|share no supported KV cache block size"
-                r"|No valid attention backend found.*block_size not supported"
-                r"|argument --block-size: invalid choice"), ErrorKind.BLOCK_SIZE_UNSUPPORTED),
-    (re.compile(r"unrecognized arguments: "), ErrorKind.UNKNOWN_ARGUMENT),
-    (re.compile(r"[Aa]ddress already in use|\[Errno (?:98|48|10048)\]"), ErrorKind.PORT_IN_USE),
-    (re.compile(r"ModuleNotFoundError|No module named "), ErrorKind.MISSING_MODULE),
-    (re.compile(r"EngineDeadError|Engine core proc \S+ died|died unexpectedly|EngineCore encountered"
-                r"|Engine core initialization failed|WorkerProc initialization failed|EngineCore failed to start"
-                r"|WorkerProc hit an exception|WorkerProc failed to start|Engine process failed to start"
-                r"|AsyncLLM output_handler failed"), ErrorKind.ENGINE_DEAD),
-]
-
-
-# --------------------------------------------------------------------------- figures
-
-# Every number the parser takes from a log goes through _figure(), the one
-# place that converts text to a number and checks it against what the
-# quantity can physically be. A log is text anyone (or a broken build) can
-# write: a 400-digit "took ... seconds" overflows a float to inf, which is not
-# JSON, and 10^26 KV tokens or port -1 describe no machine. Such a figure is
-# dropped and the report's `notes` say so. unit -> (lowest, highest, integral, label)
-_UNITS: dict[str, tuple[float, float, bool, str]] = {
-    "seconds": (0.0, 1e7, False, "s"),  # ~4 months: load, compile, capture times
-    "gib": (-float(1 << 20), float(1 << 20), False, "GiB"),  # 1 PiB; a graph pool can give memory back
-    "bytes": (0, 1 << 50, True, "bytes"),  # 1 PiB
-    "tokens": (0, 10**12, True, "tokens"),  # 1 PiB of KV cache at 1 KiB per token
-    "count": (0, 10**12, True, ""),  # requests, blocks, heads, GPUs, progress-bar steps
-    "ratio": (0.0, 1e12, False, "x"),  # max concurrency
-    "tps": (0.0, 1e9, False, "tokens/s"),
-    "percent": (0.0, 100.0, False, "%"),
-    "fraction": (0.0, 1.0, False, ""),
-    "port": (1, 65535, True, ""),
-    "pid": (1, 1 << 22, True, ""),  # Linux PID_MAX_LIMIT
-}
-# Plain decimal figures as vLLM prints them; "inf", "nan" and exponents are not figures.
-_RE_FIGURE = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
-MAX_NOTES = 50  # a log full of bad figures does not grow the report without bound
-
-
-def _note(notes: list[str] | None, text: str) -> None:
-    if notes is None:
-        return
-    if len(notes) < MAX_NOTES:
-        notes.append(text)
-    elif len(notes) == MAX_NOTES:
-        notes.append("more figures were dropped; not listed")
-
-
-def _figure(raw: str | float | None, unit: str, what: str, notes: list[str] | None = None,
-            line_no: int | None = None) -> int | float | None:
-    """`raw` (log text such as "1,234" or "0.06", or a number already parsed,
-    e.g. from the args dict) as a number of `unit`, or None: None when it is
-    not a figure at all, and when it lies outside the unit's physical range,
-    in which case a note is added to `notes`."""
-    if raw is None or isinstance(raw, bool):
-        return None
-    lo, hi, integral, label = _UNITS[unit]
-    if isinstance(raw, (int, float)):
-        value: int | float = raw
-        shown = repr(raw)
-    else:
-        text = raw.strip().replace(",", "")
-        if not _RE_FIGURE.fullmatch(text):
-            return None
-        shown = text if len(text) <= 24 else f"{text[:12]}...({len(text)} characters)"
-        try:
-            value = int(text) if integral and "." not in text else float(text)
-        except ValueError:  # more digits than int() converts
-            value = math.inf
-    if not (lo <= value <= hi):  # also False for nan; inf is outside every range
-        where = f"line {line_no}: " if line_no else ""
-        _note(notes, f"{where}{what} {shown}{' ' + label if label else ''} is outside any physical range "
-                     f"({lo:g} to {hi:g}); dropped")
-        return None
-    return int(value) if integral else float(value)
-
-
-def _finite(value: Any) -> bool:
-    """No inf or nan anywhere inside (the args dict's literals can hold 1e999)."""
-    if isinstance(value, float):
-        return math.isfinite(value)
-    if isinstance(value, complex):
-        return math.isfinite(value.real) and math.isfinite(value.imag)
-    if isinstance(value, dict):
-        return all(_finite(v) for v in value.values())
-    if isinstance(value, (list, tuple, set, frozenset)):
-        return all(_finite(v) for v in value)
-    return True
-
-
-def classify_error(message: str, notes: list[str] | None = None,
-                   line_no: int | None = None) -> tuple[ErrorKind, int | None, dict[str, Any]]:
-    """Map one root-cause message to (kind, vLLM's estimated max model len, detail).
-    Figures outside any physical range are left out, with a note in `notes`."""
-    text = message[:_HANDLER_TEXT_CAP]
-    if "Worker failed with error '" in text:
-        # EngineCore's wrapper quotes the worker's message: classify that.
-        inner = text.split("Worker failed with error '", 1)[1].rsplit("'", 1)[0]
-        kind, est, detail = classify_error(inner, notes, line_no)
-        if kind is not ErrorKind.OTHER and kind is not ErrorKind.ENGINE_DEAD:
-            return kind, est, detail
-    kind = ErrorKind.OTHER
-    for rx, k in _CLASSIFIERS:
-        if rx.search(text):
-            kind = k
-            break
-    est: int | None = None
-    detail: dict[str, Any] = {}
-
-    def put(key: str, raw: str | None, unit: str) -> None:
-        value = _figure(raw, unit, key.replace("_", " "), notes, line_no)
-        if value is not None:
-            detail[key] = value
-
-    if kind is ErrorKind.KV_CACHE_TOO_SMALL:
-        m = re.search(r"estimated maximum model length is (\d+)", text)
-        if not m:  # V0 wording states how many tokens fit; that is the usable max length
-            m = re.search(r"stored in KV cache \((\d+)\)", text)
-        est = _figure(m.group(1), "tokens", "estimated max model len", notes, line_no) if m else None
-        m = re.search(r"max seq len \((\d+)\)", text)
-        if m:
-            put("max_model_len", m.group(1), "tokens")
-        m = re.search(r"\((\d+(?:\.\d+)?) GiB KV cache is needed.*available KV cache memory \((\d+(?:\.\d+)?) GiB\)", text)
-        if m:
-            put("needed_gib", m.group(1), "gib")
-            put("available_gib", m.group(2), "gib")
-    elif kind is ErrorKind.INSUFFICIENT_FREE_MEMORY:
-        m = re.search(r"\((\d+(?:\.\d+)?)/(\d+(?:\.\d+)?) GiB\) on startup is less than desired \w+ memory utilization "
-                      r"\((\d+(?:\.\d+)?), (\d+(?:\.\d+)?) GiB\)", text)
-        if m:
-            put("free_gib", m.group(1), "gib")
-            put("total_gib", m.group(2), "gib")
-            put("utilization", m.group(3), "fraction")
-            put("requested_gib", m.group(4), "gib")
-    elif kind is ErrorKind.MAX_MODEL_LEN_TOO_LARGE:
-        m = re.search(r"max_model_len \((\d+)\) is greater than the derived max_model_len "
-                      r"\((?:max_position_embeddings=)?(\d+)(?:\.\d+)?", text)
-        if m:
-            put("requested", m.group(1), "tokens")
-            put("derived", m.group(2), "tokens")
-    elif kind is ErrorKind.TP_EXCEEDS_GPUS:
-        m = re.search(r"World size \((\d+)\) is larger than the number of available GPUs(?: \((\d+)\))?", text)
-        if m:
-            put("world_size", m.group(1), "count")
-            put("available_gpus", m.group(2), "count")
-    elif kind is ErrorKind.HEADS_NOT_DIVISIBLE:
-        m = re.search(r"attention heads \((\d+)\) must be divisible by tensor parallel size \((\d+)\)", text)
-        if m:
-            put("heads", m.group(1), "count")
-            put("tensor_parallel_size", m.group(2), "count")
-    elif kind is ErrorKind.BLOCK_SIZE_UNSUPPORTED:
-        m = (re.search(r"No common block size for (\d+)", text) or re.search(r"block_size=(\d+)", text)
-             or re.search(r"--block-size: invalid choice: '?(\d+)", text))
-        if m:
-            put("block_size", m.group(1), "count")
-        m = re.search(r"No common block size for \d+ \((.*)\)", text)
-        if m:
-            detail["supported"] = m.group(1)
-    elif kind is ErrorKind.UNKNOWN_ARGUMENT:
-        args = text.split("unrecognized arguments: ", 1)[1].split()
-        if args:
-            detail["argument"] = args[0]
-            detail["arguments"] = args
-    elif kind is ErrorKind.PORT_IN_USE:
-        m = re.search(r"address \('([^']*)', (\d+)\)", text)
-        if m:
-            detail["host"] = m.group(1)
-            put("port", m.group(2), "port")
-    elif kind is ErrorKind.CUDA_OOM:
-        m = re.search(r"Tried to allocate ([\d.]+ [KMGT]i?B)", text)
-        if m:
-            detail["tried_to_allocate"] = m.group(1)
-    elif kind is ErrorKind.MISSING_MODULE:
-        m = re.search(r"No module named '?([\w.]+)", text)
-        if m:
-            detail["module"] = m.group(1)
-    return kind, est, detail
 
 
 def _is_wrapper(kind: ErrorKind, message: str) -> bool:

@@ -71,16 +71,6 @@ class MetricsError(Exception):
         self.reason = reason or message
 
 
-def _refused(exc: BaseException) -> bool:
-    """Whether a connect error was the port being closed (nothing listens)."""
-    seen = 0
-    while exc is not None and seen < 8:
-        if isinstance(exc, ConnectionRefusedError):
-            return True
-        exc, seen = exc.__cause__ or exc.__context__, seen + 1
-    return False
-
-
 Labels = Mapping[str, str]
 
 
@@ -477,10 +467,11 @@ class MetricsClient:
                  model_name: str | None = None) -> None:
         import httpx  # deferred: importing this module for parsing alone stays cheap
 
+        from ernie_tui.engine_ctl.http_client import auth_headers
+
         self.url = metrics_url(url)
         self.model_name = model_name
-        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self._client = httpx.Client(timeout=httpx.Timeout(timeout), headers=headers)
+        self._client = httpx.Client(timeout=httpx.Timeout(timeout), headers=auth_headers(api_key))
         self._httpx = httpx
 
     def fetch_text(self) -> str:
@@ -488,8 +479,10 @@ class MetricsClient:
         try:
             r = self._client.get(self.url)
         except httpx.ConnectError as exc:
+            from ernie_tui.engine_ctl.http_errors import connection_refused
+
             raise MetricsError(f"cannot connect to {self.url}: {exc}",
-                               "connection refused" if _refused(exc) else f"cannot connect ({exc})") from exc
+                               "connection refused" if connection_refused(exc) else f"cannot connect ({exc})") from exc
         except httpx.TimeoutException as exc:
             wait = self._client.timeout.read
             raise MetricsError(f"{self.url} did not answer within {wait} s",

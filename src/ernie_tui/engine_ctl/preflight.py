@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from ernie_tui import paths
+from ernie_tui.engine_ctl.errors import ErrorKind, Severity
 from ernie_tui.engine_ctl.estimate import (
     DEFAULT_BLOCK_SIZE,
     DEFAULT_GPU_MEMORY_UTILIZATION,
@@ -45,11 +46,12 @@ from ernie_tui.engine_ctl.estimate import (
     cdiv,
     estimate_capacity,
 )
-from ernie_tui.engine_ctl.machine import GiB, Machine
+from ernie_tui.engine_ctl.machine import CUDA_CONTEXT_BYTES, GiB, Machine
+from ernie_tui.engine_ctl.machine import gib_str as _gib
 from ernie_tui.engine_ctl.modelinfo import ModelInfo, ModelInfoError, read_model_info
 from ernie_tui.engine_ctl.ports import bind_exposure, next_free_port, port_is_free
-from ernie_tui.engine_ctl.report import ErrorKind
 from ernie_tui.presets.model import TOOL_KEYS, Preset, PresetError, flag_for
+from ernie_tui.presets.model import format_size as size_str
 
 # Block sizes the attention backends take (vLLM's get_supported_kernel_block_sizes):
 # FlashAttention / Triton on CUDA take multiples of 16; the CPU backend MultipleOf(32).
@@ -63,21 +65,22 @@ PAGED_ATTN_MYTH_KEYS = {"enable_paged_attn", "disable_paged_attn", "paged_attn",
 # Architectures vLLM implements natively, for which trust_remote_code buys nothing.
 NATIVE_ARCHS = {"Ernie4_5ForCausalLM", "Ernie4_5_MoeForCausalLM", "LlamaForCausalLM", "Qwen2ForCausalLM",
                 "Qwen3ForCausalLM", "MistralForCausalLM", "Qwen3MoeForCausalLM", "Gemma2ForCausalLM"}
-# Device memory a fresh CUDA context takes before vLLM measures "free":
-# 139.80 GiB free in NVML vs "Free memory on device (139.29/139.8 GiB)" on the H200.
-CUDA_CONTEXT_BYTES = int(0.51 * GiB)
 
 
 @dataclass
 class Problem:
     kind: ErrorKind
-    severity: str  # "error" | "warning"
+    severity: Severity  # a plain "error" / "warning" is converted
     message: str
     fix: dict[str, Any] | None = None  # preset changes; a value of None removes the key
     check: str = ""  # which check found it
 
+    def __post_init__(self) -> None:
+        self.kind = ErrorKind(self.kind)
+        self.severity = Severity(self.severity)
+
     def to_dict(self) -> dict[str, Any]:
-        return {"kind": self.kind.value, "severity": self.severity, "message": self.message, "fix": self.fix}
+        return {"kind": self.kind.value, "severity": self.severity.value, "message": self.message, "fix": self.fix}
 
 
 @dataclass
@@ -91,11 +94,11 @@ class PreflightResult:
 
     @property
     def errors(self) -> list[Problem]:
-        return [p for p in self.problems if p.severity == "error"]
+        return [p for p in self.problems if p.severity is Severity.ERROR]
 
     @property
     def warnings(self) -> list[Problem]:
-        return [p for p in self.problems if p.severity == "warning"]
+        return [p for p in self.problems if p.severity is Severity.WARNING]
 
     def first_error(self) -> Problem | None:
         errs = self.errors
@@ -281,10 +284,6 @@ def vllm_args(python: str | None = None, allow_dump: bool = True) -> VllmArgs:
 
 # -- helpers ------------------------------------------------------------------------------
 
-def _gib(n: float) -> str:
-    return f"{n / GiB:.2f} GiB"
-
-
 def valid_tp_sizes(info: ModelInfo) -> list[int]:
     """TP sizes vLLM accepts for this model: TP divides the attention heads,
     and KV heads divide evenly (kv % tp == 0, or tp % kv == 0 once TP
@@ -313,14 +312,6 @@ def _round_up_mib(n: float) -> int:
     return int(cdiv(int(math.ceil(n)), 1 << 20) * (1 << 20))
 
 
-def size_str(n: int) -> str:
-    """Bytes as the shortest exact '64M' / '1G' string parse_size reads back."""
-    for unit, mult in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
-        if n % mult == 0 and n >= mult:
-            return f"{n // mult}{unit}"
-    return str(n)
-
-
 def util_needed(est: Estimate, machine: Machine, blocks: int) -> float | None:
     """Smallest gpu_memory_utilization (2 decimals, rounded up) that leaves
     room for `blocks` KV blocks beside weights, activation and non-torch."""
@@ -343,7 +334,7 @@ class _Ctx:
     args: VllmArgs | None
     problems: list[Problem]
 
-    def add(self, kind: ErrorKind, severity: str, message: str, fix: dict | None = None, check: str = "") -> None:
+    def add(self, kind: ErrorKind, severity: Severity | str, message: str, fix: dict | None = None, check: str = "") -> None:
         self.problems.append(Problem(kind, severity, message, fix, check))
 
 

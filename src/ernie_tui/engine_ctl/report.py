@@ -7,28 +7,23 @@ diagnosis and the dashboard. Plain dataclasses, JSON-friendly via to_dict().
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from enum import Enum
+from enum import StrEnum
 from typing import Any
 
-
-class ErrorKind(str, Enum):
-    KV_CACHE_TOO_SMALL = "kv_cache_too_small"
-    NO_CACHE_MEMORY = "no_cache_memory"
-    INSUFFICIENT_FREE_MEMORY = "insufficient_free_memory"
-    MAX_MODEL_LEN_TOO_LARGE = "max_model_len_too_large"
-    TP_EXCEEDS_GPUS = "tp_exceeds_gpus"
-    HEADS_NOT_DIVISIBLE = "heads_not_divisible"
-    BLOCK_SIZE_UNSUPPORTED = "block_size_unsupported"
-    UNKNOWN_ARGUMENT = "unknown_argument"
-    PORT_IN_USE = "port_in_use"
-    CUDA_OOM = "cuda_oom"
-    MISSING_MODULE = "missing_module"
-    ENGINE_DEAD = "engine_dead"
-    OTHER = "other"
+from ernie_tui.engine_ctl.errors import ErrorKind
 
 
-# Startup phases in the order the dashboard's progress bar shows them.
-PHASES = ("load_weights", "compile", "kv_profiling", "cuda_graphs", "ready")
+class Phase(StrEnum):
+    """Startup phases, in the order the dashboard's progress bar shows them."""
+
+    LOAD_WEIGHTS = "load_weights"
+    COMPILE = "compile"
+    KV_PROFILING = "kv_profiling"
+    CUDA_GRAPHS = "cuda_graphs"
+    READY = "ready"
+
+
+PHASES = tuple(Phase)
 
 
 @dataclass

@@ -34,7 +34,8 @@ from ernie_tui import paths
 from ernie_tui.engine_ctl.logparse import LogParser
 from ernie_tui.engine_ctl.logtail import LogTailer
 from ernie_tui.engine_ctl.ports import port_is_free
-from ernie_tui.engine_ctl.report import EngineError, EngineReport, ErrorKind
+from ernie_tui.engine_ctl.errors import ErrorKind
+from ernie_tui.engine_ctl.report import EngineError, EngineReport
 from ernie_tui.presets.model import LaunchSpec
 
 

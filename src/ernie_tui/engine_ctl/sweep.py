@@ -514,7 +514,8 @@ def _measure_capacity(run: SweepRun, capacity: CapacitySweep, burst_config, spec
                       cancel: threading.Event) -> None:
     """One preset's capacity search; fills the run's capacity columns."""
     from ernie_tui.engine_ctl.capacity_run import Workload, run_capacity
-    from ernie_tui.engine_ctl.probe import ProbeFailure, find_tokenizer
+    from ernie_tui.engine_ctl.http_errors import ProbeFailure
+    from ernie_tui.engine_ctl.prompts import find_tokenizer
 
     run.mode = "capacity"
     # Every preset replays the same requests from the first: a fresh cursor.

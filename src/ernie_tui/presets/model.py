@@ -71,6 +71,14 @@ def parse_size(value: int | str) -> int:
     return int(number * _SIZE_MULT[unit])
 
 
+def format_size(n: int) -> str:
+    """Bytes as the shortest exact '64M' / '1G' string parse_size reads back."""
+    for unit, mult in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
+        if n % mult == 0 and n >= mult:
+            return f"{n // mult}{unit}"
+    return str(n)
+
+
 def flag_for(key: str) -> str:
     return "--" + key.replace("_", "-")
 

@@ -32,7 +32,7 @@ from textual.worker import get_current_worker
 from ernie_tui import paths
 from ernie_tui.engine_ctl.diagnose import apply_fix, diagnose
 from ernie_tui.engine_ctl.preflight import preflight
-from ernie_tui.engine_ctl.report import ErrorKind
+from ernie_tui.engine_ctl.errors import ErrorKind, Severity
 from ernie_tui.presets import PresetBook, PresetError, load_presets
 from ernie_tui.presets.store import save_preset
 from ernie_tui.tui.lifecycle import tearing_down
@@ -446,7 +446,7 @@ class ErnieApp(App[int]):
         if st is not None and st.running and spec is not None and spec.port == preset.port:
             # The port is ours: the restart stops our server before starting this one.
             kept = [p for p in result.problems if p.kind != ErrorKind.PORT_IN_USE]
-            result = replace(result, problems=kept, ok=not any(p.severity == "error" for p in kept))
+            result = replace(result, problems=kept, ok=not any(p.severity is Severity.ERROR for p in kept))
         return result
 
     @on(PreflightDone)
@@ -460,7 +460,7 @@ class ErnieApp(App[int]):
             return
         if not message.ask:  # launching now; a switch shows it once confirmed
             self.main.set_estimate(getattr(result, "estimate", None), message.name)
-        warnings = [p for p in result.problems if p.severity == "warning"]
+        warnings = [p for p in result.problems if p.severity is Severity.WARNING]
         if warnings and not message.blocked:
             self.notify("\n".join(f"{p.kind.value}: {p.message}" for p in warnings[:3]),
                         title=f"preflight: {message.name}", severity="warning", timeout=8)

@@ -254,20 +254,12 @@ class Sampler:
 
 # The few metric families the charts and the report read. A real vLLM
 # /metrics is ~50 KB, mostly histogram buckets; parsing all of it every
-# second was the biggest cost of an idle dashboard.
+# second was the biggest cost of an idle dashboard, so the rest is dropped
+# before parsing (MetricsSnapshot.parse(only=...), engine_ctl's one prefilter).
 _NEEDED_PREFIXES = tuple(name.split("_total")[0] for name in (
     "vllm:prompt_tokens_total", "vllm:generation_tokens_total", "vllm:num_requests_running",
     "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc",
     "vllm:cache_config_info"))
-
-
-def _needed_lines(text: str) -> str:
-    keep = []
-    for line in text.splitlines():
-        name = line.split(" ", 3)[2] if line.startswith("# ") and line.count(" ") >= 2 else line
-        if name.startswith(_NEEDED_PREFIXES):
-            keep.append(line)
-    return "\n".join(keep) + "\n"
 
 
 def _fetch_needed(client, m):
@@ -280,8 +272,8 @@ def _fetch_needed(client, m):
     before = time.monotonic()
     text = client.fetch_text()
     mono = (before + time.monotonic()) / 2
-    snap = m.MetricsSnapshot.parse(_needed_lines(text), timestamp=time.time(), mono=mono,
-                                   model_name=getattr(client, "model_name", None))
+    snap = m.MetricsSnapshot.parse(text, timestamp=time.time(), mono=mono,
+                                   model_name=getattr(client, "model_name", None), only=_NEEDED_PREFIXES)
     if not snap.names():
         size = len(text.encode("utf-8", "replace"))
         raise m.MetricsError(f"{getattr(client, 'url', '/metrics')} answered {size:,} bytes without a vLLM metric",

@@ -12,6 +12,8 @@ from textual.content import Content
 from textual.screen import ModalScreen
 from textual.widgets import Button, Label, Static
 
+from ernie_tui.engine_ctl.errors import Severity
+
 
 class ConfirmScreen(ModalScreen[bool]):
     """Yes / no. `y`/Enter confirm, `n`/Escape cancel."""
@@ -101,8 +103,8 @@ class PreflightScreen(ModalScreen[str]):
             rows = []
             for p in self._problems:
                 kind = getattr(p.kind, "value", str(p.kind))
-                rows.append(Content.assemble(("✖ " if p.severity == "error" else "! ",
-                                              "bold $error" if p.severity == "error" else "bold $warning"),
+                rows.append(Content.assemble(("✖ " if p.severity == Severity.ERROR else "! ",
+                                              "bold $error" if p.severity == Severity.ERROR else "bold $warning"),
                                              (kind, "bold"), f"  {p.message}"))
             yield Static(Content("\n").join(rows), classes="dialog-body")
             if self._fix:

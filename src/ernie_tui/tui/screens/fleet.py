@@ -20,6 +20,7 @@ from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Input, Static
 from textual.worker import get_current_worker
 
+from ernie_tui.engine_ctl.machine import gib_str
 from ernie_tui.tui.lifecycle import drop_when_torn_down
 from ernie_tui.tui.messages import FleetUpdate
 from ernie_tui.tui.screens.help import HelpScreen
@@ -77,7 +78,7 @@ def _memory(row) -> str:
     if row.memory_bytes is None:
         return "–"
     what = "GPU" if row.memory_source == "gpu" else "RSS"
-    return f"{row.memory_bytes / (1 << 30):.2f} GiB {what}"
+    return f"{gib_str(row.memory_bytes)} {what}"
 
 
 def state_text(row) -> str:

@@ -1,0 +1,161 @@
+"""Why a vLLM server failed: the error kinds and the classifier.
+
+classify_error maps one root-cause message (an exception line of the log)
+to an ErrorKind, vLLM's own estimate of the max model len that would fit,
+and the figures the message states. The log parser picks which message is
+the root cause; preflight and the diagnosis use the same kinds.
+"""
+
+from __future__ import annotations
+
+import re
+from enum import StrEnum
+from typing import Any
+
+from ernie_tui.engine_ctl.figures import _figure
+
+# Kinds and severities are StrEnums: code compares members, while JSON,
+# run records and printed text see the same strings as before.
+class ErrorKind(StrEnum):
+    KV_CACHE_TOO_SMALL = "kv_cache_too_small"
+    NO_CACHE_MEMORY = "no_cache_memory"
+    INSUFFICIENT_FREE_MEMORY = "insufficient_free_memory"
+    MAX_MODEL_LEN_TOO_LARGE = "max_model_len_too_large"
+    TP_EXCEEDS_GPUS = "tp_exceeds_gpus"
+    HEADS_NOT_DIVISIBLE = "heads_not_divisible"
+    BLOCK_SIZE_UNSUPPORTED = "block_size_unsupported"
+    UNKNOWN_ARGUMENT = "unknown_argument"
+    PORT_IN_USE = "port_in_use"
+    CUDA_OOM = "cuda_oom"
+    MISSING_MODULE = "missing_module"
+    ENGINE_DEAD = "engine_dead"
+    OTHER = "other"
+
+
+class Severity(StrEnum):
+    """How bad a preflight problem is: an ERROR means vLLM would not start."""
+
+    ERROR = "error"
+    WARNING = "warning"
+
+
+_HANDLER_TEXT_CAP = 65536  # handlers look at most this much of one line
+
+
+# --------------------------------------------------------------------------- error classification
+
+_CLASSIFIERS: list[tuple[re.Pattern[str], ErrorKind]] = [
+    (re.compile(r"CUDA out of memory|OutOfMemoryError|CUDA error: out of memory"), ErrorKind.CUDA_OOM),
+    (re.compile(r"estimated maximum model length is|To serve at least one request with the model's max seq len"
+                r"|is larger than the maximum number of tokens that can be stored in KV cache"),
+     ErrorKind.KV_CACHE_TOO_SMALL),
+    (re.compile(r"No available memory for the cache blocks"), ErrorKind.NO_CACHE_MEMORY),
+    (re.compile(r"on startup is less than desired \w+ memory utilization|Error in memory profiling"),
+     ErrorKind.INSUFFICIENT_FREE_MEMORY),
+    (re.compile(r"User-specified max_model_len \(\d+\) is greater than the derived max_model_len"),
+     ErrorKind.MAX_MODEL_LEN_TOO_LARGE),
+    (re.compile(r"World size \(\d+\) is larger than the number of available GPUs"
+                r"|number of required GPUs exceeds the total number of available GPUs"),
+     ErrorKind.TP_EXCEEDS_GPUS),
+    (re.compile(r"Total number of attention heads \(\d+\) must be divisible by tensor parallel size"),
+     ErrorKind.HEADS_NOT_DIVISIBLE),
+    (re.compile(r"No common block size for|share no supported KV cache block size"
+                r"|No valid attention backend found.*block_size not supported"
+                r"|argument --block-size: invalid choice"), ErrorKind.BLOCK_SIZE_UNSUPPORTED),
+    (re.compile(r"unrecognized arguments: "), ErrorKind.UNKNOWN_ARGUMENT),
+    (re.compile(r"[Aa]ddress already in use|\[Errno (?:98|48|10048)\]"), ErrorKind.PORT_IN_USE),
+    (re.compile(r"ModuleNotFoundError|No module named "), ErrorKind.MISSING_MODULE),
+    (re.compile(r"EngineDeadError|Engine core proc \S+ died|died unexpectedly|EngineCore encountered"
+                r"|Engine core initialization failed|WorkerProc initialization failed|EngineCore failed to start"
+                r"|WorkerProc hit an exception|WorkerProc failed to start|Engine process failed to start"
+                r"|AsyncLLM output_handler failed"), ErrorKind.ENGINE_DEAD),
+]
+
+
+def classify_error(message: str, notes: list[str] | None = None,
+                   line_no: int | None = None) -> tuple[ErrorKind, int | None, dict[str, Any]]:
+    """Map one root-cause message to (kind, vLLM's estimated max model len, detail).
+    Figures outside any physical range are left out, with a note in `notes`."""
+    text = message[:_HANDLER_TEXT_CAP]
+    if "Worker failed with error '" in text:
+        # EngineCore's wrapper quotes the worker's message: classify that.
+        inner = text.split("Worker failed with error '", 1)[1].rsplit("'", 1)[0]
+        kind, est, detail = classify_error(inner, notes, line_no)
+        if kind is not ErrorKind.OTHER and kind is not ErrorKind.ENGINE_DEAD:
+            return kind, est, detail
+    kind = ErrorKind.OTHER
+    for rx, k in _CLASSIFIERS:
+        if rx.search(text):
+            kind = k
+            break
+    est: int | None = None
+    detail: dict[str, Any] = {}
+
+    def put(key: str, raw: str | None, unit: str) -> None:
+        value = _figure(raw, unit, key.replace("_", " "), notes, line_no)
+        if value is not None:
+            detail[key] = value
+
+    if kind is ErrorKind.KV_CACHE_TOO_SMALL:
+        m = re.search(r"estimated maximum model length is (\d+)", text)
+        if not m:  # V0 wording states how many tokens fit; that is the usable max length
+            m = re.search(r"stored in KV cache \((\d+)\)", text)
+        est = _figure(m.group(1), "tokens", "estimated max model len", notes, line_no) if m else None
+        m = re.search(r"max seq len \((\d+)\)", text)
+        if m:
+            put("max_model_len", m.group(1), "tokens")
+        m = re.search(r"\((\d+(?:\.\d+)?) GiB KV cache is needed.*available KV cache memory \((\d+(?:\.\d+)?) GiB\)", text)
+        if m:
+            put("needed_gib", m.group(1), "gib")
+            put("available_gib", m.group(2), "gib")
+    elif kind is ErrorKind.INSUFFICIENT_FREE_MEMORY:
+        m = re.search(r"\((\d+(?:\.\d+)?)/(\d+(?:\.\d+)?) GiB\) on startup is less than desired \w+ memory utilization "
+                      r"\((\d+(?:\.\d+)?), (\d+(?:\.\d+)?) GiB\)", text)
+        if m:
+            put("free_gib", m.group(1), "gib")
+            put("total_gib", m.group(2), "gib")
+            put("utilization", m.group(3), "fraction")
+            put("requested_gib", m.group(4), "gib")
+    elif kind is ErrorKind.MAX_MODEL_LEN_TOO_LARGE:
+        m = re.search(r"max_model_len \((\d+)\) is greater than the derived max_model_len "
+                      r"\((?:[a-z_ ]+=)?(\d+)(?:\.\d+)?", text)  # the key vLLM took it from varies
+        if m:
+            put("requested", m.group(1), "tokens")
+            put("derived", m.group(2), "tokens")
+    elif kind is ErrorKind.TP_EXCEEDS_GPUS:
+        m = re.search(r"World size \((\d+)\) is larger than the number of available GPUs(?: \((\d+)\))?", text)
+        if m:
+            put("world_size", m.group(1), "count")
+            put("available_gpus", m.group(2), "count")
+    elif kind is ErrorKind.HEADS_NOT_DIVISIBLE:
+        m = re.search(r"attention heads \((\d+)\) must be divisible by tensor parallel size \((\d+)\)", text)
+        if m:
+            put("heads", m.group(1), "count")
+            put("tensor_parallel_size", m.group(2), "count")
+    elif kind is ErrorKind.BLOCK_SIZE_UNSUPPORTED:
+        m = (re.search(r"No common block size for (\d+)", text) or re.search(r"block_size=(\d+)", text)
+             or re.search(r"--block-size: invalid choice: '?(\d+)", text))
+        if m:
+            put("block_size", m.group(1), "count")
+        m = re.search(r"No common block size for \d+ \((.*)\)", text)
+        if m:
+            detail["supported"] = m.group(1)
+    elif kind is ErrorKind.UNKNOWN_ARGUMENT:
+        args = text.split("unrecognized arguments: ", 1)[1].split()
+        if args:
+            detail["argument"] = args[0]
+            detail["arguments"] = args
+    elif kind is ErrorKind.PORT_IN_USE:
+        m = re.search(r"address \('([^']*)', (\d+)\)", text)
+        if m:
+            detail["host"] = m.group(1)
+            put("port", m.group(2), "port")
+    elif kind is ErrorKind.CUDA_OOM:
+        m = re.search(r"Tried to allocate ([\d.]+ [KMGT]i?B)", text)
+        if m:
+            detail["tried_to_allocate"] = m.group(1)
+    elif kind is ErrorKind.MISSING_MODULE:
+        m = re.search(r"No module named '?([\w.]+)", text)
+        if m:
+            detail["module"] = m.group(1)
+    return kind, est, detail

@@ -1,0 +1,263 @@
+"""What a streamed completions/chat answer says, and when: the timing.
+
+Timing definitions (all client-side, time.perf_counter):
+- TTFT: request sent -> arrival of the first chunk that carries a generated
+  token (the chat endpoint's opening role-only chunk does not count). A
+  probe first warms its client (warm_client: a GET /v1/models on the same
+  connection), so connecting and first-use costs are outside the span.
+- Inter-token latency (ITL): the gap between two reads, split evenly over
+  all the tokens the later read delivered (however many events they came
+  in), so the ITLs of a request always sum to (last token - first token),
+  as vLLM's own histogram does. Tokens that arrive in the *first* read get
+  no ITL (their times are unknown).
+- Latency: request sent -> end of stream.
+- output_tps: completion tokens / latency (what a caller waits for);
+  decode_tps: (completion tokens - 1) / (last token - first token).
+
+StreamState takes the decoded events of each read (transport-independent,
+so it can be tested with canned chunks); _finish turns it into a ProbeResult.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from ernie_tui.engine_ctl import stats
+from ernie_tui.engine_ctl.http_errors import ProbeError, ProbeErrorKind, _looks_too_long, parse_too_long
+from ernie_tui.engine_ctl.sse import DONE
+
+# The source articles' Chainlit page used these sampling settings.
+DEFAULT_MAX_TOKENS = 512
+DEFAULT_TEMPERATURE = 0.7
+DEFAULT_TOP_P = 0.9
+
+
+@dataclass
+class StreamState:
+    """Accumulates what a completions/chat stream told us, independent of any
+    transport, so it can be tested with canned chunks."""
+
+    t_start: float
+    chat: bool = False
+    on_text: Callable[[str], None] | None = None
+    text_parts: list[str] = field(default_factory=list)
+    t_first: float | None = None
+    t_last: float | None = None
+    itls: list[float] = field(default_factory=list)
+    tokens_seen: int = 0  # generated tokens counted from the chunks
+    chunks: int = 0
+    malformed: int = 0
+    done: bool = False
+    finish_reason: str | None = None
+    stop_reason: Any = None
+    usage_prompt_tokens: int | None = None
+    usage_completion_tokens: int | None = None
+    stream_error: ProbeError | None = None
+    server_metrics: dict | None = None
+
+    def handle(self, payload: Any, t: float) -> None:
+        """One event that arrived at time t (alone in its read)."""
+        self.handle_read((payload,), t)
+
+    def handle_read(self, payloads: Sequence[Any], t: float) -> None:
+        """All the events of one read, which arrived together at time t.
+
+        Their tokens are counted first and the gap since the previous read is
+        then spread over all of them: giving the whole gap to the first event
+        and 0 to the others (they were merged by the network, the server or a
+        busy client, not generated at once) would read ITL percentiles as 0
+        and as a multiple of the true gap."""
+        new = 0
+        for payload in payloads:
+            new += self._absorb(payload)
+        if new <= 0:
+            return
+        if self.t_first is None:
+            self.t_first = t
+        elif self.t_last is not None:
+            gap = (t - self.t_last) / new
+            self.itls.extend([gap] * new)
+        self.t_last = t
+
+    def _absorb(self, payload: Any) -> int:
+        """Take in one event; return how many generated tokens it brought."""
+        if payload is DONE:
+            self.done = True
+            return 0
+        if not isinstance(payload, dict):
+            self.malformed += 1
+            return 0
+        if "error" in payload and not payload.get("choices"):
+            err = payload["error"]
+            msg = err.get("message") if isinstance(err, dict) else str(err)
+            code = err.get("code") if isinstance(err, dict) else None
+            status = code if isinstance(code, int) else None
+            if status == 400 and msg and _looks_too_long(msg):
+                limit, prompt = parse_too_long(msg)
+                self.stream_error = ProbeError(ProbeErrorKind.PROMPT_TOO_LONG, msg, 400, limit, prompt)
+            else:
+                self.stream_error = ProbeError(ProbeErrorKind.STREAM_ERROR, f"the server reported an error mid-stream: {msg}",
+                                               status)
+            return 0
+        self.chunks += 1
+        usage = payload.get("usage")
+        completion_total = None
+        if isinstance(usage, dict):
+            pt, ct = usage.get("prompt_tokens"), usage.get("completion_tokens")
+            if isinstance(pt, int):
+                self.usage_prompt_tokens = pt
+            if isinstance(ct, int):
+                self.usage_completion_tokens = ct
+                completion_total = ct
+        if isinstance(payload.get("metrics"), dict):
+            self.server_metrics = payload["metrics"]
+        choices = payload.get("choices")
+        text = ""
+        has_choice = False
+        if isinstance(choices, list) and choices:
+            ch = choices[0] if isinstance(choices[0], dict) else {}
+            has_choice = True
+            if self.chat:
+                delta = ch.get("delta") if isinstance(ch.get("delta"), dict) else {}
+                text = (delta.get("content") or "") + (delta.get("reasoning_content") or delta.get("reasoning") or "")
+            else:
+                text = ch.get("text") or ""
+            if ch.get("finish_reason") is not None:
+                self.finish_reason = ch.get("finish_reason")
+                self.stop_reason = ch.get("stop_reason")
+        if not has_choice:
+            return 0  # the final usage-only chunk: no new token
+        # How many tokens this chunk brought: exact with continuous usage stats,
+        # otherwise one per non-empty chunk (the usage chunk fixes the total).
+        if completion_total is not None:
+            new = max(0, completion_total - self.tokens_seen)
+        else:
+            new = 1 if text else 0
+        if text:
+            self.text_parts.append(text)
+            if self.on_text is not None:
+                try:
+                    self.on_text(text)
+                except Exception:
+                    pass  # a display callback must not kill the measurement
+        self.tokens_seen += new
+        return new
+
+    @property
+    def text(self) -> str:
+        return "".join(self.text_parts)
+
+
+# ---------------------------------------------------------------------------
+# Requests and results
+
+@dataclass
+class ProbeRequest:
+    prompt: str
+    max_tokens: int | None = DEFAULT_MAX_TOKENS
+    temperature: float | None = DEFAULT_TEMPERATURE
+    top_p: float | None = DEFAULT_TOP_P
+    stop_token_ids: list[int] | None = None
+    chat: bool = False
+    model: str | None = None
+    ignore_eos: bool = False
+    extra: dict[str, Any] = field(default_factory=dict)  # merged into the JSON body last
+
+    def body(self, model: str) -> dict[str, Any]:
+        body: dict[str, Any] = {"model": model, "stream": True,
+                                "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
+        if self.chat:
+            body["messages"] = [{"role": "user", "content": self.prompt}]
+        else:
+            body["prompt"] = self.prompt
+        if self.max_tokens is not None:
+            body["max_tokens"] = self.max_tokens
+        if self.temperature is not None:
+            body["temperature"] = self.temperature
+        if self.top_p is not None:
+            body["top_p"] = self.top_p
+        if self.stop_token_ids:
+            body["stop_token_ids"] = list(self.stop_token_ids)
+        if self.ignore_eos:
+            body["ignore_eos"] = True
+        body.update(self.extra)
+        return body
+
+    @property
+    def path(self) -> str:
+        return "/v1/chat/completions" if self.chat else "/v1/completions"
+
+
+@dataclass
+class ProbeResult:
+    ok: bool
+    model: str | None
+    endpoint: str
+    text: str = ""
+    finish_reason: str | None = None
+    prompt_tokens: int | None = None  # from the server's usage
+    completion_tokens: int | None = None  # from the server's usage (else counted chunks)
+    ttft_s: float | None = None
+    itl_mean_s: float | None = None
+    itl_p90_s: float | None = None
+    latency_s: float | None = None
+    output_tps: float | None = None
+    decode_tps: float | None = None
+    chunks: int = 0
+    malformed_lines: int = 0
+    got_done: bool = False
+    error: ProbeError | None = None
+    itls: list[float] = field(default_factory=list, repr=False)
+    started_at: float | None = None  # wall clock
+    t_start: float | None = None  # perf_counter at send, for ordering within a burst
+    server_metrics: dict | None = None  # vLLM's per-request metrics when it is configured to send them
+
+    def to_dict(self, with_itls: bool = False) -> dict[str, Any]:
+        d = asdict(self)
+        d["error"] = self.error.to_dict() if self.error else None
+        if not with_itls:
+            d.pop("itls", None)
+        return d
+
+
+def _finish(state: StreamState, request: ProbeRequest, model: str, t_end: float,
+            error: ProbeError | None, started_at: float) -> ProbeResult:
+    completion = state.usage_completion_tokens if state.usage_completion_tokens is not None else (
+        state.tokens_seen if state.chunks else None)
+    latency = t_end - state.t_start
+    ttft = None if state.t_first is None else state.t_first - state.t_start
+    decode = None
+    if completion and completion > 1 and state.t_first is not None and state.t_last is not None \
+            and state.t_last > state.t_first:
+        decode = (completion - 1) / (state.t_last - state.t_first)
+    if error is None and state.stream_error is not None:
+        error = state.stream_error
+    if error is None and not state.done and state.finish_reason is None:
+        where = "before any token" if state.tokens_seen == 0 else f"after {state.tokens_seen} tokens"
+        error = ProbeError(ProbeErrorKind.DISCONNECTED, f"the stream ended {where} without finishing (did the server die?)")
+    return ProbeResult(
+        ok=error is None,
+        model=model,
+        endpoint=request.path,
+        text=state.text,
+        finish_reason=state.finish_reason,
+        prompt_tokens=state.usage_prompt_tokens,
+        completion_tokens=completion,
+        ttft_s=ttft,
+        itl_mean_s=stats.mean(state.itls),
+        itl_p90_s=stats.percentile(state.itls, 90),
+        latency_s=latency,
+        output_tps=stats.rate(completion, latency) if completion else None,
+        decode_tps=decode,
+        chunks=state.chunks,
+        malformed_lines=state.malformed,
+        got_done=state.done,
+        error=error,
+        itls=state.itls,
+        started_at=started_at,
+        t_start=state.t_start,
+        server_metrics=state.server_metrics,
+    )
+
