@@ -568,7 +568,7 @@ def row_parser_fuzz(seed: int = 2, junk_lines: int = 1_000_000, long_line: int =
                 v.fail(f"parse-log --json {name}: exit {r.returncode}, stderr {r.stderr[-300:]!r}")
     shutil.rmtree(workdir, ignore_errors=True)
     v.figures.update(inputs=len(inputs), junk_lines=junk_lines, long_line_mb=long_line / MB,
-                     random_mb=random_bytes / MB, mb_parsed_twice=round(bytes_in / MB, 1),
+                     random_mb=random_bytes / MB, input_mb=round(bytes_in / MB, 1),
                      exceptions=exceptions, swallowed=swallowed, peak_rss_growth_mb=peak,
                      maxrss_growth_mb=maxrss_growth, cli_json_checked=cli_checked,
                      make_s=made, parse_s=parse_s)
@@ -1052,7 +1052,7 @@ def row_metrics(timeout: float = 2.0, seed: int = 5, rounds: int = 3, junk_lines
     bound = timeout + 3.0
     cases = 0
     errors = snapshots = 0
-    slowest = slowest_parse = 0.0
+    slowest = slowest_parse = peak = 0.0
     t0 = time.monotonic()
     port = free_port()  # down: nothing listens
     targets: list[tuple[str, RawServer | None]] = [("down", None)]
@@ -1068,7 +1068,9 @@ def row_metrics(timeout: float = 2.0, seed: int = 5, rounds: int = 3, junk_lines
                 try:
                     for how in ("fetch_text", "fetch", "try_fetch"):
                         cases += 1
-                        result, exc, secs, done = _timed(getattr(client, how), bound + 30)
+                        with PeakRSS() as mem:
+                            result, exc, secs, done = _timed(getattr(client, how), bound + 30)
+                        peak = max(peak, mem.growth_mb)
                         if not done:
                             v.fail(f"{name}: {how}() still blocked after {secs:.0f} s")
                             continue
@@ -1096,7 +1098,7 @@ def row_metrics(timeout: float = 2.0, seed: int = 5, rounds: int = 3, junk_lines
                 srv.close()
     v.figures.update(cases=cases, kinds=len(targets), errors=errors, snapshots=snapshots,
                      exceptions=sum(1 for p in v.problems if "raised" in p), slowest_fetch_s=slowest,
-                     slowest_fetch_and_parse_s=slowest_parse, timeout_s=timeout, seconds=time.monotonic() - t0)
+                     slowest_fetch_and_parse_s=slowest_parse, peak_rss_growth_mb=peak, timeout_s=timeout, seconds=time.monotonic() - t0)
     return v
 
 
