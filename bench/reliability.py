@@ -209,6 +209,7 @@ def row_cycles(server_kind: str = "stand-in", n: int = 50, seed: int = 1, workdi
     rng = random.Random(seed)
     v = Verdict(f"cycles[{server_kind}]")
     marker = f"cycles-{uuid.uuid4().hex[:12]}"
+    own_workdir = workdir is None
     workdir = Path(workdir or tempfile.mkdtemp(prefix="ernie-rel-cycles-"))
     port = free_port()
     if server_kind == "stand-in":
@@ -302,6 +303,8 @@ def row_cycles(server_kind: str = "stand-in", n: int = 50, seed: int = 1, workdi
         v.fail(f"at the end, processes left: {[p.pid for p in leftovers]}")
         end_processes(leftovers)
     fd_leak = open_fds() - fd_before
+    if own_workdir:
+        shutil.rmtree(workdir, ignore_errors=True)
     if fd_leak > 0:
         v.fail(f"{fd_leak} descriptors more than before the first start: {_fd_targets()}")
     if held_at_launch:
