@@ -378,6 +378,22 @@ def test_ansi_colored_lines():
     assert r.report.ready and r.report.server_url == "http://h:1"
 
 
+def test_unterminated_osc_escape_ends_with_its_line(tmp_path, fixtures_dir):
+    """An ESC ] (a terminal title or hyperlink) whose BEL never comes: it used
+    to swallow every line after it up to the next BEL or ESC, so parse_file
+    lost lines (found by bench/reliability.py parser-fuzz on random bytes),
+    shifted the line numbers and missed the error below it."""
+    good = (fixtures_dir / CPU / "fail_block16.log").read_bytes()
+    data = b"(APIServer pid=5) INFO 11-30 03:20:09 [x.py:1] \x1b]8;;http://a\n" + good
+    path = tmp_path / "llm.log"
+    path.write_bytes(data)
+    want = parse_file(fixtures_dir / CPU / "fail_block16.log")
+    got = parse_file(path)
+    assert got.lines == data.count(b"\n")
+    assert got.error is not None and got.error.kind == want.error.kind
+    assert got.error.line_no == want.error.line_no + 1
+
+
 def test_non_ascii_and_invalid_bytes_same_through_file_and_feed(tmp_path):
     data = ("\n".join([
         v("vLLM server version 0.9.9, serving model /models/\u6a21\u578b-\u00e9", role="APIServer"),

@@ -100,6 +100,10 @@ def test_bad_input_is_a_clear_error(tmp_path, text, needle):
      6, "c", "extends", "no preset named 'zz' to extend"),
     ('[presets.ok]\nblock_size = 16\n[presets.broken]\nblock_size = [16\n', 4, "broken", None,
      "TOML syntax error"),
+    # Found by bench/reliability.py presets: tomllib reads integers of any size, TOML allows 64 bits.
+    ('[presets.a]\nport = 8000\nmax_model_len = 99999999999999999999999\n', 3, "a", "max_model_len",
+     "integer out of TOML's 64-bit range"),
+    ('[presets.a]\n[presets.a.env]\nX = -9223372036854775809\n', 3, "a", "env.X", "64-bit range"),
 ])
 def test_errors_name_file_preset_key_and_line(tmp_path, text, line, preset, key, reason):
     f = write(tmp_path, text)
@@ -160,7 +164,7 @@ def test_cli_errors_exit_1_without_traceback(tmp_path, capsys):
     ('[presets.mine]\nblock_size = 32\nkv_cache_memory_bytes = "lots"\n',
      ":3: preset 'mine', key 'kv_cache_memory_bytes': expected a size like 64M or 1G, got 'lots'"),
     ('[presets.mine]\nblock_size = 32\nmax_model_len = \n', ":3: preset 'mine': TOML syntax error"),
-    (b"[presets.mine]\ndescription = \"caf\xe9\"\n", ": not UTF-8 text"),
+    (b"[presets.mine]\ndescription = \"caf\xe9\"\n", ":2: not UTF-8 text (invalid continuation byte at column 19)"),
 ])
 @pytest.mark.parametrize("argv", [["presets", "list"], ["--preset", "seed-A"]], ids=["list", "dashboard"])
 def test_broken_user_file_is_one_line_and_exit_1(capsys, text, where, argv):

@@ -1040,7 +1040,7 @@ class LogParser:
 
 # --------------------------------------------------------------------------- whole-log helpers
 
-_ANSI_B = re.compile(rb"\x1b(?:\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)?|[@-Z\\-_])")
+_ANSI_B = re.compile(rb"\x1b(?:\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b\n]*(?:\x07|\x1b\\)?|[@-Z\\-_])")
 
 
 def parse_lines(lines: Iterable[str | bytes]) -> EngineReport:
@@ -1063,15 +1063,18 @@ def parse_lines(lines: Iterable[str | bytes]) -> EngineReport:
     return parser.report
 
 
-def parse_file(path: str | os.PathLike[str], max_line: int = 65536, chunk_size: int = 4 << 20) -> EngineReport:
+def parse_file(path: str | os.PathLike[str], max_line: int = 65536, chunk_size: int = 4 << 20,
+               *, parser: LogParser | None = None) -> EngineReport:
     """Parse a whole log file. Streams in chunks: memory stays bounded by
     chunk_size plus max_line even for a file that is one 10 MB line.
 
     Lines are split on \\n only (line numbers match `grep -n`); a line holding
     \\r progress redraws is parsed as the last redraw. Raises OSError if the
-    file cannot be read; never raises on its content.
+    file cannot be read; never raises on its content. Pass a fresh `parser`
+    to read what the report does not carry (its `internal_errors`, the
+    exceptions it swallowed: bench/reliability.py counts them).
     """
-    parser = LogParser()
+    parser = parser if parser is not None else LogParser()
     parser._collect = False
     parser._latin1 = True
     with open(path, "rb") as f:

@@ -39,7 +39,7 @@ CUT_MARKER = " [...line cut]"
 # CSI sequences (colours, cursor moves, erase-line), OSC sequences (titles,
 # hyperlinks) and the remaining two-byte escapes. Anything else starting with
 # ESC is rare enough to leave the ESC alone rather than guess.
-_ANSI = re.compile(r"\x1b(?:\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)?|[@-Z\\-_])")
+_ANSI = re.compile(r"\x1b(?:\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b\n]*(?:\x07|\x1b\\)?|[@-Z\\-_])")
 # Line terminators: CRLF counts once, a lone CR is a progress-bar redraw.
 _TERM = re.compile(rb"(\r\n|\r|\n)")
 

@@ -455,6 +455,40 @@ def metrics_url(url: str) -> str:
     return u + "/metrics"
 
 
+def _deadline_transport(total: float):
+    """An httpx transport whose responses must arrive whole within `total`
+    seconds. httpx's timeouts bound each read, not the request: a server
+    that drips a few bytes every 0.2 s never trips them, and the poller
+    waited for ever (bench/reliability.py metrics, case "drip"). Past the
+    deadline the body read raises httpx.ReadTimeout, which fetch_text
+    reports as "did not answer within". (Given a transport, httpx no longer
+    routes through an HTTP(S)_PROXY from the environment: right for a scrape
+    of a server on this machine, as the probe's client does on purpose.)"""
+    import httpx
+
+    class DeadlineStream(httpx.SyncByteStream):
+        def __init__(self, inner: httpx.SyncByteStream, deadline: float):
+            self._inner, self._deadline = inner, deadline
+
+        def __iter__(self):
+            for chunk in self._inner:
+                if time.monotonic() > self._deadline:
+                    raise httpx.ReadTimeout(f"the response took longer than {total:g} s")
+                yield chunk
+
+        def close(self) -> None:
+            self._inner.close()
+
+    class DeadlineTransport(httpx.HTTPTransport):
+        def handle_request(self, request: httpx.Request) -> httpx.Response:
+            deadline = time.monotonic() + total
+            response = super().handle_request(request)
+            response.stream = DeadlineStream(response.stream, deadline)
+            return response
+
+    return DeadlineTransport()
+
+
 class MetricsClient:
     """Fetches and parses /metrics with a short timeout (sync httpx).
 
@@ -471,7 +505,8 @@ class MetricsClient:
 
         self.url = metrics_url(url)
         self.model_name = model_name
-        self._client = httpx.Client(timeout=httpx.Timeout(timeout), headers=auth_headers(api_key))
+        self._client = httpx.Client(timeout=httpx.Timeout(timeout), headers=auth_headers(api_key),
+                                    transport=_deadline_transport(timeout))
         self._httpx = httpx
 
     def fetch_text(self) -> str:

@@ -165,13 +165,18 @@ def load_presets(extra_files: Iterable[str | Path] = (), include_user: bool = Tr
     files.extend(Path(f) for f in extra_files)
     for path in files:
         try:
-            text = path.read_text("utf-8")
+            data = path.read_bytes()
         except FileNotFoundError:
             raise PresetError("no such presets file", file=str(path)) from None
-        except UnicodeDecodeError as exc:
-            raise PresetError(f"not UTF-8 text ({exc.reason} at byte {exc.start})", file=str(path)) from None
         except OSError as exc:
             raise PresetError(f"cannot read: {exc.strerror or exc}", file=str(path)) from None
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            # Like every other preset error: the line first, so an editor can jump there.
+            line_start = data.rfind(b"\n", 0, exc.start) + 1
+            raise PresetError(f"not UTF-8 text ({exc.reason} at column {exc.start - line_start + 1})",
+                              file=str(path), line=data.count(b"\n", 0, exc.start) + 1) from None
         sources.append(str(path))
         src = _Source(str(path), text)
         for name, table in _raw_tables(src).items():

@@ -128,11 +128,37 @@ def _input_path(table: dict[str, Any], loc: tuple[Any, ...]) -> tuple[str, ...]:
     return tuple(path)
 
 
+# TOML integers are 64-bit: "an integer that cannot be represented losslessly
+# must be an error", but tomllib reads any size (max_model_len =
+# 99999999999999999999999 would reach vLLM as it is).
+_INT64 = (-(1 << 63), (1 << 63) - 1)
+
+
+def _oversized_int(node: Any, path: tuple[str, ...]) -> tuple[tuple[str, ...], str] | None:
+    """The first integer outside TOML's 64-bit range, anywhere in `node`."""
+    if isinstance(node, dict):
+        for key, value in node.items():
+            found = _oversized_int(value, (*path, str(key)))
+            if found:
+                return found
+    elif isinstance(node, list):
+        for value in node:
+            found = _oversized_int(value, path)
+            if found:
+                return found
+    elif isinstance(node, int) and not isinstance(node, bool) and not _INT64[0] <= node <= _INT64[1]:
+        return path, f"integer out of TOML's 64-bit range, got {node}"
+    return None
+
+
 def check_table(table: Any) -> tuple[tuple[str, ...], str] | None:
     """The first problem in one preset table as (key path, reason), or None.
     An empty key path means the table itself is wrong."""
     if not isinstance(table, dict):
         return (), f"expected a table, got {type(table).__name__} {table!r}"
+    oversized = _oversized_int(table, ())
+    if oversized:
+        return oversized
     try:
         parsed = PresetTable.model_validate(table)
     except ValidationError as exc:
