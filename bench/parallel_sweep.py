@@ -129,11 +129,12 @@ def main(argv: list[str] | None = None) -> int:
                                gpus_per_trial=per if mode == "parallel" else None,
                                gpu_ids=gpu_ids if mode == "parallel" else None, save_records=False)
         if mode == "sequential":
-            # One GPU set for every trial, the same a parallel trial gets:
-            # the comparison is then about neighbours, not about GPUs.
+            # With N per trial, the first N GPUs for every trial, as many as a
+            # parallel trial gets: the comparison is then about neighbours,
+            # not about GPUs. With auto, all of them (each preset takes what it needs).
             import os
 
-            os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(gpu_ids[:1 if per == "auto" else per])
+            os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(gpu_ids if per == "auto" else gpu_ids[:per])
         print(f"{mode}: {len(presets)} presets x {args.repeat}" +
               (f" on GPUs {','.join(gpu_ids)}, {per} per trial" if mode == "parallel" else ""), file=sys.stderr)
         t0 = time.monotonic()
