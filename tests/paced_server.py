@@ -20,7 +20,9 @@ As a preset's `launcher` it takes vLLM's command line (its engine arguments
 are ignored; the pacing comes from the preset's env: PACED_SLOTS,
 PACED_TTFT_MS, PACED_ITL_MS).
 
-It prints `listening on http://HOST:PORT` once it accepts connections.
+It prints `listening on http://HOST:PORT` once it accepts connections, then
+the CUDA_VISIBLE_DEVICES it was started with (`(unset)` when absent), so a
+parallel sweep's test can see which GPUs each trial was given.
 """
 
 from __future__ import annotations
@@ -283,6 +285,7 @@ def main(argv: list[str] | None = None) -> int:
     httpd = _Http((args.host, args.port), make_handler(srv))
     host, port = httpd.server_address[:2]
     print(f"listening on http://{host}:{port}", flush=True)
+    print(f"CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', '(unset)')} pid={os.getpid()}", flush=True)
     try:
         httpd.serve_forever(poll_interval=0.2)
     except KeyboardInterrupt:

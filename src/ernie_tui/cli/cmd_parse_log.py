@@ -54,6 +54,7 @@ def _num(value: Any, unit: str = "", digits: int = 2) -> str:
 
 def format_report(report, source: str = "") -> str:
     """A plain-text report for a terminal (no colours: it is also pasted into issues)."""
+    from ernie_tui.engine_ctl.ranks import parallel_ranks
     from ernie_tui.engine_ctl.report import PHASES
 
     r = report
@@ -92,6 +93,11 @@ def format_report(report, source: str = "") -> str:
     out.append(f"  phases          {phases or '-'}")
     if r.pids:
         out.append("  pids            " + "  ".join(f"{role}={pid}" for role, pid in r.pids.items()))
+    if parallel_ranks(r.ranks):  # a parallel server: every rank with its own figures
+        from ernie_tui.engine_ctl.ranks import describe
+
+        for i, rank in enumerate(r.ranks):
+            out.append(f"  {'ranks' if i == 0 else '':<16}{describe(rank)}")
     if r.non_default_args:
         args = ", ".join(f"{k}={v!r}" for k, v in r.non_default_args.items())
         out.append(f"  non-default     {args}")

@@ -19,6 +19,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                     "baseline. With --repeat R the presets run in rotated order R times and each figure is the "
                     "median with its min-max spread. With --capacity each preset gets a capacity search under "
                     "the --slo objectives instead of a burst, and presets are ranked by goodput at the SLO. "
+                    "With --gpus-per-trial N presets run at the same time on disjoint GPU sets (each its own "
+                    "CUDA_VISIBLE_DEVICES, port and log; never two on one GPU). "
                     "Ctrl-C stops the server and keeps the rows measured.")
     p.add_argument("names", nargs="+", metavar="NAME", help="presets to measure, in order")
     p.add_argument("--out", metavar="FILE", required=True, action="append",
@@ -31,10 +33,44 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--repeat", type=int, default=1, metavar="R", help="rounds, in rotated order (1)")
     p.add_argument("--ready-timeout", type=float, default=600.0, metavar="S")
     p.add_argument("--log-dir", metavar="DIR", help="keep each run's llm.log here")
+    p.add_argument("--gpus-per-trial", metavar="N|auto", type=_per_trial, dest="gpus_per_trial",
+                   help="run trials side by side, each on N GPUs of its own (auto: the GPUs its preset needs, "
+                        "tensor x pipeline x local data parallel); a preset needing more than N is skipped")
+    p.add_argument("--gpus", metavar="LIST", dest="gpu_list",
+                   help="GPU ids to spread trials over, like 0,1 (default: CUDA_VISIBLE_DEVICES, else every "
+                        "GPU NVML sees; needed where neither says)")
     p.add_argument("--capacity", action="store_true",
                    help="search each preset's capacity under --slo (see below) and rank by goodput")
     add_capacity_args(p)
     p.set_defaults(run=_sweep)
+
+
+def _per_trial(text: str) -> int | str:
+    if text == "auto":
+        return text
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of GPUs or auto, got {text!r}") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError("must be at least 1 (or auto)")
+    return n
+
+
+def _gpu_plan(args) -> list[str] | None:
+    """The GPU ids for --gpus-per-trial, decided (and refused) before anything starts."""
+    from ernie_tui.cli import CliError
+    from ernie_tui.engine_ctl.trial_schedule import GpuIdsError, detect_gpu_ids
+
+    if args.gpus_per_trial is None:
+        if args.gpu_list:
+            raise CliError("--gpus belongs to --gpus-per-trial (a sequential sweep uses the GPUs its "
+                           "presets and CUDA_VISIBLE_DEVICES give it)")
+        return None
+    try:
+        return detect_gpu_ids(args.gpu_list)
+    except GpuIdsError as exc:
+        raise CliError(str(exc)) from None
 
 
 def _sweep(args) -> int:
@@ -73,22 +109,34 @@ def _sweep(args) -> int:
                                  workload_items=workload.items if workload else None)
     elif args.slo or args.workload:
         raise CliError("--slo and --workload belong to --capacity")
+    gpu_ids = _gpu_plan(args)
+    if gpu_ids is not None:
+        own = [p.name for p in presets if "CUDA_VISIBLE_DEVICES" in p.env]
+        if own:
+            raise CliError(f"preset {own[0]} sets CUDA_VISIBLE_DEVICES in its env, but with --gpus-per-trial "
+                           "the sweep hands each trial its GPUs; remove it from the preset or sweep without "
+                           "--gpus-per-trial")
     plan = SweepPlan(presets, args.repeat)
     options = SweepOptions(model=model, ready_timeout_s=args.ready_timeout,
-                           log_dir=Path(args.log_dir) if args.log_dir else None)
+                           log_dir=Path(args.log_dir) if args.log_dir else None,
+                           gpus_per_trial=args.gpus_per_trial, gpu_ids=gpu_ids)
     cancel = threading.Event()
     box: dict = {}
     done_runs: list = []
-    last_line = [""]
+    last_line: dict = {}  # per trial: parallel trials' lines interleave
     t0 = time.monotonic()
 
     def meta_now() -> dict:
         return sweep_meta(args.names, args.repeat, config, done_runs, capacity=capacity, workload=args.workload,
-                          seconds=time.monotonic() - t0)
+                          seconds=time.monotonic() - t0,
+                          parallel=(f"{args.gpus_per_trial} GPU(s) per trial on GPUs {','.join(gpu_ids)}"
+                                    if gpu_ids is not None else None))
 
     def progress(ev: dict) -> None:
         eta = ev.get("eta_s")
         where = f"[{ev['index'] + 1}/{ev['total']}] {ev['preset']}" + (f" r{ev['repeat'] + 1}" if args.repeat > 1 else "")
+        if ev.get("gpus"):
+            where += f" (GPU {ev['gpus']})"
         phase = ev["phase"]
         if phase == "burst" and ev.get("burst_total"):
             done, n = ev.get("burst_done", 0), ev["burst_total"]
@@ -110,8 +158,8 @@ def _sweep(args) -> int:
             for out in args.out:
                 export(fold(done_runs, [p.name for p in presets]), out, meta_now())
         line = f"{where}: {phase}" + (f"  (ETA {eta:.0f} s)" if eta and ev["phase"] == "preflight" else "")
-        if line != last_line[0]:  # the start phase is reported every second; print changes only
-            last_line[0] = line
+        if line != last_line.get(ev["index"]):  # the start phase is reported every second; print changes only
+            last_line[ev["index"]] = line
             print(line, file=sys.stderr, flush=True)
 
     def work() -> None:

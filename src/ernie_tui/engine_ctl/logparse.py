@@ -67,6 +67,7 @@ from ernie_tui.engine_ctl.events import (
 )
 from ernie_tui.engine_ctl.figures import _figure, _finite, _note
 from ernie_tui.engine_ctl.logtail import strip_ansi as _strip_ansi
+from ernie_tui.engine_ctl.ranks import is_rank, note_rank
 from ernie_tui.engine_ctl.report import PHASES, EngineError, EngineReport, StatsSample
 
 __all__ = [
@@ -82,8 +83,9 @@ MAX_STATS = 5000
 
 # --------------------------------------------------------------------------- prefilter
 
-# "(APIServer pid=1938) " / "(EngineCore_DP0 pid=7) " / "(VllmWorker-0 pid=13964) "
-_PFX = re.compile(r"\(([^()\s][^()]{0,40}?) pid=(\d+)\) ")
+# "(APIServer pid=1938) " / "(EngineCore_DP0 pid=7) " / "(VllmWorker-0 pid=13964) ",
+# and Ray's "(RayWorkerWrapper pid=2436, ip=10.0.0.2) "
+_PFX = re.compile(r"\(([^()\s][^()]{0,40}?) pid=(\d+)(?:, ip=[^()\s]{1,64})?\) ")
 
 # The five characters after the prefix say what kind of line it is:
 # 1 = vLLM's own INFO/WARNING/DEBUG line ("INFO 11-30 03:20:09 [cuda.py:482] msg"),
@@ -280,6 +282,8 @@ class LogParser:
     def _reset_state(self) -> None:
         self._pfx = "\x00"  # prefix of the previous prefixed line (never matches at first)
         self._plen = 0
+        self._rank: tuple[str, int] | None = None  # (name, pid) of that prefix, when it is a rank
+        self._rank_names: dict[int, str] = {}  # pid -> the name last noted in report.ranks
         self._err_is_wrapper = False
         self._shutting_down = False
         self._pyd_pending: int | None = None  # line of a pydantic ValidationError header
@@ -459,9 +463,9 @@ class LogParser:
     def _new_run(self, n: int) -> None:
         lines = self.report.lines
         self.report = EngineReport(lines=lines)
-        pfx, plen = self._pfx, self._plen
+        pfx, plen, rank = self._pfx, self._plen, self._rank
         self._reset_state()
-        self._pfx, self._plen = pfx, plen
+        self._pfx, self._plen, self._rank = pfx, plen, rank
         self._emit(NewRunEvent, n)
 
     def _on_prefix(self, role: str, pid_text: str, n: int) -> None:
@@ -469,6 +473,10 @@ class LogParser:
         "EngineCore", "Worker_0", ... ("EngineCore_DP0" -> "EngineCore",
         "VllmWorker-1" / "Worker_TP1" -> "Worker_1"; other ranks keep their name)."""
         pid = self._fig(pid_text, "pid", f"{role} pid", n)
+        self._rank = (role, pid) if pid is not None and is_rank(role) else None
+        if self._rank is not None and self._rank_names.get(pid) != role:  # prefixes alternate all the time
+            self._rank_names[pid] = role
+            self.report.ranks = note_rank(self.report.ranks, role, pid)
         if pid is None:
             return
         pids = self.report.pids
@@ -483,6 +491,11 @@ class LogParser:
             role = "Worker_0" if "Worker_0" not in pids else f"Worker_{len(pids)}"
         pids[role] = pid
         self._emit(PidEvent, role, pid, n)
+
+    def _rank_fig(self, line: str, **figures: Any) -> None:
+        """Figures a rank logged about itself, kept on that rank (ranks.py)."""
+        if self._rank is not None and line[:1] == "(":
+            self.report.ranks = note_rank(self.report.ranks, *self._rank, **figures)
 
     # -- vLLM-format messages: key handlers (line, message start, line no) ----
 
@@ -745,6 +758,7 @@ class LogParser:
             return
         if gib:
             self._set("weights_gib", value, n)
+            self._rank_fig(line, weights_gib=value)
             self._advance("load_weights", n)
             return
         rep = self.report
@@ -761,6 +775,7 @@ class LogParser:
         gib = self._fig(m.group(1), "gib", "weights size", n)
         secs = self._fig(m.group(2), "seconds", "weights load time", n)
         self._set("weights_gib", gib, n)
+        self._rank_fig(line, weights_gib=gib)
         self._set("weights_load_seconds", secs, n)
         self._advance("load_weights", n)
         self._phase_done("load_weights", secs, n)
@@ -806,7 +821,9 @@ class LogParser:
         self._platform("cuda", n)
 
     def _m_kvmem(self, text: str, line: str, n: int) -> None:
-        self._set("kv_cache_gib", self._fig(_word_after(text, ": "), "gib", "KV cache memory", n), n)
+        gib = self._fig(_word_after(text, ": "), "gib", "KV cache memory", n)
+        self._set("kv_cache_gib", gib, n)
+        self._rank_fig(line, kv_cache_gib=gib)
         self._advance("kv_profiling", n)
         if "gpu_worker" in line:
             self._platform("cuda", n)
@@ -820,6 +837,7 @@ class LogParser:
         gib = (self._kv_bytes / (1 << 30) if self._kv_bytes
                else self._fig(m.group(1), "gib", "KV cache memory", n))
         self._set("kv_cache_gib", gib, n)
+        self._rank_fig(line, kv_cache_gib=gib)
         self._advance("kv_profiling", n)
         if "on node" in text or "cpu_worker" in line:
             self._platform("cpu", n)
@@ -833,16 +851,21 @@ class LogParser:
             self._platform("cpu", n)
         elif device in ("GPU", "CUDA"):
             self._platform("cuda", n)
-        self._set("kv_cache_tokens", self._fig(m.group(2), "tokens", "KV cache size", n), n)
-        if m.group(4):
-            self._set("max_concurrency", self._fig(m.group(4), "ratio", "max concurrency", n), n)
+        tokens = self._fig(m.group(2), "tokens", "KV cache size", n)
+        self._set("kv_cache_tokens", tokens, n)
+        conc = self._fig(m.group(4), "ratio", "max concurrency", n) if m.group(4) else None
+        if conc is not None:
+            self._set("max_concurrency", conc, n)
+        self._rank_fig(line, kv_cache_tokens=tokens, max_concurrency=conc)
         self._advance("kv_profiling", n)
         self._phase_done("kv_profiling", self.report.phases.get("kv_profiling"), n)
 
     def _m_conc(self, text: str, line: str, n: int) -> None:
         m = _RE_CONC.match(text)
         if m:
-            self._set("max_concurrency", self._fig(m.group(2), "ratio", "max concurrency", n), n)
+            conc = self._fig(m.group(2), "ratio", "max concurrency", n)
+            self._set("max_concurrency", conc, n)
+            self._rank_fig(line, max_concurrency=conc)
 
     def _m_blocks(self, text: str, line: str, n: int) -> None:
         m = _RE_BLOCKS.match(text)

@@ -11,6 +11,7 @@ uses for a crashed server:
   max_model_len_too_large, heads_not_divisible, tp_exceeds_gpus,
   block_size_unsupported, unknown_argument, no_cache_memory,
   kv_cache_too_small, insufficient_free_memory, port_in_use,
+  and the data-parallel / headless / Ray rules of preflight_parallel.py,
 plus warnings (kind OTHER) for a public host without an API key and for the
 source articles' advice that real vLLM contradicts (shared/seeds/NOTES.md).
 
@@ -49,7 +50,9 @@ from ernie_tui.engine_ctl.estimate import (
 from ernie_tui.engine_ctl.machine import CUDA_CONTEXT_BYTES, GiB, Machine
 from ernie_tui.engine_ctl.machine import gib_str as _gib
 from ernie_tui.engine_ctl.modelinfo import ModelInfo, ModelInfoError, read_model_info
+from ernie_tui.engine_ctl.parallel_layout import layout_of
 from ernie_tui.engine_ctl.ports import bind_exposure, next_free_port, port_is_free
+from ernie_tui.engine_ctl.preflight_parallel import checks as parallel_checks
 from ernie_tui.presets.model import TOOL_KEYS, Preset, PresetError, flag_for
 from ernie_tui.presets.model import format_size as size_str
 
@@ -382,6 +385,9 @@ def check_heads(c: _Ctx) -> None:
 def check_tp_vs_gpus(c: _Ctx) -> None:
     if c.machine.platform != "cuda":
         return
+    lay = layout_of(c.preset)
+    if lay.uses_ray or lay.nnodes > 1:
+        return  # the world spans nodes: preflight_parallel judges this node's share
     tp = c.preset.tensor_parallel_size
     pp = int(c.preset.get("pipeline_parallel_size", 1))
     n = c.machine.gpu_count
@@ -605,6 +611,7 @@ CHECKS: list[tuple[str, Callable[[_Ctx], None]]] = [
     ("max_model_len", check_max_model_len),
     ("heads", check_heads),
     ("tp_vs_gpus", check_tp_vs_gpus),
+    *parallel_checks(),  # data parallel, headless nodes, Ray (preflight_parallel.py)
     ("block_size", check_block_size),
     ("arguments", check_arguments),
     ("memory", check_memory),

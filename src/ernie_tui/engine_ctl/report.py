@@ -53,6 +53,19 @@ class StatsSample:
     line_no: int | None = None
 
 
+@dataclass(frozen=True)
+class RankInfo:
+    """One engine process (a data-parallel engine core, a TP/PP worker) as
+    its log prefix names it, with the figures it logged itself (ranks.py)."""
+
+    name: str  # "EngineCore_DP1", "Worker_TP0", "Worker_DP1_TP0", "RayWorkerWrapper"
+    pid: int
+    weights_gib: float | None = None
+    kv_cache_gib: float | None = None
+    kv_cache_tokens: int | None = None
+    max_concurrency: float | None = None
+
+
 @dataclass
 class EngineReport:
     vllm_version: str | None = None
@@ -79,6 +92,8 @@ class EngineReport:
     stats: list[StatsSample] = field(default_factory=list)
     error: EngineError | None = None
     pids: dict[str, int] = field(default_factory=dict)  # "APIServer" / "EngineCore" / "Worker_0" -> pid
+    # Every rank in order of appearance (copy-on-write: replaced, never mutated).
+    ranks: list[RankInfo] = field(default_factory=list)
     lines: int = 0
     # Figures the log stated that no machine can have (inf seconds, 10^26 KV
     # tokens, port -1): left out of the fields above, each said here.

@@ -156,20 +156,31 @@ class ResourceSampler:
             self.nvml = False
 
 
+def used_on(sample, gpus: set[int] | None) -> int | None:
+    """A sample's memory figure, with NVML limited to the GPUs `gpus` (None: all)."""
+    if sample.source != "nvml" or gpus is None:
+        return sample.shown_bytes
+    return sum(g.used_bytes for g in sample.gpus if g.index in gpus)
+
+
 class EngineMemory:
     """A burst's `memory_sampler`: the engine's memory now, in bytes (GPU
     memory with NVML, else the engine's RSS), with `source` "nvml" or "rss"
     for the record. Give it the engine's `pids` (it then owns a sampler and
-    close() ends it) or an existing `sampler` (its owner closes that)."""
+    close() ends it) or an existing `sampler` (its owner closes that). With
+    `gpus` (NVML indices) GPU memory counts those GPUs only: a parallel sweep's
+    trial, whose neighbour fills the other GPUs."""
 
     def __init__(self, pids: Callable[[], list[int]] | None = None, *,
-                 sampler: ResourceSampler | None = None, use_nvml: bool = True) -> None:
+                 sampler: ResourceSampler | None = None, use_nvml: bool = True,
+                 gpus: set[int] | None = None) -> None:
         self._owned = sampler is None
+        self.gpus = gpus
         self.sampler = sampler if sampler is not None else ResourceSampler(pids, use_nvml=use_nvml)
         self.source = "nvml" if self.sampler.nvml else "rss"
 
     def __call__(self) -> float | None:
-        return self.sampler.sample().shown_bytes
+        return used_on(self.sampler.sample(), self.gpus)
 
     def close(self) -> None:
         if self._owned:

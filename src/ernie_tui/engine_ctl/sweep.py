@@ -11,6 +11,12 @@ With a capacity spec (run_sweep(..., capacity=CapacitySweep)) each preset
 gets a capacity search under an SLO instead of a burst, and presets are
 ranked by goodput at the SLO (output tok/s of the requests meeting it, at the
 highest concurrency that passes) instead of raw output tok/s.
+
+With SweepOptions.gpus_per_trial set, trials run at the same time on
+disjoint GPU sets (trial_schedule.py decides which): each trial's server gets
+its own CUDA_VISIBLE_DEVICES, a port no other running trial holds, and its
+own log; its peak memory and its wait for memory to settle count only its
+own GPUs. The runs are folded exactly as a sequential sweep's.
 """
 
 from __future__ import annotations
@@ -73,6 +79,13 @@ class SweepRun:
     itl_p99_ms: float | None = None
     capacity_stop: str | None = None
     levels: int | None = None
+    # Parallel sweeps: the GPU set and port the trial had, and when its
+    # server existed (wall clock, from launch to stopped), to show which
+    # trials ran side by side.
+    gpus: str | None = None
+    port: int | None = None
+    started_at: float | None = None
+    ended_at: float | None = None
 
 
 @dataclass
@@ -317,6 +330,12 @@ class SweepOptions:
     baseline_slack_bytes: int = 512 << 20
     log_dir: Path | None = None
     save_records: bool = True
+    # Parallel trials: None runs presets one after another; an int N gives
+    # each trial N GPUs, "auto" each trial the GPUs its preset needs
+    # (tp x pp x dp-local). gpu_ids: the GPUs to spread over (None: this
+    # process's CUDA_VISIBLE_DEVICES, else every GPU NVML sees).
+    gpus_per_trial: int | str | None = None
+    gpu_ids: list[str] | None = None
 
 
 @dataclass
@@ -332,10 +351,11 @@ class CapacitySweep:
 
 def sweep_meta(names: list[str], repeat: int, burst_config, runs: list[SweepRun], *,
                capacity: CapacitySweep | None = None, workload: str | None = None,
-               seconds: float | None = None) -> dict[str, Any]:
+               seconds: float | None = None, parallel: str | None = None) -> dict[str, Any]:
     """What the exports and the sweep's run record say about how it was
     measured: the date, the presets, the burst (or the capacity search), the
-    repeats, the time it took (when given) and the vLLM builds that served."""
+    repeats, the time it took (when given), how trials shared the GPUs (when
+    side by side) and the vLLM builds that served."""
     c = burst_config
     if capacity is not None:
         prompts = f"workload {workload}" if workload else f"prompts {c.min_tokens}-{c.max_tokens_in} tokens"
@@ -347,8 +367,26 @@ def sweep_meta(names: list[str], repeat: int, burst_config, runs: list[SweepRun]
     meta: dict[str, Any] = {"date": time.strftime("%Y-%m-%d"), "presets": " ".join(names), **how, "repeat": repeat}
     if seconds is not None:
         meta["seconds"] = round(seconds, 1)
+    if parallel is not None:
+        meta["parallel"] = parallel
     meta["vllm"] = ", ".join(sorted({f"{r.vllm_version} ({r.platform})" for r in runs if r.vllm_version})) or "-"
     return meta
+
+
+def _gpu_indices(gpus: tuple[str, ...]) -> set[int] | None:
+    """NVML indices of a trial's GPU ids; None when they are UUIDs (then
+    memory figures cover every visible GPU, as in a sequential sweep)."""
+    return {int(g) for g in gpus} if all(g.isdigit() for g in gpus) else None
+
+
+@dataclass(frozen=True)
+class _TrialEnv:
+    """What a parallel trial gets: its GPUs and port, and how to wait for
+    its GPUs' memory to settle after its server stopped."""
+
+    gpus: tuple[str, ...]
+    port: int
+    settle: Callable[[], None]
 
 
 def _emit(progress: Progress | None, **event: Any) -> None:
@@ -374,6 +412,8 @@ def run_sweep(plan: SweepPlan, burst_config=None, options: SweepOptions | None =
     cancel = cancel or threading.Event()
     log_dir = options.log_dir or Path(__import__("tempfile").mkdtemp(prefix="ernie-sweep-"))
     paths.private_dir(log_dir)  # each run's llm.log in it holds the prompts
+    if options.gpus_per_trial is not None:
+        return _run_parallel(plan, burst_config, options, log_dir, progress, cancel, capacity)
     sampler = ResourceSampler()
     baseline = sampler.sample().shown_bytes if sampler.nvml else None
     order = plan.order()
@@ -401,7 +441,8 @@ def run_sweep(plan: SweepPlan, burst_config=None, options: SweepOptions | None =
 
 def _run_one(preset: Preset, repeat: int, burst_config, options: SweepOptions, log_dir: Path, sampler,
              baseline: int | None, progress: Progress | None, cancel: threading.Event,
-             index: int, total: int, capacity: CapacitySweep | None = None) -> SweepRun:
+             index: int, total: int, capacity: CapacitySweep | None = None,
+             trial: _TrialEnv | None = None) -> SweepRun:
     from ernie_tui.engine_ctl.burst import run_burst
     from ernie_tui.engine_ctl.preflight import preflight
     from ernie_tui.engine_ctl.resources import EngineMemory, ResourceSampler
@@ -410,6 +451,19 @@ def _run_one(preset: Preset, repeat: int, burst_config, options: SweepOptions, l
     t_begin = time.monotonic()
     run = SweepRun(preset=preset.name, repeat=repeat, status="ok", key_args=preset.key_args(),
                    mode="capacity" if capacity is not None else "burst")
+    if preset.get("headless") is True:
+        run.status = "skipped: headless"
+        run.message = ("sweep: a headless preset runs engines for a head node and serves no API to measure; "
+                       "sweep the head preset instead")
+        return run
+    if trial is not None:
+        # The trial's own GPUs and port; preflight then judges the preset
+        # against exactly the GPUs it will see.
+        from dataclasses import replace
+
+        preset = replace(preset, env={**preset.env, "CUDA_VISIBLE_DEVICES": ",".join(trial.gpus)},
+                         port=trial.port)
+        run.gpus, run.port = ",".join(trial.gpus), trial.port
     model = preset.resolve_model(options.model)
     result = preflight(preset, model)
     if not result.ok:
@@ -423,12 +477,15 @@ def _run_one(preset: Preset, repeat: int, burst_config, options: SweepOptions, l
     spec = preset.launch_spec(model)
     server = EngineServer(spec, preset_name=preset.name, log_path=log_dir / f"{preset.name}-r{repeat}.log")
     ev = dict(preset=preset.name, repeat=repeat, index=index, total=total)
+    if trial is not None:
+        ev.update(gpus=run.gpus, port=run.port)
     t_launch = time.monotonic()
     ready_wait = 0.0
     burst_s = 0.0
     stop_s = 0.0
     try:
         _emit(progress, **ev, phase="starting")
+        run.started_at = time.time()
         server.start()
         deadline = time.monotonic() + options.ready_timeout_s
         st = server.status
@@ -465,11 +522,12 @@ def _run_one(preset: Preset, repeat: int, burst_config, options: SweepOptions, l
         _emit(progress, **ev, phase="burst", burst_done=0, burst_total=burst_config.n)
         # The burst's peak memory is this engine's: a fresh sampler bound to its pids.
         engine_sampler = ResourceSampler(server.engine_pids, use_nvml=sampler.nvml)
+        # In a parallel sweep, only the trial's own GPUs: not the ones a neighbour fills.
+        memory = EngineMemory(sampler=engine_sampler, gpus=_gpu_indices(trial.gpus) if trial is not None else None)
         t_burst = time.monotonic()
         try:
             burst = run_burst(spec.url, burst_config, model=spec.served_model_name, model_dir=spec.model,
-                              api_key=preset.api_key(), cancel=cancel,
-                              memory_sampler=EngineMemory(sampler=engine_sampler),
+                              api_key=preset.api_key(), cancel=cancel, memory_sampler=memory,
                               progress=lambda d, n: _emit(progress, **ev, phase="burst", burst_done=d,
                                                           burst_total=n))
         finally:
@@ -504,7 +562,11 @@ def _run_one(preset: Preset, repeat: int, burst_config, options: SweepOptions, l
             server.stop()
         stop_s = time.monotonic() - t_stop
         server.close()
-        _wait_baseline(sampler, baseline, options)
+        if trial is not None:
+            trial.settle()
+        else:
+            _wait_baseline(sampler, baseline, options)
+        run.ended_at = time.time()
         run.stop_s = stop_s
         run.overhead_s = max(0.0, (time.monotonic() - t_begin) - ready_wait - burst_s - stop_s)
 
@@ -573,3 +635,120 @@ def _wait_baseline(sampler, baseline: int | None, options: SweepOptions) -> None
         if now is None or now <= baseline + options.baseline_slack_bytes:
             return
         time.sleep(0.25)
+
+
+# -- parallel trials -----------------------------------------------------------------
+
+def _trial_port(preset: Preset, taken: set[int]) -> int:
+    """The preset's own port when it is free and no running trial holds it,
+    else the next free one after it."""
+    from ernie_tui.engine_ctl.ports import next_free_port, port_is_free
+
+    port = preset.port
+    while port in taken or not port_is_free(preset.host, port)[0]:
+        nxt = next_free_port(preset.host, port)
+        if nxt is None:
+            raise RuntimeError(f"no free port after {port} on {preset.host}")
+        port = nxt
+    return port
+
+
+def _run_parallel(plan: SweepPlan, burst_config, options: SweepOptions, log_dir: Path,
+                  progress: Progress | None, cancel: threading.Event,
+                  capacity: CapacitySweep | None) -> list[SweepRun]:
+    """Run the plan's trials side by side on disjoint GPU sets; returns the
+    runs in plan order (the same runs a sequential sweep would give)."""
+    from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
+
+    from ernie_tui.engine_ctl.resources import ResourceSampler, used_on
+    from ernie_tui.engine_ctl.trial_schedule import Trial, TrialScheduler, detect_gpu_ids
+
+    gpu_ids = list(options.gpu_ids) if options.gpu_ids else detect_gpu_ids()
+    per = None if options.gpus_per_trial == "auto" else int(options.gpus_per_trial)
+    order = plan.order()
+    sched = TrialScheduler([Trial(i, r, p) for i, (r, p) in enumerate(order)], gpu_ids, per)
+    total = len(order)
+    lock = threading.Lock()
+
+    def emit(**event: Any) -> None:
+        with lock:  # trials report from their own threads; listeners see one at a time
+            _emit(progress, **event)
+
+    runs: dict[int, SweepRun] = {}
+    for t, why in sched.unfit():
+        run = SweepRun(preset=t.preset.name, repeat=t.repeat, status="skipped: tp_exceeds_gpus",
+                       message=f"sweep: {why}", key_args=t.preset.key_args(),
+                       mode="capacity" if capacity is not None else "burst")
+        runs[t.index] = run
+        emit(preset=t.preset.name, repeat=t.repeat, index=t.index, total=total, phase="done",
+             status=run.status, run=run)
+
+    sampler = ResourceSampler()
+    # Each GPU's memory before the sweep: a trial is over once its own GPUs
+    # are back to where they were (its neighbours' GPUs are none of its business).
+    start = sampler.sample() if sampler.nvml else None
+    baselines = {g.index: g.used_bytes for g in start.gpus} if start is not None else {}
+
+    def settle_for(gpus: tuple[str, ...]) -> Callable[[], None]:
+        indices = _gpu_indices(gpus)
+
+        def settle() -> None:
+            if not sampler.nvml or indices is None:
+                return
+            base = sum(baselines.get(i, 0) for i in indices)
+            deadline = time.monotonic() + options.baseline_timeout_s
+            while time.monotonic() < deadline:
+                with lock:  # one NVML reader at a time
+                    now = used_on(sampler.sample(), indices)
+                if now is None or now <= base + options.baseline_slack_bytes:
+                    return
+                time.sleep(0.25)
+
+        return settle
+
+    ports: set[int] = set()
+    durations: list[float] = []
+    running: dict[Any, tuple[Any, int, float]] = {}
+    try:
+        with ThreadPoolExecutor(max_workers=len(gpu_ids), thread_name_prefix="sweep-trial") as pool:
+            while not sched.done:
+                if cancel.is_set():
+                    sched.drop_pending()
+                for a in sched.start():
+                    t = a.trial
+                    port = _trial_port(t.preset, ports)
+                    ports.add(port)
+                    left = len(sched.pending) + len(sched.running)
+                    eta = (statistics.mean(durations) * left / sched.max_parallel) if durations else None
+                    emit(preset=t.preset.name, repeat=t.repeat, index=t.index, total=total, phase="preflight",
+                         eta_s=eta, gpus=a.cuda_visible_devices, port=port)
+                    env = _TrialEnv(gpus=a.gpus, port=port, settle=settle_for(a.gpus))
+                    fut = pool.submit(_run_one, t.preset, t.repeat, burst_config, options, log_dir, sampler,
+                                      None, _emit_to(emit), cancel, t.index, total, capacity, env)
+                    running[fut] = (a, port, time.monotonic())
+                if not running:
+                    break
+                done, _ = wait(list(running), timeout=0.5, return_when=FIRST_COMPLETED)
+                for fut in done:
+                    a, port, t0 = running.pop(fut)
+                    sched.finish(a)
+                    ports.discard(port)
+                    durations.append(time.monotonic() - t0)
+                    t = a.trial
+                    try:
+                        run = fut.result()
+                    except Exception as exc:  # one trial's surprise must not stop its neighbours
+                        run = SweepRun(preset=t.preset.name, repeat=t.repeat, status="failed: error",
+                                       message=f"{type(exc).__name__}: {exc}", key_args=t.preset.key_args(),
+                                       gpus=a.cuda_visible_devices, port=port)
+                    runs[t.index] = run
+                    emit(preset=t.preset.name, repeat=t.repeat, index=t.index, total=total, phase="done",
+                         status=run.status, run=run, gpus=a.cuda_visible_devices)
+    finally:
+        sampler.close()
+    return [runs[i] for i in sorted(runs)]
+
+
+def _emit_to(emit: Callable[..., None]) -> Progress:
+    """A Progress callable for _run_one that goes through `emit` (locked)."""
+    return lambda event: emit(**event)

@@ -69,6 +69,13 @@ class PresetTable(BaseModel):
     tensor_parallel_size: PositiveInt | None = None
     pipeline_parallel_size: PositiveInt | None = None
     data_parallel_size: PositiveInt | None = None
+    data_parallel_size_local: Annotated[int, Field(ge=0)] | None = None
+    data_parallel_start_rank: Annotated[int, Field(ge=0)] | None = None
+    data_parallel_address: str | None = None
+    data_parallel_rpc_port: Annotated[int, Field(ge=1, le=65535)] | None = None
+    headless: bool | None = None
+    distributed_executor_backend: str | None = None
+    nnodes: PositiveInt | None = None
     gpu_memory_utilization: Annotated[float, Field(gt=0, le=1)] | None = None
     kv_cache_memory_bytes: Size | None = None
     enable_prefix_caching: bool | None = None

@@ -9,6 +9,7 @@ from textual.containers import Horizontal, Vertical
 from textual.content import Content
 from textual.widgets import Label, ProgressBar, Static
 
+from ernie_tui.engine_ctl.ranks import parallel_ranks
 from ernie_tui.engine_ctl.report import PHASES
 from ernie_tui.tui import format as fmt
 
@@ -132,6 +133,10 @@ class ReportPanel(Vertical):
             f"{fmt.seconds(r.cuda_graph_seconds)}, {fmt.gib(r.cuda_graph_gib)}"
             if r.cuda_graph_seconds is not None else "–")
         rows.append(_row("CUDA graphs", graphs, ("   init engine ", "dim"), fmt.seconds(r.init_engine_seconds)))
+        for i, rank in enumerate(parallel_ranks(getattr(r, "ranks", []))):
+            # Every rank of a parallel server with its pid and its own figures.
+            rows.append(_row("ranks" if i == 0 else "", (rank.name, "bold"), (f" pid {rank.pid}", "dim"),
+                             *self._rank_figures(rank)))
         est = self._estimate
         if est is not None:
             parts: list[str | tuple[str, str]] = [(f"{fmt.gib(est.kv_cache_gib)} = {est.kv_cache_tokens:,} tokens, "
@@ -143,6 +148,19 @@ class ReportPanel(Vertical):
             rows.append(_row("estimate", *parts))
         self._put(body, Content("\n").join(rows))
         self._phases(r)
+
+    @staticmethod
+    def _rank_figures(rank) -> list[str | tuple[str, str]]:
+        parts: list[str | tuple[str, str]] = []
+        if rank.kv_cache_gib is not None or rank.kv_cache_tokens is not None:
+            parts += ["  KV ", (fmt.gib(rank.kv_cache_gib), "bold")]
+            if rank.kv_cache_tokens is not None:
+                parts += [" = ", (f"{fmt.integer(rank.kv_cache_tokens)} tokens", "bold $accent")]
+        if rank.max_concurrency is not None:
+            parts.append(f"  {rank.max_concurrency:.2f}×")
+        if rank.weights_gib is not None:
+            parts.append(("  weights " + fmt.gib(rank.weights_gib), "dim"))
+        return parts
 
     def _phases(self, r) -> None:
         bar = self.query_one("#phase-bar", ProgressBar)
