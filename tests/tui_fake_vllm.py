@@ -17,6 +17,7 @@ ERNIE_FAKE_METRICS (a captured /metrics text to serve as-is, e.g. the fixture's
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import signal
@@ -38,6 +39,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--max-model-len", type=int, default=2048)
     p.add_argument("--kv-cache-memory-bytes", type=int, default=64 << 20)
+    p.add_argument("--data-parallel-size", type=int, default=1)
     args, _unknown = p.parse_known_args(argv)
     return args
 
@@ -58,6 +60,13 @@ class Counters:
         self.prompt = 0
         self.generation = 0
         self.lock = threading.Lock()
+        self.words: dict[str, int] = {}  # /tokenize's word-level vocabulary
+        self.served = 0  # completions served: spread over the data-parallel engines
+
+
+def _word_ids(counters: Counters, text: str) -> list[int]:
+    with counters.lock:
+        return [counters.words.setdefault(w, len(counters.words)) for w in text.split()]
 
 
 def make_handler(args: argparse.Namespace, tokens: int, counters: Counters):
@@ -89,6 +98,9 @@ def make_handler(args: argparse.Namespace, tokens: int, counters: Counters):
                     counters.generation += 400
                     p, g = counters.prompt, counters.generation
                 lbl = f'model_name="{served}"'
+                if args.data_parallel_size > 1:
+                    self._send(dp_metrics(args, served, p, g))
+                    return
                 self._send(
                     "# TYPE vllm:cache_config_info gauge\n"
                     f'vllm:cache_config_info{{block_size="{args.block_size}",cache_dtype="auto",'
@@ -110,7 +122,68 @@ def make_handler(args: argparse.Namespace, tokens: int, counters: Counters):
             else:
                 self.send_error(404)
 
+        def do_POST(self) -> None:
+            # Enough of the OpenAI API for a burst: word-level /tokenize and
+            # /detokenize, and /v1/completions streamed at once, one word a token.
+            n = int(self.headers.get("Content-Length") or 0)
+            try:
+                body = json.loads(self.rfile.read(n) or b"{}")
+            except ValueError:
+                body = {}
+            if self.path == "/tokenize":
+                ids = _word_ids(counters, str(body.get("prompt", "")))
+                self._send(json.dumps({"tokens": ids, "count": len(ids), "max_model_len": args.max_model_len}),
+                           "application/json")
+            elif self.path == "/detokenize":
+                with counters.lock:
+                    words = {i: w for w, i in counters.words.items()}
+                text = " ".join(words.get(i, "") for i in body.get("tokens") or [])
+                self._send(json.dumps({"prompt": text}), "application/json")
+            elif self.path == "/v1/completions":
+                self._complete(body)
+            else:
+                self.send_error(404)
+
+        def _complete(self, body: dict) -> None:
+            n_prompt = len(str(body.get("prompt", "")).split())
+            n_out = int(body.get("max_tokens") or 16)
+            with counters.lock:
+                counters.prompt += n_prompt
+                counters.generation += n_out
+                counters.served += 1
+            chunks = []
+            for k in range(1, n_out + 1):
+                usage = {"prompt_tokens": n_prompt, "completion_tokens": k, "total_tokens": n_prompt + k}
+                chunks.append(json.dumps({"id": "cmpl-fake", "object": "text_completion", "model": served,
+                                          "choices": [{"index": 0, "text": f" w{k}", "logprobs": None,
+                                                       "finish_reason": "length" if k == n_out else None}],
+                                          "usage": usage}))
+            chunks.append("[DONE]")
+            data = "".join(f"data: {c}\n\n" for c in chunks).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
     return Handler
+
+
+def dp_metrics(args: argparse.Namespace, served: str, prompt: int, generation: int) -> str:
+    """A data-parallel server's scrape: every engine's samples carry its
+    `engine` label, as vLLM labels them; the tokens split evenly."""
+    dp = args.data_parallel_size
+    tokens = (args.kv_cache_memory_bytes // 1024) // args.block_size * args.block_size
+    out = {"vllm:prompt_tokens_total": ("counter", prompt / dp),
+           "vllm:generation_tokens_total": ("counter", generation / dp),
+           "vllm:num_requests_running": ("gauge", 1.0), "vllm:num_requests_waiting": ("gauge", 0.0)}
+    text = [f'vllm:cache_config_info{{block_size="{args.block_size}",kv_cache_size_tokens="{tokens}"}} 1.0']
+    for name, (kind, value) in out.items():
+        text.append(f"# TYPE {name} {kind}")
+        text += [f'{name}{{engine="{e}",model_name="{served}"}} {value}' for e in range(dp)]
+    text.append("# TYPE vllm:kv_cache_usage_perc gauge")
+    text += [f'vllm:kv_cache_usage_perc{{engine="{e}",model_name="{served}"}} {0.1 * (e + 1):.2f}' for e in range(dp)]
+    return "# TYPE vllm:cache_config_info gauge\n" + "\n".join(text) + "\n"
 
 
 def main() -> int:
