@@ -138,14 +138,18 @@ def main() -> int:
         where = args.keep or Path(tmp)
         where.mkdir(parents=True, exist_ok=True)
         print(f"{'size':>8} {'lines':>12} {'mode':>7} {'shown s':>8} {'RSS growth MB':>14} {'RSS peak MB':>12}")
-        for size in sizes:
+        for size in [0, *sizes]:  # 0: the fixture log itself, what the app costs with a small log
             log = where / f"llm-{size >> 20}M.log"
-            lines = build_log(log, size)
+            if size:
+                lines = build_log(log, size)
+            else:
+                log.write_bytes(FIXTURE.read_bytes())
+                lines = FIXTURE.read_bytes().count(b"\n")
             for mode in ("replay", "attach"):
                 out = subprocess.run([sys.executable, __file__, "--measure", mode, str(log)], check=True,
                                      capture_output=True, text=True, cwd=ROOT)
                 r = json.loads(out.stdout.strip().splitlines()[-1])
-                print(f"{os.path.getsize(log) / 2**20:>7.0f}M {lines:>12,} {mode:>7} {r['shown_s']:>8.2f} "
+                print(f"{os.path.getsize(log) / 2**20:>7.2f}M {lines:>12,} {mode:>7} {r['shown_s']:>8.2f} "
                       f"{r['rss_growth_mb']:>14.1f} {r['rss_peak_mb']:>12.1f}", flush=True)
             if args.keep is None:
                 log.unlink()

@@ -163,6 +163,7 @@ def test_start_found_backwards_is_the_parsers_new_run(restarted_log, tmp_path):
         assert logopen.find_last_start(fd, second) == first
         assert logopen.find_last_start(fd, first) == 0
         assert logopen.count_newlines(fd, 0, len(data)) == data.count(b"\n")
+        assert logopen.last_start(fd, len(data)) == (second, data[second:].count(b"\n"))
     finally:
         os.close(fd)
     # A request that mentions a version is not a start: the parser judges each candidate.

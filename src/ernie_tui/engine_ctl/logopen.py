@@ -8,7 +8,7 @@ parser, the pane, or both:
 
     [0 .. S)   before the last start (S): skipped, its newlines counted
     [S .. E)   the startup, to the parser, until it says the server serves
-    [E .. T)   the middle: skipped, its newlines counted (bytes.count, C speed)
+    [E .. T)   the middle: skipped, its lines known from counts (bytes.count, C speed)
     [T .. P)   the charts' window of stats lines older than the pane's: parser
     [P .. end) the pane's window (the last PANE_BYTES): parser and pane
 
@@ -20,7 +20,8 @@ with a LogTailer(offset=end). `LineIndex` finds earlier lines on demand
 The last start is found by scanning backwards for the line the parser
 treats as a new run (vLLM's "server version" line or its banner); the
 parser itself judges each candidate. Memory stays bounded by a block or
-two, whatever the file's size. Pure stdlib plus the parser.
+two, whatever the file's size, and each byte is read about once (the
+backward scan counts the newlines it passes). Pure stdlib plus the parser.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from datetime import datetime
 
 from ernie_tui.engine_ctl.logtail import split_block
 
-__all__ = ["LineIndex", "Section", "count_newlines", "find_last_start", "read_existing"]
+__all__ = ["LineIndex", "Section", "count_newlines", "find_last_start", "last_start", "read_existing"]
 
 BLOCK = 1 << 20  # one read while scanning or parsing
 COUNT_CHUNK = 8 << 20  # one read while counting newlines
@@ -109,6 +110,14 @@ def find_last_start(fd: int, size: int, is_start: Callable[[bytes], bool] = _is_
     """Byte offset of the line where the log's last server start begins, or
     0 when none is found (one start, logged before its version line, or
     none: the whole file is that run)."""
+    return last_start(fd, size, is_start)[0]
+
+
+def last_start(fd: int, size: int, is_start: Callable[[bytes], bool] = _is_start) -> tuple[int, int]:
+    """(offset of the last start, newlines from there to `size`): counted on
+    the way back, from the blocks read anyway, so that opening a log reads
+    each byte once (this pass, then counting what lies before the start)."""
+    lines = 0
     for start, data in _blocks_back(fd, 0, size):
         at = len(data)
         while True:
@@ -118,9 +127,10 @@ def find_last_start(fd: int, size: int, is_start: Callable[[bytes], bool] = _is_
             ls = data.rfind(b"\n", 0, k) + 1
             le = data.find(b"\n", k)
             if is_start(data[ls:le if le >= 0 else len(data)]):
-                return start + ls
+                return start + ls, lines + data.count(b"\n", ls)
             at = ls
-    return 0
+        lines += data.count(b"\n")
+    return 0, lines
 
 
 def _stamp(line: bytes) -> float | None:
@@ -215,7 +225,7 @@ def read_existing(fd: int, size: int, serving: Callable[[], bool],
     end = size - len(tail) + k + 1 if k >= 0 else (0 if size <= BLOCK else size)
     if end <= 0:
         return 0, 0
-    start = find_last_start(fd, end)
+    start, after_start = last_start(fd, end)
     pane = _line_start_at_or_after(fd, end - pane_bytes, end) if end > pane_bytes else 0
     first = min(start, pane)
     n = count_newlines(fd, 0, first)
@@ -231,6 +241,7 @@ def read_existing(fd: int, size: int, serving: Callable[[], bool],
         return end, n
     # The startup, up to where the server serves (or the pane's window).
     pos = start
+    at_start = n
     for lines, at, stop in read_lines(fd, start, pane):
         yield Section(lines, n + 1, True, False, at, stop)
         n += len(lines)
@@ -240,7 +251,8 @@ def read_existing(fd: int, size: int, serving: Callable[[], bool],
     # The charts' window of stats lines, and the middle skipped before it.
     chart = chart_window_start(fd, pos, end) if pos < pane else pane
     chart = min(max(chart, pos), pane)
-    n += count_newlines(fd, pos, chart)
+    # The middle's lines: all after the start, less the rest (read next, far fewer).
+    n = at_start + after_start - count_newlines(fd, chart, end)
     for lines, at, stop in read_lines(fd, chart, pane):
         yield Section(lines, n + 1, True, False, at, stop)
         n += len(lines)
