@@ -309,6 +309,8 @@ def test_older_startup_wording():
         old("init engine (profile, create kv cache, warmup model) took 20.10 seconds", src="core.py:1"),
         old("Starting vLLM API server on http://0.0.0.0:8000", src="api_server.py:2"),
         "INFO:     Started server process [6593]",
+        "INFO:     Waiting for application startup.",
+        "INFO:     Application startup complete.",
         "INFO:     Uvicorn running on http://0.0.0.0:8000 (Press CTRL+C to quit)",
     ])
     assert r.vllm_version == "0.6.3.post1" and r.platform == "cuda"
@@ -375,7 +377,23 @@ def test_ansi_colored_lines():
     line = "\x1b[32m(APIServer pid=5)\x1b[0m INFO 11-30 03:20:09 [x.py:1] Starting vLLM server on http://h:1"
     r = LogParser()
     r.feed(line)
-    assert r.report.ready and r.report.server_url == "http://h:1"
+    assert r.report.server_url == "http://h:1"
+
+
+def test_ready_when_uvicorn_serves_not_when_vllm_announces_it():
+    """The one ready rule: "Starting vLLM server on URL" comes before the
+    routes are listed and uvicorn binds; the server is ready at uvicorn's
+    "Application startup complete" (or at a stats line, when uvicorn's INFO
+    lines are turned off: only a serving API server logs them)."""
+    announce = v("Starting vLLM server on http://127.0.0.1:8000", role="APIServer")
+    r = parse_lines([announce, v("Available routes are:", role="APIServer")])
+    assert not r.ready and r.server_url == "http://127.0.0.1:8000" and r.phase != "ready"
+    r = parse_lines([announce, "(APIServer pid=1) INFO:     Application startup complete."])
+    assert r.ready and r.phase == "ready"
+    stats = v("Engine 000: Avg prompt throughput: 1.0 tokens/s, Avg generation throughput: 2.0 tokens/s, "
+              "Running: 0 reqs, Waiting: 0 reqs, GPU KV cache usage: 0.0%, Prefix cache hit rate: 0.0%",
+              role="APIServer")
+    assert parse_lines([announce, stats]).ready
 
 
 def test_unterminated_osc_escape_ends_with_its_line(tmp_path, fixtures_dir):
@@ -765,7 +783,7 @@ def test_cli_parse_log_json_drops_figures_no_machine_has(tmp_path, capsys):
     assert text.count("dropped") == 10 and not any("inf" in ln for ln in figures)
     r = parse_lines([v("Starting vLLM server on http://inf:-1", role="APIServer"),
                      v("Starting vLLM server on http://[::1]:99999", role="APIServer")])
-    assert r.ready and r.server_url is None and len(r.notes) == 2
+    assert r.server_url is None and len(r.notes) == 2
     assert parse_lines([v("Starting vLLM server on http://[::1]:8000", role="APIServer")]).server_url \
         == "http://[::1]:8000"
 

@@ -47,8 +47,12 @@ def build_parser() -> argparse.ArgumentParser:
                              "several open the fleet view, one row per server")
     parser.add_argument("--fleet", metavar="FILE",
                         help="fleet view of the servers a TOML file names ([servers.NAME] url, log, preset)")
-    parser.add_argument("--log", metavar="PATH", help="with one --attach: the server's llm.log to tail")
-    parser.add_argument("--replay", metavar="LOG", help="open a captured llm.log offline (no server)")
+    parser.add_argument("--log", metavar="PATH",
+                        help="with one --attach: the server's llm.log to tail (a big one opens on its last start "
+                             "and its end)")
+    parser.add_argument("--replay", metavar="LOG",
+                        help="open a captured llm.log offline (no server; a big one opens on its last start and "
+                             "its end, earlier lines load as the log pane scrolls up)")
     parser.add_argument("--start", action="store_true", help="control mode: start the selected preset at once")
     parser.add_argument("--on-exit", choices=["ask", "stop", "leave"], default="ask",
                         help="control mode: on quit, stop the server, leave it running, or ask (default); "

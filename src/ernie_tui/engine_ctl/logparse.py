@@ -892,8 +892,9 @@ class LogParser:
             return
         m = _RE_URL.match(text)
         if m:
+            # Not ready yet: the routes are listed and uvicorn starts after this
+            # line; the socket serves once uvicorn says so (_on_uvicorn).
             self._set("server_url", self._url(m.group(1).rstrip("."), n), n)
-            self._ready(n)
 
     def _m_stats(self, text: str, line: str, n: int) -> None:
         values: dict[str, float] = {}
@@ -924,6 +925,8 @@ class LogParser:
         )
         stats = self.report.stats
         stats.append(sample)
+        if not self.report.ready and self.report.error is None:
+            self._ready(n)  # only a serving API server logs stats (uvicorn's INFO lines may be off)
         if len(stats) > 2 * MAX_STATS:
             # A server logs a stats line every 10 s, all day: keep the newest
             # MAX_STATS (about 14 h), trimming in halves so appends stay O(1).

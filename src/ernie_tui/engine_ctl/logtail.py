@@ -31,7 +31,7 @@ import os
 import re
 from pathlib import Path
 
-__all__ = ["CUT_MARKER", "LogTailer", "strip_ansi"]
+__all__ = ["CUT_MARKER", "LogTailer", "split_block", "strip_ansi"]
 
 # Appended to a line that was longer than max_line; what follows it was dropped.
 CUT_MARKER = " [...line cut]"
@@ -59,10 +59,13 @@ class LogTailer:
     `max_line` caps a single line in bytes; `max_read` bounds the bytes one
     `read_new()` call consumes so a huge backlog is delivered in slices
     instead of one giant list (call again until it returns [] to drain).
+    `offset` (a byte offset where a line begins) starts there instead, in
+    the file the path names now: what came before it was read another way
+    (engine_ctl.logopen reads a big log's head and tail, then follows).
     """
 
     def __init__(self, path: str | os.PathLike[str], from_start: bool = True, max_line: int = 65536,
-                 max_read: int = 8 << 20) -> None:
+                 max_read: int = 8 << 20, *, offset: int | None = None) -> None:
         self.path = Path(path)
         self.max_line = max(1, int(max_line))
         self.max_read = max(_READ_CHUNK, int(max_read))
@@ -81,8 +84,17 @@ class LogTailer:
         self.lines_cut = 0  # how many lines were capped (for a status line, tests)
         self.rotations = 0
         self.truncations = 0
+        self._since_term = 0  # bytes read since the last \n: the line being assembled
         self._start_offset: int | None = 0
-        if not from_start:
+        if offset is not None:
+            try:
+                st = os.stat(self.path)
+            except OSError:
+                self._start_offset = 0
+            else:
+                self._start_offset = max(0, int(offset))
+                self._ident = (st.st_dev, st.st_ino)
+        elif not from_start:
             try:
                 st = os.stat(self.path)
             except OSError:
@@ -101,6 +113,12 @@ class LogTailer:
         raw = bytes(self._buf) if self._buf or self._redraw is None else self._redraw[0]
         return strip_ansi(raw.decode("utf-8", errors="replace"))
 
+    @property
+    def next_line_offset(self) -> int:
+        """Byte offset, in the file being read, where the next line that
+        read_new() returns begins (the start of the line held so far)."""
+        return self._pos - self._since_term
+
     def read_new(self) -> list[str]:
         """Return complete lines added since the last call; never blocks."""
         out: list[str] = []
@@ -117,7 +135,7 @@ class LogTailer:
         if size < self._pos:
             self.truncations += 1
             self._flush_partial(out)
-            self._pos = 0
+            self._pos = self._since_term = 0
             os.lseek(self._fd, 0, os.SEEK_SET)
         budget = self._drain(out, budget)
         if budget <= 0:
@@ -160,6 +178,7 @@ class LogTailer:
                 self._skip_to_eol = not self._ends_line(fd, offset)
         self._start_offset = None
         self._fd, self._ident, self._pos = fd, ident, offset
+        self._since_term = 0
         os.lseek(fd, offset, os.SEEK_SET)
         return True
 
@@ -198,6 +217,8 @@ class LogTailer:
             self._pos += len(data)
             budget -= len(data)
             self._split(data, out)
+            k = data.rfind(b"\n")
+            self._since_term = len(data) - k - 1 if k >= 0 else self._since_term + len(data)
         return budget
 
     # -- line assembly ------------------------------------------------------
@@ -279,3 +300,14 @@ class LogTailer:
             self.lines_cut += 1
             text += CUT_MARKER
         out.append(text)
+
+
+def split_block(data: bytes, max_line: int = 65536) -> list[str]:
+    """The lines of `data`, a run of whole lines read from a log (its last
+    line may lack its newline), exactly as a LogTailer reading them returns
+    them: \\r redraws, the cap, ANSI codes and bad UTF-8 handled the same."""
+    splitter = LogTailer(os.devnull, max_line=max_line)  # never opened: used for its line assembly only
+    out: list[str] = []
+    splitter._split(data, out)
+    splitter._flush_partial(out)
+    return out

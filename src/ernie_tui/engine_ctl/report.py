@@ -6,7 +6,7 @@ diagnosis and the dashboard. Plain dataclasses, JSON-friendly via to_dict().
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from enum import StrEnum
 from typing import Any
 
@@ -105,3 +105,35 @@ class EngineReport:
         if not include_stats:
             d["stats"] = [asdict(s) for s in self.stats[-1:]]
         return d
+
+
+# A snapshot keeps the newest stats samples only: the report panel shows the
+# latest, a replay's charts their 15-minute window (90 samples at vLLM's 10 s
+# interval), and copying a day's worth (8,640) under the server's lock once
+# cost 0.1 s a copy.
+SNAPSHOT_STATS = 1024
+
+
+@dataclass(frozen=True)
+class ReportSnapshot:
+    """One published state of a server's report, for any thread to read.
+
+    The monitor that owns the parser makes one when the report changed
+    (`version` counts them) and never touches it again; readers must not
+    change it either. `run` names the log it comes from (a restart starts a
+    new llm.log, and a new run)."""
+
+    version: int
+    run: object
+    report: EngineReport
+
+    @classmethod
+    def of(cls, report: EngineReport, version: int, run: object) -> ReportSnapshot:
+        """Copy what the parser goes on changing (its dicts and lists, the
+        newest stats) once; the rest (strings, numbers, the error) is shared."""
+        stats = report.stats[-SNAPSHOT_STATS:]
+        if stats:
+            stats[-1] = replace(stats[-1])  # V0 logs fill in its prefix hit rate a line later
+        copy = replace(report, stats=stats, phases=dict(report.phases), pids=dict(report.pids),
+                       non_default_args=dict(report.non_default_args), notes=list(report.notes))
+        return cls(version, run, copy)

@@ -3,19 +3,28 @@
 The server runs in its own session (so a lost SSH terminal's SIGHUP never
 reaches it, and we can signal the whole process group). Its stdout+stderr go
 to llm.log; the previous log is kept as llm.log.1. A monitor thread tails
-the log into the LogParser, polls /health at 4 Hz while starting, and turns
-all of that into a state machine:
+the log into the server's one LogParser, polls /health at 4 Hz while
+starting, and turns all of that into a state machine:
 
     stopped -> starting(phase) -> ready -> stopping -> stopped
                      \\-> crashed (exit code + root-cause line)
 
-Listeners get StatusChanged / LogLines events on the monitor thread; the TUI
-forwards them as messages, scripts can just call wait_ready().
+Ready is the parser's word (uvicorn serves), confirmed by /health when
+/health can be trusted. After each batch that changed the report the
+monitor publishes an immutable ReportSnapshot (`snapshot`, with a version);
+nobody else parses the log. A server we did not start (AttachedServer) and a
+captured log (LogReplay) are the same monitor without a process. A log that
+already holds a lot is opened by engine_ctl.logopen: its last start from
+the head, the charts' window and the pane's lines from the tail, the rest
+counted, not parsed, and read again only when the pane scrolls up to it.
+
+Listeners get StatusChanged / LogLines / ReportPublished events on the
+monitor thread; the TUI forwards them as messages, scripts can just call
+wait_ready().
 """
 
 from __future__ import annotations
 
-import copy
 import json
 import os
 import signal
@@ -31,11 +40,12 @@ import httpx
 import psutil
 
 from ernie_tui import paths
+from ernie_tui.engine_ctl.logopen import LineIndex, Section, read_existing
 from ernie_tui.engine_ctl.logparse import LogParser
 from ernie_tui.engine_ctl.logtail import LogTailer
 from ernie_tui.engine_ctl.ports import port_is_free
 from ernie_tui.engine_ctl.errors import ErrorKind
-from ernie_tui.engine_ctl.report import EngineError, EngineReport
+from ernie_tui.engine_ctl.report import EngineError, EngineReport, ReportSnapshot
 from ernie_tui.presets.model import LaunchSpec
 
 
@@ -88,6 +98,23 @@ class LogLines:
     # The line being drawn right now (a live progress bar), when it changed;
     # it comes again, complete, in `lines` once its newline is written.
     partial: str | None = None
+    first_line_no: int | None = None  # the file's number of lines[0] (1-based)
+    run: object = None  # which log they come from (each start writes a new one)
+
+
+@dataclass(frozen=True)
+class ReportPublished:
+    """The monitor published a new report snapshot (read `watcher.snapshot`)."""
+
+    snapshot: ReportSnapshot
+
+
+@dataclass(frozen=True)
+class LogRead:
+    """A LogReplay has read its whole log."""
+
+    path: Path
+    lines: int
 
 
 Listener = Callable[[object], None]
@@ -100,10 +127,12 @@ ORPHAN_GRACE = 3.0  # a crashed server's leftovers get this long after SIGTERM
 
 DETACHED_FILE = "server.json"
 
-# uvicorn's line once the app is serving. The earlier "Starting vLLM server on
-# http://..." line comes before the socket accepts connections, so it does
-# not count as ready.
-STARTUP_COMPLETE = "Application startup complete"
+# After the parser says the server serves, /health gets this long to confirm
+# it (when /health can be trusted) before the parser's word alone counts.
+READY_CONFIRM_S = 2.0
+# The monitor reads an existing log's sections for at most this long before it
+# looks at its process and /health again.
+OPEN_SLICE_S = 0.25
 
 
 def process_tree(pid: int) -> list[psutil.Process]:
@@ -142,7 +171,7 @@ def _alive(procs: list[psutil.Process]) -> list[psutil.Process]:
 
 
 class _Watcher:
-    """Shared machinery: listeners, status, the parser fed from a tailer."""
+    """Shared machinery: listeners, status, the one parser fed from the log."""
 
     def __init__(self, url: str, log_path: Path | None, preset_name: str | None, attached: bool):
         self._lock = threading.RLock()
@@ -156,7 +185,16 @@ class _Watcher:
         self._http = httpx.Client(timeout=httpx.Timeout(1.0, connect=0.5))
         self._partial = ""
         self.api_key: str | None = None
-        self._startup_complete: float | None = None
+        self._run = 0  # bumps with each log read from its start (a restart writes a new llm.log)
+        self._version = 0
+        self._snapshot = ReportSnapshot.of(self._parser.report, 0, 0)
+        self._ready_seen: float | None = None  # monotonic time the parser first said "serving"
+        self._opening = None  # sections of an existing log still to read (logopen.read_existing)
+        self._line_no = 0  # the file's number of the last line read
+        self._index = LineIndex()  # where lines begin, for the pane's earlier lines
+        self._index_lock = threading.Lock()
+        self._read_path: Path | None = None
+        self._read_ident: tuple[int, int] | None = None
 
     # -- public read side -----------------------------------------------------
     def add_listener(self, callback: Listener) -> None:
@@ -174,18 +212,23 @@ class _Watcher:
             return self._status
 
     @property
+    def snapshot(self) -> ReportSnapshot:
+        """The latest published report: immutable, made once per change."""
+        return self._snapshot
+
+    @property
     def report(self) -> EngineReport:
-        """A copy of the live report, safe to read from any thread. The lists
-        and dicts are copied, the stats samples and the error are shared: a
-        deep copy of a day's stats under the lock would stall the monitor."""
+        """The report as of the last line read (do not change it). A snapshot
+        is published when the report changes; one that only counted more
+        lines is brought up to date here."""
         with self._lock:
-            rep = self._parser.report
-            out = copy.copy(rep)
-            out.stats = list(rep.stats)
-            out.phases = dict(rep.phases)
-            out.pids = dict(rep.pids)
-            out.non_default_args = dict(rep.non_default_args)
-            return out
+            if self._snapshot.report.lines != self._parser.report.lines:
+                self._publish()
+            return self._snapshot.report
+
+    @property
+    def run(self) -> object:
+        return self._run
 
     @property
     def url(self) -> str:
@@ -202,6 +245,27 @@ class _Watcher:
                 return st
             time.sleep(0.05)
         return self.status
+
+    def read_earlier(self, run: object, line_no: int, max_lines: int = 2000) -> tuple[list[str], int]:
+        """Up to `max_lines` lines of the log just before line `line_no`, and
+        the number of the first; ([], line_no) when there are none (another
+        run, the file rotated away, the top of the file). Any thread."""
+        with self._lock:
+            path, ident = self._read_path, self._read_ident
+            if run != self._run or path is None:
+                return [], line_no
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except OSError:
+            return [], line_no
+        try:
+            st = os.fstat(fd)
+            if ident is not None and (st.st_dev, st.st_ino) != ident:
+                return [], line_no
+            with self._index_lock:
+                return self._index.read_before(fd, line_no, max_lines)
+        finally:
+            os.close(fd)
 
     # -- internals ------------------------------------------------------------
     def _emit(self, event: object) -> None:
@@ -221,23 +285,120 @@ class _Watcher:
             self._status = new
         self._emit(StatusChanged(new))
 
-    def _pump_log(self) -> None:
-        if self._tailer is None:
+    def _publish(self) -> ReportSnapshot:
+        """Call with the lock held."""
+        self._version += 1
+        self._snapshot = ReportSnapshot.of(self._parser.report, self._version, self._run)
+        return self._snapshot
+
+    def _begin_log(self, path: Path) -> None:
+        """Read `path` from now on: a new run, a new parser. Its existing
+        content is read in sections by the monitor, then it is followed.
+        Call only while no monitor thread runs."""
+        self._end_log()
+        with self._lock:
+            self._run += 1
+            self._parser = LogParser()
+            self._partial = ""
+            self._ready_seen = None
+            self._line_no = 0
+            self._read_path, self._read_ident = path, None
+            with self._index_lock:
+                self._index = LineIndex()
+            self._publish()
+        self._opening = self._sections(path)
+
+    def _sections(self, path: Path):
+        """The existing log's sections (then the follower is set up)."""
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except OSError:  # not written yet: all of it will be new
+            self._set_tailer(LogTailer(path, from_start=True))
             return
-        lines = self._tailer.read_new()
-        partial = self._tailer.partial
+        end = n = 0
+        try:
+            st = os.fstat(fd)
+            with self._lock:
+                self._read_ident = (st.st_dev, st.st_ino)
+            reading = read_existing(fd, st.st_size, lambda: self._parser.report.ready)
+            while True:
+                try:
+                    yield next(reading)
+                except StopIteration as done:
+                    end, n = done.value or (0, 0)
+                    break
+        finally:
+            os.close(fd)
+        self._line_no = n
+        with self._index_lock:
+            self._index.add(n + 1, end)
+        self._set_tailer(LogTailer(path, offset=end))
+
+    def _end_log(self) -> None:
+        if self._opening is not None:
+            self._opening.close()
+            self._opening = None
+        self._set_tailer(None)
+
+    def _pump_log(self) -> bool:
+        """Read what is new; True while an existing log's sections are still
+        being read (the caller comes back at once instead of sleeping)."""
+        if self._opening is not None:
+            until = time.monotonic() + OPEN_SLICE_S
+            while time.monotonic() < until:
+                try:
+                    section: Section = next(self._opening)
+                except StopIteration:
+                    self._opening = None
+                    break
+                self._take(section.lines, section.first_line_no, section.begin,
+                           to_parser=section.to_parser, to_pane=section.to_pane)
+            if self._opening is not None:
+                return True
+        if self._tailer is None:
+            return False
+        tailer = self._tailer
+        begin, moved = tailer.next_line_offset, tailer.rotations + tailer.truncations
+        lines = tailer.read_new()
+        if tailer.rotations + tailer.truncations != moved:
+            with self._index_lock:  # another file now: earlier lines are no longer where we noted them
+                self._index = LineIndex()
+            with self._lock:
+                self._read_ident = None
+            begin = None
+        partial = tailer.partial
         changed = partial != self._partial
         if not lines and not changed:
-            return
+            return False
         self._partial = partial
+        self._take(lines, self._line_no + 1, begin, partial=partial if changed and partial else None)
+        return False
+
+    def _take(self, lines: list[str], first: int, begin: int | None, *, to_parser: bool = True,
+              to_pane: bool = True, partial: str | None = None) -> None:
+        """Lines `first`.. of the log: to the parser and/or the listeners."""
+        published = None
         with self._lock:
-            for line in lines:
-                self._parser.feed(line)
-                if STARTUP_COMPLETE in line and not self._startup_complete:
-                    self._startup_complete = time.monotonic()
-            if changed and partial:
-                self._parser.peek(partial)
-        self._emit(LogLines(lines, partial if changed and partial else None))
+            events = []
+            if to_parser and lines:
+                # The file's numbering: a skipped stretch was counted, not parsed.
+                self._parser.report.lines = first - 1
+                events = self._parser.feed_many(lines)
+            if partial:
+                events += self._parser.peek(partial)
+            if lines:
+                self._line_no = first - 1 + len(lines)
+            if events:
+                published = self._publish()
+            if self._ready_seen is None and self._parser.report.ready:
+                self._ready_seen = time.monotonic()
+        if to_pane and lines and begin is not None:
+            with self._index_lock:
+                self._index.add(first, begin)
+        if (to_pane and lines) or partial:
+            self._emit(LogLines(lines if to_pane else [], partial, first, self._run))
+        if published is not None:
+            self._emit(ReportPublished(published))
 
     def _health_ok(self) -> bool:
         headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else None
@@ -251,7 +412,7 @@ class _Watcher:
         replacement and every end goes through here: a tailer left open keeps
         its llm.log open, and after the next two rotations that file is a
         deleted llm.log.1 whose disk space comes back only when it is closed.
-        Call only while no monitor thread runs (it reads self._tailer)."""
+        Call from the monitor thread, or while none runs (it reads self._tailer)."""
         old, self._tailer = self._tailer, tailer
         if old is not None and old is not tailer:
             old.close()
@@ -260,7 +421,7 @@ class _Watcher:
         self._stop_monitor.set()
         if self._thread and self._thread.is_alive() and self._thread is not threading.current_thread():
             self._thread.join(timeout=5)
-        self._set_tailer(None)
+        self._end_log()
         self._http.close()
 
 
@@ -297,9 +458,6 @@ class EngineServer(_Watcher):
         # as ready; then only our own log's ready line counts.
         self._health_trusted = port_is_free(self.spec.host, self.spec.port)[0]
         env = {**os.environ, **self.spec.env}
-        with self._lock:
-            self._parser = LogParser()
-            self._startup_complete = None
         # The log echoes prompts and the preset's env: readable by its owner only.
         with open(log, "ab", buffering=0, opener=paths.private_opener) as out:
             try:
@@ -311,7 +469,7 @@ class EngineServer(_Watcher):
                 raise ServerError(f"cannot run {self.spec.argv[0]}: {exc.strerror or exc}") from None
         self._procs_seen = {}
         self._remember_tree()
-        self._set_tailer(LogTailer(log, from_start=True))
+        self._begin_log(log)
         self._stopping = False
         self._stop_monitor = threading.Event()
         self._set_status(state=ServerState.STARTING, phase="launching", pid=self._proc.pid,
@@ -357,8 +515,9 @@ class EngineServer(_Watcher):
         self._stop_monitor.set()
         if self._thread and self._thread is not threading.current_thread():
             self._thread.join(timeout=5)
-        self._pump_log()
-        self._set_tailer(None)  # the server is gone: nothing more will be written
+        while self._pump_log():
+            pass
+        self._end_log()  # the server is gone: nothing more will be written
         final = ServerState.CRASHED if self.status.state == ServerState.CRASHED else ServerState.STOPPED
         self._set_status(state=final, phase=None, exit_code=proc.returncode)
 
@@ -392,7 +551,7 @@ class EngineServer(_Watcher):
         if self._thread and self._thread.is_alive() and self._thread is not threading.current_thread():
             self._thread.join(timeout=5)
         if not (self._thread and self._thread.is_alive()):
-            self._set_tailer(None)
+            self._end_log()
 
     # -- monitor thread ---------------------------------------------------------
     def _remember_tree(self) -> None:
@@ -419,7 +578,7 @@ class EngineServer(_Watcher):
         last_health = 0.0
         last_tree = 0.0
         while not self._stop_monitor.is_set():
-            self._pump_log()
+            busy = self._pump_log()
             now = time.monotonic()
             # The tree grows while vLLM starts (EngineCore, workers) and then
             # holds still; psutil walks all of /proc to find it, so look
@@ -430,28 +589,33 @@ class EngineServer(_Watcher):
             code = proc.poll()
             if code is not None:
                 time.sleep(0.2)  # let the last lines reach the file
+                while self._pump_log():
+                    pass
                 self._pump_log()
                 if self._stopping:
                     return  # stop() finishes the bookkeeping
                 self._crashed(code)
                 return
             state = self.status.state
-            report = self._parser.report
+            with self._lock:
+                phase, serving, seen = self._parser.report.phase, self._parser.report.ready, self._ready_seen
             if state == ServerState.STARTING:
-                if report.phase and report.phase != self.status.phase:
-                    self._set_status(phase=report.phase)
+                if phase and phase != self.status.phase:
+                    self._set_status(phase=phase)
                 healthy = False
                 if self._health_trusted and (now - last_health >= self.health_interval
-                                             or (self._startup_complete and now - last_health >= 0.05)):
+                                             or (serving and now - last_health >= 0.05)):
                     last_health = now
                     healthy = self._health_ok()
-                # uvicorn prints the line a moment before it serves; when
-                # /health can be trusted, give it that moment to confirm.
-                complete = self._startup_complete is not None and (
-                    not self._health_trusted or now - self._startup_complete > 2.0)
-                if healthy or complete:
+                # The parser says when it serves (engine_ctl.logparse: uvicorn's
+                # startup complete); when /health can be trusted, it gets a
+                # moment to confirm, since uvicorn prints that a moment early.
+                confirmed = serving and seen is not None and (
+                    not self._health_trusted or now - seen > READY_CONFIRM_S)
+                if healthy or confirmed:
                     self._set_status(state=ServerState.READY, phase="ready", ready_at=time.time())
-            time.sleep(0.1)
+            if not busy:
+                time.sleep(0.1)
 
     def _reap_orphans(self) -> None:
         """After the launcher died on its own, end what it left behind in its
@@ -479,7 +643,8 @@ class EngineServer(_Watcher):
         self._set_status(leftovers_ended=len(left))
 
     def _crashed(self, code: int) -> None:
-        error = self._parser.report.error
+        with self._lock:
+            error = self._parser.report.error
         if error is None:
             last = ""
             log = self.status.log_path
@@ -508,7 +673,7 @@ class AttachedServer(_Watcher):
         if self._thread and self._thread.is_alive():
             return
         if self.status.log_path is not None:
-            self._set_tailer(LogTailer(self.status.log_path, from_start=True))
+            self._begin_log(self.status.log_path)
         self._stop_monitor = threading.Event()
         self._set_status(state=ServerState.STARTING, phase="connecting")
         self._thread = threading.Thread(target=self._monitor, name="attach-monitor", daemon=True)
@@ -521,25 +686,84 @@ class AttachedServer(_Watcher):
         self.close()
 
     def engine_pids(self) -> list[int]:
-        pid = self._parser.report.pids.get("APIServer")
+        pid = self.snapshot.report.pids.get("APIServer")
         return [p.pid for p in process_tree(pid)] if pid else []
 
     def _monitor(self) -> None:
         last = 0.0
         while not self._stop_monitor.is_set():
-            self._pump_log()
+            busy = self._pump_log()
             now = time.monotonic()
             if now - last >= self.poll_interval:
                 last = now
-                pid = self._parser.report.pids.get("APIServer")
+                with self._lock:
+                    pid = self._parser.report.pids.get("APIServer")
+                    error = self._parser.report.error
                 if self._health_ok():
                     if self.status.state != ServerState.READY:
                         self._set_status(state=ServerState.READY, phase="ready", ready_at=time.time(), pid=pid)
-                elif self._parser.report.error is not None:
-                    self._set_status(state=ServerState.CRASHED, phase=None, error=self._parser.report.error)
+                elif error is not None:
+                    self._set_status(state=ServerState.CRASHED, phase=None, error=error)
                 else:
                     self._set_status(state=ServerState.STOPPED, phase="unreachable")
-            time.sleep(0.1)
+            if not busy:
+                time.sleep(0.1)
+
+
+class LogReplay(_Watcher):
+    """A captured log, read once by the same monitor, without a process or a
+    server to ask: the report, the pane's lines and a LogRead at the end."""
+
+    def __init__(self, path: str | Path):
+        super().__init__("", Path(path), None, attached=True)
+        self.spec = None
+
+    def start(self) -> None:
+        if self._thread and self._thread.is_alive():
+            return
+        path = self.status.log_path
+        assert path is not None
+        with open(path, "rb"):  # OSError now, for the caller to say, rather than an empty replay
+            pass
+        self._begin_log(path)
+        self._stop_monitor = threading.Event()
+        self._thread = threading.Thread(target=self._monitor, name="replay-monitor", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 0) -> None:
+        raise ServerError("a replayed log has no server to stop")
+
+    def detach(self) -> None:
+        self.close()
+
+    def engine_pids(self) -> list[int]:
+        return []
+
+    def _monitor(self) -> None:
+        while not self._stop_monitor.is_set():
+            if self._pump_log():
+                continue
+            if self._tailer is None or self._drain():
+                break
+        if self._stop_monitor.is_set():
+            return
+        with self._lock:
+            final = self._publish()  # the whole log's report, its line count included
+        self._emit(ReportPublished(final))
+        self._emit(LogRead(self.status.log_path, self._line_no))
+
+    def _drain(self) -> bool:
+        """Read the rest after the sections; its unfinished last line is a
+        line too. True once the end is reached."""
+        tailer = self._tailer
+        lines = tailer.read_new()
+        if lines:
+            self._take(lines, self._line_no + 1, None)
+            return False
+        if tailer.partial:
+            self._take([tailer.partial], self._line_no + 1, None)
+        self._set_tailer(None)
+        return True
 
 
 def find_detached() -> dict | None:

@@ -5,11 +5,13 @@ Modes:
 - attach:  watch a server this tool did not start (never stops it);
 - replay:  open a captured llm.log offline.
 
-Threads: the engine's monitor thread calls our listener (ServerBridge), and
-worker threads sample memory and /metrics, copy the report, read a replayed
-log, and carry out start/stop/restart (stop blocks until every engine
-process is gone). All of them only post Messages; the handlers below run on
-the UI thread and hand the data to the main screen's widgets.
+Threads: the watcher's monitor thread (a server we started, one we attach
+to, or a replayed log: the same monitor, the one log parser) calls our
+listener (ServerBridge); worker threads sample memory and /metrics, post the
+watcher's report snapshots, read earlier log lines for the pane, and carry
+out start/stop/restart (stop blocks until every engine process is gone).
+All of them only post Messages; the handlers below run on the UI thread and
+hand the data to the main screen's widgets.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from ernie_tui.tui.lifecycle import tearing_down
 from ernie_tui.tui.messages import (
     ControlResult,
     LogBatch,
+    LogEarlier,
     PreflightDone,
     PresetsLoaded,
     ReplayDone,
@@ -116,6 +119,7 @@ class ErnieApp(App[int]):
         self.hangup = False
         self._busy: str | None = None
         self._log_run: object = object()
+        self._report_seen: tuple[object, int] | None = None  # (run, version) of the report shown
         self._last_series: SeriesUpdate | None = None
         self._diagnosis = None
         self._main_ready = False
@@ -215,7 +219,7 @@ class ErnieApp(App[int]):
         from ernie_tui.tui.workers import ServerBridge
 
         self.bridge = ServerBridge(self.post_message, server)
-        if self.config.live:
+        if self.config.live or self.mode == "replay":
             self._report_pump(self.bridge)
 
     @work(thread=True, group="report", exit_on_error=False)
@@ -234,15 +238,40 @@ class ErnieApp(App[int]):
                           self.config.resource_factory, self.config.metrics_factory, self.config.api_key)
         sampler.run(lambda: worker.is_cancelled)
 
-    @work(thread=True, group="replay", exit_on_error=False)
     def _replay(self, path: Path) -> None:
-        from ernie_tui.tui.workers import replay_log
+        """A replayed log is read by the same monitor as a live one, without a process."""
+        from ernie_tui.engine_ctl.server import LogReplay
 
-        worker = get_current_worker()
+        self.server = LogReplay(path)
+        self._connect(self.server)
         try:
-            replay_log(self.post_message, path, lambda: worker.is_cancelled)
+            self.server.start()
         except OSError as exc:
             self.post_message(ControlResult("replay", False, f"cannot read {path}: {exc.strerror or exc}"))
+
+    def load_earlier(self, line_no: int) -> None:
+        """The log pane scrolled up to its first line: read the lines before it."""
+        server, run = self.server, self._log_run
+        if server is None or not hasattr(server, "read_earlier") or getattr(self, "_earlier_busy", False):
+            return
+        self._earlier_busy = True
+        self._read_earlier(server, run, line_no)
+
+    @work(thread=True, group="earlier", exit_on_error=False)
+    def _read_earlier(self, server, run, line_no: int) -> None:
+        from ernie_tui.tui.workers import read_earlier
+
+        try:
+            read_earlier(self.post_message, server, run, line_no)
+        except OSError:
+            self.post_message(LogEarlier([], run=run, first_line_no=line_no))
+
+    @on(LogEarlier)
+    def _log_earlier(self, message: LogEarlier) -> None:
+        self._earlier_busy = False
+        if self._shutting_down or not self._main_ready or message.run != self._log_run:
+            return
+        self.main.log_view.prepend(message.lines, message.first_line_no)
 
     # -- messages from workers ------------------------------------------------------------
     @property
@@ -290,6 +319,11 @@ class ErnieApp(App[int]):
     def _report(self, message: ReportUpdate) -> None:
         if self._too_early(message):
             return
+        if message.version is not None:
+            seen = self._report_seen
+            if seen is not None and seen[0] == message.run and seen[1] > message.version:
+                return  # a late copy of an older snapshot
+            self._report_seen = (message.run, message.version)
         old_platform = self.report.platform if self.report is not None else None
         self.report = message.report
         self.main.show_report(message.report)

@@ -74,9 +74,20 @@ class ReportUpdate(Message):
 
     report: "EngineReport"
     run: object = None
+    version: int | None = None  # the watcher's snapshot version (newer wins over a late older one)
 
     def can_replace(self, message: Message) -> bool:
         return isinstance(message, ReportUpdate)
+
+
+@dataclass
+class LogEarlier(Message):
+    """Lines before the log pane's first line, read on demand (it scrolled
+    up to its top); `first_line_no` is the file's number of lines[0]."""
+
+    lines: list[str]
+    run: object = None
+    first_line_no: int = 1
 
 
 @dataclass

@@ -1,13 +1,15 @@
 """Background work for the dashboard. None of it touches a widget: each loop
 reads or computes, then posts a Message (see messages.py) to the app.
 
-- ServerBridge: the engine's listener callback (runs on its monitor thread)
-  turns StatusChanged / LogLines events into StatusUpdate / LogBatch.
-- report_loop: at most 4 Hz, a copy of the live report when it changed.
+- ServerBridge: the watcher's listener callback (runs on its monitor thread)
+  turns StatusChanged / LogLines events into StatusUpdate / LogBatch, and a
+  LogRead (a replay reached its end) into the final report and charts.
+- report_loop: at most 4 Hz, the watcher's latest report snapshot when its
+  version changed. The watcher's monitor owns the one parser; nothing here
+  parses the log.
 - Sampler.run: 1 Hz (configurable), memory (NVML or engine RSS) and /metrics
   into a bounded series; posts a snapshot for the charts.
-- replay_log: reads a captured llm.log once; posts the log, the report and
-  the chart points from its stats lines.
+- read_earlier: lines before the pane's first, when it scrolls up to them.
 """
 
 from __future__ import annotations
@@ -15,73 +17,54 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from pathlib import Path
 from typing import Callable
 
-from ernie_tui.tui.messages import LogBatch, ReplayDone, ReportUpdate, SeriesUpdate, StatusUpdate
+from ernie_tui.tui.messages import (
+    LogBatch,
+    LogEarlier,
+    ReplayDone,
+    ReportUpdate,
+    SeriesUpdate,
+    StatusUpdate,
+)
 from ernie_tui.tui.series import GIB, MAX_WINDOW, ChartPoint, points_from_stats
 
 Post = Callable[[object], object]
 Cancelled = Callable[[], bool]
 
 
-_RESET = object()  # in the bridge's line queue: a new run (the server restarted)
-
-
-class _Peek(str):
-    """In the bridge's line queue: the line being drawn (a live progress bar)."""
-
-# The report copies sent to the UI keep this many stats samples: the live
-# charts come from /metrics, the report panel shows only the latest.
-REPORT_STATS_KEPT = 100
-
-
 class ServerBridge:
-    """Forwards one server's events to the UI as messages.
-
-    It also keeps its own LogParser, fed the same lines the server's parser
-    gets (and reset at the same moment, a new run), so the dashboard never
-    has to ask the server for its report: `server.report` deep-copies the
-    whole report under the server's lock, stats list included, which grows
-    by a line every 10 s of serving (a day: 8,640 samples, ~0.1 s a copy)."""
+    """Forwards one watcher's events (EngineServer, AttachedServer,
+    LogReplay) to the UI as messages."""
 
     def __init__(self, post: Post, server):
-        from collections import deque
-
         self.post = post
         self.server = server
-        self._lock = threading.Lock()
-        self.run: object = None
-        self._line_no = 0
         self.report_dirty = threading.Event()
-        self.pending: deque = deque()  # lines (lists) and _RESET markers, for report_loop
         server.add_listener(self._on_event)
 
     def _on_event(self, event) -> None:
-        from ernie_tui.engine_ctl.server import LogLines, StatusChanged
+        from ernie_tui.engine_ctl.server import LogLines, LogRead, ReportPublished, StatusChanged
 
-        if isinstance(event, StatusChanged):
-            st = event.status
-            with self._lock:
-                if st.started_at is not None and st.started_at != self.run:
-                    self.run = st.started_at
-                    self._line_no = 0
-                    self.pending.append(_RESET)
+        if isinstance(event, ReportPublished):
             self.report_dirty.set()
-            self.post(StatusUpdate(st))
         elif isinstance(event, LogLines):
-            lines = list(event.lines)
-            with self._lock:
-                first = self._line_no + 1
-                self._line_no += len(lines)
-                run = self.run
-                if lines:
-                    self.pending.append(lines)
-                if event.partial:
-                    self.pending.append(_Peek(event.partial))
-            if lines:
-                self.post(LogBatch(lines, run=run, first_line_no=first))
+            if event.lines:
+                self.post(LogBatch(list(event.lines), run=event.run, first_line_no=event.first_line_no))
+        elif isinstance(event, StatusChanged):
             self.report_dirty.set()
+            self.post(StatusUpdate(event.status))
+        elif isinstance(event, LogRead):
+            self._replayed(event)
+
+    def _replayed(self, event) -> None:
+        """The replayed log's final report, its charts from its stats lines, then ReplayDone."""
+        snap = self.server.snapshot
+        self.post(ReportUpdate(snap.report, run=snap.run, version=snap.version))
+        points = points_from_stats(snap.report.stats)
+        self.post(SeriesUpdate(tuple(points), memory_label="no memory figures in a log", memory_source="",
+                               now=points[-1].t if points else 0.0))
+        self.post(ReplayDone(str(event.path), event.lines))
 
     def close(self) -> None:
         try:
@@ -90,50 +73,27 @@ class ServerBridge:
             pass
 
 
-def report_snapshot(report):
-    """A copy of a live report that the UI may keep: shallow, with its
-    mutable parts copied and the stats trimmed to the latest samples."""
-    import dataclasses
-
-    return dataclasses.replace(report, stats=list(report.stats[-REPORT_STATS_KEPT:]), phases=dict(report.phases),
-                               non_default_args=dict(report.non_default_args), pids=dict(report.pids))
-
-
-def _looks(report) -> tuple:
-    """What of a report the screen shows (its line count and older stats aside)."""
-    import dataclasses
-
-    return dataclasses.astuple(dataclasses.replace(report, lines=0, stats=report.stats[-1:]))
-
-
 def report_loop(post: Post, bridge: ServerBridge, cancelled: Cancelled, interval: float = 0.25) -> None:
-    """Parse the server's lines with our own LogParser and post a snapshot of
-    the report when what it shows changed, at most 1/interval times a second."""
-    from ernie_tui.engine_ctl.logparse import LogParser
-
-    parser = LogParser()
+    """Post the watcher's report snapshot when its version changed, at most
+    1/interval times a second. A snapshot is immutable and made once per
+    change by the watcher: posting it costs nothing."""
     last = None
     while not cancelled():
         if not bridge.report_dirty.wait(1.0):  # idle: one wakeup a second to notice cancellation
             continue
         bridge.report_dirty.clear()
-        while bridge.pending:
-            item = bridge.pending.popleft()
-            if item is _RESET:
-                parser = LogParser()
-            elif isinstance(item, _Peek):
-                parser.peek(item)
-            else:
-                parser.feed_many(item)
-        report = parser.report
-        if len(report.stats) > 10 * REPORT_STATS_KEPT:
-            del report.stats[:-REPORT_STATS_KEPT]  # ours alone: keep memory flat over days of serving
-        looks = _looks(report)
-        if looks == last:
+        snap = bridge.server.snapshot
+        if snap.version == last:
             continue
-        last = looks
-        post(ReportUpdate(report_snapshot(report), run=bridge.run))
+        last = snap.version
+        post(ReportUpdate(snap.report, run=snap.run, version=snap.version))
         time.sleep(interval)
+
+
+def read_earlier(post: Post, server, run: object, line_no: int, max_lines: int = 2000) -> None:
+    """The lines before line `line_no` of the watcher's log, for the pane."""
+    lines, first = server.read_earlier(run, line_no, max_lines)
+    post(LogEarlier(lines, run=run, first_line_no=first))
 
 
 class Sampler:
@@ -288,38 +248,3 @@ def _sleep(seconds: float, cancelled: Cancelled) -> None:
         if left <= 0:
             return
         time.sleep(min(left, 0.5))  # few wakeups: a cancelled worker still ends within 0.5 s
-
-
-def replay_log(post: Post, path: Path, cancelled: Cancelled, batch_lines: int = 5000) -> None:
-    """Read a captured llm.log once and post what the dashboard shows."""
-    from ernie_tui.engine_ctl.logparse import LogParser
-    from ernie_tui.engine_ctl.logtail import LogTailer
-
-    parser = LogParser()
-    tailer = LogTailer(path, from_start=True)
-    run = str(path)
-    line_no = 0
-    try:
-        while not cancelled():
-            lines = tailer.read_new()
-            if not lines:
-                break
-            for i in range(0, len(lines), batch_lines):
-                chunk = lines[i:i + batch_lines]
-                for line in chunk:
-                    parser.feed(line)
-                post(LogBatch(chunk, run=run, first_line_no=line_no + 1))
-                line_no += len(chunk)
-        last = tailer.partial  # a last line without a newline
-        if last and not cancelled():
-            parser.feed(last)
-            post(LogBatch([last], run=run, first_line_no=line_no + 1))
-            line_no += 1
-    finally:
-        tailer.close()
-    report = parser.report
-    post(ReportUpdate(report, run=run))
-    points = points_from_stats(report.stats)
-    post(SeriesUpdate(tuple(points), memory_label="no memory figures in a log", memory_source="",
-                      now=points[-1].t if points else 0.0))
-    post(ReplayDone(str(path), line_no))

@@ -187,7 +187,13 @@ class MainScreen(Screen):
             panel = self.query_one(ErrorPanel)
             if panel.error is not None:  # the crash's status overtook its first lines
                 log.mark_root_cause(panel.error.line_no, reveal=True)
-        log.append(batch.lines, dropped=batch.dropped)
+        log.append(batch.lines, dropped=batch.dropped, first_line_no=batch.first_line_no)
+
+    @on(LogView.NeedEarlier)
+    def _need_earlier(self, event: LogView.NeedEarlier) -> None:
+        load = getattr(self.app, "load_earlier", None)
+        if load is not None:
+            load(event.line_no)
 
     def tick(self, now: float) -> None:
         self.query_one(StatusBar).tick(now)
@@ -222,6 +228,8 @@ class MainScreen(Screen):
             bits.append(f"/{log.search_term} {cur if total else 0} of {total}")
         if log.dropped:
             bits.append(f"{log.dropped:,} lines skipped in a flood")
+        elif log.line_count and log._first_no > 1:
+            bits.append(f"from line {log._first_no:,} (scroll up for earlier)")
         pane.border_subtitle = " · ".join(bits)
         pane.set_class(not log.follow, "-paused")
 

@@ -84,6 +84,15 @@ class LogView(ScrollView, can_focus=True):
     class StateChanged(Message):
         """Follow/search/pending state changed (for the pane's title)."""
 
+    class NeedEarlier(Message):
+        """The user scrolled up to the first line held, and the log has lines
+        before it (a big log opens on its end): whoever reads the log may
+        answer with prepend()."""
+
+        def __init__(self, line_no: int):
+            super().__init__()
+            self.line_no = line_no
+
     def __init__(self, max_lines: int = 20_000, *, id: str | None = None, classes: str | None = None):
         super().__init__(id=id, classes=classes)
         self.max_lines = max_lines
@@ -129,12 +138,18 @@ class LogView(ScrollView, can_focus=True):
 
     FLUSH_INTERVAL = 0.2  # repaint a flooding log at most 5 times a second
 
-    def append(self, lines: list[str], dropped: int = 0) -> None:
+    def append(self, lines: list[str], dropped: int = 0, first_line_no: int | None = None) -> None:
         """Queue lines; they reach the screen within FLUSH_INTERVAL. A flood of
-        batches then costs one repaint per interval, not one per batch."""
+        batches then costs one repaint per interval, not one per batch.
+        `first_line_no` (the file's number of lines[0]) numbers an empty pane:
+        a big log opens on its end, not on line 1."""
         if not lines and not dropped:
             return
         pending = getattr(self, "_pending", None)
+        if first_line_no is not None and pending is None and not self._lines:
+            self._first_no = max(1, first_line_no)
+            if self._first_no > 1:
+                self.post_message(self.StateChanged())  # the title says where the pane begins
         if pending is None:
             self._pending = pending = ([], [0])
         pending[0].extend(lines)
@@ -190,6 +205,36 @@ class LogView(ScrollView, can_focus=True):
             self.post_message(self.StateChanged())
         self.refresh()
 
+    def prepend(self, lines: list[str], first_line_no: int) -> int:
+        """Put earlier lines (numbered from `first_line_no`, ending just
+        before the first line held) above the others, keeping the view on
+        the lines it shows; at most up to max_lines in all. Returns how many."""
+        self.flush()
+        if not lines or first_line_no + len(lines) != self._first_no:
+            return 0
+        room = self.max_lines - len(self._lines)
+        if room <= 0:
+            return 0
+        if len(lines) > room:
+            lines = lines[-room:]
+            first_line_no = self._first_no - room
+        clean = [_CONTROL.sub("", ln.expandtabs()) if _NEEDS_CLEAN(ln) else ln for ln in lines]
+        self._lines[:0] = clean
+        self._first_no = first_line_no
+        widest = max(map(len, clean))
+        if widest > self._width:
+            self._width = min(MAX_WIDTH, widest)
+        if self._search is not None:
+            pat = self._search.pattern
+            found = [first_line_no + i for i, ln in enumerate(clean) if pat.search(ln)]
+            self._search.matches[:0] = found
+            self._search.current += len(found)
+        self._set_virtual_size(Size(self._width + 1, len(self._lines)))
+        self.scroll_to(y=self.scroll_y + len(clean), animate=False, immediate=True)
+        self.refresh()
+        self.post_message(self.StateChanged())
+        return len(clean)
+
     def _set_virtual_size(self, size: Size) -> None:
         """Grow the scrollable area without a screen-wide layout pass.
 
@@ -230,6 +275,8 @@ class LogView(ScrollView, can_focus=True):
         target = to if to is not None else before + (dy or 0)
         target = max(0.0, min(float(target), float(self.max_scroll_y)))
         self.scroll_to(y=target, animate=False, immediate=True)
+        if target <= 0 and (to is not None or (dy or 0) < 0) and self._first_no > 1:
+            self.post_message(self.NeedEarlier(self._first_no))
         if target >= self.max_scroll_y:
             if not self.follow:
                 self.follow = True
