@@ -158,7 +158,7 @@ def test_state_malformed_payloads_counted_not_fatal():
     s.handle(_chunk(" a", 1, finish="stop"), 0.2)
     s.handle(P.DONE, 0.3)
     r = P._finish(s, P.ProbeRequest("x"), "m", 0.3, None, 0.0)
-    assert r.ok and r.malformed_lines == 1 and r.completion_tokens == 1
+    assert r.ok and r.malformed_lines == 2 and r.completion_tokens == 1  # choices not a list: malformed
 
 
 def test_state_error_event_mid_stream():
@@ -344,7 +344,7 @@ def test_probe_happy_stream_with_junk_lines(fake):
     assert r.ok, r.error
     assert r.completion_tokens == 3 and r.prompt_tokens == 5 and r.finish_reason == "length"
     assert r.text == " a b c" and seen == [" a", " b", " c"]
-    assert r.malformed_lines == 1 and r.got_done
+    assert r.malformed_lines == 2 and r.got_done  # the bad JSON and the line that is no SSE field
     assert r.ttft_s is not None and r.itl_mean_s is not None and r.output_tps > 0
     body = s.bodies[-1]
     assert body["stream"] is True and body["stream_options"]["include_usage"] is True
@@ -453,6 +453,136 @@ def test_probe_total_deadline_with_keepalives(fake):
     r = P.run_probe(s.url, "x", model="m", read_timeout=5, total_timeout=0.6)
     release.set()
     assert not r.ok and r.error.kind == "timeout"
+
+
+# -- what a stream that is not vLLM's is reported as ------------------------------
+
+# Events of the wrong shape; each must be one counted malformed event, never a crash.
+WRONG_SHAPES = [
+    b'data: {"choices": [{"text": 7}]}\n\n',  # a text that is not a string
+    b'data: {"choices": 5}\n\n',  # choices that are not a list
+    b'data: {"choices": [5]}\n\n',  # a choice that is not an object
+    b'data: {"choices": [{"text": " x", "finish_reason": 3}]}\n\n',
+    b'data: {"choices": [{"index": 0, "text": null}], "usage": {"completion_tokens": -5}}\n\n',
+    b'data: {"usage": {"completion_tokens": 1e400}}\n\n',  # decodes to inf
+    b'data: {"usage": {"prompt_tokens": true}}\n\n',
+    b'data: {"usage": "lots"}\n\n',
+    b'data: {"id": "x"}\n\n',  # neither choices nor usage
+]
+
+
+def test_probe_chunks_of_the_wrong_shape_are_counted_malformed_not_a_crash(fake):
+    def script(conn, head):
+        _stream_headers(conn)
+        _send_chunked(conn, sse(_chunk(" a", 1)))
+        for junk in WRONG_SHAPES:
+            _send_chunked(conn, junk)
+        _send_chunked(conn, sse(_chunk(" b", 2, finish="length")) + DONE)
+        _end_chunked(conn)
+    s = fake(script)
+    r = P.run_probe(s.url, "hi", model="m", read_timeout=5)
+    assert r.ok, r.error
+    assert r.text == " a b" and r.completion_tokens == 2 and r.finish_reason == "length"
+    assert r.malformed_lines == len(WRONG_SHAPES)
+
+
+def test_state_chat_delta_of_the_wrong_shape_is_malformed():
+    s = P.StreamState(t_start=0.0, chat=True)
+    s.handle({"choices": [{"delta": {"content": ["x"]}}]}, 0.1)
+    s.handle({"choices": [{"delta": "hi"}]}, 0.1)
+    s.handle({"choices": [{"delta": {"content": " ok"}, "finish_reason": "stop"}]}, 0.2)
+    assert s.malformed == 2 and s.text == " ok" and s.tokens_seen == 1
+
+
+def test_state_error_event_with_a_non_string_message():
+    s = P.StreamState(t_start=0.0)
+    s.handle({"error": {"message": 5, "code": 400}}, 0.1)
+    assert s.stream_error is not None and s.stream_error.kind == "stream_error"
+    assert "5" in s.stream_error.message
+
+
+def test_probe_negative_usage_is_ignored_not_reported(fake):
+    def script(conn, head):
+        _stream_headers(conn)
+        _send_chunked(conn, sse(_chunk(" a", 1, finish="stop")))
+        _send_chunked(conn, sse(_usage(-5)) + DONE)
+        _end_chunked(conn)
+    s = fake(script)
+    r = P.run_probe(s.url, "hi", model="m", read_timeout=5)
+    assert r.ok and r.completion_tokens == 1 and r.malformed_lines == 1
+
+
+@pytest.mark.parametrize("done", [False, True])
+def test_probe_stream_of_only_junk_says_what_it_held(fake, done):
+    def script(conn, head):
+        _stream_headers(conn)
+        _send_chunked(conn, b"data: {not json\n\n" + b"\x00\x01\x02\n\n" + b'data: {"choices": 5}\n\n')
+        if done:
+            _send_chunked(conn, DONE)
+        _end_chunked(conn)
+    s = fake(script)
+    r = P.run_probe(s.url, "hi", model="m", read_timeout=5)
+    assert not r.ok and r.error.kind == "bad_response", r.error
+    msg = r.error.message
+    assert "2 malformed events" in msg and "1 line that is not a server-sent event" in msg, msg
+    assert "did the server die" not in msg
+    assert r.malformed_lines == 3
+
+
+def test_probe_done_without_any_token_is_an_error(fake):
+    def script(conn, head):
+        _stream_headers(conn)
+        _send_chunked(conn, DONE)
+        _end_chunked(conn)
+    s = fake(script)
+    r = P.run_probe(s.url, "hi", model="m", read_timeout=5)
+    assert not r.ok and r.error.kind == "bad_response" and "without a token" in r.error.message
+
+
+def test_probe_html_200_is_not_an_event_stream(fake):
+    def script(conn, head):
+        body = b"<html><body>Please log in</body></html>"
+        conn.sendall(b"HTTP/1.1 200 OK\r\ncontent-type: text/html; charset=utf-8\r\n"
+                     b"content-length: %d\r\n\r\n%s" % (len(body), body))
+    s = fake(script)
+    r = P.run_probe(s.url, "hi", model="m", read_timeout=5)
+    assert not r.ok and r.error.kind == "bad_response", r.error
+    assert "200 with text/html" in r.error.message and "not an event stream" in r.error.message
+
+
+@pytest.mark.parametrize("transport", P.TRANSPORTS)
+def test_probe_answer_that_is_not_http(fake, transport):
+    s = fake(lambda conn, head: conn.sendall(b"SSH-2.0-OpenSSH_9.6\r\n\r\n"))
+
+    async def go():
+        async with P.new_async_client(None, 5.0, transport=transport) as client:
+            return await P.stream_request(client, s.url, P.ProbeRequest("hi"), "m")
+    r = asyncio.run(go())
+    assert not r.ok and r.error.kind == "bad_response", r.error
+    assert "not HTTP" in r.error.message and "SSH-2.0" in r.error.message, r.error.message
+
+
+def test_probe_retries_once_on_a_kept_alive_connection_closed_under_it(fake):
+    # The server answers the warm-up GET, then closes that connection as the
+    # timed request arrives on it (a keep-alive timeout racing the request);
+    # the request goes out again on a new connection, as nothing was answered.
+    conns = []
+
+    def script(conn, head):
+        if head.startswith(b"GET /v1/models"):
+            conns.append(conn)
+            _json_response(conn, 200, {"data": [{"id": "m"}]})
+            return
+        if conns and conn is conns[0]:
+            conn.shutdown(socket.SHUT_RDWR)
+            return
+        _stream_headers(conn)
+        _send_chunked(conn, sse(_chunk(" a", 1, finish="stop")) + DONE)
+        _end_chunked(conn)
+    s = fake(script)
+    r = P.run_probe(s.url, "hi", model="m", read_timeout=5)
+    assert r.ok, r.error
+    assert r.text == " a" and len(s.heads) == 3
 
 
 def test_probe_cancel(fake):

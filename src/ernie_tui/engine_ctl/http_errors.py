@@ -137,6 +137,30 @@ def error_from_response(status: int, body: str, target: str = "") -> ProbeError:
     return ProbeError(ProbeErrorKind.HTTP_ERROR, f"HTTP {status}: {msg}", status)
 
 
+def not_an_event_stream(status: int, content_type: str | None) -> ProbeError | None:
+    """The error for a streamed answer whose Content-Type is not an event
+    stream (a login page, a JSON answer of a server that ignored `stream`).
+    None when it is one, or says nothing: such a body is parsed anyway."""
+    if not content_type:
+        return None
+    if content_type.split(";")[0].strip().lower() == "text/event-stream":
+        return None
+    return ProbeError(ProbeErrorKind.BAD_RESPONSE,
+                      f"the server answered {status} with {content_type}, not an event stream: "
+                      "is this URL a vLLM server?", status)
+
+
+# The bytes a parser quotes from an answer it could not read: b'SSH-2.0...'
+_QUOTED_BYTES = re.compile(r"""b(['"])(.{0,80}?)\1""")
+
+
+def not_http(text: str) -> ProbeError:
+    """The error for an answer that is not HTTP at all (another protocol on the port)."""
+    m = _QUOTED_BYTES.search(text)
+    began = f" (it began {m.group(2)!r})" if m else f" ({text.splitlines()[0][:120]})" if text else ""
+    return ProbeError(ProbeErrorKind.BAD_RESPONSE, f"the answer is not HTTP{began}: is this URL a vLLM server?")
+
+
 def connection_refused(exc: BaseException) -> bool:
     """Whether a connect error was the port being closed (nothing listens)."""
     # The async transport words it "All connection attempts failed" and keeps
@@ -163,6 +187,7 @@ def _classify_aiohttp(exc: BaseException, target: str, tokens_so_far: int,
                       read_timeout: float | None) -> ProbeError | None:
     """The same kinds as for httpx, from aiohttp's exception classes."""
     import aiohttp
+    from aiohttp import http_exceptions
 
     text = str(exc) or type(exc).__name__
     where = "before answering" if tokens_so_far == 0 else f"mid-stream after {tokens_so_far} tokens"
@@ -179,6 +204,8 @@ def _classify_aiohttp(exc: BaseException, target: str, tokens_so_far: int,
         return ProbeError(ProbeErrorKind.TIMEOUT, f"the server sent nothing{waited} {first}")
     if isinstance(exc, (aiohttp.ServerDisconnectedError, aiohttp.ClientPayloadError, aiohttp.ClientOSError)):
         return ProbeError(ProbeErrorKind.DISCONNECTED, f"the server closed the connection {where} (did it die?): {text}")
+    if isinstance(exc, aiohttp.ClientResponseError) and isinstance(exc.__cause__, http_exceptions.HttpProcessingError):
+        return not_http(exc.message)  # the parser could not read the status line or headers
     if isinstance(exc, aiohttp.ClientError):
         return ProbeError(ProbeErrorKind.CONNECT_ERROR, f"request to {target} failed: {text}")
     return None
@@ -210,6 +237,8 @@ def classify_exception(exc: BaseException, target: str, tokens_so_far: int = 0,
         waited = f" for {read_timeout:g} s" if read_timeout else ""
         where = "before the first token" if tokens_so_far == 0 else f"after {tokens_so_far} tokens"
         return ProbeError(ProbeErrorKind.TIMEOUT, f"the server sent nothing{waited} {where}")
+    if isinstance(exc, httpx.RemoteProtocolError) and "status line" in text.lower():
+        return not_http(text)
     if isinstance(exc, (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError)):
         where = "before answering" if tokens_so_far == 0 else f"mid-stream after {tokens_so_far} tokens"
         return ProbeError(ProbeErrorKind.DISCONNECTED, f"the server closed the connection {where} (did it die?): {text}")

@@ -11,12 +11,14 @@ then counted as one token and the final usage chunk corrects the total.
 Errors never raise out of the probe functions: they come back as a
 ProbeResult whose ``error`` says what happened in plain words (prompt too
 long with the model's limit, 5xx, refused connection, timeout, server gone
-mid-stream). Reads have a timeout and the whole request a deadline, so a
+mid-stream, an answer that is not HTTP or not an event stream, a stream of
+only malformed events). Reads have a timeout and the whole request a deadline, so a
 wedged server cannot hang the caller.
 
 The parts live in their own modules: http_client (URLs, clients, model
 list), http_errors (ProbeError and the classifiers), sse (the event
-parser), stream_timing (StreamState, ProbeRequest, ProbeResult) and
+parser), stream_chunk (the one check of an event's shape), stream_timing
+(StreamState, ProbeRequest, ProbeResult) and
 prompts (ready-made and exact-length prompts). This module sends the timed
 request and re-exports the public names of those parts, so
 `from ernie_tui.engine_ctl.probe import ...` keeps working.
@@ -54,6 +56,7 @@ from ernie_tui.engine_ctl.http_errors import (
     _is_aiohttp_error,
     classify_exception,
     error_from_response,
+    not_an_event_stream,
     parse_too_long,
 )
 from ernie_tui.engine_ctl.prompts import (
@@ -100,6 +103,7 @@ async def stream_request(client: Any, url: str, request: ProbeRequest, model: st
     state = StreamState(t_start=time.perf_counter(), chat=request.chat, on_text=on_text)
     started_at = time.time()
     error: ProbeError | None = None
+    answered = False  # the server's status line arrived
     parser = SSEParser()
 
     def take(part: bytes, t: float) -> None:
@@ -113,10 +117,11 @@ async def stream_request(client: Any, url: str, request: ProbeRequest, model: st
         started_at = time.time()
 
     async def run_httpx() -> None:
-        nonlocal error
+        nonlocal error, answered
         req = client.build_request("POST", target, content=payload, headers=_JSON_HEADERS)
         start_clock()
         resp = await client.send(req, stream=True)
+        answered = True
         try:
             if resp.status_code != 200:
                 raw = b""
@@ -126,6 +131,9 @@ async def stream_request(client: Any, url: str, request: ProbeRequest, model: st
                         break
                 error = error_from_response(resp.status_code, raw.decode("utf-8", "replace"), target)
                 return
+            error = not_an_event_stream(resp.status_code, resp.headers.get("content-type"))
+            if error is not None:
+                return
             async for part in resp.aiter_raw():
                 take(part, time.perf_counter())
                 if state.done:
@@ -134,12 +142,16 @@ async def stream_request(client: Any, url: str, request: ProbeRequest, model: st
             await resp.aclose()
 
     async def run_aiohttp() -> None:
-        nonlocal error
+        nonlocal error, answered
         start_clock()
         async with client.post(target, data=payload, headers=_JSON_HEADERS) as resp:
+            answered = True
             if resp.status != 200:
                 raw = await resp.content.read(_MAX_ERROR_BODY)
                 error = error_from_response(resp.status, raw.decode("utf-8", "replace"), target)
+                return
+            error = not_an_event_stream(resp.status, resp.headers.get("Content-Type"))
+            if error is not None:
                 return
             # iter_any: whatever arrived in one read, so a read's events share its time
             async for part in resp.content.iter_any():
@@ -148,30 +160,45 @@ async def stream_request(client: Any, url: str, request: ProbeRequest, model: st
                     break
 
     run = run_httpx if isinstance(client, httpx.AsyncClient) else run_aiohttp
+
+    def transport_error(exc: Exception) -> ProbeError | None:
+        # aiohttp's read/connect timeouts are TimeoutErrors, and TimeoutError is an OSError
+        if isinstance(exc, (httpx.HTTPError, OSError)) or _is_aiohttp_error(exc):
+            return classify_exception(exc, target, state.tokens_seen, read_timeout)
+        return None
+
+    async def send() -> None:
+        nonlocal error
+        for attempt in range(2):
+            try:
+                await run()
+                return
+            except Exception as exc:
+                error = transport_error(exc)
+                if error is None:
+                    raise
+            # A kept-alive connection that the server closed as the request
+            # went out on it fails before any answer (a keep-alive timeout
+            # racing the request, or a server that closes without saying so).
+            # Nothing was answered, so the request goes out again, once, on a
+            # new connection; a server that really dropped it fails again.
+            if answered or error.kind is not ProbeErrorKind.DISCONNECTED or attempt == 1:
+                return
+            error = None
+
     try:
         if total_timeout:
-            await asyncio.wait_for(run(), total_timeout)
+            await asyncio.wait_for(send(), total_timeout)
         else:
-            await run()
-    except asyncio.TimeoutError as exc:
-        if _is_aiohttp_error(exc):  # aiohttp's read/connect timeouts are TimeoutErrors too
-            error = classify_exception(exc, target, state.tokens_seen, read_timeout)
-        else:
-            error = ProbeError(ProbeErrorKind.TIMEOUT, f"the request did not finish within {total_timeout:g} s")
-    except httpx.HTTPError as exc:
-        error = classify_exception(exc, target, state.tokens_seen, read_timeout)
-    except OSError as exc:
-        error = classify_exception(exc, target, state.tokens_seen, read_timeout)
-    except Exception as exc:
-        if not _is_aiohttp_error(exc):
-            raise
-        error = classify_exception(exc, target, state.tokens_seen, read_timeout)
+            await send()
+    except asyncio.TimeoutError:
+        error = ProbeError(ProbeErrorKind.TIMEOUT, f"the request did not finish within {total_timeout:g} s")
     t_end = time.perf_counter()
     for ev in parser.close():
         state.handle(decode_payload(ev.data), t_end)
-    result = _finish(state, request, model, t_end, error, started_at)
-    result.malformed_lines = state.malformed + parser.oversized_lines
-    return result
+    state.non_sse_lines = parser.non_sse_lines
+    state.oversized_lines = parser.oversized_lines
+    return _finish(state, request, model, t_end, error, started_at)
 
 
 async def probe_async(url: str, request: ProbeRequest, *, api_key: str | None = None,

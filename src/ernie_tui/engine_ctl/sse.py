@@ -31,8 +31,8 @@ class SSEParser:
     Feed it bytes as they arrive; it returns complete events. Lines may end
     in \\n, \\r\\n or \\r and may be split anywhere across feeds (also inside
     a UTF-8 sequence: lines are decoded only once complete). Comment lines
-    (':' keep-alives) are counted and skipped, unknown fields ignored, bytes
-    that are not UTF-8 replaced. A line longer than `max_line` is dropped and
+    (':' keep-alives) are counted and skipped, lines of unknown fields
+    counted (non_sse_lines) and skipped, bytes that are not UTF-8 replaced. A line longer than `max_line` is dropped and
     counted as malformed instead of growing memory.
     """
 
@@ -46,6 +46,7 @@ class SSEParser:
         self.max_line = max_line
         self.comments = 0
         self.oversized_lines = 0
+        self.non_sse_lines = 0  # lines that are no SSE field: not an event stream, or a broken one
 
     def feed(self, chunk: bytes) -> list[SSEEvent]:
         events: list[SSEEvent] = []
@@ -138,7 +139,11 @@ class SSEParser:
             self._event = value
         elif name == "id":
             self._id = value
-        # 'retry' and unknown fields: nothing to do for a one-shot stream.
+        elif name != "retry":
+            # The SSE rules ignore unknown fields; we count them, as a stream
+            # of them is not an event stream and the probe says so.
+            self.non_sse_lines += 1
+        # 'retry': nothing to do for a one-shot stream.
         return None
 
     def _dispatch(self) -> SSEEvent | None:

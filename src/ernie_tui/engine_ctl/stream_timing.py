@@ -27,6 +27,7 @@ from typing import Any
 from ernie_tui.engine_ctl import stats
 from ernie_tui.engine_ctl.http_errors import ProbeError, ProbeErrorKind, _looks_too_long, parse_too_long
 from ernie_tui.engine_ctl.sse import DONE
+from ernie_tui.engine_ctl.stream_chunk import ErrorEvent, read_chunk
 
 # The source articles' Chainlit page used these sampling settings.
 DEFAULT_MAX_TOKENS = 512
@@ -48,7 +49,11 @@ class StreamState:
     itls: list[float] = field(default_factory=list)
     tokens_seen: int = 0  # generated tokens counted from the chunks
     chunks: int = 0
-    malformed: int = 0
+    malformed: int = 0  # events that are not a chunk of ours (stream_chunk.read_chunk)
+    # From the SSE parser, set by the transport at the end: lines that are no
+    # SSE field, and lines dropped for their size.
+    non_sse_lines: int = 0
+    oversized_lines: int = 0
     done: bool = False
     finish_reason: str | None = None
     stop_reason: Any = None
@@ -86,53 +91,36 @@ class StreamState:
         if payload is DONE:
             self.done = True
             return 0
-        if not isinstance(payload, dict):
+        chunk = read_chunk(payload, self.chat)
+        if chunk is None:
             self.malformed += 1
             return 0
-        if "error" in payload and not payload.get("choices"):
-            err = payload["error"]
-            msg = err.get("message") if isinstance(err, dict) else str(err)
-            code = err.get("code") if isinstance(err, dict) else None
-            status = code if isinstance(code, int) else None
-            if status == 400 and msg and _looks_too_long(msg):
+        if isinstance(chunk, ErrorEvent):
+            msg = chunk.message
+            if chunk.status == 400 and _looks_too_long(msg):
                 limit, prompt = parse_too_long(msg)
                 self.stream_error = ProbeError(ProbeErrorKind.PROMPT_TOO_LONG, msg, 400, limit, prompt)
             else:
-                self.stream_error = ProbeError(ProbeErrorKind.STREAM_ERROR, f"the server reported an error mid-stream: {msg}",
-                                               status)
+                self.stream_error = ProbeError(ProbeErrorKind.STREAM_ERROR,
+                                               f"the server reported an error mid-stream: {msg}", chunk.status)
             return 0
         self.chunks += 1
-        usage = payload.get("usage")
-        completion_total = None
-        if isinstance(usage, dict):
-            pt, ct = usage.get("prompt_tokens"), usage.get("completion_tokens")
-            if isinstance(pt, int):
-                self.usage_prompt_tokens = pt
-            if isinstance(ct, int):
-                self.usage_completion_tokens = ct
-                completion_total = ct
-        if isinstance(payload.get("metrics"), dict):
-            self.server_metrics = payload["metrics"]
-        choices = payload.get("choices")
-        text = ""
-        has_choice = False
-        if isinstance(choices, list) and choices:
-            ch = choices[0] if isinstance(choices[0], dict) else {}
-            has_choice = True
-            if self.chat:
-                delta = ch.get("delta") if isinstance(ch.get("delta"), dict) else {}
-                text = (delta.get("content") or "") + (delta.get("reasoning_content") or delta.get("reasoning") or "")
-            else:
-                text = ch.get("text") or ""
-            if ch.get("finish_reason") is not None:
-                self.finish_reason = ch.get("finish_reason")
-                self.stop_reason = ch.get("stop_reason")
-        if not has_choice:
+        if chunk.prompt_tokens is not None:
+            self.usage_prompt_tokens = chunk.prompt_tokens
+        if chunk.completion_tokens is not None:
+            self.usage_completion_tokens = chunk.completion_tokens
+        if chunk.metrics is not None:
+            self.server_metrics = chunk.metrics
+        if chunk.finish_reason is not None:
+            self.finish_reason = chunk.finish_reason
+            self.stop_reason = chunk.stop_reason
+        if not chunk.has_choice:
             return 0  # the final usage-only chunk: no new token
+        text = chunk.text
         # How many tokens this chunk brought: exact with continuous usage stats,
         # otherwise one per non-empty chunk (the usage chunk fixes the total).
-        if completion_total is not None:
-            new = max(0, completion_total - self.tokens_seen)
+        if chunk.completion_tokens is not None:
+            new = max(0, chunk.completion_tokens - self.tokens_seen)
         else:
             new = 1 if text else 0
         if text:
@@ -222,6 +210,38 @@ class ProbeResult:
         return d
 
 
+def _plural(n: int, one: str, many: str) -> str:
+    return f"{n} {one if n == 1 else many}"
+
+
+def _junk_held(state: StreamState) -> str:
+    """What a stream held besides tokens, in words ('' when nothing)."""
+    parts = []
+    if state.malformed:
+        parts.append(_plural(state.malformed, "malformed event", "malformed events"))
+    if state.non_sse_lines:
+        parts.append(_plural(state.non_sse_lines, "line that is not a server-sent event",
+                             "lines that are not server-sent events"))
+    if state.oversized_lines:
+        parts.append(_plural(state.oversized_lines, "line over the size limit", "lines over the size limit"))
+    return ", ".join(parts)
+
+
+def _unfinished_stream_error(state: StreamState) -> ProbeError:
+    """A stream that ended cleanly with no finish_reason, or with [DONE] but
+    no token: say what it held rather than guess that the server died."""
+    junk = _junk_held(state)
+    if state.tokens_seen == 0 and junk:
+        return ProbeError(ProbeErrorKind.BAD_RESPONSE,
+                          f"the stream ended without a token; it held {junk}: is this URL a vLLM server?")
+    if state.tokens_seen == 0 and state.done:
+        return ProbeError(ProbeErrorKind.BAD_RESPONSE, "the server ended the stream ([DONE]) without a token")
+    where = "before any token" if state.tokens_seen == 0 else f"after {state.tokens_seen} tokens"
+    also = f"; it also held {junk}" if junk else ""
+    return ProbeError(ProbeErrorKind.DISCONNECTED,
+                      f"the stream ended {where} without finishing (did the server die?){also}")
+
+
 def _finish(state: StreamState, request: ProbeRequest, model: str, t_end: float,
             error: ProbeError | None, started_at: float) -> ProbeResult:
     completion = state.usage_completion_tokens if state.usage_completion_tokens is not None else (
@@ -234,9 +254,8 @@ def _finish(state: StreamState, request: ProbeRequest, model: str, t_end: float,
         decode = (completion - 1) / (state.t_last - state.t_first)
     if error is None and state.stream_error is not None:
         error = state.stream_error
-    if error is None and not state.done and state.finish_reason is None:
-        where = "before any token" if state.tokens_seen == 0 else f"after {state.tokens_seen} tokens"
-        error = ProbeError(ProbeErrorKind.DISCONNECTED, f"the stream ended {where} without finishing (did the server die?)")
+    if error is None and state.finish_reason is None and (not state.done or state.tokens_seen == 0):
+        error = _unfinished_stream_error(state)
     return ProbeResult(
         ok=error is None,
         model=model,
@@ -252,7 +271,7 @@ def _finish(state: StreamState, request: ProbeRequest, model: str, t_end: float,
         output_tps=stats.rate(completion, latency) if completion else None,
         decode_tps=decode,
         chunks=state.chunks,
-        malformed_lines=state.malformed,
+        malformed_lines=state.malformed + state.non_sse_lines + state.oversized_lines,
         got_done=state.done,
         error=error,
         itls=state.itls,
