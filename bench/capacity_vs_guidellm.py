@@ -49,20 +49,23 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
 import httpx
+import psutil
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-from ernie_tui.demo_model import write_demo_model  # noqa: E402
-from ernie_tui.engine_ctl import slo as S  # noqa: E402
-from ernie_tui.engine_ctl.burst import BurstConfig  # noqa: E402
-from ernie_tui.engine_ctl.capacity_run import burst_workload  # noqa: E402
-from ernie_tui.engine_ctl.ports import free_port  # noqa: E402
-from ernie_tui.engine_ctl.probe import find_tokenizer, resolve_model  # noqa: E402
+from ernie_tui.demo_model import write_demo_model
+from ernie_tui.engine_ctl import metrics as M
+from ernie_tui.engine_ctl import slo as S
+from ernie_tui.engine_ctl.burst import BurstConfig
+from ernie_tui.engine_ctl.capacity_run import burst_workload
+from ernie_tui.engine_ctl.ports import free_port
+from ernie_tui.engine_ctl.probe import find_tokenizer, resolve_model
 
 GUIDELLM_SLO_KEYS = {"ttft": "ttft_ms", "e2e": "e2el_ms", "itl": "tpot_ms"}
 
@@ -113,25 +116,34 @@ def start_server(kind: str, args: argparse.Namespace, workdir: Path) -> tuple[st
         argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(args.model_dir),
                 "--host", "127.0.0.1", "--port", str(port), "--block-size", "32",
                 "--kv-cache-memory-bytes", args.kv_cache, "--no-enable-prefix-caching"]
-    log = open(workdir / f"{kind}-server.log", "wb")
-    proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                            start_new_session=True)
+    # Same session as the clients, not a new one: with the kernel's
+    # autogroup scheduling, a server in a session of its own shares one
+    # group's CPU among its busy threads, and on two shared cores the API
+    # server then delivered tokens ~100 ms after vLLM's own TTFT (5 ms).
+    with open(workdir / f"{kind}-server.log", "wb") as log:
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
     wait_health(url, proc, 600 if kind == "vllm" else 30)
     return url, proc
 
 
 def stop_server(proc: subprocess.Popen) -> None:
+    """SIGINT, then SIGKILL, to the server and every process it started."""
+    try:
+        root = psutil.Process(proc.pid)
+        tree = [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return
     for sig, wait in ((signal.SIGINT, 30), (signal.SIGKILL, 10)):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            proc.wait(wait)
-            return
-        except subprocess.TimeoutExpired:
-            pass
+        for p in tree:
+            try:
+                p.send_signal(sig)
+            except psutil.NoSuchProcess:
+                pass
+        _, alive = psutil.wait_procs(tree, timeout=wait)
+        if not alive:
+            break
+    proc.poll()
 
 
 # -- the shared workload ---------------------------------------------------------
@@ -154,6 +166,48 @@ def write_workload(url: str, model: str, model_dir: Path | None, args: argparse.
     return len(items)
 
 
+# -- the server's own view of GuideLLM's levels ------------------------------------
+
+class MetricsRecorder(threading.Thread):
+    """Scrapes /metrics twice a second while GuideLLM runs, so each of its
+    levels (start and end times in its JSON) can be set beside vLLM's own TTFT
+    histogram for that window, as our levels carry it."""
+
+    def __init__(self, url: str) -> None:
+        super().__init__(daemon=True)
+        self.client = M.MetricsClient(url)
+        self.snaps: list[M.MetricsSnapshot] = []
+        self.halt = threading.Event()
+
+    def run(self) -> None:
+        while not self.halt.is_set():
+            snap = self.client.try_fetch(only=(*M.TTFT, *M.REQUEST_SUCCESS))
+            if snap is not None:
+                self.snaps.append(snap)
+            self.halt.wait(0.5)
+
+    def stop(self) -> None:
+        self.halt.set()
+        self.join(5)
+        self.client.close()
+
+    def window(self, start: float, end: float) -> dict[str, float | None] | None:
+        """vLLM's TTFT p50/p99 (ms) between the last scrape before `start` and
+        the first after `end` (wall-clock seconds)."""
+        before = [x for x in self.snaps if x.timestamp <= start]
+        after = [x for x in self.snaps if x.timestamp >= end]
+        if not before or not after:
+            return None
+        h = M.histogram_delta(before[-1], after[0], M.TTFT)
+
+        def q(p: float) -> float | None:
+            v = h.quantile(p) if h is not None else None
+            return None if v is None else v * 1000.0
+
+        return {"ttft_p50_ms": q(0.5), "ttft_p99_ms": q(0.99),
+                "requests_finished": M.counter_delta(before[-1], after[0], M.REQUEST_SUCCESS)}
+
+
 # -- the two tools ---------------------------------------------------------------
 
 def run_ours(url: str, args: argparse.Namespace, workload: Path, log: Path) -> dict:
@@ -167,7 +221,7 @@ def run_ours(url: str, args: argparse.Namespace, workload: Path, log: Path) -> d
         argv += ["--slo", o]
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
     t0 = time.perf_counter()
-    p = subprocess.run(argv, capture_output=True, text=True, env=env)
+    p = subprocess.run(argv, capture_output=True, text=True, env=env, check=False)
     wall = time.perf_counter() - t0
     log.write_text(p.stdout + p.stderr)
     try:
@@ -180,7 +234,15 @@ def run_ours(url: str, args: argparse.Namespace, workload: Path, log: Path) -> d
             "levels": [lv["concurrency"] for lv in r["levels"]],
             "requests": sum(lv["requests"] for lv in r["levels"]),
             "verdicts": {lv["concurrency"]: ("pass" if lv["passed"] else "fail") for lv in r["levels"]},
+            "per_level": [{"concurrency": lv["concurrency"], "requests": lv["requests"], "seconds": lv["seconds"],
+                           "requests_per_s": lv["requests_per_s"], "ttft_p50_ms": lv["ttft_p50_ms"],
+                           "ttft_p95_ms": _pct(lv["objectives"], "ttft"), "attainment": lv["attainment"],
+                           "passed": lv["passed"], "vllm": lv.get("vllm")} for lv in r["levels"]],
             "stop": r.get("stop_reason")}
+
+
+def _pct(objectives: list[dict], metric: str) -> float | None:
+    return next((o["value_ms"] for o in objectives if o["metric"] == metric), None)
 
 
 def run_guidellm(binary: str, url: str, model: str, model_dir: Path, args: argparse.Namespace,
@@ -202,14 +264,30 @@ def run_guidellm(binary: str, url: str, model: str, model_dir: Path, args: argpa
     scen = rundir / "guidellm-scenario.json"
     scen.write_text(json.dumps(scenario, indent=1))
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    recorder = MetricsRecorder(url)
+    recorder.start()
     t0 = time.perf_counter()
-    p = subprocess.run([binary, "run", "-c", str(scen), "--disable-console-interactive"],
-                       capture_output=True, text=True, env=env)
-    wall = time.perf_counter() - t0
+    try:
+        p = subprocess.run([binary, "run", "-c", str(scen), "--disable-console-interactive"],
+                           capture_output=True, text=True, env=env, check=False)
+    finally:
+        wall = time.perf_counter() - t0
+        recorder.stop()
     (rundir / "guidellm.log").write_text(p.stdout + p.stderr)
     if p.returncode != 0 or not out.is_file():
         raise SystemExit(f"GuideLLM failed ({p.returncode}); see {rundir / 'guidellm.log'}")
-    search = json.loads(out.read_text())["conclusions"][0]
+    report = json.loads(out.read_text())
+    search = report["conclusions"][0]
+    per_level = []
+    for b in report["benchmarks"]:
+        m = b["metrics"]
+        ttft = m["time_to_first_token_ms"]["successful"]["percentiles"]
+        per_level.append({"concurrency": b["config"]["strategy"]["streams"],
+                          "requests": m["request_totals"]["successful"], "seconds": b["duration"],
+                          "requests_per_s": m["requests_per_second"]["successful"]["mean"],
+                          "ttft_p50_ms": ttft["p50"], "ttft_p95_ms": ttft["p95"],
+                          "attainment": m["slo_attainment"],
+                          "vllm": recorder.window(b["start_time"], b["end_time"])})
     probes = search["probes"]
     best = search.get("best_passing_streams")
     at_best = next((pr for pr in probes if pr["streams"] == best), {})
@@ -217,7 +295,7 @@ def run_guidellm(binary: str, url: str, model: str, model_dir: Path, args: argpa
             "goodput_output_tps": None, "levels": [pr["streams"] for pr in probes],
             "requests": sum(pr["determined_requests"] for pr in probes),
             "verdicts": {pr["streams"]: ("pass" if pr["passed"] else "fail") for pr in probes},
-            "stop": search.get("stop_reason")}
+            "per_level": per_level, "stop": search.get("stop_reason")}
 
 
 # -- verdicts and output ---------------------------------------------------------
@@ -241,12 +319,17 @@ def summarise(rounds: list[dict], tolerance: float) -> dict:
             "time_goal_met": all(r["time_ratio"] <= 0.5 for r in rounds)}
 
 
+def verdict_at(run: dict, concurrency: int) -> str | None:
+    v = run["verdicts"]  # int keys, or str ones once read back from --json
+    return v.get(concurrency, v.get(str(concurrency)))
+
+
 def table(rounds: list[dict], verdict: dict, tolerance: float) -> str:
     def g(v, fmt=".2f"):
         return "-" if v is None else format(v, fmt)
 
-    lines = ["| round (first) | ours: capacity | wall | levels | requests | goodput req/s "
-             "| GuideLLM: capacity | wall | levels | requests | goodput req/s | same (±tol) | ours ÷ GuideLLM |",
+    lines = [("| round (first) | ours: capacity | wall | levels | requests | goodput req/s "
+              "| GuideLLM: capacity | wall | levels | requests | goodput req/s | same (±tol) | ours ÷ GuideLLM |"),
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rounds:
         o, gl = r["ours"], r["guidellm"]
@@ -255,6 +338,23 @@ def table(rounds: list[dict], verdict: dict, tolerance: float) -> str:
                      f"{gl['capacity']} | {gl['wall_s']:.1f} s | {','.join(map(str, gl['levels']))} | "
                      f"{gl['requests']} | {g(gl['goodput_rps'])} | {'yes' if r['same_capacity'] else 'NO'} | "
                      f"{r['time_ratio']:.2f} |")
+    lines += ["", "Levels both tools measured (the round's figures; vLLM's own TTFT from /metrics over each window):",
+              ("| round | concurrency | ours: req/s | TTFT p50 / p95 | vLLM TTFT p50 / p99 | verdict "
+               "| GuideLLM: req/s | TTFT p50 / p95 | vLLM TTFT p50 / p99 | verdict |"),
+              "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rounds:
+        theirs = {lv["concurrency"]: lv for lv in r["guidellm"].get("per_level", [])}
+        for o in r["ours"].get("per_level", []):
+            t = theirs.get(o["concurrency"])
+            if t is None:
+                continue
+            cells = []
+            for lv, tool in ((o, "ours"), (t, "guidellm")):
+                v = lv.get("vllm") or {}
+                cells.append(f"{g(lv['requests_per_s'], '.1f')} | {g(lv['ttft_p50_ms'], '.1f')} / "
+                             f"{g(lv['ttft_p95_ms'], '.1f')} ms | {g(v.get('ttft_p50_ms'), '.1f')} / "
+                             f"{g(v.get('ttft_p99_ms'), '.1f')} ms | {verdict_at(r[tool], lv['concurrency'])}")
+            lines.append(f"| {r['round']} | {o['concurrency']} | {cells[0]} | {cells[1]} |")
     lines.append("")
     lines.append(f"same capacity within {tolerance:g} in every round: "
                  f"{'met' if verdict['same_capacity_every_round'] else 'NOT met'}")
