@@ -373,6 +373,19 @@ class LogParser:
                             self.internal_errors += 1
                 else:
                     pos = 0
+                if line[pos:pos + 1] == "(" and pos:
+                    # Ray forwards a worker's lines through the engine's output, each hop
+                    # adding its prefix: "(EngineCore pid=7) (RayWorkerProc pid=9)
+                    # (Worker_TP1 pid=9) INFO ...". The innermost one wrote the line.
+                    inner = None
+                    while (m := pfx_match(line, pos)) is not None:
+                        inner, pos = m, m.end()
+                    if inner is not None:
+                        pfx = "\x00"  # the next line names its own writer again
+                        try:
+                            self._on_prefix(inner.group(1), inner.group(2), n)
+                        except Exception:
+                            self.internal_errors += 1
                 lv = levels.get(line[pos:pos + 5])
                 if lv == 1:  # vLLM INFO/WARNING: dispatch on the message's first 4 chars
                     k = line.find("] ", pos)
