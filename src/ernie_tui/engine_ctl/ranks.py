@@ -42,6 +42,8 @@ def _better_name(old: str, new: str) -> str:
     "Worker_TP0"): keep the one that says more."""
     if old in _GENERIC and new != old and new.startswith(old):
         return new
+    if old.startswith("Ray") and not new.startswith("Ray") and _PARALLEL.search(new):
+        return new  # Ray's hop ("RayWorkerProc") before the worker's own "Worker_TP1"
     return old
 
 
