@@ -99,6 +99,8 @@ class Server:
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
         self.slots = Slots(args.slots)
+        self.cold_left = args.cold_requests
+        self.cold_lock = threading.Lock()
         self.vocab = Vocab()
         self.registry = CollectorRegistry()
         lbl = ["model_name"]
@@ -115,6 +117,18 @@ class Server:
         self.h_e2e = Histogram("vllm:e2e_request_latency_seconds", "e2e", lbl, buckets=E2E_BUCKETS, registry=r)
         self.c_preempt.labels(args.model_name).inc(0)
         self.gauges()
+
+    def cold_delay_s(self, n_out: int) -> float:
+        """A fresh server's first decodes are slow (vLLM JIT-compiles kernels on the
+        first batches that decode): the first --cold-requests requests that ask for
+        more than one token wait --cold-ms more for their first token."""
+        if n_out <= 1 or self.args.cold_requests <= 0:
+            return 0.0
+        with self.cold_lock:
+            if self.cold_left <= 0:
+                return 0.0
+            self.cold_left -= 1
+        return self.args.cold_ms / 1000.0
 
     def gauges(self) -> None:
         running, waiting = self.slots.counts()
@@ -226,7 +240,7 @@ def make_handler(srv: Server):
                     self._chunk(json.dumps({"id": rid, "object": obj, "model": model, "choices": [
                         {"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]}))
                 # Pace against deadlines, not sleeps in a row, so delays do not add up.
-                t_first = time.perf_counter() + args.ttft_ms / 1000.0
+                t_first = time.perf_counter() + args.ttft_ms / 1000.0 + srv.cold_delay_s(n_out)
                 prev = None
                 for k in range(1, n_out + 1):
                     due = t_first + (k - 1) * args.itl_ms / 1000.0
@@ -272,6 +286,10 @@ def main(argv: list[str] | None = None) -> int:
                    help="slot taken -> first token (env PACED_TTFT_MS)")
     p.add_argument("--itl-ms", type=float, default=float(env("PACED_ITL_MS", "10")),
                    help="between tokens (env PACED_ITL_MS)")
+    p.add_argument("--cold-requests", type=int, default=int(env("PACED_COLD_REQUESTS", "0")),
+                   help="the first N requests that decode more than one token are cold (env PACED_COLD_REQUESTS)")
+    p.add_argument("--cold-ms", type=float, default=float(env("PACED_COLD_MS", "0")),
+                   help="extra time to first token of a cold request (env PACED_COLD_MS)")
     p.add_argument("--model-name", default="paced")
     p.add_argument("--max-model-len", type=int, default=4096)
     # Launched as a preset's `launcher` it gets vLLM's command line: take the
