@@ -579,7 +579,8 @@ def format_result(r: BurstResult) -> str:
         + (" (cancelled)" if r.cancelled else "") + f", {r.duration_s:.2f} s",
         f"output {num(r.output_tps)} tok/s   total {num(r.total_tps)} tok/s   "
         f"{num(r.requests_per_s, '.2f')} req/s   ({r.output_tokens} output, {r.prompt_tokens} prompt tokens)",
-        f"TTFT ms     p50 {ms(r.ttft['p50'])}  p90 {ms(r.ttft['p90'])}  p99 {ms(r.ttft['p99'])}  mean {ms(r.ttft['mean'])}",
+        f"TTFT ms     p50 {ms(r.ttft['p50'])}  p90 {ms(r.ttft['p90'])}  p99 {ms(r.ttft['p99'])}  "
+        f"mean {ms(r.ttft['mean'])}",
         f"ITL ms      p50 {ms(r.itl['p50'])}  p90 {ms(r.itl['p90'])}  mean {ms(r.itl['mean'])}",
         f"latency ms  p50 {ms(r.latency['p50'])}  p90 {ms(r.latency['p90'])}  mean {ms(r.latency['mean'])}",
         f"KV-cache usage peak {num(r.kv_cache_usage_peak_pct)} %   running peak {num(r.running_peak, 'g')}   "

@@ -38,7 +38,6 @@ from ernie_tui.engine_ctl.probe import stream_request
 from ernie_tui.engine_ctl.prompts import find_tokenizer
 from ernie_tui.engine_ctl.stream_timing import DEFAULT_TEMPERATURE, DEFAULT_TOP_P, ProbeRequest
 
-
 # -- workloads -----------------------------------------------------------------
 
 @dataclass(frozen=True)

@@ -15,7 +15,13 @@ from typing import Any
 
 import httpx
 
-from ernie_tui.engine_ctl.http_errors import ProbeError, ProbeErrorKind, ProbeFailure, classify_exception, error_from_response
+from ernie_tui.engine_ctl.http_errors import (
+    ProbeError,
+    ProbeErrorKind,
+    ProbeFailure,
+    classify_exception,
+    error_from_response,
+)
 
 DEFAULT_CONNECT_TIMEOUT_S = 5.0
 # vLLM sends nothing while a request waits in its queue or is prefilled, so

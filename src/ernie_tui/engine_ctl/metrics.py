@@ -97,7 +97,7 @@ class Histogram:
             return self
         if [b for b, _ in self.buckets] != [b for b, _ in earlier.buckets]:
             return None
-        buckets = tuple((b, c - c0) for (b, c), (_, c0) in zip(self.buckets, earlier.buckets))
+        buckets = tuple((b, c - c0) for (b, c), (_, c0) in zip(self.buckets, earlier.buckets, strict=True))
         count = self.count - earlier.count
         if count < 0 or any(c < 0 for _, c in buckets):
             return None

@@ -33,8 +33,8 @@ from textual.worker import get_current_worker
 
 from ernie_tui import paths
 from ernie_tui.engine_ctl.diagnose import apply_fix, diagnose
-from ernie_tui.engine_ctl.preflight import preflight
 from ernie_tui.engine_ctl.errors import ErrorKind, Severity
+from ernie_tui.engine_ctl.preflight import preflight
 from ernie_tui.presets import PresetBook, PresetError, load_presets
 from ernie_tui.presets.store import save_preset
 from ernie_tui.tui.lifecycle import tearing_down
