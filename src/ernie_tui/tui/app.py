@@ -37,6 +37,7 @@ from ernie_tui.engine_ctl.errors import ErrorKind, Severity
 from ernie_tui.engine_ctl.preflight import preflight
 from ernie_tui.presets import PresetBook, PresetError, load_presets
 from ernie_tui.presets.store import save_preset
+from ernie_tui.tui.failures import Failure, ShowsWorkerFailures
 from ernie_tui.tui.lifecycle import tearing_down
 from ernie_tui.tui.messages import (
     ControlResult,
@@ -92,7 +93,7 @@ def default_server_factory(spec, *, preset_name: str, log_path: str | None = Non
     return EngineServer(spec, preset_name=preset_name, log_path=log_path)
 
 
-class ErnieApp(App[int]):
+class ErnieApp(ShowsWorkerFailures, App[int]):
     CSS_PATH = "ernie_tui.tcss"
     TITLE = "ernie-tui"
 
@@ -469,12 +470,15 @@ class ErnieApp(App[int]):
         self._run_control(label, run)
 
     def _preflight(self, preset, server=None):
+        """Preflight `preset` (on a worker thread). None when preflight itself
+        failed: that failure is shown, and the launch goes on without it."""
         try:
             # allow_dump=False: never spend a minute asking vLLM for its argument
             # list here; the cached or shipped list is used instead.
             result = preflight(preset, model_dir=self._model_for(preset), check_args=True, allow_dump=False)
-        except Exception:
-            return None  # preflight is advice; its own failure must not block a launch
+        except Exception as exc:  # noqa: BLE001  preflight is advice: its own bug is shown, never blocks a launch
+            self.post_message(Failure(f"preflight of {preset.name}", exc, after="going on without preflight"))
+            return None
         st = server.status if server is not None else None
         spec = getattr(server, "spec", None)
         if st is not None and st.running and spec is not None and spec.port == preset.port:

@@ -22,6 +22,7 @@ from textual.widgets import Button, Footer, Static, TabbedContent, TabPane
 
 from ernie_tui.engine_ctl.burst import BurstResult
 from ernie_tui.engine_ctl.probe import ProbeResult, ServedModel
+from ernie_tui.tui.failures import ShowsWorkerFailures
 from ernie_tui.tui.lifecycle import drop_when_torn_down
 from ernie_tui.tui.messages import (  # noqa: F401  (re-exported: tests and callers import them from here)
     BurstDone,
@@ -45,7 +46,7 @@ from ernie_tui.tui.widgets.probe_tab import (  # noqa: F401
 )
 
 
-class ProbeScreen(Screen[None]):
+class ProbeScreen(ShowsWorkerFailures, Screen[None]):
     """The probe pane. `url` is the server; `engine_pids` (optional) returns
     the engine's process ids so a burst can report its peak memory;
     `preset` and `engine_report` (optional) tag the run records. Any of the

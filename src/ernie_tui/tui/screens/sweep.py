@@ -53,6 +53,7 @@ from ernie_tui.engine_ctl.sweep import (
     fold,
     sweep_meta,
 )
+from ernie_tui.tui.failures import ShowsWorkerFailures
 from ernie_tui.tui.lifecycle import drop_when_torn_down
 from ernie_tui.tui.messages import SweepFinished, SweepLevelDone, SweepProgress, SweepRunDone
 from ernie_tui.tui.widgets.charts import FRONT_MARKER, CapacityChart, CapacityCurve
@@ -124,7 +125,7 @@ def default_export_path() -> str:
     return f"sweep-{time.strftime('%Y%m%d-%H%M')}.md"
 
 
-class SweepScreen(Screen[None]):
+class SweepScreen(ShowsWorkerFailures, Screen[None]):
     """`book`: the presets to choose from; `model`: the model dir for presets
     that name none; `is_serving()`: True while the dashboard's own server
     runs (the sweep then refuses to start); `api_key` is kept for symmetry

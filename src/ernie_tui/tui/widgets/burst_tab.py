@@ -26,6 +26,7 @@ from textual.content import Content
 from textual.widgets import Button, Checkbox, Input, ProgressBar, Static
 
 from ernie_tui.engine_ctl.burst import BurstConfig, BurstResult
+from ernie_tui.tui.failures import ShowsWorkerFailures
 from ernie_tui.tui.lifecycle import drop_when_torn_down
 from ernie_tui.tui.messages import (
     BurstDone,
@@ -64,7 +65,7 @@ def _num_field(label: str, wid: str, value: str) -> Vertical:
     return labelled(label, Input(value, type="number", id=wid, compact=True))
 
 
-class BurstTab(Vertical):
+class BurstTab(ShowsWorkerFailures, Vertical):
     """The Burst tab. `pids()` returns the engine's process ids (peak memory
     of a burst), `tags()` the (preset, engine report) its run record is
     tagged with; either may be None."""

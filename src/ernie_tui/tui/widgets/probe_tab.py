@@ -41,6 +41,7 @@ from ernie_tui.engine_ctl.probe import (
     ProbeResult,
     ServedModel,
 )
+from ernie_tui.tui.failures import ShowsWorkerFailures
 from ernie_tui.tui.lifecycle import drop_when_torn_down
 from ernie_tui.tui.messages import LongPromptReady, ProbeDone, ProbeText
 from ernie_tui.tui.widgets.form import labelled
@@ -159,7 +160,7 @@ class _TextPump:
         self.last = time.monotonic() if now is None else now
 
 
-class ProbeTab(Vertical):
+class ProbeTab(ShowsWorkerFailures, Vertical):
     """The Probe tab. `send()` starts a probe (the screen decides whether it
     may), `cancel()` ends the running one."""
 
