@@ -161,7 +161,7 @@ def _estimate(preset: Preset, model_info: Any, machine: Machine | None):
 
     try:
         return estimate_capacity(preset, model_info, machine)
-    except Exception:
+    except (ValueError, TypeError, KeyError, ZeroDivisionError):  # a config.json it cannot size
         return None
 
 

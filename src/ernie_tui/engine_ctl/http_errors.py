@@ -179,6 +179,11 @@ def connection_refused(exc: BaseException) -> bool:
     return False
 
 
+def is_transport_error(exc: BaseException) -> bool:
+    """What the network, the server or a bad URL can raise through httpx or aiohttp."""
+    return isinstance(exc, (OSError, httpx.HTTPError, httpx.InvalidURL)) or _is_aiohttp_error(exc)
+
+
 def _is_aiohttp_error(exc: BaseException) -> bool:
     aiohttp = sys.modules.get("aiohttp")  # only loaded when a burst made a session
     return aiohttp is not None and isinstance(exc, aiohttp.ClientError)

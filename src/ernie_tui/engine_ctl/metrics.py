@@ -214,7 +214,7 @@ def only_metrics(text: str, names: Iterable[str]) -> str:
 def _parse_families(text: str) -> list:
     try:
         return list(text_string_to_metric_families(text))
-    except Exception:
+    except ValueError:  # what prometheus_client's parser raises on a malformed line
         pass
     # One bad line (a truncated scrape, a proxy's banner) makes the parser give
     # up on the whole text. Keep every line that parses on its own instead.
@@ -228,17 +228,17 @@ def _parse_families(text: str) -> list:
             continue
         try:
             list(text_string_to_metric_families(line + "\n"))
-        except Exception:
+        except ValueError:
             continue
         good.append(line)
     try:
         return list(text_string_to_metric_families("\n".join(good) + "\n"))
-    except Exception:
+    except ValueError:
         # HELP/TYPE lines in a bad order can still upset it; drop them too.
         samples_only = "\n".join(line for line in good if not line.lstrip().startswith("#"))
         try:
             return list(text_string_to_metric_families(samples_only + "\n"))
-        except Exception:
+        except ValueError:
             return []
 
 
