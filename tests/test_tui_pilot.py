@@ -75,7 +75,7 @@ class Recorder:
         for s in self.servers:
             try:
                 s.stop()
-            except Exception:
+            except Exception:  # noqa: BLE001  cleanup: the next server is still stopped and closed
                 pass
             s.close()
 

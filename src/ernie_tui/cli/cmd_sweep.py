@@ -175,7 +175,7 @@ def _sweep(args) -> int:
     def work() -> None:
         try:
             box["runs"] = run_sweep(plan, config, options, progress, cancel, capacity=capacity)
-        except BaseException as exc:  # reported on the main thread
+        except BaseException as exc:  # noqa: BLE001  re-raised on the main thread
             box["error"] = exc
 
     worker = threading.Thread(target=work, name="sweep", daemon=True)

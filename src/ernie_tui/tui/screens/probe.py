@@ -17,11 +17,13 @@ from textual import on, work
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.content import Content
+from textual.css.query import NoMatches
 from textual.screen import Screen
 from textual.widgets import Button, Footer, Static, TabbedContent, TabPane
 
 from ernie_tui.engine_ctl.burst import BurstResult
 from ernie_tui.engine_ctl.probe import ProbeResult, ServedModel
+from ernie_tui.presets import PresetError
 from ernie_tui.tui.failures import ShowsWorkerFailures
 from ernie_tui.tui.lifecycle import drop_when_torn_down
 from ernie_tui.tui.messages import (  # noqa: F401  (re-exported: tests and callers import them from here)
@@ -130,7 +132,7 @@ class ProbeScreen(ShowsWorkerFailures, Screen[None]):
         except ProbeFailure as exc:
             self.post_message(ModelInfo(None, exc.error.message))
             return
-        except Exception as exc:  # never let a lookup kill the pane
+        except Exception as exc:  # noqa: BLE001  never let a lookup kill the pane; the pane shows it
             self.post_message(ModelInfo(None, f"{type(exc).__name__}: {exc}"))
             return
         self.post_message(ModelInfo(served))
@@ -190,7 +192,7 @@ class ProbeScreen(ShowsWorkerFailures, Screen[None]):
                     else status.preset_name
             if report is None:
                 report = getattr(app, "report", None)
-        except Exception:
+        except PresetError:
             pass
         return preset, report
 
@@ -203,7 +205,7 @@ class ProbeScreen(ShowsWorkerFailures, Screen[None]):
         if action == "cancel":
             try:
                 return self.probe_running or self.burst_running
-            except Exception:  # before compose, or while tearing down
+            except NoMatches:  # before compose, or while tearing down
                 return False
         return True
 
