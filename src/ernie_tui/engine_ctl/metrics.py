@@ -24,7 +24,7 @@ import math
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -483,7 +483,7 @@ def _deadline_transport(total: float):
         def handle_request(self, request: httpx.Request) -> httpx.Response:
             deadline = time.monotonic() + total
             response = super().handle_request(request)
-            response.stream = DeadlineStream(response.stream, deadline)
+            response.stream = DeadlineStream(cast(httpx.SyncByteStream, response.stream), deadline)  # a sync transport
             return response
 
     return DeadlineTransport()

@@ -18,7 +18,7 @@ import psutil
 try:  # nvidia-ml-py; present as a dependency, but the driver may be absent
     import pynvml
 except ImportError:  # pragma: no cover - only without the package
-    pynvml = None  # type: ignore[assignment]
+    pynvml = None
 
 # What NVML calls raise (a missing library, no driver, a lost GPU, no permission).
 NVMLError: type[Exception] = pynvml.NVMLError if pynvml is not None else OSError

@@ -37,6 +37,7 @@ from ernie_tui.engine_ctl.probe import (
     LONG_PROMPT_TOKENS,
     SHORT_PROMPT,
     ProbeError,
+    ProbeErrorKind,
     ProbeRequest,
     ProbeResult,
     ServedModel,
@@ -327,7 +328,7 @@ class ProbeTab(ShowsWorkerFailures, Vertical):
                                cancel=cancel)
         except Exception as exc:  # noqa: BLE001  run_probe reports failures in its result; a bug shows in the pane
             result = ProbeResult(ok=False, model=request.model, endpoint=request.path,
-                                 error=ProbeError("stream_error", f"{type(exc).__name__}: {exc}"))
+                                 error=ProbeError(ProbeErrorKind.STREAM_ERROR, f"{type(exc).__name__}: {exc}"))
         pump.flush()
         self.post_message(ProbeDone(run, result))
 
