@@ -35,8 +35,7 @@ sys.path.insert(0, str(HERE.parent.parent / "src"))
 
 from ernie_tui.cli.capacity_args import add_capacity_args, capacity_options, load_workload  # noqa: E402
 from ernie_tui.engine_ctl.burst import BurstConfig  # noqa: E402
-from ernie_tui.engine_ctl.sweep import (CapacitySweep, SweepOptions, SweepPlan, fold, run_sweep,  # noqa: E402
-                                        score_column)
+from ernie_tui.engine_ctl.sweep import CapacitySweep, SweepOptions, SweepPlan, fold, run_sweep, score_column  # noqa: E402
 from ernie_tui.engine_ctl.trial_schedule import detect_gpu_ids  # noqa: E402
 from ernie_tui.presets import load_presets  # noqa: E402
 
@@ -183,7 +182,8 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 diff = f"{pct:+.1f}% beyond noise"
         print(f"| {name} | {show(sa)} | {show(sb)} | {diff} | {show(med(a, 'ttft_p50_ms'))} | "
-              f"{show(med(b, 'ttft_p50_ms'))} | {show(med(a, 'peak_memory_gib'))} | {show(med(b, 'peak_memory_gib'))} |")
+              f"{show(med(b, 'ttft_p50_ms'))} | {show(med(a, 'peak_memory_gib'))} | "
+              f"{show(med(b, 'peak_memory_gib'))} |")
     if args.json:
         from dataclasses import asdict
 

@@ -39,11 +39,11 @@ from pathlib import Path
 import httpx
 import psutil
 
-from ernie_tui.engine_ctl.ports import free_port
 from ernie_tui.engine_ctl import burst as B
 from ernie_tui.engine_ctl import metrics as M
 from ernie_tui.engine_ctl import stats
 from ernie_tui.engine_ctl.http_client import resolve_model
+from ernie_tui.engine_ctl.ports import free_port
 
 _BENCH_RUNNER = (
     "import sys\n"

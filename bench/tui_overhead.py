@@ -152,7 +152,9 @@ def measure(proc: psutil.Process, seconds: float, during=None, others: list[int]
     wall = time.monotonic() - t0
     cpu = (c1.user - c0.user + c1.system - c0.system) / wall * 100
     s1 = psutil.cpu_times()
-    busy = lambda t: t.user + t.system + getattr(t, "nice", 0) + getattr(t, "irq", 0) + getattr(t, "softirq", 0)
+
+    def busy(t) -> float:
+        return t.user + t.system + getattr(t, "nice", 0) + getattr(t, "irq", 0) + getattr(t, "softirq", 0)
     rss.append(proc.memory_info().rss / 1e6)
     return {"seconds": round(wall, 1), "cpu_pct": round(cpu, 2), "rss_mb_max": round(max(rss), 1),
             "rss_mb_mean": round(sum(rss) / len(rss), 1), "keys": result,

@@ -205,8 +205,9 @@ def test_preflight_problem_diagnosis_and_fixed_preset_passes(book, e03):
 
 def test_without_a_preset_replayed_log(fixtures_dir):
     """Replay mode may know no preset: the diagnosis still reads the log."""
-    for name, kind, fix in [("fail_block8_len2048.log", ErrorKind.BLOCK_SIZE_UNSUPPORTED, {"block_size": 16}),
-                            ("fail_len_over_derived.log", ErrorKind.MAX_MODEL_LEN_TOO_LARGE, {"max_model_len": 131072})]:
+    cases = [("fail_block8_len2048.log", ErrorKind.BLOCK_SIZE_UNSUPPORTED, {"block_size": 16}),
+             ("fail_len_over_derived.log", ErrorKind.MAX_MODEL_LEN_TOO_LARGE, {"max_model_len": 131072})]
+    for name, kind, fix in cases:
         err = error_from_log(fixtures_dir / "gpu-h200-vllm0.26.0" / name)
         d = diagnose(err, None, None)
         assert d.kind == kind and d.fix_changes == fix

@@ -240,11 +240,10 @@ async def test_dashboard_replay_opens_on_the_end_and_scrolls_up_into_earlier_lin
     from the last start, the pane on the log's end with the file's line
     numbers (the root cause is marked where the file has it), and earlier
     lines read when the pane scrolls up to its top."""
-    from test_tui_pilot import wait_for
-
     from ernie_tui.tui.app import make_app
     from ernie_tui.tui.widgets.error_panel import ErrorPanel
     from ernie_tui.tui.widgets.log_view import LogView
+    from test_tui_pilot import wait_for
 
     lines = [ln.expandtabs() for ln in file_lines(crashed_restart_log)]  # as the pane holds them
     app = make_app(mode="replay", replay_path=str(crashed_restart_log), live=False)

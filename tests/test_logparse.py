@@ -17,7 +17,14 @@ from hypothesis import strategies as st
 from ernie_tui.cli import main as cli_main
 from ernie_tui.engine_ctl.errors import ErrorKind, classify_error
 from ernie_tui.engine_ctl.events import (
-    ErrorEvent, FieldEvent, PhaseEvent, PidEvent, ProgressEvent, ReadyEvent, ShutdownEvent, StatsEvent,
+    ErrorEvent,
+    FieldEvent,
+    PhaseEvent,
+    PidEvent,
+    ProgressEvent,
+    ReadyEvent,
+    ShutdownEvent,
+    StatsEvent,
     VersionEvent,
 )
 from ernie_tui.engine_ctl.logparse import LogParser, parse_file, parse_lines

@@ -9,13 +9,13 @@ import time
 
 import pytest
 
-from ernie_tui.engine_ctl.ports import free_port
 from ernie_tui.cli import main
 from ernie_tui.demo_model import write_demo_model
 from ernie_tui.engine_ctl import preflight as pf
-from ernie_tui.engine_ctl.machine import GiB, GpuInfo, Machine
-from ernie_tui.engine_ctl.preflight import preflight
 from ernie_tui.engine_ctl.errors import ErrorKind
+from ernie_tui.engine_ctl.machine import GiB, GpuInfo, Machine
+from ernie_tui.engine_ctl.ports import free_port
+from ernie_tui.engine_ctl.preflight import preflight
 from ernie_tui.presets import Preset, load_presets
 from model_support import write_header_only_model
 
@@ -377,7 +377,8 @@ def test_launcher_python(book, tmp_path):
 
     script = tmp_path / "vllm"
     script.write_text("#!/opt/venv/bin/python3.12\nprint()\n")
-    assert pf.launcher_python(replace(book.get("seed-A"), launcher=[str(script), "serve"])) == "/opt/venv/bin/python3.12"
+    preset = replace(book.get("seed-A"), launcher=[str(script), "serve"])
+    assert pf.launcher_python(preset) == "/opt/venv/bin/python3.12"
     assert pf.launcher_python(replace(book.get("seed-A"), launcher=["/x/bin/python", "-m", "vllm"])) == "/x/bin/python"
 
 

@@ -20,11 +20,11 @@ from pathlib import Path
 
 import pytest
 
-from ernie_tui.engine_ctl.ports import free_port
 from ernie_tui.demo_model import write_demo_model
 from ernie_tui.engine_ctl.diagnose import apply_fix, diagnose
-from ernie_tui.engine_ctl.preflight import preflight
 from ernie_tui.engine_ctl.errors import ErrorKind
+from ernie_tui.engine_ctl.ports import free_port
+from ernie_tui.engine_ctl.preflight import preflight
 from ernie_tui.presets import load_presets
 
 pytestmark = pytest.mark.vllm

@@ -21,7 +21,8 @@ from vllm_support import free_port
 STUBBORN = textwrap.dedent("""
     import os, signal, sys, time
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    print("(APIServer pid=%d) INFO 11-30 03:35:20 [api_utils.py:347] vLLM server version 0.0.test, serving model x" % os.getpid(), flush=True)
+    print("(APIServer pid=%d) INFO 11-30 03:35:20 [api_utils.py:347] "
+          "vLLM server version 0.0.test, serving model x" % os.getpid(), flush=True)
     if os.fork() == 0:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
@@ -106,7 +107,8 @@ def test_port_probe(tmp_path):
 
 DRAWING = textwrap.dedent("""
     import sys, time
-    print("(APIServer pid=1) INFO 11-30 03:35:20 [api_utils.py:347] vLLM server version 0.0.test, serving model x", flush=True)
+    print("(APIServer pid=1) INFO 11-30 03:35:20 [api_utils.py:347] "
+          "vLLM server version 0.0.test, serving model x", flush=True)
     sys.stdout.write("(EngineCore pid=2) \\rCapturing CUDA graphs (FULL):   0%|          | 0/51\\r"
                      "Capturing CUDA graphs (FULL):  10%|#         | 5/51")
     sys.stdout.flush()

@@ -176,10 +176,9 @@ def test_cli_fleet_servers_and_errors(tmp_path, capsys):
 async def test_data_parallel_engines_get_their_own_rows(fixtures_dir):
     """Rows from a real capture given a second engine (engine="1" copies):
     the table grows a row per engine under the server's row."""
-    from test_fleet import CPU, fixture_text, scaled, with_second_engine
-
     from ernie_tui.engine_ctl.fleet import ServerPoller
     from ernie_tui.tui.messages import FleetUpdate
+    from test_fleet import CPU, fixture_text, scaled, with_second_engine
 
     text = with_second_engine(fixture_text(fixtures_dir, CPU),
                               lambda name, v: 0.25 if name == "vllm:kv_cache_usage_perc" else v)

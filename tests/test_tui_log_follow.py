@@ -11,10 +11,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from test_tui_pilot import free_port, wait_for
-
 from ernie_tui.tui.app import make_app
 from ernie_tui.tui.widgets.log_view import LogView
+from test_tui_pilot import free_port, wait_for
 
 CAP = 20_000  # the main screen's LogView keeps this many lines
 BATCH = 1_500
@@ -52,7 +51,7 @@ async def test_log_follows_a_flood_past_the_cap(tmp_path: Path):
                 f.flush()
                 written += BATCH
                 n = written
-                await wait_for(pilot, lambda: log.lines()[-1:] == [last_line(n)], timeout=20,
+                await wait_for(pilot, lambda n=n: log.lines()[-1:] == [last_line(n)], timeout=20,
                                what=f"line {n:,} in the pane")
                 await pilot.pause()
                 assert log.follow, f"following stopped by itself after {written:,} lines"
@@ -94,7 +93,7 @@ async def test_scroll_up_pauses_and_end_resumes_past_the_cap(tmp_path: Path):
                 f.flush()
                 written += BATCH
                 n = written
-                await wait_for(pilot, lambda: log.lines()[-1:] == [last_line(n)], timeout=20,
+                await wait_for(pilot, lambda n=n: log.lines()[-1:] == [last_line(n)], timeout=20,
                                what=f"line {n:,} in the pane")
         await pilot.pause(0.3)
         assert not log.follow, "a flood does not resume following"

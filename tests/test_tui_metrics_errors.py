@@ -15,11 +15,11 @@ from functools import partial
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
-from test_tui_pilot import wait_for
 
 from ernie_tui.engine_ctl.metrics import MetricsClient
 from ernie_tui.tui.app import make_app
 from ernie_tui.tui.widgets.charts import KVChart, MemoryChart, ThroughputChart
+from test_tui_pilot import wait_for
 
 GOOD = """# TYPE vllm:prompt_tokens_total counter
 vllm:prompt_tokens_total{model_name="m"} %d.0

@@ -75,7 +75,7 @@ class Recorder:
         for s in self.servers:
             try:
                 s.stop()
-            except Exception:
+            except Exception:  # noqa: BLE001  cleanup: the next server is still stopped and closed
                 pass
             s.close()
 
@@ -423,3 +423,46 @@ async def test_worker_messages_after_shutdown_are_dropped(fixtures_dir):
     app._status(StatusUpdate(ServerStatus(state=ServerState.STOPPED)))
     app._series(SeriesUpdate(()))
     app._tick()
+
+
+async def test_preflight_failure_is_shown(fake_presets, tmp_path, monkeypatch):
+    """A bug inside preflight used to vanish (preflight silently skipped): now the
+    user reads it in an error notification, and the launch goes on (preflight is advice)."""
+    import ernie_tui.tui.app as app_module
+
+    def broken_preflight(*args, **kwargs):
+        raise RuntimeError("injected preflight bug")
+
+    monkeypatch.setattr(app_module, "preflight", broken_preflight)
+    rec = Recorder(tmp_path)
+    app = make_app(preset="fake-a", preset_files=[str(fake_presets)], start=True, server_factory=rec,
+                   sample_interval=0.5)
+    try:
+        async with app.run_test(size=(120, 40)) as pilot:
+            def shown() -> list[str]:
+                return [f"{n.title}: {n.message}" for n in app._notifications]
+
+            await wait_for(pilot, lambda: any("RuntimeError: injected preflight bug" in t for t in shown()),
+                           what="the preflight failure in a notification")
+            note = next(t for t in shown() if "injected preflight bug" in t)
+            assert note.startswith("preflight of fake-a failed") and "going on without preflight" in note
+            await wait_for(pilot, lambda: rec.servers and rec.servers[0].status.pid is not None,
+                           what="the launch to go on")
+    finally:
+        rec.cleanup()
+
+
+async def test_worker_failure_is_shown_and_the_app_runs_on(fixtures_dir):
+    """Workers run with exit_on_error=False; one that raises is shown (its last
+    traceback line), not swallowed, and the dashboard keeps running."""
+    path = fixtures_dir / "cpu-vllm0.32.0" / "ok_block32_len2048.log"
+    app = make_app(mode="replay", replay_path=str(path), live=False)
+    async with app.run_test(size=(120, 40)) as pilot:
+        def broken() -> None:
+            raise KeyError("no such figure")
+
+        app.run_worker(broken, thread=True, exit_on_error=False, name="chart sampler")
+        await wait_for(pilot, lambda: any(n.title == "chart sampler failed" and "KeyError: 'no such figure'"
+                                          in n.message for n in app._notifications),
+                       what="the worker's failure in a notification")
+        assert app.is_running

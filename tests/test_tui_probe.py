@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import textwrap
 import time
-
 from pathlib import Path
 
 import pytest
@@ -88,12 +87,12 @@ async def test_probe_dead_url_says_connection_refused():
 async def test_late_worker_messages_after_the_pane_closes_are_dropped(rejected_book):
     """A burst or sweep worker can finish just as its screen is popped; its last
     message must not hit widgets that are already gone (NoMatches)."""
+    from ernie_tui.engine_ctl.probe import ProbeResult
     from ernie_tui.tui.messages import CapacityDone
     from ernie_tui.tui.screens.probe import BurstDone, ProbeDone
     from ernie_tui.tui.screens.sweep import SweepFinished
     from ernie_tui.tui.widgets.burst_tab import BurstTab
     from ernie_tui.tui.widgets.probe_tab import ProbeTab
-    from ernie_tui.engine_ctl.probe import ProbeResult
 
     book, model = rejected_book
     for screen in (ProbeScreen(f"http://127.0.0.1:{free_port()}"),

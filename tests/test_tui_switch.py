@@ -14,10 +14,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from test_tui_pilot import FAKE, Recorder, free_port, screen_text_of, wait_for
 
 from ernie_tui.tui.app import make_app
 from ernie_tui.tui.screens.dialogs import ConfirmScreen, PreflightScreen
+from test_tui_pilot import FAKE, Recorder, free_port, screen_text_of, wait_for
 
 
 @pytest.fixture

@@ -49,7 +49,8 @@ def stamp() -> str:
 
 
 def restamp(line: str, pid: int) -> str:
-    line = re.sub(r"(\b(?:INFO|WARNING|ERROR|DEBUG)) \d\d-\d\d \d\d:\d\d:\d\d", lambda m: f"{m.group(1)} {stamp()}", line)
+    line = re.sub(r"(\b(?:INFO|WARNING|ERROR|DEBUG)) \d\d-\d\d \d\d:\d\d:\d\d",
+                  lambda m: f"{m.group(1)} {stamp()}", line)
     for old in FIXTURE_PIDS:
         line = line.replace(f"pid={old}", f"pid={pid}").replace(f"[{old}]", f"[{pid}]")
     return line
@@ -234,11 +235,13 @@ def main() -> int:
         line = line.replace("'port': 18001", f"'port': {args.port}").replace(":18001", f":{args.port}")
         line = line.replace("'max_model_len': 2048", f"'max_model_len': {args.max_model_len}")
         line = line.replace("'block_size': 32", f"'block_size': {args.block_size}")
-        line = line.replace("'kv_cache_memory_bytes': 67108864", f"'kv_cache_memory_bytes': {args.kv_cache_memory_bytes}")
+        line = line.replace("'kv_cache_memory_bytes': 67108864",
+                            f"'kv_cache_memory_bytes': {args.kv_cache_memory_bytes}")
         line = line.replace("Using max model len 2048", f"Using max model len {args.max_model_len}")
         line = line.replace("/models/tiny-ernie", args.model)
         if "CPU KV cache size:" in line:
-            line = re.sub(r"CPU KV cache size: [\d,]+ tokens, Maximum concurrency for [\d,]+ tokens per request: [\d.]+x",
+            line = re.sub(r"CPU KV cache size: [\d,]+ tokens, "
+                          r"Maximum concurrency for [\d,]+ tokens per request: [\d.]+x",
                           f"CPU KV cache size: {tokens:,} tokens, Maximum concurrency for "
                           f"{args.max_model_len:,} tokens per request: {conc:.2f}x", line)
         if "Explicitly set (0.06/" in line:

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from ernie_tui.engine_ctl.ports import free_port
 from ernie_tui.demo_model import write_demo_model
+from ernie_tui.engine_ctl.ports import free_port
 
 READY_TIMEOUT = 300.0
 

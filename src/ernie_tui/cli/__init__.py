@@ -37,7 +37,8 @@ def build_parser() -> argparse.ArgumentParser:
         description=(
             "Terminal dashboard for tuning a vLLM server live. With no command it opens the "
             "dashboard in control mode (start/stop/restart a server from a preset), or monitors "
-            "a running server (--attach), several at once (--attach repeated, or --fleet), or replays a captured llm.log (--replay)."
+            "a running server (--attach), several at once (--attach repeated, or --fleet), "
+            "or replays a captured llm.log (--replay)."
         ),
     )
     parser.add_argument("--version", action="version", version=f"ernie-tui {__version__}")

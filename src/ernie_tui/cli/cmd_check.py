@@ -14,7 +14,8 @@ from ernie_tui.cli.shared_options import shared_options
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
-        "check", parents=[shared_options(top_level=False)], help="preflight a preset: problems vLLM would hit, with fixes, and a capacity estimate",
+        "check", parents=[shared_options(top_level=False)],
+        help="preflight a preset: problems vLLM would hit, with fixes, and a capacity estimate",
         description="Check a preset against the model's config.json and the machine (or one described by "
                     "--platform/--gpus/--gpu-memory-gib) before launching vLLM. Exit 1 if vLLM would fail.")
     p.add_argument("name", help="preset name")

@@ -30,7 +30,8 @@ def masked_env(env: dict[str, str], also: tuple[str, ...] = ()) -> dict[str, str
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("presets", help="list presets, show one, print where user presets live, delete one",
                        description="List presets, show one (with --command: the exact argv and env), "
-                                   "print the path of the user presets file, or delete a preset from it. Environment values whose "
+                                   "print the path of the user presets file, or delete a preset from it. "
+                                   "Environment values whose "
                                    "name looks like a secret (KEY, TOKEN, SECRET, PASSWORD, ...) show as ***.")
     ps = p.add_subparsers(dest="presets_command", metavar="ACTION", required=True)
     lst = ps.add_parser("list", parents=[shared_options(top_level=False)], help="every preset with its key arguments")

@@ -135,11 +135,11 @@ def _run_probe(args) -> int:
 def _preset_for(name: str | None, extra_files: list[str]):
     if not name:
         return None
-    try:
-        from ernie_tui.presets import load_presets
+    from ernie_tui.presets import PresetError, load_presets
 
+    try:
         return load_presets(extra_files).get(name)
-    except Exception:
+    except PresetError:
         # An unknown preset name still tags the record; its args are just unknown.
         return name
 
@@ -255,7 +255,7 @@ def _run_capacity(args) -> int:
                                            settings=settings, workload=workload, burst_config=cfg,
                                            tokenizer=tokenizer, model=args.probe_model, api_key=api_key,
                                            progress=progress, cancel=cancel)
-        except BaseException as exc:  # re-raised on the main thread
+        except BaseException as exc:  # noqa: BLE001  re-raised on the main thread
             box["error"] = exc
 
     # A worker thread, so Ctrl-C on the main thread can end the search

@@ -13,7 +13,8 @@ from ernie_tui.cli.shared_options import shared_options
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
-        "sweep", parents=[shared_options(top_level=False)], help="measure several presets one after another and write the comparison table",
+        "sweep", parents=[shared_options(top_level=False)],
+        help="measure several presets one after another and write the comparison table",
         description="For each preset: preflight (a preset that fails it is recorded and not launched), start, "
                     "wait ready, burst, stop, wait for the engine to be gone and GPU memory back to its "
                     "baseline. With --repeat R the presets run in rotated order R times and each figure is the "
@@ -79,8 +80,16 @@ def _sweep(args) -> int:
     from ernie_tui.cli import CliError
     from ernie_tui.engine_ctl.burst import BurstConfig
     from ernie_tui.engine_ctl.runstore import save_run
-    from ernie_tui.engine_ctl.sweep import (CapacitySweep, SweepOptions, SweepPlan, export, fold, run_sweep,
-                                            sweep_meta, to_markdown)
+    from ernie_tui.engine_ctl.sweep import (
+        CapacitySweep,
+        SweepOptions,
+        SweepPlan,
+        export,
+        fold,
+        run_sweep,
+        sweep_meta,
+        to_markdown,
+    )
     from ernie_tui.presets import load_presets
 
     for out in args.out:
@@ -134,7 +143,8 @@ def _sweep(args) -> int:
 
     def progress(ev: dict) -> None:
         eta = ev.get("eta_s")
-        where = f"[{ev['index'] + 1}/{ev['total']}] {ev['preset']}" + (f" r{ev['repeat'] + 1}" if args.repeat > 1 else "")
+        where = f"[{ev['index'] + 1}/{ev['total']}] {ev['preset']}"
+        where += f" r{ev['repeat'] + 1}" if args.repeat > 1 else ""
         if ev.get("gpus"):
             where += f" (GPU {ev['gpus']})"
         phase = ev["phase"]
@@ -165,7 +175,7 @@ def _sweep(args) -> int:
     def work() -> None:
         try:
             box["runs"] = run_sweep(plan, config, options, progress, cancel, capacity=capacity)
-        except BaseException as exc:  # reported on the main thread
+        except BaseException as exc:  # noqa: BLE001  re-raised on the main thread
             box["error"] = exc
 
     worker = threading.Thread(target=work, name="sweep", daemon=True)

@@ -94,15 +94,15 @@ def _finish_once(app) -> int:
         if server is not None:
             try:
                 server.close()
-            except Exception:
-                pass
+            except Exception as exc:  # noqa: BLE001  the exit (and SIGHUP) path must finish; said, not raised
+                _say(f"ernie-tui: closing the watcher failed: {exc}")
         return 0
     status = server.status
     if app.exit_action == "leave":
         if status.running and getattr(app, "detach_record", None) is None:
             try:
                 app.detach_record = server.detach()  # a hangup with --on-exit leave: record it here
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001  the exit (and SIGHUP) path must finish; said, not raised
                 _say(f"ernie-tui: could not record the detached server: {exc}")
         if status.running:
             _say(f"ernie-tui: left {status.preset_name} running at {status.url} (pid {status.pid}); "
@@ -115,7 +115,7 @@ def _finish_once(app) -> int:
             _say(f"ernie-tui: stopping {status.preset_name} (pid {status.pid}) ...")
         try:
             server.stop()
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001  the exit (and SIGHUP) path must finish; said, not raised
             _say(f"ernie-tui: stopping the server failed: {exc}")
             return 1
     return 0

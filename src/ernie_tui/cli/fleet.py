@@ -63,6 +63,6 @@ def run_fleet(args, urls: list[str]) -> int:
         if app.server is not None:  # a dashboard was open at quit: let go of it (it never stops a server)
             try:
                 app.server.close()
-            except Exception:
+            except OSError:
                 pass
     return int(app.return_code or 0)

@@ -29,12 +29,15 @@ remaining requests are not sent at all.
 from __future__ import annotations
 
 import asyncio
+import logging
 import random
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
+
+import psutil
 
 from ernie_tui.engine_ctl import metrics as M
 from ernie_tui.engine_ctl import stats
@@ -50,6 +53,8 @@ from ernie_tui.engine_ctl.machine import gib_str
 from ernie_tui.engine_ctl.probe import stream_request
 from ernie_tui.engine_ctl.prompts import BuiltPrompt, PromptBuilder, find_tokenizer
 from ernie_tui.engine_ctl.stream_timing import DEFAULT_TEMPERATURE, DEFAULT_TOP_P, ProbeRequest, ProbeResult
+
+log = logging.getLogger(__name__)
 
 MemorySampler = Callable[[], "float | None"]
 Progress = Callable[[int, int], None]
@@ -234,7 +239,7 @@ class _Sampler(threading.Thread):
         if self.memory_sampler is not None:
             try:
                 v = self.memory_sampler()
-            except Exception:
+            except (OSError, psutil.Error):  # the engine exited between two looks
                 v = None
             self.mem_peak = self._max(self.mem_peak, None if v is None else float(v))
 
@@ -344,8 +349,8 @@ async def run_burst_async(url: str, config: BurstConfig | None = None, *,
         if progress is not None:
             try:
                 progress(done, total)
-            except Exception:
-                pass
+            except Exception:  # noqa: BLE001  a display callback must not end the burst; logged, not lost
+                log.exception("burst progress callback failed")
 
     async def worker(client) -> None:
         nonlocal done, consecutive_failures, abort_reason, t_end_last
@@ -387,8 +392,8 @@ async def run_burst_async(url: str, config: BurstConfig | None = None, *,
             if on_request is not None:
                 try:
                     on_request(rec)
-                except Exception:
-                    pass
+                except Exception:  # noqa: BLE001  a display callback must not end the burst; logged, not lost
+                    log.exception("burst on_request callback failed")
 
     rec_itls: list[list[float]] = [[] for _ in range(total)]
     async with new_async_client(api_key, config.read_timeout_s, max_connections=config.concurrency + 2,
@@ -579,7 +584,8 @@ def format_result(r: BurstResult) -> str:
         + (" (cancelled)" if r.cancelled else "") + f", {r.duration_s:.2f} s",
         f"output {num(r.output_tps)} tok/s   total {num(r.total_tps)} tok/s   "
         f"{num(r.requests_per_s, '.2f')} req/s   ({r.output_tokens} output, {r.prompt_tokens} prompt tokens)",
-        f"TTFT ms     p50 {ms(r.ttft['p50'])}  p90 {ms(r.ttft['p90'])}  p99 {ms(r.ttft['p99'])}  mean {ms(r.ttft['mean'])}",
+        f"TTFT ms     p50 {ms(r.ttft['p50'])}  p90 {ms(r.ttft['p90'])}  p99 {ms(r.ttft['p99'])}  "
+        f"mean {ms(r.ttft['mean'])}",
         f"ITL ms      p50 {ms(r.itl['p50'])}  p90 {ms(r.itl['p90'])}  mean {ms(r.itl['mean'])}",
         f"latency ms  p50 {ms(r.latency['p50'])}  p90 {ms(r.latency['p90'])}  mean {ms(r.latency['mean'])}",
         f"KV-cache usage peak {num(r.kv_cache_usage_peak_pct)} %   running peak {num(r.running_peak, 'g')}   "

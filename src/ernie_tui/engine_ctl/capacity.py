@@ -23,6 +23,7 @@ finished LevelResult rides along), so a UI can draw the curve as it grows;
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -31,6 +32,8 @@ from typing import Any
 
 from ernie_tui.engine_ctl import slo as S
 from ernie_tui.engine_ctl import stats
+
+log = logging.getLogger(__name__)
 
 STOP_REASONS = {
     "bracketed": "the highest pass and the lowest fail are within the tolerance",
@@ -311,8 +314,8 @@ def emit(progress: Progress | None, **event: Any) -> None:
     if progress is not None:
         try:
             progress(event)
-        except Exception:
-            pass  # a display callback must not end the search
+        except Exception:  # noqa: BLE001  a display callback must not end the search; logged, not lost
+            log.exception("capacity progress callback failed")
 
 
 def search(run_level: LevelRunner, slo: Sequence[S.Objective], config: SearchConfig | None = None, *,

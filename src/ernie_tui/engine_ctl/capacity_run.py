@@ -38,7 +38,6 @@ from ernie_tui.engine_ctl.probe import stream_request
 from ernie_tui.engine_ctl.prompts import find_tokenizer
 from ernie_tui.engine_ctl.stream_timing import DEFAULT_TEMPERATURE, DEFAULT_TOP_P, ProbeRequest
 
-
 # -- workloads -----------------------------------------------------------------
 
 @dataclass(frozen=True)
@@ -91,7 +90,7 @@ def load_jsonl(path: str | Path, default_max_tokens: int) -> Workload:
             continue
         try:
             obj = json.loads(s)
-        except ValueError as exc:
+        except json.JSONDecodeError as exc:
             raise ValueError(f"{p}:{n}: not JSON ({exc.msg})") from exc
         if not isinstance(obj, dict) or not isinstance(obj.get("prompt"), str) or not obj["prompt"]:
             raise ValueError(f'{p}:{n}: each line needs a non-empty "prompt" string')

@@ -161,7 +161,7 @@ def _estimate(preset: Preset, model_info: Any, machine: Machine | None):
 
     try:
         return estimate_capacity(preset, model_info, machine)
-    except Exception:
+    except (ValueError, TypeError, KeyError, ZeroDivisionError):  # a config.json it cannot size
         return None
 
 
@@ -198,7 +198,8 @@ def _fix_for(kind: ErrorKind, text: str, err: EngineError | None, preset: Preset
         if est is not None and machine is not None and machine.gpu_total_bytes:
             floor_need = (est.weights_bytes + est.activation_bytes + est.non_torch_bytes) / machine.gpu_total_bytes
             if new <= floor_need:
-                return None, "the weights alone do not fit this GPU's free memory: use more GPUs (TP) or a smaller model"
+                return None, ("the weights alone do not fit this GPU's free memory: "
+                              "use more GPUs (TP) or a smaller model")
         if new <= util:
             return None, "already at or above vLLM's default share: use more GPUs (TP) or a smaller model"
         return {"gpu_memory_utilization": round(new, 2)}, "vLLM's default share" if new == DEFAULT_UTIL else ""
@@ -223,7 +224,8 @@ def _fix_for(kind: ErrorKind, text: str, err: EngineError | None, preset: Preset
                 want = max(-(-want // (1 << 20)) * (1 << 20), 64 << 20)
             if free:
                 want = min(want, int(free * GiB / 2) // (1 << 20) * (1 << 20))
-            return {"kv_cache_memory_bytes": format_size(max(want, 1 << 20))}, "an explicit KV cache that fits what is free"
+            fix = {"kv_cache_memory_bytes": format_size(max(want, 1 << 20))}
+            return fix, "an explicit KV cache that fits what is free"
         if free and total:
             new = math.floor(free / total * 100) / 100 - 0.01
             if new > 0:

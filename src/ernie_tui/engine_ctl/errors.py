@@ -14,6 +14,7 @@ from typing import Any
 
 from ernie_tui.engine_ctl.figures import _figure
 
+
 # Kinds and severities are StrEnums: code compares members, while JSON,
 # run records and printed text see the same strings as before.
 class ErrorKind(StrEnum):
@@ -104,7 +105,8 @@ def classify_error(message: str, notes: list[str] | None = None,
         m = re.search(r"max seq len \((\d+)\)", text)
         if m:
             put("max_model_len", m.group(1), "tokens")
-        m = re.search(r"\((\d+(?:\.\d+)?) GiB KV cache is needed.*available KV cache memory \((\d+(?:\.\d+)?) GiB\)", text)
+        m = re.search(r"\((\d+(?:\.\d+)?) GiB KV cache is needed"
+                      r".*available KV cache memory \((\d+(?:\.\d+)?) GiB\)", text)
         if m:
             put("needed_gib", m.group(1), "gib")
             put("available_gib", m.group(2), "gib")

@@ -226,9 +226,11 @@ class LocalMemory:
             from ernie_tui.engine_ctl.resources import ResourceSampler
 
             self._sampler = (self._factory or ResourceSampler)(pids=lambda: self._tree)
+        import psutil
+
         try:
             ms = self._sampler.sample()
-        except Exception:
+        except (OSError, psutil.Error):  # the server's processes went away between two looks
             return None, None
         if ms.engine_bytes is None:
             return None, None  # NVML without per-process figures: a box-wide total would mislead
@@ -271,7 +273,7 @@ def _is_local_host(host: str) -> bool:
         import psutil
 
         return any(a.address.split("%")[0] == host for addrs in psutil.net_if_addrs().values() for a in addrs)
-    except Exception:
+    except OSError:
         return False
 
 
@@ -416,7 +418,7 @@ class FleetPoller:
         while not cancelled():
             try:
                 rows = poller.poll()
-            except Exception as exc:  # never let one server's surprise end its loop silently
+            except Exception as exc:  # noqa: BLE001  one server's surprise must not end its loop; its row shows it
                 rows = poller.failed(f"{exc.__class__.__name__}: {exc}")
             on_rows(poller.server.name, rows)
             next_at += self.interval
@@ -430,7 +432,4 @@ class FleetPoller:
 
     def close(self) -> None:
         for p in self.pollers:
-            try:
-                p.close()
-            except Exception:
-                pass
+            p.close()

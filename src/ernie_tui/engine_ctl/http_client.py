@@ -15,7 +15,14 @@ from typing import Any
 
 import httpx
 
-from ernie_tui.engine_ctl.http_errors import ProbeError, ProbeErrorKind, ProbeFailure, classify_exception, error_from_response
+from ernie_tui.engine_ctl.http_errors import (
+    ProbeError,
+    ProbeErrorKind,
+    ProbeFailure,
+    classify_exception,
+    error_from_response,
+    is_transport_error,
+)
 
 DEFAULT_CONNECT_TIMEOUT_S = 5.0
 # vLLM sends nothing while a request waits in its queue or is prefilled, so
@@ -108,7 +115,9 @@ async def warm_client(client: Any, url: str, model: str | None = None, *,
         if model:
             return ServedModel(model)
         raise ProbeFailure(ProbeError(ProbeErrorKind.TIMEOUT, f"{target} did not answer within {timeout:g} s")) from exc
-    except Exception as exc:  # httpx, aiohttp or OSError; CancelledError is not an Exception
+    except Exception as exc:
+        if not is_transport_error(exc):
+            raise  # a bug, not the network
         if model:
             return ServedModel(model)
         raise ProbeFailure(classify_exception(exc, target)) from exc

@@ -129,7 +129,8 @@ def error_from_response(status: int, body: str, target: str = "") -> ProbeError:
     if status == 400 or status == 422:
         return ProbeError(ProbeErrorKind.BAD_REQUEST, f"HTTP {status}: {msg}", status)
     if status in (401, 403):
-        return ProbeError(ProbeErrorKind.UNAUTHORIZED, f"HTTP {status}: {msg} (set the API key's environment variable)", status)
+        return ProbeError(ProbeErrorKind.UNAUTHORIZED,
+                          f"HTTP {status}: {msg} (set the API key's environment variable)", status)
     if status == 404:
         return ProbeError(ProbeErrorKind.NOT_FOUND, f"HTTP 404: {msg}", status)
     if status >= 500:
@@ -178,6 +179,11 @@ def connection_refused(exc: BaseException) -> bool:
     return False
 
 
+def is_transport_error(exc: BaseException) -> bool:
+    """What the network, the server or a bad URL can raise through httpx or aiohttp."""
+    return isinstance(exc, (OSError, httpx.HTTPError, httpx.InvalidURL)) or _is_aiohttp_error(exc)
+
+
 def _is_aiohttp_error(exc: BaseException) -> bool:
     aiohttp = sys.modules.get("aiohttp")  # only loaded when a burst made a session
     return aiohttp is not None and isinstance(exc, aiohttp.ClientError)
@@ -203,7 +209,8 @@ def _classify_aiohttp(exc: BaseException, target: str, tokens_so_far: int,
         first = "before the first token" if tokens_so_far == 0 else f"after {tokens_so_far} tokens"
         return ProbeError(ProbeErrorKind.TIMEOUT, f"the server sent nothing{waited} {first}")
     if isinstance(exc, (aiohttp.ServerDisconnectedError, aiohttp.ClientPayloadError, aiohttp.ClientOSError)):
-        return ProbeError(ProbeErrorKind.DISCONNECTED, f"the server closed the connection {where} (did it die?): {text}")
+        return ProbeError(ProbeErrorKind.DISCONNECTED,
+                          f"the server closed the connection {where} (did it die?): {text}")
     if isinstance(exc, aiohttp.ClientResponseError) and isinstance(exc.__cause__, http_exceptions.HttpProcessingError):
         return not_http(exc.message)  # the parser could not read the status line or headers
     if isinstance(exc, aiohttp.ClientError):
@@ -223,7 +230,8 @@ def classify_exception(exc: BaseException, target: str, tokens_so_far: int = 0,
                           f"connection refused by {target} (is the server running on that port?)")
     if isinstance(exc, (ConnectionResetError, BrokenPipeError)):
         where = "before answering" if tokens_so_far == 0 else f"mid-stream after {tokens_so_far} tokens"
-        return ProbeError(ProbeErrorKind.DISCONNECTED, f"the server closed the connection {where} (did it die?): {text}")
+        return ProbeError(ProbeErrorKind.DISCONNECTED,
+                          f"the server closed the connection {where} (did it die?): {text}")
     if isinstance(exc, OSError):
         return ProbeError(ProbeErrorKind.CONNECT_ERROR, f"request to {target} failed: {text}")
     if isinstance(exc, httpx.ConnectTimeout):
@@ -241,7 +249,8 @@ def classify_exception(exc: BaseException, target: str, tokens_so_far: int = 0,
         return not_http(text)
     if isinstance(exc, (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError)):
         where = "before answering" if tokens_so_far == 0 else f"mid-stream after {tokens_so_far} tokens"
-        return ProbeError(ProbeErrorKind.DISCONNECTED, f"the server closed the connection {where} (did it die?): {text}")
+        return ProbeError(ProbeErrorKind.DISCONNECTED,
+                          f"the server closed the connection {where} (did it die?): {text}")
     if isinstance(exc, httpx.HTTPError):
         return ProbeError(ProbeErrorKind.CONNECT_ERROR, f"request to {target} failed: {text}")
     return ProbeError(ProbeErrorKind.STREAM_ERROR, f"{type(exc).__name__}: {text}")

@@ -29,7 +29,7 @@ from __future__ import annotations
 import os
 import re
 from bisect import bisect_right
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -212,7 +212,7 @@ def read_lines(fd: int, begin: int, end: int, block: int = BLOCK) -> Iterator[tu
 
 
 def read_existing(fd: int, size: int, serving: Callable[[], bool],
-                  pane_bytes: int = PANE_BYTES) -> Iterator[Section]:
+                  pane_bytes: int = PANE_BYTES) -> Generator[Section, None, tuple[int, int]]:
     """What `fd` holds up to `size`, as Sections in file order (see the
     module's doc). `serving()` says whether the parser has seen the server
     start serving: the startup section ends there. The generator's return

@@ -305,7 +305,7 @@ class LogParser:
             head = text[:60]
             if ("Capturing" in head and "raph" in head) or "checkpoint shards" in head:
                 self._progress(text, self.report.lines + 1)
-        except Exception:
+        except Exception:  # noqa: BLE001  the contract: never raise on log content; counted
             self.internal_errors += 1
         return self._events
 
@@ -318,7 +318,7 @@ class LogParser:
             if "\x1b" in line:
                 line = _strip_ansi(line)
             self._scan((line,))
-        except Exception:  # the contract: never raise on log content
+        except Exception:  # noqa: BLE001  the contract: never raise on log content; counted
             self.internal_errors += 1
         return self._events
 
@@ -327,7 +327,7 @@ class LogParser:
         self._events = []
         try:
             self._scan([_strip_ansi(ln) if "\x1b" in ln else ln for ln in lines])
-        except Exception:
+        except Exception:  # noqa: BLE001  the contract: never raise on log content; counted
             self.internal_errors += 1
         return self._events
 
@@ -369,7 +369,7 @@ class LogParser:
                         rep.lines = n
                         try:
                             self._on_prefix(m.group(1), m.group(2), n)
-                        except Exception:
+                        except Exception:  # noqa: BLE001  never raise on log content; counted
                             self.internal_errors += 1
                 else:
                     pos = 0
@@ -427,7 +427,7 @@ class LogParser:
                         if len(line) != len(raw):  # multi-byte chars: k to a char offset
                             k = len(raw[:k].decode("utf-8", "replace"))
                     h(line, k, n)
-                except Exception:
+                except Exception:  # noqa: BLE001  never raise on log content; counted
                     self.internal_errors += 1
                 rep = self.report  # a handler may have started a new run's report
         finally:
@@ -1151,5 +1151,5 @@ def _feed_block(parser: LogParser, block: bytes) -> None:
         block = _ANSI_B.sub(b"", block)
     try:
         parser._scan(block.decode("latin-1").split("\n"))
-    except Exception:  # the contract: never raise on log content
+    except Exception:  # noqa: BLE001  the contract: never raise on log content; counted
         parser.internal_errors += 1

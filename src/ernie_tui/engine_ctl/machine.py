@@ -82,11 +82,11 @@ def _nvml_gpus() -> tuple[list[GpuInfo] | None, str]:
     """All GPUs NVML sees, or (None, why not). Never raises."""
     try:
         import pynvml  # nvidia-ml-py
-    except Exception as exc:  # not installed, or a broken install
+    except ImportError as exc:  # not installed, or a broken install
         return None, f"nvidia-ml-py not importable ({exc.__class__.__name__})"
     try:
         pynvml.nvmlInit()
-    except Exception as exc:  # NVMLError_LibraryNotFound / DriverNotLoaded...
+    except pynvml.NVMLError as exc:  # NVMLError_LibraryNotFound / DriverNotLoaded...
         return None, f"NVML unavailable: {exc}"
     try:
         out = []
@@ -97,7 +97,7 @@ def _nvml_gpus() -> tuple[list[GpuInfo] | None, str]:
             try:
                 uuid = pynvml.nvmlDeviceGetUUID(h)
                 uuid = uuid.decode() if isinstance(uuid, bytes) else str(uuid)
-            except Exception:
+            except pynvml.NVMLError:
                 uuid = None
             total = free = None
             try:
@@ -106,20 +106,20 @@ def _nvml_gpus() -> tuple[list[GpuInfo] | None, str]:
                 # H200 143,771 MiB in NVML but "139.8 GiB" in vLLM's log.
                 mem = pynvml.nvmlDeviceGetMemoryInfo(h, version=pynvml.nvmlMemory_v2)
                 total, free = int(mem.total) - int(mem.reserved), int(mem.free)
-            except Exception:
+            except (pynvml.NVMLError, AttributeError):  # no v2 call (AttributeError: an older nvidia-ml-py)
                 try:
                     mem = pynvml.nvmlDeviceGetMemoryInfo(h)
                     total, free = int(mem.total), int(mem.free)
-                except Exception:
+                except pynvml.NVMLError:
                     pass
             out.append(GpuInfo(index=i, name=name, total_bytes=total, free_bytes=free, uuid=uuid))
         return out, "nvml"
-    except Exception as exc:
+    except pynvml.NVMLError as exc:
         return None, f"NVML query failed: {exc}"
     finally:
         try:
             pynvml.nvmlShutdown()
-        except Exception:
+        except pynvml.NVMLError:
             pass
 
 
@@ -177,7 +177,7 @@ def cpu_memory(node: int = 0) -> tuple[int | None, int | None, str]:
 
             vm = psutil.virtual_memory()
             total, avail = int(vm.total), int(vm.available)
-        except Exception:
+        except (ImportError, OSError):
             return None, None, "unknown"
     limit = _read_int("/sys/fs/cgroup/memory.max")
     usage = _read_int("/sys/fs/cgroup/memory.current") if limit is not None else None

@@ -24,7 +24,7 @@ import math
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -97,7 +97,7 @@ class Histogram:
             return self
         if [b for b, _ in self.buckets] != [b for b, _ in earlier.buckets]:
             return None
-        buckets = tuple((b, c - c0) for (b, c), (_, c0) in zip(self.buckets, earlier.buckets))
+        buckets = tuple((b, c - c0) for (b, c), (_, c0) in zip(self.buckets, earlier.buckets, strict=True))
         count = self.count - earlier.count
         if count < 0 or any(c < 0 for _, c in buckets):
             return None
@@ -214,7 +214,7 @@ def only_metrics(text: str, names: Iterable[str]) -> str:
 def _parse_families(text: str) -> list:
     try:
         return list(text_string_to_metric_families(text))
-    except Exception:
+    except ValueError:  # what prometheus_client's parser raises on a malformed line
         pass
     # One bad line (a truncated scrape, a proxy's banner) makes the parser give
     # up on the whole text. Keep every line that parses on its own instead.
@@ -228,17 +228,17 @@ def _parse_families(text: str) -> list:
             continue
         try:
             list(text_string_to_metric_families(line + "\n"))
-        except Exception:
+        except ValueError:
             continue
         good.append(line)
     try:
         return list(text_string_to_metric_families("\n".join(good) + "\n"))
-    except Exception:
+    except ValueError:
         # HELP/TYPE lines in a bad order can still upset it; drop them too.
         samples_only = "\n".join(line for line in good if not line.lstrip().startswith("#"))
         try:
             return list(text_string_to_metric_families(samples_only + "\n"))
-        except Exception:
+        except ValueError:
             return []
 
 
@@ -483,7 +483,7 @@ def _deadline_transport(total: float):
         def handle_request(self, request: httpx.Request) -> httpx.Response:
             deadline = time.monotonic() + total
             response = super().handle_request(request)
-            response.stream = DeadlineStream(response.stream, deadline)
+            response.stream = DeadlineStream(cast(httpx.SyncByteStream, response.stream), deadline)  # a sync transport
             return response
 
     return DeadlineTransport()

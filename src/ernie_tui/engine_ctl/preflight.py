@@ -321,7 +321,8 @@ def util_needed(est: Estimate, machine: Machine, blocks: int) -> float | None:
     total = machine.gpu_total_bytes
     if not total:
         return None
-    need = est.weights_bytes + est.activation_bytes + est.non_torch_bytes + blocks * est.kv_bytes_per_token * est.block_size
+    need = (est.weights_bytes + est.activation_bytes + est.non_torch_bytes
+            + blocks * est.kv_bytes_per_token * est.block_size)
     return math.ceil(need / total * 100) / 100
 
 
@@ -337,7 +338,8 @@ class _Ctx:
     args: VllmArgs | None
     problems: list[Problem]
 
-    def add(self, kind: ErrorKind, severity: Severity | str, message: str, fix: dict | None = None, check: str = "") -> None:
+    def add(self, kind: ErrorKind, severity: Severity | str, message: str, fix: dict | None = None,
+            check: str = "") -> None:
         self.problems.append(Problem(kind, severity, message, fix, check))
 
 
@@ -416,7 +418,8 @@ def check_block_size(c: _Ctx) -> None:
     else:
         msg = (f"block_size {block}: vLLM's CPU attention needs a multiple of 32 "
                f"('No common block size for {block} (CPU_ATTN: [MultipleOf(32)])')")
-    c.add(ErrorKind.BLOCK_SIZE_UNSUPPORTED, "error", msg, {"block_size": DEFAULT_BLOCK_SIZE["cuda"] if plat == "cuda" else 32})
+    c.add(ErrorKind.BLOCK_SIZE_UNSUPPORTED, "error", msg,
+          {"block_size": DEFAULT_BLOCK_SIZE["cuda"] if plat == "cuda" else 32})
 
 
 def check_arguments(c: _Ctx) -> None:
@@ -603,7 +606,8 @@ def check_advice(c: _Ctx) -> None:
             and mml < c.info.derived_max_model_len and mml <= 2048):
         c.add(ErrorKind.OTHER, "warning",
               f"max_model_len {mml} frees no memory: the KV pool is sized by "
-              f"gpu_memory_utilization ({est.kv_cache_gib:.2f} GiB here) whatever max_model_len is; it only caps request length "
+              f"gpu_memory_utilization ({est.kv_cache_gib:.2f} GiB here) whatever max_model_len is; "
+              f"it only caps request length "
               f"(max concurrency {est.max_concurrency:.2f}x at {mml}, half that at {mml * 2})")
 
 
@@ -710,6 +714,7 @@ def preflight(
 
 
 __all__ = [
-    "Problem", "PreflightResult", "VllmArgs", "preflight", "vllm_args", "port_is_free", "next_free_port", "bind_exposure",
+    "Problem", "PreflightResult", "VllmArgs", "preflight", "vllm_args", "port_is_free", "next_free_port",
+    "bind_exposure",
     "valid_tp_sizes", "largest_valid_tp", "launcher_python", "size_str", "TOOL_KEYS",
 ]

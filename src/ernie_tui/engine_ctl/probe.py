@@ -36,12 +36,12 @@ from typing import Any
 import httpx
 
 from ernie_tui.engine_ctl.http_client import (
+    _JSON_HEADERS,
     DEFAULT_READ_TIMEOUT_S,
     DEFAULT_TOTAL_TIMEOUT_S,
     TRANSPORTS,
     WARM_TIMEOUT_S,
     ServedModel,
-    _JSON_HEADERS,
     base_url,
     fast_loop_factory,
     list_models,

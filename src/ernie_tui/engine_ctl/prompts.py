@@ -16,7 +16,13 @@ from typing import Any
 import httpx
 
 from ernie_tui.engine_ctl.http_client import auth_headers, base_url, resolve_model
-from ernie_tui.engine_ctl.http_errors import ProbeError, ProbeErrorKind, ProbeFailure, classify_exception, error_from_response
+from ernie_tui.engine_ctl.http_errors import (
+    ProbeError,
+    ProbeErrorKind,
+    ProbeFailure,
+    classify_exception,
+    error_from_response,
+)
 
 SHORT_PROMPT = "Explain in two sentences what the KV cache of a large language model is for."
 CHINESE_PROMPT = "请用一句话介绍ERNIE系列模型的特点。"
@@ -150,7 +156,8 @@ class PromptBuilder:
         if self._pool is None:
             self._pool = self.tokenizer.candidate_ids()
             if not self._pool:
-                raise ProbeFailure(ProbeError(ProbeErrorKind.BAD_RESPONSE, "the tokenizer has no plain word tokens to build prompts from"))
+                raise ProbeFailure(ProbeError(ProbeErrorKind.BAD_RESPONSE,
+                                              "the tokenizer has no plain word tokens to build prompts from"))
         return self._pool
 
     @property
@@ -209,7 +216,8 @@ def find_tokenizer(model_dir: str | Path | None = None, tokenizer_path: str | Pa
             if cand.is_file():
                 return LocalTokenizer(cand)
         return ServerTokenizer(url, served.id, api_key)
-    raise ProbeFailure(ProbeError(ProbeErrorKind.BAD_REQUEST, "no tokenizer: give a model dir, a tokenizer.json or a server URL"))
+    raise ProbeFailure(ProbeError(ProbeErrorKind.BAD_REQUEST,
+                                  "no tokenizer: give a model dir, a tokenizer.json or a server URL"))
 
 
 def long_prompt(tokenizer: Any, n_tokens: int = LONG_PROMPT_TOKENS) -> BuiltPrompt:

@@ -18,7 +18,10 @@ import psutil
 try:  # nvidia-ml-py; present as a dependency, but the driver may be absent
     import pynvml
 except ImportError:  # pragma: no cover - only without the package
-    pynvml = None  # type: ignore[assignment]
+    pynvml = None
+
+# What NVML calls raise (a missing library, no driver, a lost GPU, no permission).
+NVMLError: type[Exception] = pynvml.NVMLError if pynvml is not None else OSError
 
 
 @dataclass(frozen=True)
@@ -69,7 +72,7 @@ def _memory_info(handle):
     if version is not None:
         try:
             return pynvml.nvmlDeviceGetMemoryInfo(handle, version=version)
-        except Exception:  # an older driver without the v2 call
+        except NVMLError:  # an older driver without the v2 call
             pass
     return pynvml.nvmlDeviceGetMemoryInfo(handle)
 
@@ -96,7 +99,7 @@ class ResourceSampler:
                 else:
                     self.reason = "NVML found no visible GPU"
                     pynvml.nvmlShutdown()
-            except Exception as exc:  # NVMLError_LibraryNotFound, DriverNotLoaded, ...
+            except NVMLError as exc:  # NVMLError_LibraryNotFound, DriverNotLoaded, ...
                 self.reason = f"NVML unavailable: {exc}"
 
     @property
@@ -111,7 +114,7 @@ class ResourceSampler:
         if self.nvml:
             try:
                 return self._sample_nvml(now, pids)
-            except Exception as exc:  # the driver went away mid-session
+            except NVMLError as exc:  # the driver went away mid-session
                 self.nvml = False
                 self.reason = f"NVML failed: {exc}"
         per_pid: dict[int, int] = {}
@@ -131,7 +134,7 @@ class ResourceSampler:
             mem = _memory_info(handle)
             try:
                 util = float(pynvml.nvmlDeviceGetUtilizationRates(handle).gpu)
-            except Exception:
+            except NVMLError:
                 util = None
             name = pynvml.nvmlDeviceGetName(handle)
             if isinstance(name, bytes):
@@ -142,7 +145,7 @@ class ResourceSampler:
                     used = getattr(p, "usedGpuMemory", None)
                     if p.pid in wanted and used:
                         per_pid[p.pid] = per_pid.get(p.pid, 0) + int(used)
-            except Exception:
+            except NVMLError:
                 pass  # per-process figures need privileges some boxes lack
         return MemorySample(t=now, source="nvml", gpus=tuple(gpus),
                             engine_bytes=sum(per_pid.values()) if per_pid else None, per_pid=per_pid)
@@ -151,7 +154,7 @@ class ResourceSampler:
         if self.nvml and pynvml is not None:
             try:
                 pynvml.nvmlShutdown()
-            except Exception:
+            except NVMLError:
                 pass
             self.nvml = False
 

@@ -26,6 +26,7 @@ wait_ready().
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -40,13 +41,15 @@ import httpx
 import psutil
 
 from ernie_tui import paths
+from ernie_tui.engine_ctl.errors import ErrorKind
 from ernie_tui.engine_ctl.logopen import LineIndex, Section, read_existing
 from ernie_tui.engine_ctl.logparse import LogParser
 from ernie_tui.engine_ctl.logtail import LogTailer
 from ernie_tui.engine_ctl.ports import port_is_free
-from ernie_tui.engine_ctl.errors import ErrorKind
 from ernie_tui.engine_ctl.report import EngineError, EngineReport, ReportSnapshot
 from ernie_tui.presets.model import LaunchSpec
+
+log = logging.getLogger(__name__)
 
 
 class ServerState(str, Enum):
@@ -274,8 +277,8 @@ class _Watcher:
         for cb in listeners:
             try:
                 cb(event)
-            except Exception:  # a broken listener must not kill the monitor
-                pass
+            except Exception:  # noqa: BLE001  a broken listener must not kill the monitor thread
+                log.exception("server event listener failed")
 
     def _set_status(self, **changes) -> None:
         with self._lock:

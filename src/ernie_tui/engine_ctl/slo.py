@@ -130,9 +130,9 @@ def quantile_rank_bounds(n: int, q: float, confidence: float) -> tuple[int | Non
     cdf = _binom_cdf_table(n, q)
     # x_(l) <= Q  <=>  at least l samples are <= Q  <=>  B >= l, B ~ Bin(n, q).
     lower = None
-    for l in range(n, 0, -1):
-        if 1.0 - cdf[l - 1] >= confidence:
-            lower = l
+    for k in range(n, 0, -1):
+        if 1.0 - cdf[k - 1] >= confidence:
+            lower = k
             break
     # x_(u) >= Q  <=>  fewer than u samples are below Q  <=>  B <= u - 1.
     upper = None

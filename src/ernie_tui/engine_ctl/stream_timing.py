@@ -20,6 +20,7 @@ so it can be tested with canned chunks); _finish turns it into a ProbeResult.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -28,6 +29,8 @@ from ernie_tui.engine_ctl import stats
 from ernie_tui.engine_ctl.http_errors import ProbeError, ProbeErrorKind, _looks_too_long, parse_too_long
 from ernie_tui.engine_ctl.sse import DONE
 from ernie_tui.engine_ctl.stream_chunk import ErrorEvent, read_chunk
+
+log = logging.getLogger(__name__)
 
 # The source articles' Chainlit page used these sampling settings.
 DEFAULT_MAX_TOKENS = 512
@@ -128,8 +131,8 @@ class StreamState:
             if self.on_text is not None:
                 try:
                     self.on_text(text)
-                except Exception:
-                    pass  # a display callback must not kill the measurement
+                except Exception:  # noqa: BLE001  a display callback must not kill the measurement
+                    log.exception("probe on_text callback failed")
         self.tokens_seen += new
         return new
 

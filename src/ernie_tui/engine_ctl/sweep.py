@@ -24,6 +24,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import logging
 import statistics
 import threading
 import time
@@ -33,6 +34,8 @@ from typing import Any, Callable
 
 from ernie_tui import paths
 from ernie_tui.presets.model import Preset
+
+log = logging.getLogger(__name__)
 
 # Columns that are measured per run and aggregated across repeats.
 MEASURED = ("ready_s", "output_tps", "total_tps", "ttft_p50_ms", "ttft_p90_ms", "itl_p50_ms",
@@ -393,8 +396,8 @@ def _emit(progress: Progress | None, **event: Any) -> None:
     if progress is not None:
         try:
             progress(event)
-        except Exception:
-            pass
+        except Exception:  # noqa: BLE001  a display callback must not end the sweep; logged, not lost
+            log.exception("sweep progress callback failed")
 
 
 def run_sweep(plan: SweepPlan, burst_config=None, options: SweepOptions | None = None,
@@ -737,7 +740,7 @@ def _run_parallel(plan: SweepPlan, burst_config, options: SweepOptions, log_dir:
                     t = a.trial
                     try:
                         run = fut.result()
-                    except Exception as exc:  # one trial's surprise must not stop its neighbours
+                    except Exception as exc:  # noqa: BLE001  one trial's surprise must not stop its neighbours; its row says it
                         run = SweepRun(preset=t.preset.name, repeat=t.repeat, status="failed: error",
                                        message=f"{type(exc).__name__}: {exc}", key_args=t.preset.key_args(),
                                        gpus=a.cuda_visible_devices, port=port)

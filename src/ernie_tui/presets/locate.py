@@ -17,7 +17,8 @@ import tomllib
 _HEADER = re.compile(r"^\s*\[(?!\[)(.+?)\]\s*(#.*)?$")
 # `key = value`, key being bare, quoted or dotted: everything up to the first `=`
 # that is outside quotes.
-_KEY = re.compile(r"""^\s*((?:[A-Za-z0-9_-]+|"(?:[^"\\]|\\.)*"|'[^']*')(?:\s*\.\s*(?:[A-Za-z0-9_-]+|"(?:[^"\\]|\\.)*"|'[^']*'))*)\s*=""")
+_PART = r"""(?:[A-Za-z0-9_-]+|"(?:[^"\\]|\\.)*"|'[^']*')"""  # a bare, "basic" or 'literal' key
+_KEY = re.compile(rf"^\s*({_PART}(?:\s*\.\s*{_PART})*)\s*=")
 
 
 def _key_path(dotted: str) -> tuple[str, ...] | None:

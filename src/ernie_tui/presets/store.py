@@ -87,7 +87,7 @@ def _same(old: Any, new: Any) -> bool:
     if isinstance(old, dict) and isinstance(new, dict):
         return old.keys() == new.keys() and all(_same(old[k], new[k]) for k in old)
     if isinstance(old, list) and isinstance(new, list):
-        return len(old) == len(new) and all(_same(a, b) for a, b in zip(old, new))
+        return len(old) == len(new) and all(_same(a, b) for a, b in zip(old, new, strict=True))
     return type(old) is type(new) and old == new
 
 

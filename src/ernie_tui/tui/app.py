@@ -27,16 +27,18 @@ from pathlib import Path
 from typing import Callable, Iterable
 
 from textual import on, work
-from textual.app import App, SystemCommand
+from textual.app import App, SuspendNotSupported, SystemCommand
 from textual.screen import Screen
 from textual.worker import get_current_worker
 
 from ernie_tui import paths
 from ernie_tui.engine_ctl.diagnose import apply_fix, diagnose
-from ernie_tui.engine_ctl.preflight import preflight
 from ernie_tui.engine_ctl.errors import ErrorKind, Severity
+from ernie_tui.engine_ctl.preflight import preflight
+from ernie_tui.engine_ctl.server import ServerError
 from ernie_tui.presets import PresetBook, PresetError, load_presets
 from ernie_tui.presets.store import save_preset
+from ernie_tui.tui.failures import Failure, ShowsWorkerFailures, last_line, log, show_failure
 from ernie_tui.tui.lifecycle import tearing_down
 from ernie_tui.tui.messages import (
     ControlResult,
@@ -92,7 +94,7 @@ def default_server_factory(spec, *, preset_name: str, log_path: str | None = Non
     return EngineServer(spec, preset_name=preset_name, log_path=log_path)
 
 
-class ErnieApp(App[int]):
+class ErnieApp(ShowsWorkerFailures, App[int]):
     CSS_PATH = "ernie_tui.tcss"
     TITLE = "ernie-tui"
 
@@ -428,8 +430,12 @@ class ErnieApp(App[int]):
     def _control_thread(self, action: str, fn: Callable[[], object]) -> None:
         try:
             fn()
-        except Exception as exc:  # ServerError, PresetError, OSError: all for the user to read
+        except (ServerError, PresetError, OSError) as exc:  # all for the user to read
             self.post_message(ControlResult(action, False, str(exc) or exc.__class__.__name__))
+            return
+        except Exception as exc:  # noqa: BLE001  a bug: shown (type and message) and the controls freed
+            log.error("%s failed", action, exc_info=exc)
+            self.post_message(ControlResult(action, False, last_line(exc)))
             return
         self.post_message(ControlResult(action, True))
 
@@ -469,12 +475,15 @@ class ErnieApp(App[int]):
         self._run_control(label, run)
 
     def _preflight(self, preset, server=None):
+        """Preflight `preset` (on a worker thread). None when preflight itself
+        failed: that failure is shown, and the launch goes on without it."""
         try:
             # allow_dump=False: never spend a minute asking vLLM for its argument
             # list here; the cached or shipped list is used instead.
             result = preflight(preset, model_dir=self._model_for(preset), check_args=True, allow_dump=False)
-        except Exception:
-            return None  # preflight is advice; its own failure must not block a launch
+        except Exception as exc:  # noqa: BLE001  preflight is advice: its own bug is shown, never blocks a launch
+            self.post_message(Failure(f"preflight of {preset.name}", exc, after="going on without preflight"))
+            return None
         st = server.status if server is not None else None
         spec = getattr(server, "spec", None)
         if st is not None and st.running and spec is not None and spec.port == preset.port:
@@ -509,7 +518,8 @@ class ErnieApp(App[int]):
             try:
                 platform = getattr(getattr(result, "machine", None), "platform", None)
                 diagnosis = diagnose(first, preset, platform)
-            except Exception:
+            except Exception as exc:  # noqa: BLE001  the fix is advice: its bug is shown, the dialog still opens
+                show_failure(self, "diagnosis", exc)
                 diagnosis = None
         fix_text = diagnosis.fix_summary if diagnosis is not None and diagnosis.fixable else None
 
@@ -619,9 +629,7 @@ class ErnieApp(App[int]):
             try:
                 with self.suspend():
                     code = subprocess.run(argv, check=False).returncode
-            except Exception as exc:
-                if exc.__class__.__name__ != "SuspendNotSupported":
-                    raise
+            except SuspendNotSupported:
                 code = subprocess.run(argv, check=False, stdin=subprocess.DEVNULL).returncode
         except OSError as exc:
             self.notify(f"cannot run {argv[0]}: {exc.strerror or exc}", severity="error", timeout=8)
@@ -653,7 +661,8 @@ class ErnieApp(App[int]):
         platform = self.report.platform if self.report is not None else None
         try:
             diagnosis = diagnose(error, preset, platform)
-        except Exception:
+        except Exception as exc:  # noqa: BLE001  the fix is advice: its bug is shown, the dashboard runs on
+            show_failure(self, "diagnosis", exc)
             return
         self._diagnosis = (diagnosis, preset)
         fixable = bool(getattr(diagnosis, "fixable", False)) and preset is not None
@@ -676,7 +685,7 @@ class ErnieApp(App[int]):
         try:
             fixed = apply_fix(preset, diagnosis)
             save_preset(fixed)
-        except Exception as exc:
+        except (PresetError, ValueError, OSError) as exc:
             self.notify(f"cannot apply the fix: {exc}", severity="error", timeout=8)
             return
         self.reload_presets_now()
@@ -761,7 +770,7 @@ class ErnieApp(App[int]):
     def _quit_leave(self) -> None:
         try:
             self.detach_record = self.server.detach()
-        except Exception as exc:
+        except OSError as exc:
             self.notify(f"cannot detach: {exc}", severity="error", timeout=8)
             return
         self.exit_action = "leave"

@@ -23,7 +23,7 @@ def tearing_down(node) -> bool:
     # (set synchronously when removal starts); there is no public equivalent.
     try:
         app = node.app
-    except Exception:  # NoActiveAppError: no app runs this node any more
+    except RuntimeError:  # NoActiveAppError (a RuntimeError): no app runs this node any more
         return True
     if not app.is_running:
         return True

@@ -23,8 +23,8 @@ if TYPE_CHECKING:
     from ernie_tui.engine_ctl.capacity import CapacityResult, LevelResult
     from ernie_tui.engine_ctl.probe import ProbeResult, ServedModel
     from ernie_tui.engine_ctl.report import EngineReport
-    from ernie_tui.engine_ctl.sweep import SweepRun
     from ernie_tui.engine_ctl.server import ServerStatus
+    from ernie_tui.engine_ctl.sweep import SweepRun
     from ernie_tui.presets import PresetBook
     from ernie_tui.tui.series import ChartPoint
 

@@ -19,6 +19,8 @@ import time
 from collections import deque
 from typing import Callable
 
+import psutil
+
 from ernie_tui.tui.messages import (
     LogBatch,
     LogEarlier,
@@ -67,10 +69,7 @@ class ServerBridge:
         self.post(ReplayDone(str(event.path), event.lines))
 
     def close(self) -> None:
-        try:
-            self.server.remove_listener(self._on_event)
-        except Exception:
-            pass
+        self.server.remove_listener(self._on_event)
 
 
 def report_loop(post: Post, bridge: ServerBridge, cancelled: Cancelled, interval: float = 0.25) -> None:
@@ -128,7 +127,7 @@ class Sampler:
             if key != cache["key"] or now - cache["at"] > 5.0:
                 try:
                     cache["pids"] = list(server.engine_pids())
-                except Exception:
+                except (OSError, psutil.Error):  # the processes went away between two looks
                     cache["pids"] = []
                 cache["key"], cache["at"] = key, now
             return cache["pids"]
@@ -150,7 +149,7 @@ class Sampler:
                 if running or resources.nvml:
                     try:
                         ms = resources.sample()
-                    except Exception:
+                    except (OSError, psutil.Error):  # the processes went away between two looks
                         ms = None
                     if ms is not None:
                         if ms.source == "nvml":
@@ -206,10 +205,7 @@ class Sampler:
         finally:
             if client is not None:
                 client.close()
-            try:
-                resources.close()
-            except Exception:
-                pass
+            resources.close()
 
 
 # The few metric families the charts and the report read. A real vLLM

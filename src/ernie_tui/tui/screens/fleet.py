@@ -21,6 +21,7 @@ from textual.widgets import DataTable, Footer, Input, Static
 from textual.worker import get_current_worker
 
 from ernie_tui.engine_ctl.machine import gib_str
+from ernie_tui.tui.failures import ShowsWorkerFailures
 from ernie_tui.tui.lifecycle import drop_when_torn_down
 from ernie_tui.tui.messages import FleetUpdate
 from ernie_tui.tui.screens.help import HelpScreen
@@ -128,7 +129,7 @@ class FleetHelpScreen(HelpScreen):
             yield Label("? or escape closes", classes="dialog-hint")
 
 
-class FleetScreen(Screen):
+class FleetScreen(ShowsWorkerFailures, Screen):
     AUTO_FOCUS = "#fleet-table"
 
     BINDINGS = [

@@ -17,11 +17,14 @@ from textual import on, work
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.content import Content
+from textual.css.query import NoMatches
 from textual.screen import Screen
 from textual.widgets import Button, Footer, Static, TabbedContent, TabPane
 
 from ernie_tui.engine_ctl.burst import BurstResult
 from ernie_tui.engine_ctl.probe import ProbeResult, ServedModel
+from ernie_tui.presets import PresetError
+from ernie_tui.tui.failures import ShowsWorkerFailures
 from ernie_tui.tui.lifecycle import drop_when_torn_down
 from ernie_tui.tui.messages import (  # noqa: F401  (re-exported: tests and callers import them from here)
     BurstDone,
@@ -45,7 +48,7 @@ from ernie_tui.tui.widgets.probe_tab import (  # noqa: F401
 )
 
 
-class ProbeScreen(Screen[None]):
+class ProbeScreen(ShowsWorkerFailures, Screen[None]):
     """The probe pane. `url` is the server; `engine_pids` (optional) returns
     the engine's process ids so a burst can report its peak memory;
     `preset` and `engine_report` (optional) tag the run records. Any of the
@@ -129,7 +132,7 @@ class ProbeScreen(Screen[None]):
         except ProbeFailure as exc:
             self.post_message(ModelInfo(None, exc.error.message))
             return
-        except Exception as exc:  # never let a lookup kill the pane
+        except Exception as exc:  # noqa: BLE001  never let a lookup kill the pane; the pane shows it
             self.post_message(ModelInfo(None, f"{type(exc).__name__}: {exc}"))
             return
         self.post_message(ModelInfo(served))
@@ -189,7 +192,7 @@ class ProbeScreen(Screen[None]):
                     else status.preset_name
             if report is None:
                 report = getattr(app, "report", None)
-        except Exception:
+        except PresetError:
             pass
         return preset, report
 
@@ -202,7 +205,7 @@ class ProbeScreen(Screen[None]):
         if action == "cancel":
             try:
                 return self.probe_running or self.burst_running
-            except Exception:  # before compose, or while tearing down
+            except NoMatches:  # before compose, or while tearing down
                 return False
         return True
 

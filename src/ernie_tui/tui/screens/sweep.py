@@ -41,6 +41,7 @@ from textual.widgets import Button, Checkbox, DataTable, Footer, Input, Label, P
 from textual.widgets.selection_list import Selection
 
 from ernie_tui.engine_ctl.burst import BurstConfig
+from ernie_tui.engine_ctl.runstore import RunStoreError
 from ernie_tui.engine_ctl.sweep import (
     CAPACITY_COLUMNS,
     COLUMNS,
@@ -53,6 +54,8 @@ from ernie_tui.engine_ctl.sweep import (
     fold,
     sweep_meta,
 )
+from ernie_tui.presets import PresetError
+from ernie_tui.tui.failures import ShowsWorkerFailures
 from ernie_tui.tui.lifecycle import drop_when_torn_down
 from ernie_tui.tui.messages import SweepFinished, SweepLevelDone, SweepProgress, SweepRunDone
 from ernie_tui.tui.widgets.charts import FRONT_MARKER, CapacityChart, CapacityCurve
@@ -124,7 +127,7 @@ def default_export_path() -> str:
     return f"sweep-{time.strftime('%Y%m%d-%H%M')}.md"
 
 
-class SweepScreen(Screen[None]):
+class SweepScreen(ShowsWorkerFailures, Screen[None]):
     """`book`: the presets to choose from; `model`: the model dir for presets
     that name none; `is_serving()`: True while the dashboard's own server
     runs (the sweep then refuses to start); `api_key` is kept for symmetry
@@ -248,16 +251,13 @@ class SweepScreen(Screen[None]):
         name = event.selection.value
         try:
             desc = self.book.get(name).description
-        except Exception:
+        except PresetError:
             desc = ""
         self.query_one("#sw-desc", Static).update(Content(desc or ""))
 
     # -- refusing while the dashboard serves --------------------------------------------------
     def _serving(self) -> bool:
-        try:
-            return bool(self.is_serving())
-        except Exception:
-            return False
+        return bool(self.is_serving())
 
     def _update_refusal(self) -> bool:
         serving = self._serving() and not self.running
@@ -352,7 +352,7 @@ class SweepScreen(Screen[None]):
             presets = [self.book.get(n) for n in names]
             for p in presets:
                 p.resolve_model(self.model)  # a preset without a model is an error now, not mid-sweep
-        except Exception as exc:  # ValueError, PresetError
+        except (ValueError, PresetError) as exc:
             self._say(f"Not started: {exc}", error=True)
             self.last_error = str(exc)
             return False
@@ -400,7 +400,7 @@ class SweepScreen(Screen[None]):
         try:
             runs = run_sweep(plan, config, SweepOptions(model=self.model, log_dir=log_dir), progress, cancel,
                              capacity=capacity)
-        except Exception as exc:  # run_sweep stops its server in `finally`; report what broke
+        except Exception as exc:  # noqa: BLE001  run_sweep stops its server in `finally`; the pane shows what broke
             runs = done
             error = f"{type(exc).__name__}: {exc}"
         record = None
@@ -412,7 +412,7 @@ class SweepScreen(Screen[None]):
                                                              capacity=capacity), "runs": runs},
                                notes=" ".join(p.name for p in plan.presets))
                 record = rec.id
-            except Exception as exc:
+            except (RunStoreError, OSError) as exc:
                 error = (error + "; " if error else "") + f"the sweep's run record was not saved: {exc}"
         self.post_message(SweepFinished(runs, cancel.is_set(), error, record, str(log_dir)))
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import threading
 from typing import Any, Callable
 
+import psutil
 from textual import on, work
 from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical, VerticalScroll
@@ -26,6 +27,8 @@ from textual.content import Content
 from textual.widgets import Button, Checkbox, Input, ProgressBar, Static
 
 from ernie_tui.engine_ctl.burst import BurstConfig, BurstResult
+from ernie_tui.engine_ctl.runstore import RunStoreError
+from ernie_tui.tui.failures import ShowsWorkerFailures
 from ernie_tui.tui.lifecycle import drop_when_torn_down
 from ernie_tui.tui.messages import (
     BurstDone,
@@ -64,7 +67,7 @@ def _num_field(label: str, wid: str, value: str) -> Vertical:
     return labelled(label, Input(value, type="number", id=wid, compact=True))
 
 
-class BurstTab(Vertical):
+class BurstTab(ShowsWorkerFailures, Vertical):
     """The Burst tab. `pids()` returns the engine's process ids (peak memory
     of a burst), `tags()` the (preset, engine report) its run record is
     tagged with; either may be None."""
@@ -237,12 +240,12 @@ class BurstTab(Vertical):
             if pids is not None:
                 try:
                     memory = EngineMemory(pids)
-                except Exception:
+                except (OSError, psutil.Error):
                     memory = None
             result = run_burst(t.url, config, api_key=t.api_key, model=t.served.id if t.served else None,
                                tokenizer=t.tokenizer, progress=progress, on_request=on_request,
                                cancel=cancel, memory_sampler=memory)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001  run_burst reports server trouble in its result; a bug shows in the pane
             self.post_message(BurstDone(run, None, error=f"{type(exc).__name__}: {exc}"))
             return
         finally:
@@ -253,7 +256,7 @@ class BurstTab(Vertical):
             try:
                 rec = result.save(preset, report)
                 record_id, record_path = rec.id, str(rec.path)
-            except Exception as exc:
+            except (RunStoreError, OSError) as exc:
                 error = f"the run record was not saved: {exc}"
         self.post_message(BurstDone(run, result, record_id, record_path, error))
 
@@ -357,7 +360,7 @@ class BurstTab(Vertical):
             result = run_capacity(t.url, slo, search_config=search, rules=rules, settings=settings, burst_config=cfg,
                                   tokenizer=t.tokenizer, model=t.served.id if t.served else None,
                                   api_key=t.api_key, progress=progress, cancel=cancel)
-        except Exception as exc:  # run_capacity reports server trouble in its result; this is a bug
+        except Exception as exc:  # noqa: BLE001  run_capacity reports server trouble in its result; a bug shows in the pane
             self.post_message(CapacityDone(run, None, error=f"{type(exc).__name__}: {exc}"))
             return
         record_id = record_path = error = None
@@ -365,7 +368,7 @@ class BurstTab(Vertical):
             try:
                 rec = result.save(preset, report)
                 record_id, record_path = rec.id, str(rec.path)
-            except Exception as exc:
+            except (RunStoreError, OSError) as exc:
                 error = f"the run record was not saved: {exc}"
         self.post_message(CapacityDone(run, result, record_id, record_path, error))
 

@@ -141,7 +141,7 @@ class TimeChart(PlotextPlot):
     @staticmethod
     def series(points: Sequence[ChartPoint], xs: list[float], get) -> tuple[list[float], list[float]]:
         out_x, out_y = [], []
-        for x, p in zip(xs, points):
+        for x, p in zip(xs, points, strict=False):
             v = get(p)
             if v is not None:
                 out_x.append(x)
@@ -229,7 +229,8 @@ class KVChart(TimeChart):
             plt.plot(wx, wy, marker="braille", color="red+", yside="right")
         if ry or wy:
             plt.ylim(0, max(4.0, reqs_top * 1.25), yside="right")
-        self.border_title = "[ansi_bright_green]KV cache %[/] · [ansi_bright_cyan]running[/] / [ansi_bright_red]waiting[/]"
+        self.border_title = ("[ansi_bright_green]KV cache %[/] · [ansi_bright_cyan]running[/] / "
+                             "[ansi_bright_red]waiting[/]")
         if ky or ry:
             self.border_subtitle = (f"KV {_fmt_num(ky[-1] if ky else None, '%')} · run "
                                     f"{int(ry[-1]) if ry else '–'} · wait {int(wy[-1]) if wy else '–'}")
@@ -322,9 +323,9 @@ class CapacityChart(PlotextPlot):
             plt.plot(xs, ys, marker="braille", color=COLORS[i % len(COLORS)],
                      label=label if len(self.curves) > 1 else None)
             if len(self.curves) == 1:  # one search: say which concurrency each point is
-                for lv, x, y in zip(levels, xs, ys):
+                for lv, x, y in zip(levels, xs, ys, strict=True):
                     plt.text(f"c{lv.concurrency}", x + right * 0.03, y, color="gray", alignment="left")
-            for lv, x, y in zip(levels, xs, ys):
+            for lv, x, y in zip(levels, xs, ys, strict=True):
                 marker = FRONT_MARKER if curve.front and lv.concurrency == curve.capacity else (
                     PASS_MARKER if lv.passed else FAIL_MARKER)
                 plt.scatter([x], [y], marker=marker, color="green+" if lv.passed else "red+")

@@ -37,10 +37,12 @@ from ernie_tui.engine_ctl.probe import (
     LONG_PROMPT_TOKENS,
     SHORT_PROMPT,
     ProbeError,
+    ProbeErrorKind,
     ProbeRequest,
     ProbeResult,
     ServedModel,
 )
+from ernie_tui.tui.failures import ShowsWorkerFailures
 from ernie_tui.tui.lifecycle import drop_when_torn_down
 from ernie_tui.tui.messages import LongPromptReady, ProbeDone, ProbeText
 from ernie_tui.tui.widgets.form import labelled
@@ -159,7 +161,7 @@ class _TextPump:
         self.last = time.monotonic() if now is None else now
 
 
-class ProbeTab(Vertical):
+class ProbeTab(ShowsWorkerFailures, Vertical):
     """The Probe tab. `send()` starts a probe (the screen decides whether it
     may), `cancel()` ends the running one."""
 
@@ -234,7 +236,7 @@ class ProbeTab(Vertical):
         except ProbeFailure as exc:
             self.post_message(LongPromptReady(None, error=exc.error.message))
             return
-        except Exception as exc:
+        except (OSError, ValueError) as exc:  # an unreadable or odd tokenizer file
             self.post_message(LongPromptReady(None, error=f"{type(exc).__name__}: {exc}"))
             return
         self.post_message(LongPromptReady(built.text, built.tokens, built.target))
@@ -324,9 +326,9 @@ class ProbeTab(Vertical):
         try:
             result = run_probe(self.target.url, request=request, api_key=self.target.api_key, on_text=pump,
                                cancel=cancel)
-        except Exception as exc:  # the probe functions should not raise; be safe anyway
+        except Exception as exc:  # noqa: BLE001  run_probe reports failures in its result; a bug shows in the pane
             result = ProbeResult(ok=False, model=request.model, endpoint=request.path,
-                                 error=ProbeError("stream_error", f"{type(exc).__name__}: {exc}"))
+                                 error=ProbeError(ProbeErrorKind.STREAM_ERROR, f"{type(exc).__name__}: {exc}"))
         pump.flush()
         self.post_message(ProbeDone(run, result))
 
