@@ -59,13 +59,13 @@ import psutil
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-from ernie_tui.demo_model import write_demo_model
-from ernie_tui.engine_ctl import metrics as M
-from ernie_tui.engine_ctl import slo as S
-from ernie_tui.engine_ctl.burst import BurstConfig
-from ernie_tui.engine_ctl.capacity_run import burst_workload
-from ernie_tui.engine_ctl.ports import free_port
-from ernie_tui.engine_ctl.probe import find_tokenizer, resolve_model
+from ernie_tui.demo_model import write_demo_model  # noqa: E402
+from ernie_tui.engine_ctl import metrics as M  # noqa: E402
+from ernie_tui.engine_ctl import slo as S  # noqa: E402
+from ernie_tui.engine_ctl.burst import BurstConfig  # noqa: E402
+from ernie_tui.engine_ctl.capacity_run import burst_workload  # noqa: E402
+from ernie_tui.engine_ctl.ports import free_port  # noqa: E402
+from ernie_tui.engine_ctl.probe import find_tokenizer, resolve_model  # noqa: E402
 
 GUIDELLM_SLO_KEYS = {"ttft": "ttft_ms", "e2e": "e2el_ms", "itl": "tpot_ms"}
 
@@ -227,7 +227,7 @@ def run_ours(url: str, args: argparse.Namespace, workload: Path, log: Path) -> d
     try:
         r = json.loads(p.stdout)
     except ValueError:
-        raise SystemExit(f"our search failed ({p.returncode}); see {log}")
+        raise SystemExit(f"our search failed ({p.returncode}); see {log}") from None
     cap = r.get("capacity") or {}
     return {"tool": "ours", "capacity": cap.get("concurrency"), "wall_s": wall,
             "goodput_rps": cap.get("goodput_rps"), "goodput_output_tps": cap.get("goodput_output_tps"),

@@ -384,7 +384,7 @@ class LogParser:
                         pfx = "\x00"  # the next line names its own writer again
                         try:
                             self._on_prefix(inner.group(1), inner.group(2), n)
-                        except Exception:
+                        except Exception:  # noqa: BLE001  never raise on log content; counted
                             self.internal_errors += 1
                 lv = levels.get(line[pos:pos + 5])
                 if lv == 1:  # vLLM INFO/WARNING: dispatch on the message's first 4 chars
