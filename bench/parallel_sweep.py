@@ -33,9 +33,9 @@ from pathlib import Path
 HERE = Path(__file__).resolve()
 sys.path.insert(0, str(HERE.parent.parent / "src"))
 
-from ernie_tui.cli.capacity_args import add_capacity_args, capacity_options, load_workload  # noqa: E402
+from ernie_tui.cli.capacity_args import add_capacity_args, capacity_sweep  # noqa: E402
 from ernie_tui.engine_ctl.burst import BurstConfig  # noqa: E402
-from ernie_tui.engine_ctl.sweep import CapacitySweep, SweepOptions, SweepPlan, fold, run_sweep, score_column  # noqa: E402
+from ernie_tui.engine_ctl.sweep import SweepOptions, SweepPlan, fold, run_sweep, score_column  # noqa: E402
 from ernie_tui.engine_ctl.trial_schedule import detect_gpu_ids  # noqa: E402
 from ernie_tui.presets import load_presets  # noqa: E402
 
@@ -109,10 +109,7 @@ def main(argv: list[str] | None = None) -> int:
                          max_tokens_in=args.max_tokens_in, max_tokens=args.max_tokens)
     capacity = None
     if args.capacity:
-        opts = capacity_options(args)
-        workload = load_workload(args.workload, args.max_tokens)
-        capacity = CapacitySweep(slo=opts.slo, search=opts.search, rules=opts.rules,
-                                 workload_items=workload.items if workload else None)
+        capacity = capacity_sweep(args)
     logs = Path(args.log_dir) if args.log_dir else tmp / "logs"
 
     def progress(ev: dict) -> None:

@@ -125,6 +125,24 @@ class Flood(threading.Thread):
                 time.sleep(0.01)
 
 
+class PauseWatch(threading.Thread):
+    """Reads the screen every 3 s and counts the times the log pane's footer
+    said PAUSED (it must keep following a flood nobody scrolls)."""
+
+    def __init__(self, tmux: Tmux) -> None:
+        super().__init__(daemon=True)
+        self.tmux = tmux
+        self.stop = threading.Event()
+        self.checked = 0
+        self.paused = 0
+
+    def run(self) -> None:
+        while not self.stop.wait(3.0):
+            self.checked += 1
+            if "PAUSED" in self.tmux.screen():
+                self.paused += 1
+
+
 def _tree_cpu(pids: list[int]) -> float:
     total = 0.0
     for pid in pids:
@@ -321,7 +339,15 @@ ERNIE_FAKE_METRICS = "{FIXTURES / 'cpu-vllm0.32.0' / 'ok_block32_len2048.metrics
         time.sleep(2)
         print(f"flood: {args.rate} lines/s into {log}; measuring for {args.seconds:.0f} s", flush=True)
         t_flood = time.monotonic()
+        watch = PauseWatch(tmux)
+        watch.start()
         results["flood"] = measure(tui, args.seconds, others=server_pids)
+        watch.stop.set()
+        watch.join()
+        # A paused log pane repaints less and would flatter the figures: they
+        # count only when the pane followed the whole flood.
+        results["flood"]["screens_checked"] = watch.checked
+        results["flood"]["screens_paused"] = watch.paused
         print(f"flood: {json.dumps(results['flood'])}", flush=True)
         print(f"keys: pressing keys for {args.key_seconds:.0f} s, the flood going on", flush=True)
         results["keys"] = measure(tui, args.key_seconds, during=lambda s: key_latencies(tmux, tui, s),

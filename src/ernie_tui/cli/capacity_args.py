@@ -74,3 +74,14 @@ def load_workload(path: str | None, default_max_tokens: int):
         return load_jsonl(path, default_max_tokens)
     except ValueError as exc:
         raise CliError(str(exc)) from None
+
+
+def capacity_sweep(args: argparse.Namespace):
+    """The sweep's CapacitySweep from the capacity options (the CLI's sweep and
+    bench/parallel_sweep.py share it)."""
+    from ernie_tui.engine_ctl.sweep import CapacitySweep
+
+    opts = capacity_options(args)
+    workload = load_workload(args.workload, args.max_tokens)
+    return CapacitySweep(slo=opts.slo, search=opts.search, rules=opts.rules,
+                         workload_items=workload.items if workload else None)

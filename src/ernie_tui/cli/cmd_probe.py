@@ -19,6 +19,7 @@ import os
 import sys
 
 from ernie_tui.cli.capacity_args import add_capacity_args
+from ernie_tui.cli.interruptible import run_interruptible
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -150,7 +151,6 @@ def _run_burst(args) -> int:
     from ernie_tui.cli import CliError
     from ernie_tui.engine_ctl import burst as B
     from ernie_tui.engine_ctl import probe as P
-    from ernie_tui.engine_ctl import runstore
 
     cfg = B.BurstConfig(
         n=args.burst, min_tokens=args.min_tokens, max_tokens_in=args.max_tokens_in,
@@ -189,8 +189,17 @@ def _run_burst(args) -> int:
         raise
     if show:
         sys.stderr.write("\n")
+    _save_and_print(args, result, B.format_result, measured=result.duration_s > 0)
+    return 0 if result.completed > 0 else 1
+
+
+def _save_and_print(args, result, format_result, *, measured: bool) -> None:
+    """Save a burst's or a search's run record (unless --no-save, or nothing
+    was measured) and print the result: text, or JSON naming the record."""
+    from ernie_tui.engine_ctl import runstore
+
     record = None
-    if not args.no_save and result.duration_s > 0:
+    if not args.no_save and measured:
         preset = _preset_for(args.probe_preset, list(getattr(args, "presets", []) or []))
         try:
             record = result.save(preset=preset)
@@ -201,10 +210,9 @@ def _run_burst(args) -> int:
         out["run_record"] = str(record.path) if record else None
         print(json.dumps(out, indent=2, ensure_ascii=False))
     else:
-        print(B.format_result(result))
+        print(format_result(result))
         if record is not None:
             print(f"saved run record {record.path}")
-    return 0 if result.completed > 0 else 1
 
 
 def _run_capacity(args) -> int:
@@ -215,7 +223,6 @@ def _run_capacity(args) -> int:
     from ernie_tui.engine_ctl import capacity as C
     from ernie_tui.engine_ctl import capacity_run as R
     from ernie_tui.engine_ctl import probe as P
-    from ernie_tui.engine_ctl import runstore
 
     opts = capacity_options(args)
     max_tokens = args.max_tokens if args.max_tokens is not None else 128
@@ -247,46 +254,13 @@ def _run_capacity(args) -> int:
                   file=sys.stderr, flush=True)
 
     cancel = threading.Event()
-    box: dict = {}
-
-    def work() -> None:
-        try:
-            box["result"] = R.run_capacity(args.url, opts.slo, search_config=opts.search, rules=opts.rules,
-                                           settings=settings, workload=workload, burst_config=cfg,
-                                           tokenizer=tokenizer, model=args.probe_model, api_key=api_key,
-                                           progress=progress, cancel=cancel)
-        except BaseException as exc:  # noqa: BLE001  re-raised on the main thread
-            box["error"] = exc
-
-    # A worker thread, so Ctrl-C on the main thread can end the search
-    # cleanly (the running level stops, what was measured is kept).
-    worker = threading.Thread(target=work, name="capacity", daemon=True)
-    worker.start()
-    try:
-        while worker.is_alive():
-            worker.join(0.2)
-    except KeyboardInterrupt:
-        print("ernie-tui: interrupted: ending the running level, keeping the levels measured ...", file=sys.stderr)
-        cancel.set()
-        worker.join()
-    if "error" in box:
-        raise box["error"]
-    result: C.CapacityResult = box["result"]
-    record = None
-    if not args.no_save and result.levels:
-        preset = _preset_for(args.probe_preset, list(getattr(args, "presets", []) or []))
-        try:
-            record = result.save(preset=preset)
-        except runstore.RunStoreError as exc:
-            print(f"ernie-tui: warning: {exc}", file=sys.stderr)
-    if args.json:
-        out = result.to_dict()
-        out["run_record"] = str(record.path) if record else None
-        print(json.dumps(out, indent=2, ensure_ascii=False))
-    else:
-        print(C.format_result(result))
-        if record is not None:
-            print(f"saved run record {record.path}")
+    result: C.CapacityResult = run_interruptible(
+        lambda: R.run_capacity(args.url, opts.slo, search_config=opts.search, rules=opts.rules,
+                               settings=settings, workload=workload, burst_config=cfg,
+                               tokenizer=tokenizer, model=args.probe_model, api_key=api_key,
+                               progress=progress, cancel=cancel),
+        cancel, name="capacity", on_interrupt="ending the running level, keeping the levels measured ...")
+    _save_and_print(args, result, C.format_result, measured=bool(result.levels))
     if cancel.is_set():
         return 130
     return 0 if result.levels and result.stop_reason != "server_down" else 1

@@ -8,6 +8,7 @@ import threading
 import time
 
 from ernie_tui.cli.capacity_args import add_capacity_args
+from ernie_tui.cli.interruptible import run_interruptible
 from ernie_tui.cli.shared_options import shared_options
 
 
@@ -81,7 +82,6 @@ def _sweep(args) -> int:
     from ernie_tui.engine_ctl.burst import BurstConfig
     from ernie_tui.engine_ctl.runstore import save_run
     from ernie_tui.engine_ctl.sweep import (
-        CapacitySweep,
         SweepOptions,
         SweepPlan,
         export,
@@ -110,12 +110,9 @@ def _sweep(args) -> int:
         raise CliError(str(exc)) from None
     capacity = None
     if args.capacity:
-        from ernie_tui.cli.capacity_args import capacity_options, load_workload
+        from ernie_tui.cli.capacity_args import capacity_sweep
 
-        opts = capacity_options(args)
-        workload = load_workload(args.workload, args.max_tokens)
-        capacity = CapacitySweep(slo=opts.slo, search=opts.search, rules=opts.rules,
-                                 workload_items=workload.items if workload else None)
+        capacity = capacity_sweep(args)
     elif args.slo or args.workload:
         raise CliError("--slo and --workload belong to --capacity")
     gpu_ids = _gpu_plan(args)
@@ -130,7 +127,6 @@ def _sweep(args) -> int:
                            log_dir=Path(args.log_dir) if args.log_dir else None,
                            gpus_per_trial=args.gpus_per_trial, gpu_ids=gpu_ids)
     cancel = threading.Event()
-    box: dict = {}
     done_runs: list = []
     last_line: dict = {}  # per trial: parallel trials' lines interleave
     t0 = time.monotonic()
@@ -172,24 +168,8 @@ def _sweep(args) -> int:
             last_line[ev["index"]] = line
             print(line, file=sys.stderr, flush=True)
 
-    def work() -> None:
-        try:
-            box["runs"] = run_sweep(plan, config, options, progress, cancel, capacity=capacity)
-        except BaseException as exc:  # noqa: BLE001  re-raised on the main thread
-            box["error"] = exc
-
-    worker = threading.Thread(target=work, name="sweep", daemon=True)
-    worker.start()
-    try:
-        while worker.is_alive():
-            worker.join(0.2)
-    except KeyboardInterrupt:
-        print("ernie-tui: interrupted: stopping the server, keeping the rows measured ...", file=sys.stderr)
-        cancel.set()
-        worker.join()
-    if "error" in box:
-        raise box["error"]
-    runs = box.get("runs", [])
+    runs = run_interruptible(lambda: run_sweep(plan, config, options, progress, cancel, capacity=capacity),
+                             cancel, name="sweep", on_interrupt="stopping the server, keeping the rows measured ...")
     rows = fold(runs, [p.name for p in presets])
     meta = meta_now()
     for out in args.out:
