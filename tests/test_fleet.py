@@ -7,6 +7,8 @@ from __future__ import annotations
 import os
 import re
 import socket
+import subprocess
+import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -25,6 +27,7 @@ from ernie_tui.engine_ctl.fleet import (
     load_fleet,
     servers_from_urls,
 )
+from ernie_tui.engine_ctl.ports import free_port, port_is_free
 from ernie_tui.engine_ctl.resources import ResourceSampler
 
 CPU = "cpu-vllm0.32.0/ok_block32_len2048.metrics"
@@ -311,15 +314,24 @@ def test_a_hanging_server_never_delays_the_others(fixtures_dir, hanging_url):
         good.close()
 
 
-def test_local_server_memory_is_its_process_rss(fixtures_dir):
-    good = _MetricsServer(fixture_text(fixtures_dir, CPU))  # listening in this very process
+def test_local_server_memory_is_its_process_rss(tmp_path):
+    # A server in a process of its own, as a real one is: a server inside the test
+    # process would count the test's children too (the session's shared vLLM).
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1"],
+                            cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        mem = LocalMemory(good.url, sampler_factory=lambda pids: ResourceSampler(pids=pids, use_nvml=False))
+        deadline = time.monotonic() + 20
+        while port_is_free("127.0.0.1", port)[0] and time.monotonic() < deadline:
+            time.sleep(0.05)
+        mem = LocalMemory(f"http://127.0.0.1:{port}",
+                          sampler_factory=lambda pids: ResourceSampler(pids=pids, use_nvml=False))
         assert mem.local
         used, source = mem.sample()
         assert source == "rss"
-        assert used == pytest.approx(psutil.Process().memory_info().rss, rel=0.2)
+        assert used == pytest.approx(psutil.Process(proc.pid).memory_info().rss, rel=0.2)
         assert LocalMemory("http://192.0.2.1:8000").sample() == (None, None)  # elsewhere: no figure
         assert not LocalMemory("http://192.0.2.1:8000").local
     finally:
-        good.close()
+        proc.kill()
+        proc.wait()

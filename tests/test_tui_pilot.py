@@ -248,6 +248,8 @@ REPLAY_EXPECT = {
     "gpu-h200-vllm0.26.0/fail_len_over_derived.log": ["max_model_len_too_large"],
     "gpu-h200-vllm0.26.0/fail_no_cache_memory_util0.005.log": ["no_cache_memory"],
     "gpu-h200-vllm0.26.0/fail_unknown_arg_enable_paged_attn.log": ["unknown_argument", "--enable-paged-attn"],
+    "gpu-2xh200-vllm0.26.0/ok_dp2.log": ["vLLM 0.26.0", "EngineCore_DP0", "EngineCore_DP1", "7,423,936"],
+    "gpu-2xh200-vllm0.26.0/ok_tp2-ray.log": ["14,870,784 tokens", "Worker_TP0", "Worker_TP1"],
     "cpu-vllm0.32.0/ok_block32_len2048.log": ["65,536 tokens", "32.00×", "vLLM 0.32.0", "cpu"],
     "cpu-vllm0.32.0/fail_block16.log": ["block_size_unsupported", "No common block size for 16"],
     "cpu-vllm0.32.0/fail_kv_too_small.log": ["kv_cache_too_small", "992"],
@@ -277,8 +279,10 @@ async def test_replay_shows_key_values(fixtures_dir, name):
             assert app.status.state.value == "crashed"
         else:
             assert app.status.state.value == "ready"
-            # Charts come from the log's own stats lines.
-            assert app._last_series is not None and len(app._last_series.points) > 0
+            # Charts come from the log's own stats lines (the tp2-ray capture stopped
+            # before its first 10-s stats line, so it has none).
+            if "Avg prompt throughput" in path.read_text(errors="replace"):
+                assert app._last_series is not None and len(app._last_series.points) > 0
         log = app.main.query_one(LogView)
         assert log.line_count == len(tailed_lines(path)), "every line of the log reached the pane"
         await pilot.press("q")
