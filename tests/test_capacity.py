@@ -295,9 +295,9 @@ def test_real_vllm_capacity_under_a_loose_slo(cpu_server, capsys):
     out = json.loads(capsys.readouterr().out)
     with capsys.disabled():  # the curve, for the record of what real vLLM did (visible with -s)
         for lv in out["levels"]:
-            print(f"\nC={lv['concurrency']} n={lv['requests']} pass={lv['passed']} decided={lv['decided']} "
-                  f"{lv['stop']} TTFT p50/p99 {lv['ttft_p50_ms']:.0f}/{lv['ttft_p99_ms']:.0f} ms "
-                  f"ITL p50 {lv['itl_p50_ms']:.1f} ms {lv['output_tps']:.0f} tok/s {lv['seconds']:.1f} s")
+            print("\n" + json.dumps({k: lv.get(k) for k in ("concurrency", "requests", "ok", "failed", "passed",
+                                                           "decided", "stop", "ttft_p50_ms", "ttft_p99_ms",
+                                                           "itl_p50_ms", "output_tps", "seconds", "errors")}))
         print(f"capacity {out['capacity']} stop {out['stop_reason']} {out['seconds']:.1f} s")
     assert code == 0, out
     assert out["capacity"] is not None and out["capacity"]["concurrency"] >= 1

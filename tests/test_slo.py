@@ -123,3 +123,19 @@ def test_objectives_on_one_line_as_a_form_field_takes_them():
         S.parse_slo_text("ttft_p97=1s")
     assert S.limit_ms(S.parse_slo_text("itl_p50=20ms ttft_p99=0.5s"), "ttft", 99) == 500.0
     assert S.limit_ms(S.parse_slo_text("ttft_p90=1s"), "ttft", 99) is None
+
+
+def test_itl_objective_with_no_gap_seen_is_met_not_a_failure():
+    # Real vLLM CPU at C=2 with 8-token answers: every answer arrived in one read,
+    # so no token gap was seen. Nothing can miss an ITL limit then (attainment
+    # says so already); the level used to fail and the search stopped at 1.
+    slo = S.parse_slo(["ttft_p90=5s", "itl_p50=2s"])
+    whole = [S.RequestOutcome(ok=True, ttft_s=0.02 + 0.001 * i, latency_s=0.03, itls=(), completion_tokens=8)
+             for i in range(40)]
+    ev = S.evaluate(whole, slo)
+    itl = ev.objectives[1]
+    assert itl.value_ms is None and itl.verdict == S.PASS and itl.how == "no gaps"
+    assert ev.verdict == S.PASS and ev.point_pass and ev.attainment == 1.0
+    # With no request answered there is nothing to call met.
+    failed = [S.RequestOutcome(ok=False, error_kind="server_error")] * 10
+    assert S.evaluate(failed, slo).objectives[1].verdict == S.UNDECIDED
