@@ -281,22 +281,6 @@ def _vllm_view(before: M.MetricsSnapshot | None, after: M.MetricsSnapshot | None
     )
 
 
-def _settled_snapshot(client: M.MetricsClient, before: M.MetricsSnapshot, expect_finished: int,
-                      timeout: float) -> M.MetricsSnapshot | None:
-    """vLLM records a request's stats just after it hands the last chunk to
-    the HTTP layer, so a scrape taken the instant our last stream ends can
-    miss the tail. Poll until the finished-request counter has caught up."""
-    deadline = time.monotonic() + timeout
-    snap = client.try_fetch()
-    while snap is not None and time.monotonic() < deadline:
-        done = M.counter_delta(before, snap, M.REQUEST_SUCCESS)
-        if done is None or done >= expect_finished:
-            break
-        time.sleep(0.05)
-        snap = client.try_fetch() or snap
-    return snap
-
-
 async def run_burst_async(url: str, config: BurstConfig | None = None, *,
                           prompts: list[BuiltPrompt] | None = None,
                           model: str | None = None, api_key: str | None = None,
@@ -442,7 +426,7 @@ async def run_burst_async(url: str, config: BurstConfig | None = None, *,
     after = None
     if metrics_client is not None and before is not None:
         ok_count = sum(1 for r in records if r.ok)
-        after = await asyncio.to_thread(_settled_snapshot, metrics_client, before, ok_count,
+        after = await asyncio.to_thread(M.settled_snapshot, metrics_client, before, ok_count,
                                         config.settle_timeout_s)
     sampler.stop()
     if metrics_client is not None:

@@ -156,21 +156,6 @@ class _MetricsSampler(threading.Thread):
         return self.waiting_sum / self.waiting_n if self.waiting_n else None
 
 
-def _settled(client: M.MetricsClient, before: M.MetricsSnapshot, finished: int,
-             timeout: float) -> M.MetricsSnapshot | None:
-    """The closing scrape, once vLLM has counted the level's finished
-    requests (it records a request just after its last chunk is sent)."""
-    deadline = time.monotonic() + timeout
-    snap = client.try_fetch()
-    while snap is not None and time.monotonic() < deadline:
-        done = M.counter_delta(before, snap, M.REQUEST_SUCCESS)
-        if done is None or done >= finished:
-            break
-        time.sleep(0.05)
-        snap = client.try_fetch() or snap
-    return snap
-
-
 def vllm_window(before: M.MetricsSnapshot | None, after: M.MetricsSnapshot | None) -> dict[str, float | None] | None:
     """vLLM's own figures for the window between two scrapes, in ms."""
     if before is None or after is None:
@@ -359,7 +344,7 @@ class HttpLevelRunner:
         server: dict[str, Any] = {}
         if mclient is not None and before is not None:
             ok = sum(1 for o in monitor.outcomes if o.ok)
-            after = await asyncio.to_thread(_settled, mclient, before, ok, s.settle_timeout_s)
+            after = await asyncio.to_thread(M.settled_snapshot, mclient, before, ok, s.settle_timeout_s)
             view = vllm_window(before, after)
             server = {"vllm": view, "preemptions": view.get("preemptions") if view else None}
         if sampler is not None:

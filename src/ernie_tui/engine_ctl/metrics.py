@@ -593,3 +593,20 @@ def derive_sample(prev: MetricsSnapshot | None, snap: MetricsSnapshot) -> Metric
         requests_per_s=req_s,
         preemptions=preempt,
     )
+
+
+def settled_snapshot(client: MetricsClient, before: MetricsSnapshot, finished: int,
+                     timeout: float) -> MetricsSnapshot | None:
+    """The closing scrape of a burst or a capacity level, once vLLM has counted
+    its `finished` requests: vLLM records a request's stats just after it hands
+    the last chunk to the HTTP layer, so a scrape taken the instant the last
+    stream ends can miss the tail. None when /metrics does not answer."""
+    deadline = time.monotonic() + timeout
+    snap = client.try_fetch()
+    while snap is not None and time.monotonic() < deadline:
+        done = counter_delta(before, snap, REQUEST_SUCCESS)
+        if done is None or done >= finished:
+            break
+        time.sleep(0.05)
+        snap = client.try_fetch() or snap
+    return snap
