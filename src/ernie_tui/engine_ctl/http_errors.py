@@ -189,6 +189,22 @@ def _is_aiohttp_error(exc: BaseException) -> bool:
     return aiohttp is not None and isinstance(exc, aiohttp.ClientError)
 
 
+def _refused(target: str) -> ProbeError:
+    return ProbeError(ProbeErrorKind.CONNECTION_REFUSED,
+                      f"connection refused by {target} (is the server running on that port?)")
+
+
+def _silent(read_timeout: float | None, tokens_so_far: int) -> ProbeError:
+    waited = f" for {read_timeout:g} s" if read_timeout else ""
+    first = "before the first token" if tokens_so_far == 0 else f"after {tokens_so_far} tokens"
+    return ProbeError(ProbeErrorKind.TIMEOUT, f"the server sent nothing{waited} {first}")
+
+
+def _dropped(tokens_so_far: int, text: str) -> ProbeError:
+    where = "before answering" if tokens_so_far == 0 else f"mid-stream after {tokens_so_far} tokens"
+    return ProbeError(ProbeErrorKind.DISCONNECTED, f"the server closed the connection {where} (did it die?): {text}")
+
+
 def _classify_aiohttp(exc: BaseException, target: str, tokens_so_far: int,
                       read_timeout: float | None) -> ProbeError | None:
     """The same kinds as for httpx, from aiohttp's exception classes."""
@@ -196,21 +212,16 @@ def _classify_aiohttp(exc: BaseException, target: str, tokens_so_far: int,
     from aiohttp import http_exceptions
 
     text = str(exc) or type(exc).__name__
-    where = "before answering" if tokens_so_far == 0 else f"mid-stream after {tokens_so_far} tokens"
     if isinstance(exc, aiohttp.ConnectionTimeoutError):
         return ProbeError(ProbeErrorKind.TIMEOUT, f"connecting to {target} timed out")
     if isinstance(exc, aiohttp.ClientConnectorError):
         if connection_refused(exc):
-            return ProbeError(ProbeErrorKind.CONNECTION_REFUSED,
-                              f"connection refused by {target} (is the server running on that port?)")
+            return _refused(target)
         return ProbeError(ProbeErrorKind.CONNECT_ERROR, f"cannot connect to {target}: {text}")
     if isinstance(exc, aiohttp.ServerTimeoutError):
-        waited = f" for {read_timeout:g} s" if read_timeout else ""
-        first = "before the first token" if tokens_so_far == 0 else f"after {tokens_so_far} tokens"
-        return ProbeError(ProbeErrorKind.TIMEOUT, f"the server sent nothing{waited} {first}")
+        return _silent(read_timeout, tokens_so_far)
     if isinstance(exc, (aiohttp.ServerDisconnectedError, aiohttp.ClientPayloadError, aiohttp.ClientOSError)):
-        return ProbeError(ProbeErrorKind.DISCONNECTED,
-                          f"the server closed the connection {where} (did it die?): {text}")
+        return _dropped(tokens_so_far, text)
     if isinstance(exc, aiohttp.ClientResponseError) and isinstance(exc.__cause__, http_exceptions.HttpProcessingError):
         return not_http(exc.message)  # the parser could not read the status line or headers
     if isinstance(exc, aiohttp.ClientError):
@@ -226,31 +237,23 @@ def classify_exception(exc: BaseException, target: str, tokens_so_far: int = 0,
         if err is not None:
             return err
     if isinstance(exc, ConnectionRefusedError):
-        return ProbeError(ProbeErrorKind.CONNECTION_REFUSED,
-                          f"connection refused by {target} (is the server running on that port?)")
+        return _refused(target)
     if isinstance(exc, (ConnectionResetError, BrokenPipeError)):
-        where = "before answering" if tokens_so_far == 0 else f"mid-stream after {tokens_so_far} tokens"
-        return ProbeError(ProbeErrorKind.DISCONNECTED,
-                          f"the server closed the connection {where} (did it die?): {text}")
+        return _dropped(tokens_so_far, text)
     if isinstance(exc, OSError):
         return ProbeError(ProbeErrorKind.CONNECT_ERROR, f"request to {target} failed: {text}")
     if isinstance(exc, httpx.ConnectTimeout):
         return ProbeError(ProbeErrorKind.TIMEOUT, f"connecting to {target} timed out")
     if isinstance(exc, httpx.ConnectError):
         if connection_refused(exc):
-            return ProbeError(ProbeErrorKind.CONNECTION_REFUSED,
-                              f"connection refused by {target} (is the server running on that port?)")
+            return _refused(target)
         return ProbeError(ProbeErrorKind.CONNECT_ERROR, f"cannot connect to {target}: {text}")
     if isinstance(exc, httpx.TimeoutException):
-        waited = f" for {read_timeout:g} s" if read_timeout else ""
-        where = "before the first token" if tokens_so_far == 0 else f"after {tokens_so_far} tokens"
-        return ProbeError(ProbeErrorKind.TIMEOUT, f"the server sent nothing{waited} {where}")
+        return _silent(read_timeout, tokens_so_far)
     if isinstance(exc, httpx.RemoteProtocolError) and "status line" in text.lower():
         return not_http(text)
     if isinstance(exc, (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError)):
-        where = "before answering" if tokens_so_far == 0 else f"mid-stream after {tokens_so_far} tokens"
-        return ProbeError(ProbeErrorKind.DISCONNECTED,
-                          f"the server closed the connection {where} (did it die?): {text}")
+        return _dropped(tokens_so_far, text)
     if isinstance(exc, httpx.HTTPError):
         return ProbeError(ProbeErrorKind.CONNECT_ERROR, f"request to {target} failed: {text}")
     return ProbeError(ProbeErrorKind.STREAM_ERROR, f"{type(exc).__name__}: {text}")
