@@ -199,3 +199,46 @@ async def test_data_parallel_engines_get_their_own_rows(fixtures_dir):
         assert cell(app, "dp/engine 1", "ttft").endswith("ms")
         await pilot.press("down")  # the detail line names the engine row and the engine count
         assert "2 engines (data parallel)" in str(app.fleet.query_one("#fleet-detail", Static).content)
+
+
+async def test_a_move_draws_the_cursor_and_the_detail_line_in_one_frame():
+    """The detail line under the table must change in the same frame as the
+    highlighted row: a frame later cost every down/up ~20 ms (the screen's
+    update timer) in bench/fleet_overhead.py."""
+    servers = [FleetServer(name, f"http://10.0.0.{i}:8000") for i, name in enumerate(("alpha", "beta", "gamma"), 1)]
+    app = make_fleet_app(servers, live=False, include_user_presets=False)
+    async with app.run_test(size=(140, 30)) as pilot:
+        await pilot.pause(0.2)
+        frames: list[str] = []
+        draw = app._display
+
+        def record(screen, update) -> None:  # what each frame sends to the terminal
+            if update is not None:
+                frames.append("".join(update.render_segments(app.console)))
+            draw(screen, update)
+
+        app._display = record  # type: ignore[method-assign]
+        for key, name, url in (("down", "beta", "10.0.0.2"), ("down", "gamma", "10.0.0.3"), ("up", "beta", "10.0.0.2")):
+            frames.clear()
+            await pilot.press(key)
+            await pilot.pause(0.1)
+            assert frames, f"{key}: nothing drawn"
+            assert f"{name}  http://{url}:8000" in frames[0], f"{key}: the first frame lacks the detail for {name}"
+
+
+async def test_the_detail_line_still_grows_and_shrinks_with_its_text():
+    """Drawn without a re-layout when its height stays, the detail line must
+    still take more rows for a long text (a deep log path) and give them back."""
+    servers = [FleetServer("short", "http://10.0.0.1:8000"),
+               FleetServer("long", "http://10.0.0.2:8000", log="/srv/" + "deep/" * 40 + "llm.log")]
+    app = make_fleet_app(servers, live=False, include_user_presets=False)
+    async with app.run_test(size=(100, 30)) as pilot:
+        await pilot.pause(0.2)
+        detail = app.fleet.query_one("#fleet-detail", Static)
+        short = detail.size.height
+        await pilot.press("down")
+        await pilot.pause(0.1)
+        assert detail.size.height > short and "llm.log" in str(detail.content)
+        await pilot.press("up")
+        await pilot.pause(0.1)
+        assert detail.size.height == short

@@ -141,20 +141,7 @@ class ErnieApp(ShowsWorkerFailures, App[int]):
         early, self._early = self._early, []
         for message in early:  # what workers (or a test) posted before the widgets existed
             self._dispatch_early(message)
-        # Everything built so far (Textual, widgets, modules) lives as long as
-        # the app: move it out of the collector's sight, so a full collection
-        # under a log flood walks only what came later (80 ms -> a few ms).
-        import gc
-
-        gc.freeze()
-        # Textual's rendering leaves reference cycles behind (a Strip caches
-        # itself), ~4,000 objects a second under a log flood. With the default
-        # thresholds a full collection (40-110 ms, on the UI thread) then ran
-        # every 2-3 s and a key press met one in ~2 % of cases: key p99 ~100 ms.
-        # Ten times fewer full collections (every ~25 s in a flood) took the
-        # p99 to ~55 ms for +9 MB RSS (bench/tui_overhead.py, docs/benchmarks.md).
-        gen0, gen1, _ = gc.get_threshold()
-        gc.set_threshold(gen0, gen1, 100)
+        self.calm_collector()
         if not self._ticking:  # once per app: the fleet mounts one dashboard after another
             self._ticking = True
             self.set_interval(1.0, self._tick)
@@ -179,6 +166,25 @@ class ErnieApp(ShowsWorkerFailures, App[int]):
         if self.config.live and self.mode != "replay":
             self._sample()
         self.main._update_log_title()
+
+    @staticmethod
+    def calm_collector() -> None:
+        """Called once the first screen's widgets exist (the dashboard's or the
+        fleet's): keep the cyclic collector's full passes rare and short."""
+        import gc
+
+        # Everything built so far (Textual, widgets, modules) lives as long as
+        # the app: move it out of the collector's sight, so a full collection
+        # under a log flood walks only what came later (80 ms -> a few ms).
+        gc.freeze()
+        # Textual's rendering leaves reference cycles behind (a Strip caches
+        # itself), ~4,000 objects a second under a log flood. With the default
+        # thresholds a full collection (40-110 ms, on the UI thread) then ran
+        # every 2-3 s and a key press met one in ~2 % of cases: key p99 ~100 ms.
+        # Ten times fewer full collections (every ~25 s in a flood) took the
+        # p99 to ~55 ms for +9 MB RSS (bench/tui_overhead.py, docs/benchmarks.md).
+        gen0, gen1, _ = gc.get_threshold()
+        gc.set_threshold(gen0, gen1, 100)
 
     def _install_signal_handlers(self) -> None:
         import asyncio
