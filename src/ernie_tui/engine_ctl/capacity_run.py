@@ -255,6 +255,26 @@ class HttpLevelRunner:
     def _cancelled(self) -> bool:
         return self.cancel is not None and self.cancel.is_set()
 
+    async def _unless_cancelled(self, step: Any) -> None:
+        """Await `step` (the warm-up batch), but drop it as soon as the search
+        is cancelled: its streams close, which vLLM takes as an abort. The
+        first level's batch has the workload's own shape, so waiting it out
+        could take as long as a request (10 s on vLLM CPU with 1,900-token
+        answers); the level loop then sees the cancel at once."""
+        task = asyncio.ensure_future(step)
+        try:
+            while not task.done():
+                if self._cancelled():
+                    break
+                await asyncio.wait({task}, timeout=0.1)
+        finally:
+            dropped = not task.done()
+            if dropped:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+        if not dropped:
+            task.result()  # a bug in the batch still shows
+
     async def run_async(self, concurrency: int) -> C.LevelResult:
         s = self.settings
         monitor = C.LevelMonitor(concurrency, self.slo, self.rules)
@@ -302,10 +322,9 @@ class HttpLevelRunner:
                     batch = [self._request(self.workload.take()) for _ in range(concurrency)]
                 else:
                     batch = [self._request(self.workload.items[0], max_tokens=1)] * concurrency
-                await asyncio.gather(*(stream_request(client, self.url, req, self.model,
-                                                      read_timeout=s.read_timeout_s,
-                                                      total_timeout=s.request_timeout_s)
-                                       for req in batch))
+                await self._unless_cancelled(asyncio.gather(*(
+                    stream_request(client, self.url, req, self.model, read_timeout=s.read_timeout_s,
+                                   total_timeout=s.request_timeout_s) for req in batch)))
             if mclient is not None:
                 before = await asyncio.to_thread(mclient.try_fetch)
                 if before is None:
