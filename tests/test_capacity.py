@@ -303,6 +303,21 @@ def test_cancel_during_the_first_levels_warm_up_drops_the_batch(paced):
     assert finished == 0
 
 
+def test_a_slow_metrics_endpoint_still_gives_each_level_vllms_view(paced):
+    # vLLM CPU busy decoding on a loaded 2-core box took up to 11 s to answer
+    # /metrics; with the 2 s scrape timeout the level lost its vLLM figures
+    # and the search said /metrics could not be read.
+    srv = paced("--slots", "2", "--ttft-ms", "10", "--itl-ms", "5", "--metrics-delay-ms", "2200")
+    cfg, settings = R.request_setup(min_tokens=10, max_tokens_in=40, max_tokens=8)
+    res = R.run_capacity(srv.url, S.parse_slo(["ttft_p99=5s"]),
+                         search_config=C.SearchConfig(start=1, max_concurrency=1),
+                         rules=C.LevelRules(min_requests=10, max_requests=10), settings=settings, burst_config=cfg)
+    (lv,) = res.levels
+    assert not any("/metrics" in w for w in res.warnings), res.warnings
+    assert lv.vllm is not None and lv.vllm["requests_finished"] == lv.ok == 10
+    assert lv.vllm["generation_tokens"] == 10 * 8
+
+
 def test_server_down_ends_the_search():
     from ernie_tui.engine_ctl.ports import free_port
 

@@ -120,7 +120,9 @@ def burst_workload(config: Any, tokenizer: Any, size: int) -> Workload:
 
 class _MetricsSampler(threading.Thread):
     """Polls running/waiting/KV usage while a level runs (a thread: the scrape
-    is a blocking call that must not stall the loop timing the streams)."""
+    is a blocking call that must not stall the loop timing the streams). It
+    owns its client and closes it when it ends: a scrape under way when the
+    level ends may outlast stop()'s wait."""
 
     def __init__(self, client: M.MetricsClient, interval: float) -> None:
         super().__init__(name="capacity-sampler", daemon=True)
@@ -134,6 +136,12 @@ class _MetricsSampler(threading.Thread):
         self.waiting_n = 0
 
     def run(self) -> None:
+        try:
+            self._poll()
+        finally:
+            self.client.close()
+
+    def _poll(self) -> None:
         while not self.halt.is_set():
             snap = self.client.try_fetch(only=(*M.RUNNING, *M.WAITING, *M.KV_USAGE))
             if snap is not None:
@@ -199,6 +207,12 @@ class RequestSettings:
     # on 15 where the same preset carried 208).
     warmup: bool = True
     sample_interval_s: float = 0.25
+    # A level's opening and closing /metrics scrapes (its vLLM figures) may
+    # take this long: vLLM CPU busy decoding on a loaded 2-core box took up
+    # to 11 s to answer one, past the dashboard poller's 2 s; the level then
+    # lost its vLLM view and its KV-cache and queue figures (the sampler
+    # starts only after the opening scrape).
+    metrics_timeout_s: float = 15.0
     settle_timeout_s: float = 5.0
     # After the stop decision, how long in-flight requests may take to finish.
     drain_timeout_s: float = 30.0
@@ -278,7 +292,7 @@ class HttpLevelRunner:
     async def run_async(self, concurrency: int) -> C.LevelResult:
         s = self.settings
         monitor = C.LevelMonitor(concurrency, self.slo, self.rules)
-        mclient = M.MetricsClient(self.url, self.api_key) if self.use_metrics else None
+        mclient = M.MetricsClient(self.url, self.api_key, timeout=s.metrics_timeout_s) if self.use_metrics else None
         stop = asyncio.Event()
         reason: list[str] = []
         in_row = 0  # transport failures in a row
@@ -330,7 +344,9 @@ class HttpLevelRunner:
                 if before is None:
                     self.metrics_missing = True
                 else:
-                    sampler = _MetricsSampler(mclient, s.sample_interval_s)
+                    # Its own client, with the poller's short timeout: a
+                    # sample lost to a slow answer is only a sample.
+                    sampler = _MetricsSampler(M.MetricsClient(self.url, self.api_key), s.sample_interval_s)
                     sampler.start()
             t0 = t_last = time.perf_counter()
             tasks = [asyncio.ensure_future(worker(client)) for _ in range(concurrency)]
