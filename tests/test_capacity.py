@@ -278,7 +278,7 @@ def test_bad_workload_and_bad_slo_are_plain_errors(tmp_path, capsys):
 def test_cancel_during_the_first_levels_warm_up_drops_the_batch(paced):
     # The first level opens with a warm-up batch of the workload's own shape:
     # here 4 answers of 400 tokens 20 ms apart (8 s). A cancel must drop it,
-    # not wait it out (on vLLM CPU, 1,900-token answers made that 10 s).
+    # not wait it out (on vLLM CPU, 4 answers of 1,900 tokens made that about 8 s).
     import httpx
 
     srv = paced("--slots", "4", "--ttft-ms", "20", "--itl-ms", "20")
