@@ -7,7 +7,8 @@ For testing timing and the capacity search over real HTTP without vLLM:
 - N slots are its capacity: a request takes a slot, waits --ttft-ms, then
   sends one token every --itl-ms up to max_tokens; requests beyond N wait
   for a slot (queued in arrival order), so TTFT grows with the queue;
-- GET /metrics (prometheus_client): vllm:num_requests_running/waiting,
+- GET /metrics (prometheus_client; --metrics-delay-ms makes it slow to
+  answer): vllm:num_requests_running/waiting,
   vllm:kv_cache_usage_perc (running / slots), the TTFT, ITL and e2e
   histograms, generation/prompt token and finished-request counters, all
   measured here, server side;
@@ -174,6 +175,8 @@ def make_handler(srv: Server):
             if self.path == "/health":
                 self._send(200, "", "text/plain")
             elif self.path == "/metrics":
+                if args.metrics_delay_ms:
+                    time.sleep(args.metrics_delay_ms / 1000.0)
                 srv.gauges()
                 self._send(200, generate_latest(srv.registry).decode(), "text/plain; version=0.0.4")
             elif self.path == "/v1/models":
@@ -290,6 +293,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="the first N requests that decode more than one token are cold (env PACED_COLD_REQUESTS)")
     p.add_argument("--cold-ms", type=float, default=float(env("PACED_COLD_MS", "0")),
                    help="extra time to first token of a cold request (env PACED_COLD_MS)")
+    p.add_argument("--metrics-delay-ms", type=float, default=float(env("PACED_METRICS_DELAY_MS", "0")),
+                   help="/metrics answers this late, as a busy vLLM CPU server does (env PACED_METRICS_DELAY_MS)")
     p.add_argument("--model-name", default="paced")
     p.add_argument("--max-model-len", type=int, default=4096)
     # Launched as a preset's `launcher` it gets vLLM's command line: take the

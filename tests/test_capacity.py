@@ -9,6 +9,7 @@ import random
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -274,6 +275,49 @@ def test_bad_workload_and_bad_slo_are_plain_errors(tmp_path, capsys):
     assert "--capacity" in capsys.readouterr().err
 
 
+def test_cancel_during_the_first_levels_warm_up_drops_the_batch(paced):
+    # The first level opens with a warm-up batch of the workload's own shape:
+    # here 4 answers of 400 tokens 20 ms apart (8 s). A cancel must drop it,
+    # not wait it out (on vLLM CPU, 4 answers of 1,900 tokens made that about 8 s).
+    import httpx
+
+    srv = paced("--slots", "4", "--ttft-ms", "20", "--itl-ms", "20")
+    cancel = threading.Event()
+    events: list[str] = []
+
+    def progress(ev):
+        events.append(ev["event"])
+        if ev["event"] == "level_start":
+            threading.Timer(0.5, cancel.set).start()  # the batch is under way by then
+
+    cfg, settings = R.request_setup(min_tokens=10, max_tokens_in=40, max_tokens=400)
+    t0 = time.monotonic()
+    res = R.run_capacity(srv.url, S.parse_slo(["ttft_p99=5s"]), search_config=C.SearchConfig(start=4),
+                         settings=settings, burst_config=cfg, progress=progress, cancel=cancel)
+    assert time.monotonic() - t0 < 5.0, events  # about 1 s: the 0.5 s before the cancel, then the closing scrape
+    assert res.stop_reason == "cancelled" and [lv.requests for lv in res.levels] == [0]
+    # The stand-in, as vLLM, counts a request finished only when it streamed to its end.
+    text = httpx.get(srv.url + "/metrics").text
+    finished = sum(float(line.split()[-1]) for line in text.splitlines()
+                   if line.startswith("vllm:request_success_total"))
+    assert finished == 0
+
+
+def test_a_slow_metrics_endpoint_still_gives_each_level_vllms_view(paced):
+    # vLLM CPU busy decoding on a loaded 2-core box took up to 11 s to answer
+    # /metrics; with the 2 s scrape timeout the level lost its vLLM figures
+    # and the search said /metrics could not be read.
+    srv = paced("--slots", "2", "--ttft-ms", "10", "--itl-ms", "5", "--metrics-delay-ms", "2200")
+    cfg, settings = R.request_setup(min_tokens=10, max_tokens_in=40, max_tokens=8)
+    res = R.run_capacity(srv.url, S.parse_slo(["ttft_p99=5s"]),
+                         search_config=C.SearchConfig(start=1, max_concurrency=1),
+                         rules=C.LevelRules(min_requests=10, max_requests=10), settings=settings, burst_config=cfg)
+    (lv,) = res.levels
+    assert not any("/metrics" in w for w in res.warnings), res.warnings
+    assert lv.vllm is not None and lv.vllm["requests_finished"] == lv.ok == 10
+    assert lv.vllm["generation_tokens"] == 10 * 8
+
+
 def test_server_down_ends_the_search():
     from ernie_tui.engine_ctl.ports import free_port
 
@@ -305,6 +349,39 @@ def test_real_vllm_capacity_under_a_loose_slo(cpu_server, capsys):
     lv = out["levels"][0]
     assert lv["vllm"] is not None and lv["vllm"]["requests_finished"] >= lv["ok"]
     assert lv["kv_cache_peak_pct"] is not None
+
+
+@pytest.mark.vllm
+def test_real_vllm_cancel_as_the_first_level_starts_sends_no_warm_up_batch(cpu_server):
+    # The first level opens with a warm-up batch of its own shape: here 4
+    # answers of 1,900 tokens, about 8 s of decoding on this box. A cancel
+    # that came as the level started used to wait the whole batch out (vLLM
+    # finished all 4). The cancel is set in the level_start event, on the
+    # search's own thread: on this box a process gets little CPU while vLLM
+    # decodes, so one from another thread lands at a time no test can choose
+    # (test_cancel_during_the_first_levels_warm_up_drops_the_batch covers a
+    # cancel mid-batch on the stand-in).
+    from ernie_tui.engine_ctl import metrics as M
+
+    url = cpu_server.spec.url
+    client = M.MetricsClient(url, timeout=30.0)
+    before = client.fetch()
+    cancel = threading.Event()
+
+    def progress(ev):
+        if ev["event"] == "level_start":
+            cancel.set()
+
+    cfg, settings = R.request_setup(min_tokens=10, max_tokens_in=40, max_tokens=1900)
+    res = R.run_capacity(url, S.parse_slo(["ttft_p99=5s"]), search_config=C.SearchConfig(start=4),
+                         settings=settings, burst_config=cfg, progress=progress, cancel=cancel)
+    assert res.stop_reason == "cancelled" and [lv.requests for lv in res.levels] == [0]
+    time.sleep(1.0)  # anything still decoding would show in the counters now
+    after = client.fetch()
+    client.close()
+    assert after.running == 0
+    assert M.counter_delta(before, after, M.REQUEST_SUCCESS) == 0
+    assert M.counter_delta(before, after, M.GENERATION_TOKENS) == 0
 
 
 def test_make_search_checks_what_a_person_typed():

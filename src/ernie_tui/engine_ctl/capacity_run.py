@@ -120,7 +120,9 @@ def burst_workload(config: Any, tokenizer: Any, size: int) -> Workload:
 
 class _MetricsSampler(threading.Thread):
     """Polls running/waiting/KV usage while a level runs (a thread: the scrape
-    is a blocking call that must not stall the loop timing the streams)."""
+    is a blocking call that must not stall the loop timing the streams). It
+    owns its client and closes it when it ends: a scrape under way when the
+    level ends may outlast stop()'s wait."""
 
     def __init__(self, client: M.MetricsClient, interval: float) -> None:
         super().__init__(name="capacity-sampler", daemon=True)
@@ -134,6 +136,12 @@ class _MetricsSampler(threading.Thread):
         self.waiting_n = 0
 
     def run(self) -> None:
+        try:
+            self._poll()
+        finally:
+            self.client.close()
+
+    def _poll(self) -> None:
         while not self.halt.is_set():
             snap = self.client.try_fetch(only=(*M.RUNNING, *M.WAITING, *M.KV_USAGE))
             if snap is not None:
@@ -199,6 +207,12 @@ class RequestSettings:
     # on 15 where the same preset carried 208).
     warmup: bool = True
     sample_interval_s: float = 0.25
+    # A level's opening and closing /metrics scrapes (its vLLM figures) may
+    # take this long: vLLM CPU busy decoding on a loaded 2-core box took up
+    # to 11 s to answer one, past the dashboard poller's 2 s; the level then
+    # lost its vLLM view and its KV-cache and queue figures (the sampler
+    # starts only after the opening scrape).
+    metrics_timeout_s: float = 15.0
     settle_timeout_s: float = 5.0
     # After the stop decision, how long in-flight requests may take to finish.
     drain_timeout_s: float = 30.0
@@ -255,10 +269,30 @@ class HttpLevelRunner:
     def _cancelled(self) -> bool:
         return self.cancel is not None and self.cancel.is_set()
 
+    async def _unless_cancelled(self, step: Any) -> None:
+        """Await `step` (the warm-up batch), but drop it as soon as the search
+        is cancelled: its streams close, which vLLM takes as an abort. The
+        first level's batch has the workload's own shape, so waiting it out
+        could take as long as a request (about 8 s on vLLM CPU for 4 answers
+        of 1,900 tokens); the level loop then sees the cancel at once."""
+        task = asyncio.ensure_future(step)
+        try:
+            while not task.done():
+                if self._cancelled():
+                    break
+                await asyncio.wait({task}, timeout=0.1)
+        finally:
+            dropped = not task.done()
+            if dropped:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+        if not dropped:
+            task.result()  # a bug in the batch still shows
+
     async def run_async(self, concurrency: int) -> C.LevelResult:
         s = self.settings
         monitor = C.LevelMonitor(concurrency, self.slo, self.rules)
-        mclient = M.MetricsClient(self.url, self.api_key) if self.use_metrics else None
+        mclient = M.MetricsClient(self.url, self.api_key, timeout=s.metrics_timeout_s) if self.use_metrics else None
         stop = asyncio.Event()
         reason: list[str] = []
         in_row = 0  # transport failures in a row
@@ -302,16 +336,17 @@ class HttpLevelRunner:
                     batch = [self._request(self.workload.take()) for _ in range(concurrency)]
                 else:
                     batch = [self._request(self.workload.items[0], max_tokens=1)] * concurrency
-                await asyncio.gather(*(stream_request(client, self.url, req, self.model,
-                                                      read_timeout=s.read_timeout_s,
-                                                      total_timeout=s.request_timeout_s)
-                                       for req in batch))
+                await self._unless_cancelled(asyncio.gather(*(
+                    stream_request(client, self.url, req, self.model, read_timeout=s.read_timeout_s,
+                                   total_timeout=s.request_timeout_s) for req in batch)))
             if mclient is not None:
                 before = await asyncio.to_thread(mclient.try_fetch)
                 if before is None:
                     self.metrics_missing = True
                 else:
-                    sampler = _MetricsSampler(mclient, s.sample_interval_s)
+                    # Its own client, with the poller's short timeout: a
+                    # sample lost to a slow answer is only a sample.
+                    sampler = _MetricsSampler(M.MetricsClient(self.url, self.api_key), s.sample_interval_s)
                     sampler.start()
             t0 = t_last = time.perf_counter()
             tasks = [asyncio.ensure_future(worker(client)) for _ in range(concurrency)]

@@ -1,0 +1,231 @@
+"""The dashboard's capacity modes against real vLLM (CPU build, tiny model).
+
+test_tui_probe.py drives the same widgets against the paced stand-in, whose
+timing is known; here the server is the shared real cpu-demo one
+(tests/vllm_support.py) and the checks are that what the dashboard draws and
+says is what the real run measured: the Burst tab's search (levels drawn as
+they finish, the answer, figures that agree with vLLM's own /metrics), its
+cancel (no request left running in vLLM), and the sweep screen's capacity
+mode launching real servers.
+
+The SLO is loose (TTFT p90 under 5 s, ITL p50 under 2 s) so that a 2-core
+box shared with other work meets it at every level tried: the tests check
+the plumbing and the figures' coherence, not how fast this box is.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from textual.widgets import DataTable, Input
+
+from ernie_tui.engine_ctl import metrics as M
+from ernie_tui.tui.screens.probe import ProbeScreen
+from ernie_tui.tui.widgets.charts import CapacityChart
+from test_tui_probe import Host, _open_probe, shown, wait_for
+
+LOOSE_SLO = "ttft_p90=5s itl_p50=2s"
+MAX_TOKENS = 8  # ignore_eos is on: every answer is exactly this long
+
+
+async def _capacity_form(pilot, app, **fields: str):
+    screen = await _open_probe(pilot, app)
+    await pilot.press("ctrl+b")
+    screen.query_one("#pf-b-capacity").value = True
+    await pilot.pause()
+    tab = screen.burst_tab
+    assert tab.has_class("-capacity")
+    for wid, value in fields.items():
+        screen.query_one(f"#{wid}", Input).value = value
+    return screen, tab
+
+
+def _scrape(url: str) -> M.MetricsSnapshot:
+    # A long timeout: a 2-core box busy decoding can take seconds to answer.
+    with M.MetricsClient(url, timeout=30.0) as client:
+        return client.fetch()
+
+
+def _running_requests(url: str) -> float | None:
+    return _scrape(url).running
+
+
+@pytest.mark.vllm
+@pytest.mark.timeout(600)
+async def test_burst_tab_capacity_search_on_real_vllm(cpu_server):
+    from ernie_tui.engine_ctl.runstore import load_run
+
+    url = cpu_server.status.url
+    app = Host(ProbeScreen(url))
+    async with app.run_test(size=(120, 40)) as pilot:
+        screen, tab = await _capacity_form(pilot, app, **{
+            "pf-cap-slo": LOOSE_SLO, "pf-b-max": str(MAX_TOKENS), "pf-b-lmin": "10", "pf-b-lmax": "40",
+            "pf-cap-maxc": "4", "pf-cap-minr": "10", "pf-cap-maxr": "40", "pf-cap-time": "20"})
+        chart = screen.query_one(CapacityChart)
+        # Every redraw of the chart, with whether the search was still going:
+        # the levels must appear one by one while it runs, not all at the end.
+        draws: list[tuple[int, bool]] = []
+        show = chart.show
+
+        def recording_show(curves, *args, **kwargs):
+            show(curves, *args, **kwargs)
+            draws.append((chart.points_drawn, tab.running))
+
+        chart.show = recording_show  # type: ignore[method-assign]
+        await pilot.press("ctrl+r")
+        assert tab.running and tab.running_capacity
+        await wait_for(pilot, lambda: not tab.running, 300, "the search to end")
+        r = tab.last_capacity
+        result = shown(screen, "#pf-cap-result")
+        assert r is not None and r.levels, result
+        print("\n" + result)
+        n = len(r.levels)
+        # The loose SLO holds at every level up to the cap: 1, 2, 4, then the cap stops it.
+        assert [lv.concurrency for lv in r.levels] == [1, 2, 4] and r.stop_reason == "max_concurrency", result
+        assert tab.level_starts == [1, 2, 4]
+        assert r.capacity is not None and r.capacity["concurrency"] == 4
+        # 0 points (the reset), then one more as each level finished, all before the end.
+        while_running = [pts for pts, running in draws if running]
+        assert sorted(set(while_running)) == list(range(n + 1)) and while_running == sorted(while_running), draws
+        assert draws[-1] == (n, False) and chart.points_drawn == n
+        assert screen.query_one("#pf-cap-levels", DataTable).row_count == n
+        assert f"capacity: concurrency {r.capacity['concurrency']}" in result
+        assert "stopped: max_concurrency" in result and LOOSE_SLO in result
+        # The figures agree with the run and with vLLM's own counters.
+        for lv in r.levels:
+            assert lv.requests > 0 and lv.ok == lv.requests and lv.failed == 0, lv
+            assert lv.attainment is not None and 0.0 <= lv.attainment <= 1.0 and lv.passed
+            assert lv.output_tps is not None and lv.output_tps * lv.seconds == pytest.approx(lv.ok * MAX_TOKENS)
+            v = lv.vllm
+            assert v is not None, "the level read no /metrics window"
+            # vLLM counted every answer we counted, and (ignore_eos) 8 tokens each.
+            assert v["requests_finished"] == lv.ok, (lv.concurrency, v)
+            assert v["generation_tokens"] == lv.ok * MAX_TOKENS, (lv.concurrency, v)
+            # Sampled while the level ran: a sample lost to a slow answer is only a sample.
+            assert lv.kv_cache_peak_pct is None or 0.0 <= lv.kv_cache_peak_pct <= 100.0
+        assert any(lv.kv_cache_peak_pct is not None for lv in r.levels)
+        assert r.capacity["goodput_output_tps"] == pytest.approx(r.levels[-1].goodput_output_tps)
+        assert f"saved as run record {tab.last_record}" in result
+        assert load_run(tab.last_record).results["capacity"]["concurrency"] == 4
+
+
+async def _nothing_left_running(pilot, url: str) -> None:
+    """vLLM runs no request any more, and its token counter stands still."""
+    deadline = time.monotonic() + 15
+    while (running := _running_requests(url)) and time.monotonic() < deadline:
+        await pilot.pause(0.1)
+    assert running == 0, f"vLLM still runs {running} request(s) 15 s after the cancel"
+    tokens = _scrape(url).total(M.GENERATION_TOKENS)
+    await pilot.pause(1.0)
+    assert _scrape(url).total(M.GENERATION_TOKENS) == tokens, "vLLM still generates after the cancel"
+
+
+LONG_ANSWER = 1900  # tokens: a few seconds each on this box, so a request left running would show
+
+
+@pytest.mark.vllm
+@pytest.mark.timeout(600)
+async def test_burst_tab_capacity_search_cancels_on_real_vllm(cpu_server):
+    url = cpu_server.status.url
+    app = Host(ProbeScreen(url))
+    async with app.run_test(size=(120, 40)) as pilot:
+        # Long answers at 2 in flight and a level that wants 200 requests:
+        # the level is still running when the cancel comes.
+        screen, tab = await _capacity_form(pilot, app, **{
+            "pf-cap-slo": LOOSE_SLO, "pf-b-max": str(LONG_ANSWER), "pf-b-lmin": "10", "pf-b-lmax": "40",
+            "pf-cap-start": "2", "pf-cap-maxc": "4", "pf-cap-minr": "200", "pf-cap-maxr": "400",
+            "pf-cap-time": "120"})
+        await pilot.press("ctrl+r")
+        await wait_for(pilot, lambda: "requests in" in shown(screen, "#pf-note"), 120, "a level under way")
+        t0 = time.monotonic()
+        await pilot.press("ctrl+c")
+        await wait_for(pilot, lambda: not tab.running, 30, "the cancel")
+        cancel_s = time.monotonic() - t0
+        r = tab.last_capacity
+        assert r is not None and r.stop_reason == "cancelled", shown(screen, "#pf-cap-result")
+        assert len(r.levels) == 1 and r.levels[0].stop == "cancelled" and r.capacity is None
+        assert "stopped: cancelled" in shown(screen, "#pf-cap-result")
+        assert not screen.query_one("#pf-b-run").disabled and screen.query_one("#pf-b-cancel").disabled
+        # The requests the cancel dropped are aborted in vLLM, not left decoding.
+        await _nothing_left_running(pilot, url)
+        print(f"\ncancel took {cancel_s:.2f} s; {r.levels[0].ok} answers before it")
+
+
+@pytest.mark.vllm
+@pytest.mark.timeout(600)
+async def test_sweep_screen_capacity_mode_on_real_vllm(tmp_path, tiny_model):
+    # The sweep launches its own servers: the two CPU demo presets (block 32
+    # and 64), each on a free port so no other server on this box is in the
+    # way. It cannot share the session's server.
+    import json
+    import textwrap
+
+    from ernie_tui.engine_ctl.pareto import front_of_rows
+    from ernie_tui.engine_ctl.ports import free_port
+    from ernie_tui.engine_ctl.runstore import list_runs
+    from ernie_tui.presets import load_presets
+    from ernie_tui.tui.screens.sweep import CAPACITY_TABLE_COLUMNS, SweepScreen
+
+    body = ""
+    for name, base in (("cpu-b32", "cpu-demo"), ("cpu-b64", "cpu-demo-b64")):
+        body += textwrap.dedent(f"""
+            [presets.{name}]
+            extends = "{base}"
+            model = "{tiny_model}"
+            port = {free_port()}
+        """)
+    path = tmp_path / "presets.toml"
+    path.write_text(body)
+    book = load_presets([path], include_user=False)
+    app = Host(SweepScreen(book, model=str(tiny_model), is_serving=lambda: False))
+    async with app.run_test(size=(120, 40)) as pilot:
+        screen = app.screen
+        screen.query_one("#sw-presets").select("cpu-b32")
+        screen.query_one("#sw-presets").select("cpu-b64")
+        screen.query_one("#sw-capacity").value = True
+        await pilot.pause()
+        for wid, value in (("#sw-slo", LOOSE_SLO), ("#sw-max", str(MAX_TOKENS)), ("#sw-lmin", "10"),
+                           ("#sw-lmax", "40"), ("#sw-cap-maxc", "4"), ("#sw-cap-minr", "10"),
+                           ("#sw-cap-maxr", "40"), ("#sw-cap-time", "20")):
+            screen.query_one(wid, Input).value = value
+        await pilot.press("ctrl+r")
+        assert screen.running, screen.last_error
+        chart = screen.query_one("#sw-chart", CapacityChart)
+        await wait_for(pilot, lambda: not screen.running, 420, "the sweep to finish")
+        notes = shown(screen, "#sw-notes")
+        print("\n" + notes)
+        assert [r.status for r in screen.runs] == ["ok", "ok"], notes
+        # The loose SLO holds up to the cap on both: 1, 2, 4 measured, capacity 4.
+        assert {r.preset: (r.levels, r.capacity_concurrency) for r in screen.runs} == {
+            "cpu-b32": (3, 4.0), "cpu-b64": (3, 4.0)}
+        # The curves are the searches' own levels, as their run records hold them,
+        # and those are real vLLM's (its /metrics counted every answer).
+        records = {r.preset_name: r for r in list_runs(kind="capacity")}
+        assert set(records) == {"cpu-b32", "cpu-b64"}, records
+        assert {c.name for c in chart.curves} == {"cpu-b32", "cpu-b64"} and chart.points_drawn == 6
+        for curve in chart.curves:
+            saved = records[curve.name].results["levels"]
+            assert [(lv.concurrency, lv.output_tps, lv.ttft_p99_ms) for lv in curve.levels] == [
+                (s["concurrency"], s["output_tps"], s["ttft_p99_ms"]) for s in saved]
+            for s in saved:
+                assert s["ok"] == s["requests"] > 0 and s["output_tps"] > 0 and 0 <= s["attainment"] <= 1
+                assert s["vllm"]["requests_finished"] == s["ok"]
+                assert s["vllm"]["generation_tokens"] == s["ok"] * MAX_TOKENS
+        # The front: the pure function's answer over the measured rows, on the chart and in the table.
+        assert screen.front and screen.front == front_of_rows(screen.rows)
+        assert {c.name for c in chart.curves if c.front} == screen.front
+        assert "Pareto front" in chart.border_subtitle
+        table = screen.query_one("#sw-table", DataTable)
+        keys = [k for k, _ in CAPACITY_TABLE_COLUMNS]
+        for run in screen.runs:
+            row = table.get_row(run.preset)
+            assert (str(row[keys.index("front")]) == "◆") == (run.preset in screen.front)
+            assert str(row[keys.index("capacity_concurrency")]) == "4"
+        out = tmp_path / "sweep.json"
+        screen.query_one("#sw-path", Input).value = str(out)
+        await pilot.press("ctrl+s")
+        await pilot.pause(0.1)
+        data = json.loads(out.read_text())
+        best = max(screen.runs, key=lambda r: r.goodput_output_tps or 0)
+        assert {r["preset"]: r["rank"] for r in data["rows"]}[best.preset] == 1
