@@ -146,9 +146,10 @@ def run_vllm_bench(url: str, model_dir: str, served: str, args, out_dir: Path) -
     }
 
 
-def run_ours(url: str, model_dir: str | None, args, mem) -> B.BurstResult:
+def run_ours(url: str, model_dir: str | None, args, mem, continuous_usage: bool = False) -> B.BurstResult:
     cfg = B.BurstConfig(n=args.n, concurrency=args.concurrency, min_tokens=args.min_tokens,
-                        max_tokens_in=args.max_tokens_in, max_tokens=args.max_tokens)
+                        max_tokens_in=args.max_tokens_in, max_tokens=args.max_tokens,
+                        continuous_usage=continuous_usage)
     r = B.run_burst(url, cfg, model_dir=model_dir, memory_sampler=mem)
     print()
     print(B.format_result(r))
@@ -215,6 +216,15 @@ def print_summary(rounds: list[dict]) -> None:
                  f"({pct(stats.relative_diff(o.output_tps, v.output_tps if v else None))}) | ")
         line += f"{b['result']['output_throughput']:.1f}" if b and b["ran"] else "-"
         print(line)
+    print("\n== ours / bench client output tok/s per round (and ours asking usage in every chunk)")
+    for k, r in enumerate(rounds, 1):
+        b = r.get("bench")
+        if not (b and b["ran"]):
+            continue
+        ref = b["result"]["output_throughput"]
+        cont = r.get("ours_continuous_usage")
+        extra = f"   continuous usage {cont.output_tps / ref * 100:.1f} %" if cont is not None and ref else ""
+        print(f"{k}: {r['ours'].output_tps / ref * 100:.1f} %{extra}")
 
 
 def main() -> int:
@@ -228,6 +238,8 @@ def main() -> int:
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--skip-vllm-bench", action="store_true")
     ap.add_argument("--repeat", type=int, default=1, help="rounds (order of ours/bench alternates)")
+    ap.add_argument("--also-continuous-usage", action="store_true",
+                    help="also run ours asking usage in every chunk (what continuous_usage_stats costs vLLM)")
     ap.add_argument("--json", metavar="FILE", help="also write all figures to FILE")
     args = ap.parse_args()
 
@@ -270,20 +282,28 @@ def main() -> int:
         for k in range(args.repeat):
             # Alternate who goes first: on a shared box the load drifts, and a
             # fixed order would bill the drift to one side.
-            order = ("ours", "bench") if k % 2 == 0 else ("bench", "ours")
+            order: tuple[str, ...] = ("ours", "bench") if k % 2 == 0 else ("bench", "ours")
+            if args.also_continuous_usage:
+                three = ("ours", "bench", "ours_continuous_usage")
+                order = three[k % 3:] + three[:k % 3]
             rnd: dict = {}
             for who in order:
                 if who == "ours":
                     rnd["ours"] = run_ours(url, model_dir, args, mem)
+                elif who == "ours_continuous_usage":
+                    print(f"\n== round {k + 1}: ours, usage in every chunk", flush=True)
+                    rnd["ours_continuous_usage"] = run_ours(url, model_dir, args, mem, continuous_usage=True)
                 elif not args.skip_vllm_bench:
                     print(f"\n== round {k + 1}: vLLM's own benchmark client (vllm.benchmarks.serve, random "
                           "dataset, same shape) ...", flush=True)
                     rnd["bench"] = run_vllm_bench(url, model_dir or "", served, args, tmp)
                     print_bench(rnd["bench"], rnd.get("ours"), args)
-            if "bench" in rnd and order[0] == "bench":
+            if "bench" in rnd and order.index("bench") < order.index("ours"):
                 print_bench(rnd["bench"], rnd["ours"], args)  # again, now with ours beside it
             rounds.append(rnd)
-        report["rounds"] = [{"ours": r["ours"].to_dict(with_requests=False), "vllm_bench": r.get("bench")}
+        report["rounds"] = [{"ours": r["ours"].to_dict(with_requests=False), "vllm_bench": r.get("bench"),
+                             "ours_continuous_usage": (r["ours_continuous_usage"].to_dict(with_requests=False)
+                                                       if "ours_continuous_usage" in r else None)}
                             for r in rounds]
         if args.repeat > 1:
             print_summary(rounds)

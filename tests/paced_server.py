@@ -1,9 +1,10 @@
 """A local OpenAI-style streaming server whose pacing and capacity are set.
 
 For testing timing and the capacity search over real HTTP without vLLM:
-- POST /v1/completions and /v1/chat/completions stream SSE as vLLM does,
-  with continuous usage (every chunk carries the running token count), a
-  final usage chunk and `data: [DONE]`; chunked transfer, keep-alive;
+- POST /v1/completions and /v1/chat/completions stream SSE as vLLM does:
+  usage in every chunk (the running token count) only when the request's
+  stream_options ask for continuous_usage_stats, a final usage chunk when
+  they ask include_usage, then `data: [DONE]`; chunked transfer, keep-alive;
 - N slots are its capacity: a request takes a slot, waits --ttft-ms, then
   sends one token every --itl-ms up to max_tokens; requests beyond N wait
   for a slot (queued in arrival order), so TTFT grows with the queue;
@@ -223,6 +224,9 @@ def make_handler(srv: Server):
             self.end_headers()
             obj = "chat.completion.chunk" if chat else "text_completion"
             rid = f"cmpl-{id(self):x}"
+            opts = body.get("stream_options") or {}
+            final_usage = bool(opts.get("include_usage"))
+            usage_every_chunk = final_usage and bool(opts.get("continuous_usage_stats"))
 
             def event(k: int, finish: str | None, choices: bool = True) -> str:
                 usage = {"prompt_tokens": n_prompt, "completion_tokens": k, "total_tokens": n_prompt + k}
@@ -231,8 +235,10 @@ def make_handler(srv: Server):
                     piece = f" w{k}"
                     ch = [{"index": 0, "delta": {"content": piece}, "finish_reason": finish} if chat else
                           {"index": 0, "text": piece, "logprobs": None, "finish_reason": finish}]
-                return json.dumps({"id": rid, "object": obj, "created": int(time.time()), "model": model,
-                                   "choices": ch, "usage": usage})
+                out = {"id": rid, "object": obj, "created": int(time.time()), "model": model, "choices": ch}
+                if usage_every_chunk or not choices:
+                    out["usage"] = usage
+                return json.dumps(out)
 
             srv.slots.acquire()
             srv.gauges()
@@ -258,7 +264,8 @@ def make_handler(srv: Server):
                         srv.h_itl.labels(m).observe(now - prev)
                     prev = now
                     srv.c_gen.labels(m).inc()
-                self._chunk(event(n_out, None, choices=False))
+                if final_usage:
+                    self._chunk(event(n_out, None, choices=False))
                 self._chunk("[DONE]")
                 self.wfile.write(b"0\r\n\r\n")
                 self.wfile.flush()

@@ -81,6 +81,9 @@ class BurstConfig:
     # connection set-up and first-use costs (ours and the server's) are not
     # billed to the first requests' TTFT. Not counted anywhere.
     warmup: bool = True
+    # Ask vLLM for usage in every chunk (see ProbeRequest.continuous_usage:
+    # exact per-read token counts, at a throughput cost to the server).
+    continuous_usage: bool = False
 
     def validate(self) -> None:
         if self.n < 1:
@@ -347,7 +350,7 @@ async def run_burst_async(url: str, config: BurstConfig | None = None, *,
                 return
             req = ProbeRequest(prompt=prompts[i].text, max_tokens=config.max_tokens,
                                temperature=config.temperature, top_p=config.top_p, chat=config.chat,
-                               ignore_eos=config.ignore_eos)
+                               ignore_eos=config.ignore_eos, continuous_usage=config.continuous_usage)
             rec = records[i]
             rec.sent = True
             rec.start_offset_s = time.perf_counter() - t0

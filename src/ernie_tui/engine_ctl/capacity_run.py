@@ -197,6 +197,10 @@ class RequestSettings:
     temperature: float | None = DEFAULT_TEMPERATURE
     top_p: float | None = DEFAULT_TOP_P
     ignore_eos: bool = True
+    # Usage only at the end: asking it in every chunk slows vLLM itself
+    # (see ProbeRequest.continuous_usage), and a capacity figure must be the
+    # server's, not our request options'.
+    continuous_usage: bool = False
     read_timeout_s: float = 120.0
     request_timeout_s: float = 600.0
     # Open the level's C connections with one 1-token request each first, so
@@ -264,7 +268,8 @@ class HttpLevelRunner:
     def _request(self, item: WorkItem, max_tokens: int | None = None) -> ProbeRequest:
         s = self.settings
         return ProbeRequest(prompt=item.prompt, max_tokens=max_tokens or item.max_tokens,
-                            temperature=s.temperature, top_p=s.top_p, chat=s.chat, ignore_eos=s.ignore_eos)
+                            temperature=s.temperature, top_p=s.top_p, chat=s.chat, ignore_eos=s.ignore_eos,
+                            continuous_usage=s.continuous_usage)
 
     def _cancelled(self) -> bool:
         return self.cancel is not None and self.cancel.is_set()
