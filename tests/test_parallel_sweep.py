@@ -245,3 +245,37 @@ def test_parallel_sweep_skips_what_cannot_fit_and_headless_presets(tmp_path, tin
     assert by["worker"].status == "skipped: headless" and "serves no API" in by["worker"].message
     assert not (tmp_path / "logs" / "tp2-r0.log").exists()
     assert not (tmp_path / "logs" / "worker-r0.log").exists()
+
+
+def test_neighbour_bench_measures_alone_threads_and_processes_on_stand_ins(tmp_path, tiny_model):
+    """bench/neighbour_disturbance.py on two paced stand-ins: every mode gets
+    one sample per round for both presets, every request completes, and two
+    servers whose pacing is the same read the same output tok/s in every mode
+    (the stand-ins share no GPU, so any difference would be the bench's)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
+    import neighbour_disturbance as nd
+
+    out = tmp_path / "nb.json"
+    assert nd.main(["--stand-ins", "--model", str(tiny_model), "--rounds", "2", "--burst", "12",
+                    "--concurrency", "4", "--min-tokens", "5", "--max-tokens-in", "20", "--max-tokens", "10",
+                    "--warmup", "4", "--json", str(out)]) == 0
+    got = json.loads(out.read_text())
+    for name in ("stand-in-0", "stand-in-1"):
+        for mode in ("alone", "threads", "procs"):
+            runs = got["samples"][name][mode]
+            assert len(runs) == 2 and all(r["completed"] == r["total"] == 12 for r in runs)
+    rows = {(r["preset"], r["mode"]): r for r in got["rows"]}
+    alone = rows[("stand-in-0", "alone")]["output_tps"]["median"]
+    for mode in ("threads", "procs"):
+        assert rows[("stand-in-0", mode)]["output_tps"]["median"] == pytest.approx(alone, rel=0.25)
+        assert rows[("stand-in-0", mode)]["verdict"] in ("within noise", "beyond noise")
+
+
+def test_neighbour_verdict_reads_the_alone_spread():
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
+    import neighbour_disturbance as nd
+
+    assert nd.spread_verdict([100, 110, 105], [104, 108]) == "within noise"
+    assert nd.spread_verdict([100, 110, 105], [130, 131]) == "beyond noise"
+    assert nd.spread_verdict([100, 110, 105], [112, 120]) == "within noise"  # widened by its own spread
+    assert nd.spread_verdict([100], [130]) == "(one round: no spread)"
