@@ -185,6 +185,10 @@ class ErnieApp(ShowsWorkerFailures, App[int]):
         # p99 to ~55 ms for +9 MB RSS (bench/tui_overhead.py, docs/benchmarks.md).
         gen0, gen1, _ = gc.get_threshold()
         gc.set_threshold(gen0, gen1, 100)
+        # Most of that garbage was strips caching themselves: no longer (strip_cycles).
+        from ernie_tui.tui.strip_cycles import stop_strip_self_cycles
+
+        stop_strip_self_cycles()
 
     def _install_signal_handlers(self) -> None:
         import asyncio

@@ -21,7 +21,6 @@ from rich.style import Style
 from rich.text import Text
 from textual import events
 from textual.actions import SkipAction
-from textual.cache import LRUCache
 from textual.geometry import Size
 from textual.message import Message
 from textual.reactive import reactive
@@ -54,6 +53,35 @@ ROOT_CAUSE = Style(color="white", bgcolor="#8b0000", bold=True)
 MATCH = Style(color="black", bgcolor="yellow")
 CURRENT_MATCH = Style(color="black", bgcolor="bright_yellow", bold=True, underline=True)
 MAX_WIDTH = 1000  # virtual width cap: very long lines are cropped, not measured
+
+
+class _StripCache:
+    """The last `size` lines drawn, least recently used dropped first.
+
+    A plain dict, not Textual's LRUCache: that one links its entries in a
+    ring, so each clear() (every prune under a flood, every `v`) left the
+    ring and the up to 512 lines in it, with the strips derived from them,
+    as one reference cycle for a full collection to free (130-225 ms on the
+    UI thread, docs/benchmarks.md)."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._strips: dict[tuple[int, int], Strip] = {}
+
+    def get(self, key: tuple[int, int]) -> Strip | None:
+        strip = self._strips.pop(key, None)
+        if strip is not None:
+            self._strips[key] = strip  # now the most recent
+        return strip
+
+    def __setitem__(self, key: tuple[int, int], strip: Strip) -> None:
+        self._strips.pop(key, None)
+        self._strips[key] = strip
+        if len(self._strips) > self.size:
+            del self._strips[next(iter(self._strips))]
+
+    def clear(self) -> None:
+        self._strips.clear()
 
 
 def line_level(line: str) -> str | None:
@@ -99,7 +127,7 @@ class LogView(ScrollView, can_focus=True):
         self._lines: list[str] = []
         self._first_no = 1  # absolute (1-based) number of self._lines[0]
         self._width = 0
-        self._cache: LRUCache[tuple[int, int], Strip] = LRUCache(512)
+        self._cache = _StripCache(512)
         self._generation = 0  # bumps when styling inputs change (search, root cause)
         self._search: _Search | None = None
         self.root_cause_no: int | None = None
