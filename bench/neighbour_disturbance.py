@@ -212,16 +212,9 @@ def main(argv: list[str] | None = None) -> int:
     tmp = Path(tempfile.mkdtemp(prefix="neighbours-"))
     files, names, model = list(args.presets), list(args.names), args.model
     if args.stand_ins:
-        from parallel_sweep import stand_in_presets
+        from parallel_sweep import stand_in_presets, tiny_model
 
-        if model is None:
-            # Preflight-free, but a preset still names a model dir: the tests' tiny one.
-            from ernie_tui.demo_model import write_demo_model
-
-            target = Path.home() / ".cache" / "ernie-tui-tests" / "tiny-ernie"
-            if not (target / "model.safetensors").is_file():
-                write_demo_model(target, "tiny", seed=0)
-            model = str(target)
+        model = model or tiny_model()
         path, all_names = stand_in_presets(tmp, model)
         files.append(str(path))
         names = names or all_names[:2]

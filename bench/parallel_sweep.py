@@ -40,6 +40,17 @@ from ernie_tui.engine_ctl.trial_schedule import detect_gpu_ids  # noqa: E402
 from ernie_tui.presets import load_presets  # noqa: E402
 
 
+def tiny_model() -> str:
+    """Preflight reads a model's config even for a stand-in: the tiny demo
+    model the tests use (written once, a few MB)."""
+    from ernie_tui.demo_model import write_demo_model
+
+    target = Path.home() / ".cache" / "ernie-tui-tests" / "tiny-ernie"
+    if not (target / "model.safetensors").is_file():
+        write_demo_model(target, "tiny", seed=0)
+    return str(target)
+
+
 def stand_in_presets(directory: Path, model: str) -> tuple[Path, list[str]]:
     """Four presets launched as the paced stand-in (20 ms TTFT, 10 ms ITL, 4 slots)."""
     paced = HERE.parent.parent / "tests" / "paced_server.py"
@@ -86,16 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     names = list(args.names)
     model = args.model
     if args.stand_ins:
-        if model is None:
-            # Preflight reads a model's config even for a stand-in: the tiny
-            # demo model the tests use (written once, a few MB).
-            from ernie_tui.demo_model import write_demo_model
-
-            target = Path.home() / ".cache" / "ernie-tui-tests" / "tiny-ernie"
-            if not (target / "model.safetensors").is_file():
-                write_demo_model(target, "tiny", seed=0)
-            model = str(target)
-        path, names = stand_in_presets(tmp, model)
+        path, names = stand_in_presets(tmp, model or tiny_model())
         files.append(str(path))
         if args.burst == 100:  # a stand-in burst that takes seconds, not minutes
             args.burst, args.max_tokens, args.min_tokens, args.max_tokens_in = 16, 64, 10, 40
