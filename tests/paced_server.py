@@ -12,7 +12,8 @@ For testing timing and the capacity search over real HTTP without vLLM:
   answer): vllm:num_requests_running/waiting,
   vllm:kv_cache_usage_perc (running / slots), the TTFT, ITL and e2e
   histograms, generation/prompt token and finished-request counters, all
-  measured here, server side;
+  measured here, server side; the prefix-cache query/hit counters, where a
+  hit is a whole prompt sent before (its every token);
 - GET /v1/models, /health; POST /tokenize and /detokenize with a word-level
   vocabulary (one word = one token), so prompts of exact lengths can be built.
 
@@ -114,6 +115,12 @@ class Server:
         self.c_prompt = Counter("vllm:prompt_tokens", "prompt tokens", lbl, registry=r)
         self.c_ok = Counter("vllm:request_success", "finished requests", lbl, registry=r)
         self.c_preempt = Counter("vllm:num_preemptions", "preemptions", lbl, registry=r)
+        # vLLM's prefix-cache counters (tokens), for whole prompts only: a
+        # prompt sent before counts all its tokens as hits.
+        self.c_prefix_q = Counter("vllm:prefix_cache_queries", "prefix cache queries", lbl, registry=r)
+        self.c_prefix_hits = Counter("vllm:prefix_cache_hits", "prefix cache hits", lbl, registry=r)
+        self.seen_prompts: set[str] = set()
+        self.seen_lock = threading.Lock()
         self.h_ttft = Histogram("vllm:time_to_first_token_seconds", "TTFT", lbl, buckets=TTFT_BUCKETS, registry=r)
         self.h_itl = Histogram("vllm:inter_token_latency_seconds", "ITL", lbl, buckets=ITL_BUCKETS, registry=r)
         self.h_e2e = Histogram("vllm:e2e_request_latency_seconds", "e2e", lbl, buckets=E2E_BUCKETS, registry=r)
@@ -245,6 +252,11 @@ def make_handler(srv: Server):
             m = model
             try:
                 srv.c_prompt.labels(m).inc(n_prompt)
+                with srv.seen_lock:
+                    again = prompt in srv.seen_prompts
+                    srv.seen_prompts.add(prompt)
+                srv.c_prefix_q.labels(m).inc(n_prompt)
+                srv.c_prefix_hits.labels(m).inc(n_prompt if again else 0)
                 if chat:
                     self._chunk(json.dumps({"id": rid, "object": obj, "model": model, "choices": [
                         {"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]}))

@@ -318,6 +318,62 @@ def test_a_slow_metrics_endpoint_still_gives_each_level_vllms_view(paced):
     assert lv.vllm["generation_tokens"] == 10 * 8
 
 
+def test_built_prompts_never_repeat_however_long_the_search(paced):
+    # Levels 1, 2, 4, 8, 16 of up to 30 requests each (with the warm-up batch
+    # and the requests in flight when a level stops) send more prompts than
+    # the 64 built first. The search used to start over on them, and the
+    # stand-in's prefix cache (as vLLM's) then served the repeats as hits.
+    from ernie_tui.engine_ctl import metrics as M
+    from ernie_tui.engine_ctl.prompts import find_tokenizer
+    from ernie_tui.engine_ctl.workload import burst_workload
+
+    srv = paced("--slots", "64", "--ttft-ms", "5", "--itl-ms", "2")
+    cfg, settings = R.request_setup(min_tokens=10, max_tokens_in=40, max_tokens=4)
+    workload = burst_workload(cfg, find_tokenizer(None, None, srv.url, "paced"), size=64)
+    res = R.run_capacity(srv.url, S.parse_slo(["ttft_p99=5s"]),
+                         search_config=C.SearchConfig(start=1, max_concurrency=16),
+                         rules=C.LevelRules(min_requests=30, max_requests=30), settings=settings,
+                         workload=workload)
+    assert [lv.concurrency for lv in res.levels] == [1, 2, 4, 8, 16]
+    sent = res.workload["sent"]
+    assert sent > 64 and res.workload["wrapped"] == 0 and res.workload["prompts"] >= sent, res.workload
+    assert not any("times over" in w for w in res.warnings), res.warnings
+    snap = M.MetricsClient(srv.url).fetch()
+    assert snap.total(M.PREFIX_QUERIES) > 0
+    # The only prompt sent twice is the later levels' one-token warm-up: the
+    # first level's first prompt, once per worker. No measured request hits.
+    warm_words = len(workload.warm_item.prompt.split())
+    assert snap.total(M.PREFIX_HITS) == warm_words * sum(lv.concurrency for lv in res.levels[1:])
+
+
+def test_a_file_workload_starts_over_when_used_up_and_says_so():
+    from ernie_tui.engine_ctl.workload import WorkItem, Workload
+
+    w = Workload([WorkItem("a b", 4), WorkItem("c d e", 8)], "file x.jsonl")
+    w.ensure(10)  # a file cannot grow
+    assert [w.take().prompt for _ in range(5)] == ["a b", "c d e", "a b", "c d e", "a b"]
+    assert w.wraps == 2 and w.describe()["prompts"] == 2 and w.describe()["sent"] == 5
+
+
+def test_a_built_workload_grows_with_new_prompts_and_drops_the_sent_ones():
+    from ernie_tui.engine_ctl.workload import WorkItem, Workload
+
+    made = iter(range(1000))
+    w = Workload([WorkItem(f"p{i}", 4, 10 + i) for i in range(3)], "built",
+                 more=lambda n: [WorkItem(f"q{next(made)}", 4, 20) for _ in range(n)])
+    got = [w.take().prompt for _ in range(2)]
+    w.ensure(5)  # 1 left, 4 new
+    assert len(w.items) == 5 and w.cursor == 0
+    got += [w.take().prompt for _ in range(5)]
+    w.ensure(2)
+    got += [w.take().prompt for _ in range(2)]
+    assert got == ["p0", "p1", "p2", "q0", "q1", "q2", "q3", "q4", "q5"] and w.wraps == 0
+    d = w.describe()
+    assert d["prompts"] == 9 and d["sent"] == 9
+    assert (d["prompt_tokens_min"], d["prompt_tokens_max"]) == (10, 20)
+    assert w.warm_item.prompt == "p0"
+
+
 def test_server_down_ends_the_search():
     from ernie_tui.engine_ctl.ports import free_port
 

@@ -68,7 +68,7 @@ def load_workload(path: str | None, default_max_tokens: int):
     if not path:
         return None
     from ernie_tui.cli import CliError
-    from ernie_tui.engine_ctl.capacity_run import load_jsonl
+    from ernie_tui.engine_ctl.workload import load_jsonl
 
     try:
         return load_jsonl(path, default_max_tokens)

@@ -1,4 +1,4 @@
-"""The capacity search against a live server: workloads and the HTTP level runner.
+"""The capacity search against a live server: the HTTP level runner and run_capacity.
 
 One level = a closed loop at concurrency C: C workers, each sends its next
 request as soon as its previous one ends, through the probe's streaming
@@ -9,11 +9,8 @@ vLLM's /metrics is read for the same window: histogram deltas (TTFT, ITL,
 e2e) as the burst's VllmView does, and, sampled while the level ran, the
 KV-cache peak, running/waiting peaks and the mean waiting queue.
 
-Prompts come from a Workload: the burst's exact-length prompts
-(burst.build_prompts with a BurstConfig) or a JSONL file of real prompts.
-One cursor runs through it across levels, so a later level does not send the
-same prompts again (vLLM's prefix cache would make them cheaper) until the
-workload wraps, which is reported.
+Prompts come from a Workload (workload.py): built exact-length prompts that
+never repeat, or a JSONL file of real prompts.
 
 Not exposed by probe/burst and so written here: the /metrics sampler with a
 waiting-queue mean, and the settled closing scrape (burst keeps both private).
@@ -22,11 +19,9 @@ waiting-queue mean, and the settled closing scrape (burst keeps both private).
 from __future__ import annotations
 
 import asyncio
-import json
 import threading
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Callable
 
 from ernie_tui.engine_ctl import capacity as C
@@ -37,84 +32,7 @@ from ernie_tui.engine_ctl.http_errors import TRANSPORT_KINDS, ProbeFailure
 from ernie_tui.engine_ctl.probe import stream_request
 from ernie_tui.engine_ctl.prompts import find_tokenizer
 from ernie_tui.engine_ctl.stream_timing import DEFAULT_TEMPERATURE, DEFAULT_TOP_P, ProbeRequest
-
-# -- workloads -----------------------------------------------------------------
-
-@dataclass(frozen=True)
-class WorkItem:
-    prompt: str
-    max_tokens: int
-    prompt_tokens: int | None = None  # when known (built prompts)
-
-
-class Workload:
-    """The prompts to send, taken in order across all levels."""
-
-    def __init__(self, items: list[WorkItem], source: str) -> None:
-        if not items:
-            raise ValueError("the workload has no prompts")
-        self.items = items
-        self.source = source
-        self.cursor = 0
-        self.wraps = 0
-
-    def take(self) -> WorkItem:
-        item = self.items[self.cursor]
-        self.cursor += 1
-        if self.cursor >= len(self.items):
-            self.cursor = 0
-            self.wraps += 1
-        return item
-
-    def describe(self) -> dict[str, Any]:
-        toks = [i.max_tokens for i in self.items]
-        lens = [i.prompt_tokens for i in self.items if i.prompt_tokens is not None]
-        return {"source": self.source, "prompts": len(self.items), "max_tokens_min": min(toks),
-                "max_tokens_max": max(toks), "prompt_tokens_min": min(lens) if lens else None,
-                "prompt_tokens_max": max(lens) if lens else None, "wrapped": self.wraps}
-
-
-def load_jsonl(path: str | Path, default_max_tokens: int) -> Workload:
-    """A JSONL file, one request a line: {"prompt": "...", "max_tokens": 128}
-    (max_tokens optional). Blank lines and lines starting with # are skipped.
-    ValueError names the line of the first bad one."""
-    p = Path(path).expanduser()
-    try:
-        text = p.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ValueError(f"cannot read the workload {p}: {exc.strerror or exc}") from exc
-    items = []
-    for n, line in enumerate(text.splitlines(), 1):
-        s = line.strip()
-        if not s or s.startswith("#"):
-            continue
-        try:
-            obj = json.loads(s)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"{p}:{n}: not JSON ({exc.msg})") from exc
-        if not isinstance(obj, dict) or not isinstance(obj.get("prompt"), str) or not obj["prompt"]:
-            raise ValueError(f'{p}:{n}: each line needs a non-empty "prompt" string')
-        mt = obj.get("max_tokens", default_max_tokens)
-        if not isinstance(mt, int) or isinstance(mt, bool) or mt < 1:
-            raise ValueError(f"{p}:{n}: max_tokens must be a positive integer, got {mt!r}")
-        items.append(WorkItem(obj["prompt"], mt))
-    if not items:
-        raise ValueError(f"{p} holds no prompts")
-    return Workload(items, f"file {p.name}")
-
-
-def burst_workload(config: Any, tokenizer: Any, size: int) -> Workload:
-    """`size` prompts of exact token lengths as a burst would build them
-    (lengths uniform in [min_tokens, max_tokens_in], fixed seed)."""
-    from dataclasses import replace
-
-    from ernie_tui.engine_ctl.burst import build_prompts
-
-    cfg = replace(config, n=size)
-    prompts = build_prompts(cfg, tokenizer)
-    return Workload([WorkItem(p.text, cfg.max_tokens, p.tokens) for p in prompts],
-                    f"built prompts of {cfg.min_tokens}-{cfg.max_tokens_in} tokens, seed {cfg.seed}")
-
+from ernie_tui.engine_ctl.workload import WorkItem, Workload, burst_workload
 
 # -- the server's side of a level -------------------------------------------------
 
@@ -334,13 +252,17 @@ class HttpLevelRunner:
 
         before = None
         sampler = None
+        # Enough new prompts for the most this level can send (its cap, one
+        # more per worker in flight when it stops, the first warm-up batch),
+        # built now, before anything is timed.
+        self.workload.ensure(self.rules.max_requests + 2 * concurrency)
         async with new_async_client(self.api_key, s.read_timeout_s, max_connections=concurrency + 2) as client:
             if s.warmup:
                 if not self.server_warmed:
                     self.server_warmed = True
                     batch = [self._request(self.workload.take()) for _ in range(concurrency)]
                 else:
-                    batch = [self._request(self.workload.items[0], max_tokens=1)] * concurrency
+                    batch = [self._request(self.workload.warm_item, max_tokens=1)] * concurrency
                 await self._unless_cancelled(asyncio.gather(*(
                     stream_request(client, self.url, req, self.model, read_timeout=s.read_timeout_s,
                                    total_timeout=s.request_timeout_s) for req in batch)))
@@ -435,8 +357,8 @@ def run_capacity(url: str, slo: list[S.Objective], *, search_config: C.SearchCon
         cfg = burst_config or BurstConfig()
         try:
             tok = tokenizer or find_tokenizer(None, None, url, served.id, api_key)
-            # Enough distinct prompts that levels rarely repeat one (prefix caching).
-            workload = burst_workload(cfg, tok, size=max(2 * rules.max_requests, 64))
+            # The first level's prompts; each level builds what it needs next.
+            workload = burst_workload(cfg, tok, size=max(rules.max_requests + 2 * search_config.start, 64))
         except ProbeFailure as exc:
             return failed(f"the search did not start: {exc.error.message}")
     longest = max((i.prompt_tokens or 0) + i.max_tokens for i in workload.items)
@@ -452,7 +374,7 @@ def run_capacity(url: str, slo: list[S.Objective], *, search_config: C.SearchCon
     result.model = served.id
     result.workload = workload.describe()
     if workload.wraps:
-        warnings.append(f"the workload's {len(workload.items)} prompts were used {workload.wraps + 1} times over; "
+        warnings.append(f"the workload's {workload.built} prompts were used {workload.wraps + 1} times over; "
                         "repeated prompts can hit vLLM's prefix cache and look faster")
     if runner.metrics_missing:
         warnings.append("/metrics could not be read: no KV-cache, queue or vLLM figures, no saturation check")

@@ -349,7 +349,7 @@ class CapacitySweep:
     search: Any = None  # capacity.SearchConfig
     rules: Any = None  # capacity.LevelRules
     settings: Any = None  # capacity_run.RequestSettings
-    workload_items: list | None = None  # capacity_run.WorkItem; None: built prompts (burst_config)
+    workload_items: list | None = None  # workload.WorkItem; None: built prompts (burst_config)
 
 
 def sweep_meta(names: list[str], repeat: int, burst_config, runs: list[SweepRun], *,
@@ -578,9 +578,10 @@ def _measure_capacity(run: SweepRun, capacity: CapacitySweep, burst_config, spec
                       options: SweepOptions, progress: Progress | None, ev: dict[str, Any],
                       cancel: threading.Event) -> None:
     """One preset's capacity search; fills the run's capacity columns."""
-    from ernie_tui.engine_ctl.capacity_run import Workload, run_capacity
+    from ernie_tui.engine_ctl.capacity_run import run_capacity
     from ernie_tui.engine_ctl.http_errors import ProbeFailure
     from ernie_tui.engine_ctl.prompts import find_tokenizer
+    from ernie_tui.engine_ctl.workload import Workload
 
     run.mode = "capacity"
     # Every preset replays the same requests from the first: a fresh cursor.
