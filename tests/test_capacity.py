@@ -344,6 +344,8 @@ def test_built_prompts_never_repeat_however_long_the_search(paced):
     # first level's first prompt, once per worker. No measured request hits.
     warm_words = len(workload.warm_item.prompt.split())
     assert snap.total(M.PREFIX_HITS) == warm_words * sum(lv.concurrency for lv in res.levels[1:])
+    # and each level's own window (the warm-up comes before it) saw none.
+    assert [lv.vllm["prefix_cache_hit_tokens"] for lv in res.levels] == [0] * 5
 
 
 def test_a_file_workload_starts_over_when_used_up_and_says_so():
@@ -372,6 +374,19 @@ def test_a_built_workload_grows_with_new_prompts_and_drops_the_sent_ones():
     assert d["prompts"] == 9 and d["sent"] == 9
     assert (d["prompt_tokens_min"], d["prompt_tokens_max"]) == (10, 20)
     assert w.warm_item.prompt == "p0"
+
+
+def test_a_burst_keeps_its_vllm_view_through_slow_metrics_and_no_prompt_hits_the_cache(paced):
+    # The plain burst had a 2 s /metrics timeout: a server slow to answer (as
+    # vLLM CPU busy decoding) cost it its whole vLLM view. And its warm-up
+    # sent the first measured prompt, which vLLM's prefix cache then served.
+    from ernie_tui.engine_ctl.burst import BurstConfig, run_burst
+
+    srv = paced("--slots", "4", "--ttft-ms", "10", "--itl-ms", "5", "--metrics-delay-ms", "2200")
+    r = run_burst(srv.url, BurstConfig(n=12, concurrency=4, min_tokens=10, max_tokens_in=30, max_tokens=6))
+    assert r.completed == 12 and r.vllm is not None, r.warnings
+    assert r.vllm.requests_finished == 12 and r.vllm.generation_tokens == 12 * 6
+    assert r.vllm.prefix_cache_hit_tokens == 0
 
 
 def test_server_down_ends_the_search():

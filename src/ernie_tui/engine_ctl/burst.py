@@ -59,6 +59,10 @@ log = logging.getLogger(__name__)
 MemorySampler = Callable[[], "float | None"]
 Progress = Callable[[int, int], None]
 
+# What the warm-up requests send (built prompts are random word tokens, so
+# they never share a prefix with it).
+WARMUP_PROMPT = "Say hello."
+
 
 @dataclass
 class BurstConfig:
@@ -77,6 +81,11 @@ class BurstConfig:
     sample_interval_s: float = 0.25
     max_consecutive_failures: int | None = None  # default: 2 * concurrency
     settle_timeout_s: float = 3.0
+    # The scrapes that open and close the burst's /metrics window: vLLM CPU
+    # busy decoding on a loaded box took up to 11 s to answer, and a window
+    # lost to a timeout loses the burst's whole vLLM view. The samples taken
+    # while it runs keep the short default: a lost sample is only a sample.
+    metrics_timeout_s: float = 15.0
     # Before measuring, open the C connections with one tiny request each, so
     # connection set-up and first-use costs (ours and the server's) are not
     # billed to the first requests' TTFT. Not counted anywhere.
@@ -143,6 +152,9 @@ class VllmView:
     # bracket the burst: an independent clock, a little longer than the burst.
     output_tps_scrape_window: float | None = None
     metrics_window_s: float | None = None
+    # Prompt tokens vLLM's prefix cache served in the window: built prompts
+    # share no prefix, so more than the warm-up's means repeats flattered TTFT.
+    prefix_cache_hit_tokens: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -247,9 +259,15 @@ class _Sampler(threading.Thread):
             self.mem_peak = self._max(self.mem_peak, None if v is None else float(v))
 
     def run(self) -> None:
-        while not self.stop_event.is_set():
-            self.sample_once()
-            self.stop_event.wait(self.interval)
+        try:
+            while not self.stop_event.is_set():
+                self.sample_once()
+                self.stop_event.wait(self.interval)
+        finally:
+            # Its own client, closed here: a scrape under way when the burst
+            # ends may outlast stop()'s wait.
+            if self.client is not None:
+                self.client.close()
 
     def stop(self) -> None:
         self.stop_event.set()
@@ -281,6 +299,7 @@ def _vllm_view(before: M.MetricsSnapshot | None, after: M.MetricsSnapshot | None
         output_tps=stats.rate(gen, duration),
         output_tps_scrape_window=stats.rate(gen, M.elapsed(before, after)),
         metrics_window_s=M.elapsed(before, after),
+        prefix_cache_hit_tokens=M.counter_delta(before, after, M.PREFIX_HITS),
     )
 
 
@@ -319,7 +338,8 @@ async def run_burst_async(url: str, config: BurstConfig | None = None, *,
         warnings.append(f"the longest prompt plus max_tokens exceeds the model's max_model_len "
                         f"({served.max_model_len}): such requests are rejected or cut short")
 
-    metrics_client = M.MetricsClient(url, api_key, model_name=None) if use_metrics else None
+    metrics_client = M.MetricsClient(url, api_key, model_name=None, timeout=config.metrics_timeout_s) \
+        if use_metrics else None
 
     total = len(prompts)
     records = [RequestRecord(index=i, prompt_tokens_target=p.tokens) for i, p in enumerate(prompts)]
@@ -386,7 +406,9 @@ async def run_burst_async(url: str, config: BurstConfig | None = None, *,
     async with new_async_client(api_key, config.read_timeout_s, max_connections=config.concurrency + 2,
                                 transport=transport) as client:
         if config.warmup:
-            warm = ProbeRequest(prompt=prompts[0].text, max_tokens=1, temperature=config.temperature,
+            # Not one of the measured prompts: vLLM's prefix cache would
+            # then serve that one's first blocks for free.
+            warm = ProbeRequest(prompt=WARMUP_PROMPT, max_tokens=1, temperature=config.temperature,
                                 top_p=config.top_p, chat=config.chat)
             await asyncio.gather(*(stream_request(client, url, warm, served.id, read_timeout=config.read_timeout_s,
                                                   total_timeout=config.request_timeout_s)
@@ -394,8 +416,8 @@ async def run_burst_async(url: str, config: BurstConfig | None = None, *,
         before = metrics_client.try_fetch() if metrics_client else None
         if use_metrics and before is None:
             warnings.append("/metrics could not be read: no KV-cache peak and no vLLM view")
-        sampler = _Sampler(metrics_client if before is not None else None, memory_sampler,
-                           config.sample_interval_s)
+        sampler = _Sampler(M.MetricsClient(url, api_key, model_name=None) if before is not None else None,
+                           memory_sampler, config.sample_interval_s)
         sampler.start()  # its first sample is taken at once, in its own thread
         t0 = time.perf_counter()
         started_at = time.time()
@@ -435,8 +457,12 @@ async def run_burst_async(url: str, config: BurstConfig | None = None, *,
     if metrics_client is not None:
         metrics_client.close()
 
+    view = _vllm_view(before, after, duration)
+    if view is not None and view.prefix_cache_hit_tokens:
+        warnings.append(f"vLLM's prefix cache served {view.prefix_cache_hit_tokens:,.0f} prompt tokens during the "
+                        "burst: prompts that share a prefix (or repeat) make TTFT look better than fresh traffic")
     result = _summarize(url, served.id, config, records, rec_itls, started_at, duration, cancelled,
-                        abort_reason, sampler, memory_sampler, _vllm_view(before, after, duration), warnings)
+                        abort_reason, sampler, memory_sampler, view, warnings)
     return result
 
 

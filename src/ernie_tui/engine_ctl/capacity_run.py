@@ -103,6 +103,9 @@ def vllm_window(before: M.MetricsSnapshot | None, after: M.MetricsSnapshot | Non
         "requests_finished": M.counter_delta(before, after, M.REQUEST_SUCCESS),
         "generation_tokens": M.counter_delta(before, after, M.GENERATION_TOKENS),
         "preemptions": M.counter_delta(before, after, M.PREEMPTIONS),
+        # Prompt tokens served from vLLM's prefix cache: more than none with
+        # built prompts would mean repeats made the level look faster.
+        "prefix_cache_hit_tokens": M.counter_delta(before, after, M.PREFIX_HITS),
         "window_s": M.elapsed(before, after),
     }
 
@@ -376,6 +379,10 @@ def run_capacity(url: str, slo: list[S.Objective], *, search_config: C.SearchCon
     if workload.wraps:
         warnings.append(f"the workload's {workload.built} prompts were used {workload.wraps + 1} times over; "
                         "repeated prompts can hit vLLM's prefix cache and look faster")
+    hits = sum((lv.vllm or {}).get("prefix_cache_hit_tokens") or 0 for lv in result.levels)
+    if hits:
+        warnings.append(f"vLLM's prefix cache served {hits:,.0f} prompt tokens during the levels: prompts that "
+                        "share a prefix (or repeat) make TTFT and capacity look better than fresh traffic")
     if runner.metrics_missing:
         warnings.append("/metrics could not be read: no KV-cache, queue or vLLM figures, no saturation check")
     result.warnings = warnings + result.warnings
