@@ -402,9 +402,11 @@ def test_server_down_ends_the_search():
 @pytest.mark.vllm
 def test_real_vllm_capacity_under_a_loose_slo(cpu_server, capsys):
     # Loose objectives the tiny model meets at low concurrency; a cap keeps it
-    # short: at most 8 in flight, 40 requests or 20 s a level.
+    # short: at most 8 in flight, 40 requests or 20 s a level. Prompts of
+    # 40-80 tokens fill at least one 32-token KV block, so a prompt sent twice
+    # would show in vLLM's prefix-cache hits.
     code = main(["probe", "--url", cpu_server.spec.url, "--capacity", "--slo", "ttft_p90=5s",
-                 "--slo", "itl_p50=2s", "--max-tokens", "8", "--min-tokens", "10", "--max-tokens-in", "40",
+                 "--slo", "itl_p50=2s", "--max-tokens", "8", "--min-tokens", "40", "--max-tokens-in", "80",
                  "--max-concurrency", "8", "--min-requests", "10", "--max-requests", "40", "--level-time", "20",
                  "--json"])
     out = json.loads(capsys.readouterr().out)
@@ -420,6 +422,9 @@ def test_real_vllm_capacity_under_a_loose_slo(cpu_server, capsys):
     lv = out["levels"][0]
     assert lv["vllm"] is not None and lv["vllm"]["requests_finished"] >= lv["ok"]
     assert lv["kv_cache_peak_pct"] is not None
+    # No measured request was served from the prefix cache: no prompt repeats.
+    assert [v["vllm"]["prefix_cache_hit_tokens"] for v in out["levels"]] == [0] * len(out["levels"]), out["levels"]
+    assert out["workload"]["wrapped"] == 0 and out["workload"]["prompts"] >= out["workload"]["sent"]
 
 
 @pytest.mark.vllm
