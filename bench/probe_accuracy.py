@@ -113,7 +113,7 @@ def ms(x: float | None) -> str:
     return "-" if x is None else f"{x * 1000:.2f} ms"
 
 
-def run_vllm_bench(url: str, model_dir: str, served: str, args, out_dir: Path) -> dict:
+def run_vllm_bench(url: str, model_dir: str, served: str, args, out_dir: Path, seed: int) -> dict:
     mid = (args.min_tokens + args.max_tokens_in) / 2
     ratio = (args.max_tokens_in - mid) / mid
     cmd = [sys.executable, "-c", _BENCH_RUNNER, "--backend", "vllm", "--base-url", url, "--model", served,
@@ -121,7 +121,7 @@ def run_vllm_bench(url: str, model_dir: str, served: str, args, out_dir: Path) -
            "--random-range-ratio", json.dumps({"input": round(ratio, 4), "output": 0.0}),
            "--random-output-len", str(args.max_tokens), "--num-prompts", str(args.n),
            "--max-concurrency", str(args.concurrency), "--ignore-eos", "--temperature", "0.7", "--top-p", "0.9",
-           "--seed", "0", "--disable-tqdm", "--save-result", "--result-dir", str(out_dir),
+           "--seed", str(seed), "--disable-tqdm", "--save-result", "--result-dir", str(out_dir),
            "--result-filename", "vllm_bench.json"]
     with M.MetricsClient(url) as mc:
         before = mc.fetch()
@@ -142,14 +142,16 @@ def run_vllm_bench(url: str, model_dir: str, served: str, args, out_dir: Path) -
         "ran": True, "wall_s": wall, "result": res,
         "vllm_ttft_mean_s": ttft_h.mean if ttft_h else None,
         "vllm_generation_tokens": gen,
+        "vllm_prefix_cache_hit_tokens": M.counter_delta(before, after, M.PREFIX_HITS),
         "vllm_output_tps_over_bench_duration": stats.rate(gen, res.get("duration")),
     }
 
 
-def run_ours(url: str, model_dir: str | None, args, mem, continuous_usage: bool = False) -> B.BurstResult:
+def run_ours(url: str, model_dir: str | None, args, mem, seed: int,
+             continuous_usage: bool = False) -> B.BurstResult:
     cfg = B.BurstConfig(n=args.n, concurrency=args.concurrency, min_tokens=args.min_tokens,
                         max_tokens_in=args.max_tokens_in, max_tokens=args.max_tokens,
-                        continuous_usage=continuous_usage)
+                        continuous_usage=continuous_usage, seed=seed)
     r = B.run_burst(url, cfg, model_dir=model_dir, memory_sampler=mem)
     print()
     print(B.format_result(r))
@@ -174,6 +176,7 @@ def run_ours(url: str, model_dir: str | None, args, mem, continuous_usage: bool 
           f"{r.vllm.output_tps_scrape_window:.1f}   diff "
           f"{pct(stats.relative_diff(r.output_tps, r.vllm.output_tps_scrape_window))}")
     print(f"e2e latency    ours mean {ms(r.latency['mean'])}   vLLM histogram mean {ms(r.vllm.e2e_mean_s)}")
+    print(f"prefix cache   {r.vllm.prefix_cache_hit_tokens} prompt tokens served from it (0: no repeats)")
     return r
 
 
@@ -190,6 +193,7 @@ def print_bench(vb: dict, ours: B.BurstResult | None, args) -> None:
           f"{ms(vb['vllm_ttft_mean_s'])}   diff {pct(stats.relative_diff(mean_ttft, vb['vllm_ttft_mean_s']))}")
     print(f"output tok/s   bench client {res['output_throughput']:.1f}   vLLM delta/bench duration "
           f"{vb['vllm_output_tps_over_bench_duration'] or 0:.1f}")
+    print(f"prefix cache   {vb.get('vllm_prefix_cache_hit_tokens')} prompt tokens served from it (0: no repeats)")
     if ours is not None:
         print(f"TTFT mean      bench client {ms(mean_ttft)}   ours {ms(ours.ttft['mean'])}   diff "
               f"{pct(stats.relative_diff(ours.ttft['mean'], mean_ttft))}")
@@ -266,7 +270,8 @@ def main() -> int:
         served = resolve_model(url).id
         # The server's first requests pay one-off costs (graph warm-up); keep
         # them out of both measurements.
-        B.run_burst(url, B.BurstConfig(n=8, concurrency=args.concurrency, max_tokens=16), model_dir=model_dir)
+        B.run_burst(url, B.BurstConfig(n=8, concurrency=args.concurrency, max_tokens=16, seed=999_999),
+                    model_dir=model_dir)
 
         mem = None
         if proc is not None:
@@ -287,16 +292,21 @@ def main() -> int:
                 three = ("ours", "bench", "ours_continuous_usage")
                 order = three[k % 3:] + three[:k % 3]
             rnd: dict = {}
+            # Every run its own prompts (a seed per run and client): with the
+            # same seed each round, vLLM's prefix cache served the repeats of
+            # a run after the first, which flatters whoever repeats.
+            seeds = {who: 10 * k + i for i, who in enumerate(("ours", "bench", "ours_continuous_usage"), 1)}
             for who in order:
                 if who == "ours":
-                    rnd["ours"] = run_ours(url, model_dir, args, mem)
+                    rnd["ours"] = run_ours(url, model_dir, args, mem, seeds["ours"])
                 elif who == "ours_continuous_usage":
                     print(f"\n== round {k + 1}: ours, usage in every chunk", flush=True)
-                    rnd["ours_continuous_usage"] = run_ours(url, model_dir, args, mem, continuous_usage=True)
+                    rnd["ours_continuous_usage"] = run_ours(url, model_dir, args, mem, seeds[who],
+                                                            continuous_usage=True)
                 elif not args.skip_vllm_bench:
                     print(f"\n== round {k + 1}: vLLM's own benchmark client (vllm.benchmarks.serve, random "
                           "dataset, same shape) ...", flush=True)
-                    rnd["bench"] = run_vllm_bench(url, model_dir or "", served, args, tmp)
+                    rnd["bench"] = run_vllm_bench(url, model_dir or "", served, args, tmp, seeds["bench"])
                     print_bench(rnd["bench"], rnd.get("ours"), args)
             if "bench" in rnd and order.index("bench") < order.index("ours"):
                 print_bench(rnd["bench"], rnd["ours"], args)  # again, now with ours beside it
