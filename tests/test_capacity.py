@@ -389,6 +389,25 @@ def test_a_burst_keeps_its_vllm_view_through_slow_metrics_and_no_prompt_hits_the
     assert r.vllm.prefix_cache_hit_tokens == 0
 
 
+def test_a_burst_run_again_sends_new_words_unless_told_to_repeat_them(paced):
+    # Every burst used seed 0 for its words: run again on the same server (to
+    # check the noise, say), all its prompts came from vLLM's prefix cache.
+    from ernie_tui.engine_ctl.burst import BurstConfig, run_burst
+
+    srv = paced("--slots", "4", "--ttft-ms", "5", "--itl-ms", "2")
+    shape = dict(n=8, concurrency=4, min_tokens=10, max_tokens_in=30, max_tokens=2)
+    first, again = (run_burst(srv.url, BurstConfig(**shape)) for _ in range(2))
+    assert again.vllm.prefix_cache_hit_tokens == 0
+    assert first.config["word_seed"] != again.config["word_seed"]  # the record says which words
+    # Same lengths both times: the shape is the seed's, only the words change.
+    assert sorted(r.prompt_tokens_target for r in first.requests) == \
+        sorted(r.prompt_tokens_target for r in again.requests)
+    # Asked for, the very same prompts again: all of them from the cache.
+    same = [run_burst(srv.url, BurstConfig(**shape, word_seed=7)) for _ in range(2)]
+    assert same[1].vllm.prefix_cache_hit_tokens == same[1].vllm.prompt_tokens > 0
+    assert any("prefix cache served" in w for w in same[1].warnings)
+
+
 def test_server_down_ends_the_search():
     from ernie_tui.engine_ctl.ports import free_port
 

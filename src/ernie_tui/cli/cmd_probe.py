@@ -58,7 +58,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     b.add_argument("--min-tokens", type=int, default=30, metavar="A", help="shortest prompt in tokens (default 30)")
     b.add_argument("--max-tokens-in", type=int, default=300, metavar="B",
                    help="longest prompt in tokens (default 300)")
-    b.add_argument("--seed", type=int, default=0, help="seed for prompt lengths and words (default 0)")
+    b.add_argument("--seed", type=int, default=0, help="seed for the prompt lengths (default 0)")
+    b.add_argument("--word-seed", type=int, metavar="N",
+                   help="seed for the prompts' words; default: new words every run, so a run repeated on the "
+                        "same server is not served from vLLM's prefix cache (set it to resend the same prompts)")
     b.add_argument("--no-ignore-eos", action="store_true",
                    help="let requests stop at EOS (default: ignore_eos, so every request does the same work)")
     b.add_argument("--tokenizer", metavar="PATH",
@@ -157,7 +160,7 @@ def _run_burst(args) -> int:
         concurrency=args.concurrency,
         max_tokens=args.max_tokens if args.max_tokens is not None else 128,
         ignore_eos=not args.no_ignore_eos, temperature=args.temperature, top_p=args.top_p, seed=args.seed,
-        chat=args.chat, read_timeout_s=args.timeout or 120.0,
+        word_seed=args.word_seed, chat=args.chat, read_timeout_s=args.timeout or 120.0,
     )
     try:
         cfg.validate()
@@ -231,7 +234,7 @@ def _run_capacity(args) -> int:
         cfg, settings = R.request_setup(min_tokens=args.min_tokens, max_tokens_in=args.max_tokens_in,
                                         max_tokens=max_tokens, ignore_eos=not args.no_ignore_eos, chat=args.chat,
                                         temperature=args.temperature, top_p=args.top_p, seed=args.seed,
-                                        read_timeout_s=args.timeout or 120.0)
+                                        word_seed=args.word_seed, read_timeout_s=args.timeout or 120.0)
     except ValueError as exc:
         raise CliError(str(exc)) from exc
     api_key = _api_key(args.api_key_env)

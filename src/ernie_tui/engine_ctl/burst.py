@@ -34,7 +34,7 @@ import random
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import psutil
@@ -74,7 +74,11 @@ class BurstConfig:
     ignore_eos: bool = True
     temperature: float | None = DEFAULT_TEMPERATURE
     top_p: float | None = DEFAULT_TOP_P
-    seed: int = 0
+    seed: int = 0  # the prompt lengths: the same shape run after run
+    # The prompts' words. None: new ones every run (new_word_seed), so a burst
+    # run again on the same server is not served from vLLM's prefix cache;
+    # set it to send the very same prompts again (to measure that cache).
+    word_seed: int | None = None
     chat: bool = False
     read_timeout_s: float = 120.0
     request_timeout_s: float = 600.0
@@ -214,8 +218,16 @@ def plan_lengths(config: BurstConfig) -> list[int]:
     return [rng.randint(config.min_tokens, config.max_tokens_in) for _ in range(config.n)]
 
 
+def new_word_seed() -> int:
+    """A word seed no earlier run is likely to have used."""
+    return random.SystemRandom().randrange(1 << 31)
+
+
 def build_prompts(config: BurstConfig, tokenizer: Any) -> list[BuiltPrompt]:
-    builder = PromptBuilder(tokenizer, seed=config.seed)
+    """Prompts of the planned lengths; words from config.word_seed (callers
+    that record the run set it first, see run_burst), else new ones."""
+    words = config.word_seed if config.word_seed is not None else new_word_seed()
+    builder = PromptBuilder(tokenizer, seed=words)
     return [builder.build(n) for n in plan_lengths(config)]
 
 
@@ -325,6 +337,8 @@ async def run_burst_async(url: str, config: BurstConfig | None = None, *,
     except ProbeFailure as exc:
         return _failed_before_start(url, model, config, exc.error)
     if prompts is None:
+        if config.word_seed is None:  # new words, and the record says which
+            config = replace(config, word_seed=new_word_seed())
         try:
             if tokenizer is None:
                 tokenizer = await asyncio.to_thread(find_tokenizer, model_dir, None, url, served.id, api_key)

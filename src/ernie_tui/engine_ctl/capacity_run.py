@@ -145,7 +145,8 @@ class RequestSettings:
 
 def request_setup(*, min_tokens: int = 30, max_tokens_in: int = 300, max_tokens: int = 128,
                   ignore_eos: bool = True, chat: bool = False, temperature: float | None = DEFAULT_TEMPERATURE,
-                  top_p: float | None = DEFAULT_TOP_P, seed: int = 0, read_timeout_s: float = 120.0,
+                  top_p: float | None = DEFAULT_TOP_P, seed: int = 0, word_seed: int | None = None,
+                  read_timeout_s: float = 120.0,
                   ) -> tuple[Any, RequestSettings]:
     """The shape of the built prompts (a BurstConfig) and the request
     settings of a search, from the one set of options both come from (the
@@ -153,7 +154,8 @@ def request_setup(*, min_tokens: int = 30, max_tokens_in: int = 300, max_tokens:
     from ernie_tui.engine_ctl.burst import BurstConfig
 
     cfg = BurstConfig(n=1, min_tokens=min_tokens, max_tokens_in=max_tokens_in, max_tokens=max_tokens,
-                      ignore_eos=ignore_eos, temperature=temperature, top_p=top_p, seed=seed, chat=chat)
+                      ignore_eos=ignore_eos, temperature=temperature, top_p=top_p, seed=seed,
+                      word_seed=word_seed, chat=chat)
     cfg.validate()
     settings = RequestSettings(chat=chat, temperature=temperature, top_p=top_p, ignore_eos=ignore_eos,
                                read_timeout_s=read_timeout_s)

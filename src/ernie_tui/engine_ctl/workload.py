@@ -137,17 +137,21 @@ def load_jsonl(path: str | Path, default_max_tokens: int) -> Workload:
 
 def burst_workload(config: Any, tokenizer: Any, size: int) -> Workload:
     """`size` prompts of exact token lengths as a burst would build them
-    (lengths uniform in [min_tokens, max_tokens_in], fixed seed), and more on
-    demand, each batch with the next seed, so no prompt is ever sent twice."""
+    (lengths uniform in [min_tokens, max_tokens_in] from config.seed; words
+    from config.word_seed, new ones when it is None), and more on demand,
+    each batch with the next seeds, so no prompt is ever sent twice."""
     from dataclasses import replace
 
-    from ernie_tui.engine_ctl.burst import build_prompts
+    from ernie_tui.engine_ctl.burst import build_prompts, new_word_seed
 
-    def build(n: int, seed: int) -> list[WorkItem]:
-        cfg = replace(config, n=n, seed=seed)
+    words = config.word_seed if config.word_seed is not None else new_word_seed()
+
+    def build(n: int, k: int) -> list[WorkItem]:
+        cfg = replace(config, n=n, seed=config.seed + k, word_seed=words + k)
         return [WorkItem(p.text, cfg.max_tokens, p.tokens) for p in build_prompts(cfg, tokenizer)]
 
-    seeds = iter(range(config.seed + 1, config.seed + 1_000_000))
-    return Workload(build(size, config.seed),
-                    f"built prompts of {config.min_tokens}-{config.max_tokens_in} tokens, seed {config.seed}",
-                    more=lambda n: build(n, next(seeds)))
+    batches = iter(range(1, 1_000_000))
+    return Workload(build(size, 0),
+                    f"built prompts of {config.min_tokens}-{config.max_tokens_in} tokens, seed {config.seed}, "
+                    f"word seed {words}",
+                    more=lambda n: build(n, next(batches)))
