@@ -8,7 +8,9 @@ about half the time of one after another, with the same figures."""
 from __future__ import annotations
 
 import json
+import os
 import re
+import signal
 import sys
 import textwrap
 import time
@@ -159,11 +161,11 @@ def stand_ins(tmp_path: Path, model: Path, names, **env) -> Path:
     return path
 
 
-def sweep(presets, log_dir: Path, **options):
-    config = BurstConfig(n=6, concurrency=2, min_tokens=10, max_tokens_in=30, max_tokens=30)
+def sweep(presets, log_dir: Path, progress=None, cancel=None, n: int = 6, **options):
+    config = BurstConfig(n=n, concurrency=2, min_tokens=10, max_tokens_in=30, max_tokens=30)
     opts = SweepOptions(ready_timeout_s=30, log_dir=log_dir, save_records=False, **options)
     t0 = time.monotonic()
-    runs = run_sweep(SweepPlan(presets, 1), config, opts)
+    runs = run_sweep(SweepPlan(presets, 1), config, opts, progress, cancel)
     return time.monotonic() - t0, runs
 
 
@@ -171,9 +173,24 @@ def test_parallel_trials_own_their_gpus_and_halve_the_wall_time(tmp_path, tiny_m
     names = ["p0", "p1", "p2", "p3"]
     book = load_presets([str(stand_ins(tmp_path, tiny_model, names))], include_user=False)
     presets = [book.get(n) for n in names]
-    par_s, par = sweep(presets, tmp_path / "par", gpus_per_trial=1, gpu_ids=["0", "1"])
+    events: list[dict] = []
+    par_s, par = sweep(presets, tmp_path / "par", progress=events.append, gpus_per_trial=1, gpu_ids=["0", "1"])
     seq_s, seq = sweep(presets, tmp_path / "seq")
     assert [r.status for r in par + seq] == ["ok"] * 8, [(r.status, r.message) for r in par + seq]
+
+    # Each parallel trial's burst ran in a child process of its own (not this
+    # one, not its neighbour's), whose progress reached the sweep's callback
+    # up to the last request; a sequential sweep's ran here.
+    me = os.getpid()
+    pids = [r.load_pid for r in par]
+    assert None not in pids and me not in pids and len(set(pids)) == 4, pids
+    assert all(r.load_pid == me for r in seq)
+    for r in par:
+        mine = [e for e in events if e["preset"] == r.preset and e["phase"] == "burst"]
+        assert mine[-1]["burst_done"] == mine[-1]["burst_total"] == 6, mine[-1]
+        assert {e.get("load_pid") for e in mine[1:]} == {r.load_pid}  # forwarded from that child
+        assert r.requests == 6 and r.errors == 0
+        assert r.peak_memory_gib is not None  # the trial's thread sampled the stand-in's memory meanwhile
 
     # (a) Each stand-in was started with exactly its trial's GPUs (it prints
     # what it got), and trials that ran at the same time shared no GPU and no port.
@@ -221,7 +238,12 @@ def test_parallel_capacity_sweep_folds_as_the_sequential_one(tmp_path, tiny_mode
     err = capsys.readouterr().err
     assert code == 0, err
     assert "(GPU 0)" in err and "(GPU 1)" in err
+    # The searches ran in child processes; their level events still reached the CLI's lines.
+    for gpu in ("0", "1"):
+        assert re.search(rf"\(GPU {gpu}\): capacity: concurrency \d+ (pass|fail)", err), err
     data = json.loads(out.read_text())
+    pids = {r["runs"][0]["load_pid"] for r in data["rows"]}
+    assert len(pids) == 2 and os.getpid() not in pids and None not in pids
     rows = {r["preset"]: r for r in data["rows"]}
     assert rows["slots2"]["stats"]["capacity_concurrency"]["median"] == 2
     assert rows["slots4"]["stats"]["capacity_concurrency"]["median"] == 4
@@ -245,6 +267,60 @@ def test_parallel_sweep_skips_what_cannot_fit_and_headless_presets(tmp_path, tin
     assert by["worker"].status == "skipped: headless" and "serves no API" in by["worker"].message
     assert not (tmp_path / "logs" / "tp2-r0.log").exists()
     assert not (tmp_path / "logs" / "worker-r0.log").exists()
+
+
+def slow_pair(tmp_path: Path, tiny_model: Path):
+    """Two stand-ins whose requests take ~0.3 s each (30 tokens at 10 ms)."""
+    book = load_presets([str(stand_ins(tmp_path, tiny_model, ["a", "b"]))], include_user=False)
+    return [book.get("a"), book.get("b")]
+
+
+def test_cancel_mid_load_stops_both_children_and_the_sweep_promptly(tmp_path, tiny_model):
+    import threading
+
+    import psutil
+
+    cancel = threading.Event()
+    started: dict[str, int] = {}
+    cancelled_at: list[float] = []
+
+    done: dict[str, int] = {}
+
+    def progress(ev: dict) -> None:
+        if ev["phase"] == "burst" and ev.get("burst_done", 0) >= 1:
+            done[ev["preset"]] = ev["burst_done"]
+            started[ev["preset"]] = ev["load_pid"]
+            if len(started) == 2 and not cancel.is_set():
+                cancelled_at.append(time.monotonic())
+                cancel.set()
+
+    # 200 requests at concurrency 2: some 30 s of load, if nothing stopped it.
+    _, runs = sweep(slow_pair(tmp_path, tiny_model), tmp_path / "logs", progress, cancel, n=200,
+                    gpus_per_trial=1, gpu_ids=["0", "1"])
+    took = time.monotonic() - cancelled_at[0]
+    assert [r.status for r in runs] == ["cancelled", "cancelled"], [(r.status, r.message) for r in runs]
+    assert set(done) == {"a", "b"} and max(done.values()) < 50, done  # cut short, not run to the end
+    assert took < 10.0, took  # burst wind-down + stand-in stop; well under the 30 s the load would take
+    assert {r.load_pid for r in runs} == set(started.values())
+    assert not any(psutil.pid_exists(p) for p in started.values())  # reaped, not left running
+
+
+def test_a_killed_load_process_fails_its_row_and_the_neighbour_finishes(tmp_path, tiny_model):
+    killed: list[int] = []
+
+    def progress(ev: dict) -> None:
+        if ev["preset"] == "a" and ev["phase"] == "burst" and ev.get("burst_done", 0) >= 1 and not killed:
+            killed.append(ev["load_pid"])
+            os.kill(ev["load_pid"], signal.SIGKILL)
+
+    took, runs = sweep(slow_pair(tmp_path, tiny_model), tmp_path / "logs", progress, n=12,
+                       gpus_per_trial=1, gpu_ids=["0", "1"])
+    a, b = runs
+    assert a.status == "failed: error" and "SIGKILL" in a.message and str(a.load_pid) == str(killed[0]), a
+    assert b.status == "ok" and b.requests == 12 and b.errors == 0, b
+    assert a.load_pid != b.load_pid
+    assert a.ended_at is not None  # its server was stopped as after any trial
+    assert took < 30.0, took
 
 
 def test_neighbour_bench_measures_alone_threads_and_processes_on_stand_ins(tmp_path, tiny_model):

@@ -184,6 +184,10 @@ def test_capacity_sweep_on_paced_stand_ins(tmp_path, tiny_model, capsys):
     g4 = rows["slots4"]["stats"]["goodput_output_tps"]["median"]
     assert 1.6 < g4 / g2 < 2.4
     assert "ttft_p90=100ms" in data["meta"]["capacity"]
+    import os
+
+    # A sequential sweep generates its load in this process, as it always did.
+    assert {r["runs"][0]["load_pid"] for r in data["rows"]} == {os.getpid()}
     from ernie_tui.engine_ctl import runstore
 
     assert len(runstore.list_runs(kind="capacity")) == 2

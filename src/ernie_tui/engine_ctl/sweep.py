@@ -25,6 +25,7 @@ import csv
 import io
 import json
 import logging
+import os
 import statistics
 import threading
 import time
@@ -89,6 +90,9 @@ class SweepRun:
     port: int | None = None
     started_at: float | None = None
     ended_at: float | None = None
+    # The process that generated the load: this one in a sequential sweep,
+    # the trial's own child process in a parallel one (trial_load.py).
+    load_pid: int | None = None
 
 
 @dataclass
@@ -446,7 +450,6 @@ def _run_one(preset: Preset, repeat: int, burst_config, options: SweepOptions, l
              baseline: int | None, progress: Progress | None, cancel: threading.Event,
              index: int, total: int, capacity: CapacitySweep | None = None,
              trial: _TrialEnv | None = None) -> SweepRun:
-    from ernie_tui.engine_ctl.burst import run_burst
     from ernie_tui.engine_ctl.preflight import preflight
     from ernie_tui.engine_ctl.resources import EngineMemory, ResourceSampler
     from ernie_tui.engine_ctl.server import EngineServer, ServerState
@@ -517,7 +520,8 @@ def _run_one(preset: Preset, repeat: int, burst_config, options: SweepOptions, l
         if capacity is not None:
             t_search = time.monotonic()
             try:
-                _measure_capacity(run, capacity, burst_config, spec, preset, report, options, progress, ev, cancel)
+                _measure_capacity(run, capacity, burst_config, spec, preset, report, options, progress, ev, cancel,
+                                  log_dir, in_child=trial is not None)
             finally:
                 burst_s = time.monotonic() - t_search
                 run.burst_s = burst_s
@@ -527,14 +531,17 @@ def _run_one(preset: Preset, repeat: int, burst_config, options: SweepOptions, l
         engine_sampler = ResourceSampler(server.engine_pids, use_nvml=sampler.nvml)
         # In a parallel sweep, only the trial's own GPUs: not the ones a neighbour fills.
         memory = EngineMemory(sampler=engine_sampler, gpus=_gpu_indices(trial.gpus) if trial is not None else None)
+        job = _load_job("burst", spec, preset, burst_config, log_dir, repeat)
         t_burst = time.monotonic()
         try:
-            burst = run_burst(spec.url, burst_config, model=spec.served_model_name, model_dir=spec.model,
-                              api_key=preset.api_key(), cancel=cancel, memory_sampler=memory,
-                              progress=lambda d, n: _emit(progress, **ev, phase="burst", burst_done=d,
-                                                          burst_total=n))
+            burst = _load(run, job, lambda d, n: _emit(progress, **ev, phase="burst", burst_done=d, burst_total=n),
+                          cancel, ev, in_child=trial is not None, memory=memory,
+                          sample_interval_s=burst_config.sample_interval_s)
         finally:
             engine_sampler.close()
+        if burst is None:  # the load's child process died or raised: its row says how
+            burst_s = run.burst_s = time.monotonic() - t_burst
+            return run
         burst_s = time.monotonic() - t_burst
         run.burst_s = burst_s
         run.requests = burst.total
@@ -576,28 +583,15 @@ def _run_one(preset: Preset, repeat: int, burst_config, options: SweepOptions, l
 
 def _measure_capacity(run: SweepRun, capacity: CapacitySweep, burst_config, spec, preset: Preset, report,
                       options: SweepOptions, progress: Progress | None, ev: dict[str, Any],
-                      cancel: threading.Event) -> None:
+                      cancel: threading.Event, log_dir: Path, in_child: bool = False) -> None:
     """One preset's capacity search; fills the run's capacity columns."""
-    from ernie_tui.engine_ctl.capacity_run import run_capacity
-    from ernie_tui.engine_ctl.http_errors import ProbeFailure
-    from ernie_tui.engine_ctl.prompts import find_tokenizer
-    from ernie_tui.engine_ctl.workload import Workload
-
     run.mode = "capacity"
-    # Every preset replays the same requests from the first: a fresh cursor.
-    workload = Workload(list(capacity.workload_items), "file") if capacity.workload_items else None
-    tokenizer = None
-    if workload is None:
-        try:
-            tokenizer = find_tokenizer(model_dir=spec.model)
-        except ProbeFailure:
-            tokenizer = None  # the search asks the server's /tokenize instead
+    job = _load_job("capacity", spec, preset, burst_config, log_dir, run.repeat, capacity)
     _emit(progress, **ev, phase="capacity")
-    result = run_capacity(spec.url, capacity.slo, search_config=capacity.search, rules=capacity.rules,
-                          settings=capacity.settings, workload=workload, burst_config=burst_config,
-                          tokenizer=tokenizer, model=spec.served_model_name, api_key=preset.api_key(),
-                          progress=lambda e: _emit(progress, **ev, phase="capacity", capacity_event=e),
-                          cancel=cancel)
+    result = _load(run, job, lambda e: _emit(progress, **ev, phase="capacity", capacity_event=e), cancel, ev,
+                   in_child=in_child)
+    if result is None:  # the search's child process died or raised: its row says how
+        return
     run.capacity_stop = result.stop_reason
     run.levels = len(result.levels)
     run.requests = sum(lv.requests for lv in result.levels)
@@ -622,6 +616,52 @@ def _measure_capacity(run: SweepRun, capacity: CapacitySweep, burst_config, spec
 
         save_run("capacity", result.to_dict(), preset=preset, engine_report=report.to_dict(), url=spec.url,
                  model=spec.served_model_name, notes=f"sweep repeat {run.repeat}")
+
+
+def _load_job(kind: str, spec, preset: Preset, burst_config, log_dir: Path, repeat: int,
+              capacity: CapacitySweep | None = None):
+    """The trial's load as a picklable job (trial_load.py runs it here or in a child)."""
+    from ernie_tui.engine_ctl.trial_load import LoadJob
+
+    job = LoadJob(kind, spec.url, spec.served_model_name, spec.model, preset.api_key(), burst_config,
+                  label=f"ernie-tui {kind} {preset.name} r{repeat}",
+                  log_path=log_dir / f"{preset.name}-r{repeat}.load.log")
+    if capacity is not None:
+        job.slo, job.search, job.rules, job.settings = capacity.slo, capacity.search, capacity.rules, capacity.settings
+        job.workload_items = capacity.workload_items
+    return job
+
+
+def _load(run: SweepRun, job, on_progress: Callable[..., None], cancel: threading.Event, ev: dict[str, Any], *,
+          in_child: bool, memory=None, sample_interval_s: float = 0.5):
+    """Run the trial's load: in this process for a sequential sweep (the
+    burst samples `memory` itself), in a child process of its own for a
+    parallel one, so neighbouring trials' load generators share no GIL
+    (this thread then samples `memory` and puts the peak on the result).
+    Records the load's pid on the run (and, once the child runs, on the
+    trial's events). None when the child died or raised: the run then says
+    so, as 'failed: error' (or 'cancelled' when the sweep was)."""
+    from ernie_tui.engine_ctl.trial_load import PeakMemory, run_in_child, run_load
+
+    if not in_child:
+        run.load_pid = os.getpid()
+        return run_load(job, on_progress, cancel, memory_sampler=memory)
+
+    def started(pid: int) -> None:
+        run.load_pid = ev["load_pid"] = pid
+
+    peak = PeakMemory(memory, sample_interval_s) if memory is not None else None
+    outcome = run_in_child(job, on_progress, cancel, tick=peak, on_start=started)
+    if outcome.result is None:
+        if cancel.is_set():
+            run.status, run.message = "cancelled", f"cancelled during the {job.kind}: {outcome.error}"
+        else:
+            run.status, run.message = "failed: error", outcome.error or "the load process sent no result"
+        return None
+    if peak is not None and job.kind == "burst":
+        outcome.result.peak_memory_bytes = peak.peak
+        outcome.result.memory_source = memory.source
+    return outcome.result
 
 
 def _ms(seconds: float | None) -> float | None:

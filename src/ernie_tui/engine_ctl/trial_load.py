@@ -1,0 +1,298 @@
+"""A sweep trial's load (its burst or its capacity search), in this process
+or in a child process of its own.
+
+Parallel sweep trials are threads of one process. Their load generators,
+run in those threads, shared one interpreter and so one GIL: on two H200s
+the ITL p99 of a burst beside a neighbour's burst in the same process rose
+to 34-36 ms against 28-32 ms alone (docs/benchmarks.md). So in a parallel
+sweep each trial's load runs in a child process (run_in_child), started
+with the spawn context (the parent may be a threaded Textual app: a forked
+child would inherit its locks in whatever state they were). The trial's
+thread stays behind and supervises it:
+
+- progress: the child sends ("progress", args) for every call its load
+  makes to the progress callback; the thread calls `on_progress(*args)`,
+  so the sweep's events are the ones an in-process load gives;
+- cancel: the thread sets the child's own Event when the sweep's is set;
+  a child that has not finished `cancel_grace_s` later is terminated, then
+  killed;
+- the result: the child sends ("result", BurstResult | CapacityResult)
+  (plain dataclasses: they pickle) or ("error", text, traceback) when its
+  load raised; a child that exits without either (killed, crashed, could
+  not import) gives a LoadOutcome whose `error` says how it ended.
+
+Nothing about the tokenizer crosses: the child finds its own from the job's
+model dir, as the load would in this process.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import psutil
+
+log = logging.getLogger(__name__)
+
+# After the sweep is cancelled, how long the child may take to wind its load
+# down and send what it measured before it is terminated (then killed).
+CANCEL_GRACE_S = 5.0
+KILL_AFTER_S = 2.0
+
+
+@dataclass
+class LoadJob:
+    """Everything a trial's load needs, picklable: no tokenizer, no server
+    object, no callbacks."""
+
+    kind: str  # "burst" | "capacity"
+    url: str
+    model: str | None  # the served model name
+    model_dir: str | None  # where the tokenizer is found
+    api_key: str | None
+    burst_config: Any  # burst.BurstConfig (capacity: the built prompts' shape)
+    # Capacity mode (see sweep.CapacitySweep).
+    slo: list = field(default_factory=list)
+    search: Any = None
+    rules: Any = None
+    settings: Any = None
+    workload_items: list | None = None
+    label: str = "load"  # the child process's name
+    log_path: Path | None = None  # the child's stdout and stderr (None: inherited)
+
+
+@dataclass
+class LoadOutcome:
+    """What came back from a load: its result, or why there is none."""
+
+    result: Any = None  # BurstResult | CapacityResult
+    pid: int | None = None  # the process that generated the load
+    error: str | None = None  # set when there is no result
+    detail: str | None = None  # the child's traceback, for the log
+
+
+def run_load(job: LoadJob, progress: Callable[..., None] | None, cancel: threading.Event | Any,
+             memory_sampler: Callable[[], float | None] | None = None) -> Any:
+    """The load itself, in the calling process: a BurstResult or a
+    CapacityResult. `progress` gets what the load's own callback gets:
+    (done, total) for a burst, the search's event dict for a capacity search."""
+    if job.kind == "burst":
+        from ernie_tui.engine_ctl.burst import run_burst
+
+        return run_burst(job.url, job.burst_config, model=job.model, model_dir=job.model_dir, api_key=job.api_key,
+                         cancel=cancel, memory_sampler=memory_sampler, progress=progress)
+    if job.kind == "capacity":
+        from ernie_tui.engine_ctl.capacity_run import run_capacity
+        from ernie_tui.engine_ctl.http_errors import ProbeFailure
+        from ernie_tui.engine_ctl.prompts import find_tokenizer
+        from ernie_tui.engine_ctl.workload import Workload
+
+        # Every trial replays the same requests from the first: a fresh cursor.
+        workload = Workload(list(job.workload_items), "file") if job.workload_items else None
+        tokenizer = None
+        if workload is None:
+            try:
+                tokenizer = find_tokenizer(model_dir=job.model_dir)
+            except ProbeFailure:
+                tokenizer = None  # the search asks the server's /tokenize instead
+        return run_capacity(job.url, job.slo, search_config=job.search, rules=job.rules, settings=job.settings,
+                            workload=workload, burst_config=job.burst_config, tokenizer=tokenizer,
+                            model=job.model, api_key=job.api_key, progress=progress, cancel=cancel)
+    raise ValueError(f"unknown load kind {job.kind!r}")
+
+
+# -- the child's side ---------------------------------------------------------------
+
+def child_main(job: LoadJob, conn: Any, cancel: Any) -> None:
+    """The child process's target: run the load, send its events and its
+    result (or the exception) through `conn`."""
+    # Ctrl-C in a terminal reaches the whole process group; the parent turns
+    # it into the sweep's cancel and passes that on, so the load winds down
+    # and still sends what it measured instead of dying mid-burst.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if job.log_path is not None:
+        # The parent may be a Textual screen: the child's writes (a logged
+        # warning, a traceback) go to the trial's load log, not over it.
+        fd = os.open(job.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        os.dup2(fd, 1)
+        os.dup2(fd, 2)
+        os.close(fd)
+    _cancel_when_orphaned(cancel)
+
+    def progress(*args: Any) -> None:
+        conn.send(("progress", args))
+
+    try:
+        result = run_load(job, progress, cancel)
+        conn.send(("result", result))
+    except BaseException as exc:  # noqa: BLE001  the parent gets what went wrong instead of a bare exit code
+        text = f"{type(exc).__name__}: {exc}"
+        print(traceback.format_exc(), file=sys.stderr, flush=True)
+        try:
+            conn.send(("error", text, traceback.format_exc()))
+        except OSError:
+            pass  # the parent is gone
+    finally:
+        conn.close()
+
+
+def _cancel_when_orphaned(cancel: Any) -> None:
+    """A child whose parent died (killed, no chance to cancel it) stops its
+    load instead of loading a server nobody measures."""
+    parent = os.getppid()
+
+    def watch() -> None:
+        while not cancel.is_set():
+            if os.getppid() != parent:
+                cancel.set()
+                return
+            time.sleep(1.0)
+
+    threading.Thread(target=watch, name="orphan-watch", daemon=True).start()
+
+
+# -- the parent's side ---------------------------------------------------------------
+
+def run_in_child(job: LoadJob, on_progress: Callable[..., None] | None, cancel: threading.Event, *,
+                 tick: Callable[[], None] | None = None, on_start: Callable[[int], None] | None = None,
+                 target: Callable[..., None] = child_main,
+                 cancel_grace_s: float | None = None, kill_after_s: float | None = None) -> LoadOutcome:
+    """Run `job` in a spawned child and supervise it from this thread until
+    it ends: forward its progress to on_progress, pass `cancel` on, call
+    `tick` about every 0.1 s (the trial's memory sampling), tell `on_start`
+    the child's pid once it runs, and return what
+    it sent. Never raises for the child's trouble and never waits on a
+    child for ever: the outcome's `error` says what happened."""
+    import multiprocessing
+    from multiprocessing.connection import wait
+
+    grace = CANCEL_GRACE_S if cancel_grace_s is None else cancel_grace_s
+    kill_after = KILL_AFTER_S if kill_after_s is None else kill_after_s
+    ctx = multiprocessing.get_context("spawn")
+    receive, send = ctx.Pipe(duplex=False)
+    child_cancel = ctx.Event()
+    proc = ctx.Process(target=target, args=(job, send, child_cancel), name=job.label, daemon=True)
+    outcome = LoadOutcome()
+    cancelled_at: float | None = None
+    stopping = ""  # "terminated" or "killed" once we had to
+    try:
+        proc.start()
+        outcome.pid = proc.pid
+        if on_start is not None and proc.pid is not None:
+            on_start(proc.pid)
+        send.close()  # the child holds the only write end now: its exit reads as EOF here
+        open_pipe = True
+        while True:
+            if tick is not None:
+                tick()  # rate-limits itself; called on every turn so a stream of events cannot starve it
+            if cancel.is_set() and cancelled_at is None:
+                cancelled_at = time.monotonic()
+                child_cancel.set()
+            if cancelled_at is not None and proc.is_alive():
+                waited = time.monotonic() - cancelled_at
+                if waited > grace + kill_after:
+                    stopping = "killed"
+                    proc.kill()
+                elif waited > grace and not stopping:
+                    stopping = "terminated"
+                    proc.terminate()
+            ready = wait([receive, proc.sentinel] if open_pipe else [proc.sentinel], timeout=0.1)
+            if open_pipe and receive in ready:
+                try:
+                    message = receive.recv()
+                except (EOFError, OSError):
+                    open_pipe = False  # the child closed its end (done, or died)
+                    continue
+                if _handle(message, outcome, on_progress):
+                    break
+                continue
+            if proc.sentinel in ready and not (open_pipe and receive.poll(0)):
+                break
+    finally:
+        exitcode = _reap(proc, receive)
+    if outcome.result is None and outcome.error is None:
+        outcome.error = _death(exitcode, stopping, grace)
+    return outcome
+
+
+def _handle(message: tuple, outcome: LoadOutcome, on_progress: Callable[..., None] | None) -> bool:
+    """One message from the child; True once it has sent its last."""
+    kind = message[0]
+    if kind == "progress":
+        if on_progress is not None:
+            try:
+                on_progress(*message[1])
+            except Exception:  # noqa: BLE001  a display callback must not end the trial; logged, not lost
+                log.exception("load progress callback failed")
+        return False
+    if kind == "result":
+        outcome.result = message[1]
+    elif kind == "error":
+        outcome.error = f"the load process raised {message[1]}"
+        outcome.detail = message[2]
+        log.warning("load process %s failed:\n%s", outcome.pid, message[2])
+    return True
+
+
+def _reap(proc: Any, receive: Any) -> int | None:
+    """Wait a little for the child to exit, then make it; its exit code."""
+    if proc.pid is not None:
+        proc.join(timeout=5.0)
+        if proc.is_alive():
+            proc.terminate()
+            proc.join(timeout=2.0)
+        if proc.is_alive():
+            proc.kill()
+            proc.join(timeout=2.0)
+    receive.close()
+    exitcode = proc.exitcode
+    try:
+        proc.close()
+    except ValueError:  # still running after a kill: leave it to the OS, do not hang the sweep
+        log.warning("load process %s did not exit after SIGKILL", proc.pid)
+    return exitcode
+
+
+def _death(exitcode: int | None, stopping: str, grace: float) -> str:
+    """How a child that sent no result ended, in words."""
+    if stopping:
+        how = f"{stopping} after it did not stop within {grace:g} s of the cancel"
+        return f"the load process was {how} (exit code {exitcode})"
+    if exitcode is not None and exitcode < 0:
+        try:
+            name = signal.Signals(-exitcode).name
+        except ValueError:
+            name = f"signal {-exitcode}"
+        return f"the load process died of {name} (exit code {exitcode}) before sending its result"
+    return f"the load process exited with code {exitcode} before sending its result"
+
+
+class PeakMemory:
+    """The peak of a memory sampler, polled by the supervising thread (the
+    child has no handle on the engine's processes and GPUs; this process does)."""
+
+    def __init__(self, sampler: Callable[[], float | None], interval_s: float) -> None:
+        self.sampler = sampler
+        self.interval_s = interval_s
+        self.peak: float | None = None
+        self._last = 0.0
+
+    def __call__(self) -> None:
+        now = time.monotonic()
+        if now - self._last < self.interval_s:
+            return
+        self._last = now
+        try:
+            value = self.sampler()
+        except (OSError, psutil.Error):  # the engine exited between two looks
+            return
+        if value is not None:
+            self.peak = value if self.peak is None else max(self.peak, value)
