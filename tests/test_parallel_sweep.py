@@ -275,6 +275,37 @@ def slow_pair(tmp_path: Path, tiny_model: Path):
     return [book.get("a"), book.get("b")]
 
 
+def load_children() -> list[int]:
+    """This process's spawned load children still alive (not the resource tracker)."""
+    import psutil
+
+    out = []
+    for child in psutil.Process().children(recursive=True):
+        try:
+            if any("spawn_main" in part for part in child.cmdline()) and child.status() != psutil.STATUS_ZOMBIE:
+                out.append(child.pid)
+        except psutil.Error:
+            pass
+    return out
+
+
+def test_cancel_while_starting_ends_the_idle_load_children(tmp_path, tiny_model):
+    import threading
+
+    cancel = threading.Event()
+
+    def progress(ev: dict) -> None:
+        if ev["phase"] == "starting":
+            cancel.set()
+
+    took, runs = sweep(slow_pair(tmp_path, tiny_model), tmp_path / "logs", progress, cancel,
+                       gpus_per_trial=1, gpu_ids=["0", "1"])
+    assert [r.status for r in runs] == ["cancelled"] * len(runs) and runs, [(r.status, r.message) for r in runs]
+    assert all(r.load_pid is None for r in runs)  # no load ran
+    assert load_children() == []
+    assert took < 20.0, took
+
+
 def test_cancel_mid_load_stops_both_children_and_the_sweep_promptly(tmp_path, tiny_model):
     import threading
 
@@ -303,6 +334,7 @@ def test_cancel_mid_load_stops_both_children_and_the_sweep_promptly(tmp_path, ti
     assert took < 10.0, took  # burst wind-down + stand-in stop; well under the 30 s the load would take
     assert {r.load_pid for r in runs} == set(started.values())
     assert not any(psutil.pid_exists(p) for p in started.values())  # reaped, not left running
+    assert load_children() == []
 
 
 def test_a_killed_load_process_fails_its_row_and_the_neighbour_finishes(tmp_path, tiny_model):
@@ -320,11 +352,13 @@ def test_a_killed_load_process_fails_its_row_and_the_neighbour_finishes(tmp_path
     assert b.status == "ok" and b.requests == 12 and b.errors == 0, b
     assert a.load_pid != b.load_pid
     assert a.ended_at is not None  # its server was stopped as after any trial
+    assert load_children() == []
     assert took < 30.0, took
 
 
 def test_neighbour_bench_measures_alone_threads_and_processes_on_stand_ins(tmp_path, tiny_model):
-    """bench/neighbour_disturbance.py on two paced stand-ins: every mode gets
+    """bench/neighbour_disturbance.py on two paced stand-ins: every mode (the
+    sweep's own, load in spawned children, among them) gets
     one sample per round for both presets, every request completes, and two
     servers whose pacing is the same read the same output tok/s in every mode
     (the stand-ins share no GPU, so any difference would be the bench's)."""

@@ -24,9 +24,10 @@ def job(kind: str = "burst", **kw) -> LoadJob:
     return LoadJob(kind, "http://127.0.0.1:9", None, None, None, BurstConfig(n=1), **kw)
 
 
-def stubborn(job: LoadJob, conn, cancel) -> None:
+def stubborn(conn, cancel) -> None:
     """A child target that ignores both the cancel and SIGTERM."""
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    conn.recv()
     conn.send(("progress", (0, 1)))
     while True:
         time.sleep(0.05)
@@ -45,7 +46,7 @@ def test_a_load_that_raises_in_the_child_comes_back_as_its_error(tmp_path):
 def test_a_child_that_cannot_import_its_target_is_reported_not_waited_for(tmp_path, monkeypatch):
     # The target's module exists when the job is handed over, and is gone
     # when the spawned child tries to import it.
-    (tmp_path / "vanishing_target.py").write_text("def target(job, conn, cancel):\n    conn.send(('result', 1))\n")
+    (tmp_path / "vanishing_target.py").write_text("def target(conn, cancel):\n    conn.send(('result', conn.recv()))\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     import vanishing_target
 

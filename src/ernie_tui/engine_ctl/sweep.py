@@ -16,7 +16,10 @@ With SweepOptions.gpus_per_trial set, trials run at the same time on
 disjoint GPU sets (trial_schedule.py decides which): each trial's server gets
 its own CUDA_VISIBLE_DEVICES, a port no other running trial holds, and its
 own log; its peak memory and its wait for memory to settle count only its
-own GPUs. The runs are folded exactly as a sequential sweep's.
+own GPUs. Each trial's load (burst or capacity search) runs in a child
+process of its own (trial_load.py), so neighbouring load generators share
+no GIL; the trial's thread supervises it. The runs are folded exactly as a
+sequential sweep's.
 """
 
 from __future__ import annotations
@@ -489,9 +492,15 @@ def _run_one(preset: Preset, repeat: int, burst_config, options: SweepOptions, l
     ready_wait = 0.0
     burst_s = 0.0
     stop_s = 0.0
+    loader = None
     try:
         _emit(progress, **ev, phase="starting")
         run.started_at = time.time()
+        if trial is not None:
+            # The trial's load process, spawned now so its start-up overlaps the server's.
+            from ernie_tui.engine_ctl.trial_load import LoadProcess
+
+            loader = LoadProcess(f"ernie-tui load {preset.name} r{repeat}").start()
         server.start()
         deadline = time.monotonic() + options.ready_timeout_s
         st = server.status
@@ -521,7 +530,7 @@ def _run_one(preset: Preset, repeat: int, burst_config, options: SweepOptions, l
             t_search = time.monotonic()
             try:
                 _measure_capacity(run, capacity, burst_config, spec, preset, report, options, progress, ev, cancel,
-                                  log_dir, in_child=trial is not None)
+                                  log_dir, loader)
             finally:
                 burst_s = time.monotonic() - t_search
                 run.burst_s = burst_s
@@ -535,8 +544,7 @@ def _run_one(preset: Preset, repeat: int, burst_config, options: SweepOptions, l
         t_burst = time.monotonic()
         try:
             burst = _load(run, job, lambda d, n: _emit(progress, **ev, phase="burst", burst_done=d, burst_total=n),
-                          cancel, ev, in_child=trial is not None, memory=memory,
-                          sample_interval_s=burst_config.sample_interval_s)
+                          cancel, ev, loader, memory=memory, sample_interval_s=burst_config.sample_interval_s)
         finally:
             engine_sampler.close()
         if burst is None:  # the load's child process died or raised: its row says how
@@ -566,6 +574,8 @@ def _run_one(preset: Preset, repeat: int, burst_config, options: SweepOptions, l
                      url=spec.url, model=spec.served_model_name, notes=f"sweep repeat {repeat}")
         return run
     finally:
+        if loader is not None:
+            loader.close()  # gone already after a load; an idle one (start failed, cancelled) told to exit
         _emit(progress, **ev, phase="stopping")
         t_stop = time.monotonic()
         if server.status.running or server.status.state == ServerState.CRASHED:
@@ -583,13 +593,13 @@ def _run_one(preset: Preset, repeat: int, burst_config, options: SweepOptions, l
 
 def _measure_capacity(run: SweepRun, capacity: CapacitySweep, burst_config, spec, preset: Preset, report,
                       options: SweepOptions, progress: Progress | None, ev: dict[str, Any],
-                      cancel: threading.Event, log_dir: Path, in_child: bool = False) -> None:
+                      cancel: threading.Event, log_dir: Path, loader=None) -> None:
     """One preset's capacity search; fills the run's capacity columns."""
     run.mode = "capacity"
     job = _load_job("capacity", spec, preset, burst_config, log_dir, run.repeat, capacity)
     _emit(progress, **ev, phase="capacity")
     result = _load(run, job, lambda e: _emit(progress, **ev, phase="capacity", capacity_event=e), cancel, ev,
-                   in_child=in_child)
+                   loader)
     if result is None:  # the search's child process died or raised: its row says how
         return
     run.capacity_stop = result.stop_reason
@@ -624,7 +634,7 @@ def _load_job(kind: str, spec, preset: Preset, burst_config, log_dir: Path, repe
     from ernie_tui.engine_ctl.trial_load import LoadJob
 
     job = LoadJob(kind, spec.url, spec.served_model_name, spec.model, preset.api_key(), burst_config,
-                  label=f"ernie-tui {kind} {preset.name} r{repeat}",
+                  label=f"ernie-tui load {preset.name} r{repeat}",
                   log_path=log_dir / f"{preset.name}-r{repeat}.load.log")
     if capacity is not None:
         job.slo, job.search, job.rules, job.settings = capacity.slo, capacity.search, capacity.rules, capacity.settings
@@ -632,18 +642,19 @@ def _load_job(kind: str, spec, preset: Preset, burst_config, log_dir: Path, repe
     return job
 
 
-def _load(run: SweepRun, job, on_progress: Callable[..., None], cancel: threading.Event, ev: dict[str, Any], *,
-          in_child: bool, memory=None, sample_interval_s: float = 0.5):
+def _load(run: SweepRun, job, on_progress: Callable[..., None], cancel: threading.Event, ev: dict[str, Any],
+          loader=None, *, memory=None, sample_interval_s: float = 0.5):
     """Run the trial's load: in this process for a sequential sweep (the
-    burst samples `memory` itself), in a child process of its own for a
-    parallel one, so neighbouring trials' load generators share no GIL
-    (this thread then samples `memory` and puts the peak on the result).
-    Records the load's pid on the run (and, once the child runs, on the
-    trial's events). None when the child died or raised: the run then says
-    so, as 'failed: error' (or 'cancelled' when the sweep was)."""
-    from ernie_tui.engine_ctl.trial_load import PeakMemory, run_in_child, run_load
+    burst samples `memory` itself), in `loader` (a parallel trial's
+    trial_load.LoadProcess) for a parallel one, so neighbouring trials'
+    load generators share no GIL (this thread then samples `memory` and
+    puts the peak on the result). Records the load's pid on the run (and on
+    the trial's events from then on). None when the child died or raised:
+    the run then says so, as 'failed: error' (or 'cancelled' when the sweep
+    was)."""
+    from ernie_tui.engine_ctl.trial_load import PeakMemory, run_load
 
-    if not in_child:
+    if loader is None:
         run.load_pid = os.getpid()
         return run_load(job, on_progress, cancel, memory_sampler=memory)
 
@@ -651,7 +662,7 @@ def _load(run: SweepRun, job, on_progress: Callable[..., None], cancel: threadin
         run.load_pid = ev["load_pid"] = pid
 
     peak = PeakMemory(memory, sample_interval_s) if memory is not None else None
-    outcome = run_in_child(job, on_progress, cancel, tick=peak, on_start=started)
+    outcome = loader.run(job, on_progress, cancel, tick=peak, on_start=started)
     if outcome.result is None:
         if cancel.is_set():
             run.status, run.message = "cancelled", f"cancelled during the {job.kind}: {outcome.error}"

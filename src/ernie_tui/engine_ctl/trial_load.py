@@ -5,10 +5,11 @@ Parallel sweep trials are threads of one process. Their load generators,
 run in those threads, shared one interpreter and so one GIL: on two H200s
 the ITL p99 of a burst beside a neighbour's burst in the same process rose
 to 34-36 ms against 28-32 ms alone (docs/benchmarks.md). So in a parallel
-sweep each trial's load runs in a child process (run_in_child), started
+sweep each trial's load runs in a child process (LoadProcess), started
 with the spawn context (the parent may be a threaded Textual app: a forked
-child would inherit its locks in whatever state they were). The trial's
-thread stays behind and supervises it:
+child would inherit its locks in whatever state they were) as the trial's
+server starts, so its start-up is off the load's clock. It then waits for
+its LoadJob. The trial's thread hands it over and supervises it:
 
 - progress: the child sends ("progress", args) for every call its load
   makes to the progress callback; the thread calls `on_progress(*args)`,
@@ -111,13 +112,25 @@ def run_load(job: LoadJob, progress: Callable[..., None] | None, cancel: threadi
 
 # -- the child's side ---------------------------------------------------------------
 
-def child_main(job: LoadJob, conn: Any, cancel: Any) -> None:
-    """The child process's target: run the load, send its events and its
-    result (or the exception) through `conn`."""
+def child_main(conn: Any, cancel: Any) -> None:
+    """The child process's target: wait for one LoadJob (None: no load after
+    all), run it, send its events and its result (or the exception) through
+    `conn`."""
     # Ctrl-C in a terminal reaches the whole process group; the parent turns
     # it into the sweep's cancel and passes that on, so the load winds down
     # and still sends what it measured instead of dying mid-burst.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _cancel_when_orphaned(cancel)
+    # Imported while the trial's server starts, not on the load's clock.
+    import ernie_tui.engine_ctl.burst
+    import ernie_tui.engine_ctl.capacity_run  # noqa: F401
+
+    try:
+        job = conn.recv()
+    except (EOFError, OSError):
+        return  # the parent went away, or closed us before any load
+    if job is None:
+        return
     if job.log_path is not None:
         # The parent may be a Textual screen: the child's writes (a logged
         # warning, a traceback) go to the trial's load log, not over it.
@@ -125,7 +138,6 @@ def child_main(job: LoadJob, conn: Any, cancel: Any) -> None:
         os.dup2(fd, 1)
         os.dup2(fd, 2)
         os.close(fd)
-    _cancel_when_orphaned(cancel)
 
     def progress(*args: Any) -> None:
         conn.send(("progress", args))
@@ -161,66 +173,125 @@ def _cancel_when_orphaned(cancel: Any) -> None:
 
 # -- the parent's side ---------------------------------------------------------------
 
-def run_in_child(job: LoadJob, on_progress: Callable[..., None] | None, cancel: threading.Event, *,
-                 tick: Callable[[], None] | None = None, on_start: Callable[[int], None] | None = None,
-                 target: Callable[..., None] = child_main,
-                 cancel_grace_s: float | None = None, kill_after_s: float | None = None) -> LoadOutcome:
-    """Run `job` in a spawned child and supervise it from this thread until
-    it ends: forward its progress to on_progress, pass `cancel` on, call
-    `tick` about every 0.1 s (the trial's memory sampling), tell `on_start`
-    the child's pid once it runs, and return what
-    it sent. Never raises for the child's trouble and never waits on a
-    child for ever: the outcome's `error` says what happened."""
-    import multiprocessing
-    from multiprocessing.connection import wait
+class LoadProcess:
+    """One spawned child for one trial's load. start() it early (the sweep
+    does so as the trial's server starts, so the child's start-up and
+    imports cost the load nothing), run() the job once, close() it always."""
 
-    grace = CANCEL_GRACE_S if cancel_grace_s is None else cancel_grace_s
-    kill_after = KILL_AFTER_S if kill_after_s is None else kill_after_s
-    ctx = multiprocessing.get_context("spawn")
-    receive, send = ctx.Pipe(duplex=False)
-    child_cancel = ctx.Event()
-    proc = ctx.Process(target=target, args=(job, send, child_cancel), name=job.label, daemon=True)
-    outcome = LoadOutcome()
-    cancelled_at: float | None = None
-    stopping = ""  # "terminated" or "killed" once we had to
-    try:
-        proc.start()
-        outcome.pid = proc.pid
-        if on_start is not None and proc.pid is not None:
-            on_start(proc.pid)
-        send.close()  # the child holds the only write end now: its exit reads as EOF here
-        open_pipe = True
-        while True:
-            if tick is not None:
-                tick()  # rate-limits itself; called on every turn so a stream of events cannot starve it
-            if cancel.is_set() and cancelled_at is None:
-                cancelled_at = time.monotonic()
-                child_cancel.set()
-            if cancelled_at is not None and proc.is_alive():
-                waited = time.monotonic() - cancelled_at
-                if waited > grace + kill_after:
-                    stopping = "killed"
-                    proc.kill()
-                elif waited > grace and not stopping:
-                    stopping = "terminated"
-                    proc.terminate()
-            ready = wait([receive, proc.sentinel] if open_pipe else [proc.sentinel], timeout=0.1)
-            if open_pipe and receive in ready:
-                try:
-                    message = receive.recv()
-                except (EOFError, OSError):
-                    open_pipe = False  # the child closed its end (done, or died)
+    def __init__(self, label: str = "load", target: Callable[..., None] = child_main) -> None:
+        import multiprocessing
+
+        ctx = multiprocessing.get_context("spawn")
+        self._conn, child_conn = ctx.Pipe()
+        self._child_conn: Any = child_conn
+        self._cancel = ctx.Event()
+        self.proc = ctx.Process(target=target, args=(child_conn, self._cancel), name=label, daemon=True)
+        self._closed = False
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid
+
+    def start(self) -> LoadProcess:
+        self.proc.start()
+        self._child_conn.close()  # the child holds the only other end now: its exit reads as EOF here
+        self._child_conn = None
+        return self
+
+    def run(self, job: LoadJob, on_progress: Callable[..., None] | None, cancel: threading.Event, *,
+            tick: Callable[[], None] | None = None, on_start: Callable[[int], None] | None = None,
+            cancel_grace_s: float | None = None, kill_after_s: float | None = None) -> LoadOutcome:
+        """Hand the child `job` and supervise it from this thread until it
+        ends: forward its progress to on_progress, pass `cancel` on, call
+        `tick` on every turn (at least every 0.1 s: the trial's memory
+        sampling), tell `on_start` the child's pid, and return what it sent.
+        Never raises for the child's trouble and never waits on a child for
+        ever: the outcome's `error` says what happened."""
+        from multiprocessing.connection import wait
+
+        grace = CANCEL_GRACE_S if cancel_grace_s is None else cancel_grace_s
+        kill_after = KILL_AFTER_S if kill_after_s is None else kill_after_s
+        proc, conn = self.proc, self._conn
+        outcome = LoadOutcome(pid=proc.pid)
+        cancelled_at: float | None = None
+        stopping = ""  # "terminated" or "killed" once we had to
+        try:
+            if on_start is not None and proc.pid is not None:
+                on_start(proc.pid)
+            open_pipe = True
+            try:
+                conn.send(job)
+            except OSError:
+                open_pipe = False  # it died while waiting: its exit code says how
+            while True:
+                if tick is not None:
+                    tick()  # rate-limits itself; called on every turn so a stream of events cannot starve it
+                if cancel.is_set() and cancelled_at is None:
+                    cancelled_at = time.monotonic()
+                    self._cancel.set()
+                if cancelled_at is not None and proc.is_alive():
+                    waited = time.monotonic() - cancelled_at
+                    if waited > grace + kill_after:
+                        stopping = "killed"
+                        proc.kill()
+                    elif waited > grace and not stopping:
+                        stopping = "terminated"
+                        proc.terminate()
+                ready = wait([conn, proc.sentinel] if open_pipe else [proc.sentinel], timeout=0.1)
+                if open_pipe and conn in ready:
+                    try:
+                        message = conn.recv()
+                    except (EOFError, OSError):
+                        open_pipe = False  # the child closed its end (done, or died)
+                        continue
+                    if _handle(message, outcome, on_progress):
+                        break
                     continue
-                if _handle(message, outcome, on_progress):
+                if proc.sentinel in ready and not (open_pipe and conn.poll(0)):
                     break
-                continue
-            if proc.sentinel in ready and not (open_pipe and receive.poll(0)):
-                break
-    finally:
-        exitcode = _reap(proc, receive)
-    if outcome.result is None and outcome.error is None:
-        outcome.error = _death(exitcode, stopping, grace)
-    return outcome
+        finally:
+            exitcode = self.close()
+        if outcome.result is None and outcome.error is None:
+            outcome.error = _death(exitcode, stopping, grace)
+        return outcome
+
+    def close(self) -> int | None:
+        """Make sure the child is gone (telling an idle one there is no load,
+        then waiting a little, then terminate, then kill); its exit code."""
+        proc = self.proc
+        if self._closed:
+            return proc.exitcode
+        self._closed = True
+        if proc.pid is not None:
+            try:
+                self._conn.send(None)  # an idle child exits at once; a busy one never reads it
+            except OSError:
+                pass
+            proc.join(timeout=5.0)
+            if proc.is_alive():
+                proc.terminate()
+                proc.join(timeout=2.0)
+            if proc.is_alive():
+                proc.kill()
+                proc.join(timeout=2.0)
+        self._conn.close()
+        if self._child_conn is not None:
+            self._child_conn.close()
+        if proc.is_alive():  # still there after SIGKILL: leave it to the OS rather than hang the sweep
+            log.warning("load process %s did not exit after SIGKILL", proc.pid)
+        return proc.exitcode
+
+
+def run_in_child(job: LoadJob, on_progress: Callable[..., None] | None, cancel: threading.Event, *,
+                 target: Callable[..., None] = child_main, **run_options: Any) -> LoadOutcome:
+    """Start a LoadProcess for `job`, run it, close it (see LoadProcess.run)."""
+    child = LoadProcess(job.label, target)
+    try:
+        child.start()
+    except BaseException:
+        child.close()
+        raise
+    return child.run(job, on_progress, cancel, **run_options)
 
 
 def _handle(message: tuple, outcome: LoadOutcome, on_progress: Callable[..., None] | None) -> bool:
@@ -240,25 +311,6 @@ def _handle(message: tuple, outcome: LoadOutcome, on_progress: Callable[..., Non
         outcome.detail = message[2]
         log.warning("load process %s failed:\n%s", outcome.pid, message[2])
     return True
-
-
-def _reap(proc: Any, receive: Any) -> int | None:
-    """Wait a little for the child to exit, then make it; its exit code."""
-    if proc.pid is not None:
-        proc.join(timeout=5.0)
-        if proc.is_alive():
-            proc.terminate()
-            proc.join(timeout=2.0)
-        if proc.is_alive():
-            proc.kill()
-            proc.join(timeout=2.0)
-    receive.close()
-    exitcode = proc.exitcode
-    try:
-        proc.close()
-    except ValueError:  # still running after a kill: leave it to the OS, do not hang the sweep
-        log.warning("load process %s did not exit after SIGKILL", proc.pid)
-    return exitcode
 
 
 def _death(exitcode: int | None, stopping: str, grace: float) -> str:
