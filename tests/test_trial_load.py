@@ -17,7 +17,7 @@ import time
 
 from ernie_tui.engine_ctl.burst import BurstConfig
 from ernie_tui.engine_ctl.capacity import CapacityResult, LevelResult
-from ernie_tui.engine_ctl.trial_load import LoadJob, run_in_child
+from ernie_tui.engine_ctl.trial_load import LoadJob, LoadProcess, run_in_child
 
 
 def job(kind: str = "burst", **kw) -> LoadJob:
@@ -80,3 +80,11 @@ def test_the_results_cross_the_process_boundary_whole():
     back = pickle.loads(pickle.dumps(result))
     assert back == result and back.level(4) == level
 
+
+
+def test_an_idle_load_process_is_ready_and_exits_cleanly_when_closed():
+    # What a trial whose server never became ready leaves: a child with no
+    # job. close() tells it so; it exits by itself (0), not by SIGTERM (-15).
+    child = LoadProcess("idle").start()
+    assert child.wait_ready(30)
+    assert child.close() == 0

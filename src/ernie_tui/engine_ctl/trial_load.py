@@ -11,6 +11,8 @@ child would inherit its locks in whatever state they were) as the trial's
 server starts, so its start-up is off the load's clock. It then waits for
 its LoadJob. The trial's thread hands it over and supervises it:
 
+- start-up: the child sends ("ready",) once it has imported what a load
+  needs (LoadProcess.wait_ready);
 - progress: the child sends ("progress", args) for every call its load
   makes to the progress callback; the thread calls `on_progress(*args)`,
   so the sweep's events are the ones an in-process load gives;
@@ -126,6 +128,7 @@ def child_main(conn: Any, cancel: Any) -> None:
     import ernie_tui.engine_ctl.capacity_run  # noqa: F401
 
     try:
+        conn.send(("ready",))
         job = conn.recv()
     except (EOFError, OSError):
         return  # the parent went away, or closed us before any load
@@ -187,6 +190,7 @@ class LoadProcess:
         self._cancel = ctx.Event()
         self.proc = ctx.Process(target=target, args=(child_conn, self._cancel), name=label, daemon=True)
         self._closed = False
+        self._ready = False
 
     @property
     def pid(self) -> int | None:
@@ -197,6 +201,21 @@ class LoadProcess:
         self._child_conn.close()  # the child holds the only other end now: its exit reads as EOF here
         self._child_conn = None
         return self
+
+    def wait_ready(self, timeout: float = 30.0) -> bool:
+        """Wait until the child has started and imported what a load needs
+        (it says so once); False when it did not within `timeout` or died."""
+        deadline = time.monotonic() + timeout
+        while not self._ready:
+            left = deadline - time.monotonic()
+            if left <= 0 or not self._conn.poll(left):
+                return False
+            try:
+                message = self._conn.recv()
+            except (EOFError, OSError):
+                return False
+            self._ready = message[0] == "ready"
+        return True
 
     def run(self, job: LoadJob, on_progress: Callable[..., None] | None, cancel: threading.Event, *,
             tick: Callable[[], None] | None = None, on_start: Callable[[int], None] | None = None,
@@ -297,6 +316,8 @@ def run_in_child(job: LoadJob, on_progress: Callable[..., None] | None, cancel: 
 def _handle(message: tuple, outcome: LoadOutcome, on_progress: Callable[..., None] | None) -> bool:
     """One message from the child; True once it has sent its last."""
     kind = message[0]
+    if kind == "ready":  # the child's start-up is done (LoadProcess.wait_ready had not read it)
+        return False
     if kind == "progress":
         if on_progress is not None:
             try:
