@@ -8,13 +8,20 @@ with its own CUDA_VISIBLE_DEVICES and port, as a parallel sweep starts them)
 and, round after round, measures the same burst in three ways:
 
   alone    A's burst with B idle, then B's with A idle;
-  threads  both bursts at once from two threads of this process: what
-           `sweep --gpus-per-trial` does (its trials are threads, so their
-           load generators share one interpreter);
-  procs    both bursts at once from two child processes: the neighbours
-           share the machine but not the interpreter.
+  threads  both bursts at once from two threads of this process: their
+           load generators share one interpreter (what `sweep
+           --gpus-per-trial` did until its trials' loads moved to child
+           processes);
+  procs    both bursts at once from two child processes of this script
+           (subprocess, one --one-burst each): the neighbours share the
+           machine but not the interpreter;
+  sweep    both bursts at once the way `sweep --gpus-per-trial` runs them
+           now: two threads, each supervising a spawned child that runs the
+           burst (engine_ctl.trial_load.LoadProcess, the sweep's own code,
+           started and ready before the burst as the sweep's is), forwarding
+           its progress through one lock and taking its result.
 
-The order of the three rotates by round, and every burst draws new prompts
+The order of the modes rotates by round, and every burst draws new prompts
 (a seed per burst), so vLLM's prefix cache and the machine's drift are not
 billed to one mode. Per preset and mode it prints the median output tok/s,
 TTFT p50/p99 and ITL p99 with min-max over the rounds, and says whether the
@@ -24,7 +31,12 @@ neighbour's median lies beyond the spread of the alone rounds.
         --model /root/m03 --gpus 0,1 --rounds 3 --burst 1500 --concurrency 64
 
 Without GPUs, --stand-ins runs two paced stand-in servers (tests/paced_server.py)
-instead, so the machinery can be tried on any box (`--gpus` is then a label).
+instead, so the machinery can be tried on any box (`--gpus` is then a label;
+--stand-in-slots and --stand-in-itl-ms set how many streams each serves at
+once and how fast, i.e. how hard each load generator works):
+
+    python3 bench/neighbour_disturbance.py --stand-ins --rounds 4 --burst 100 \\
+        --concurrency 4 --max-tokens 64 --warmup 16
 """
 
 from __future__ import annotations
@@ -47,7 +59,7 @@ sys.path.insert(0, str(HERE.parent))
 from ernie_tui.engine_ctl.burst import BurstConfig, run_burst  # noqa: E402
 
 FIGURES = ("output_tps", "ttft_p50_ms", "ttft_p99_ms", "itl_p99_ms")
-MODES = ("alone", "threads", "procs")
+MODES = ("alone", "threads", "procs", "sweep")
 
 
 def figures_of(result) -> dict:
@@ -130,6 +142,49 @@ def both_in_processes(trials: list[Trial], args, seeds: list[int]) -> list[dict]
     return out
 
 
+def both_as_sweep_trials(trials: list[Trial], args, seeds: list[int]) -> list[dict]:
+    """Both bursts as a parallel sweep's trials run them: each trial's thread
+    supervises its own spawned load process (trial_load.LoadProcess) and
+    forwards the progress under one lock, as sweep._run_parallel does. The
+    sweep spawns that process as the trial's server starts, so it is up
+    before the burst: here too, both are started and ready first."""
+    from ernie_tui.engine_ctl.trial_load import LoadJob, LoadProcess
+
+    lock = threading.Lock()
+    cancel = threading.Event()
+    out: list[dict] = [{}, {}]
+    errors: list[str] = []
+    children = [LoadProcess(f"neighbour-bench {t.name}").start() for t in trials]
+    for child in children:
+        if not child.wait_ready(60):
+            for c in children:
+                c.close()
+            raise SystemExit("a sweep-trial load process did not start")
+
+    def progress(done: int, total: int) -> None:
+        with lock:  # the sweep's emit(): listeners see one event at a time
+            pass
+
+    def go(i: int) -> None:
+        t = trials[i]
+        job = LoadJob("burst", t.spec.url, None, str(t.spec.model), None, burst_config(args, seeds[i]),
+                      label=f"neighbour-bench {t.name}")
+        got = children[i].run(job, progress, cancel)
+        if got.result is None:
+            errors.append(f"{t.name}: {got.error}")
+        else:
+            out[i] = figures_of(got.result)
+
+    threads = [threading.Thread(target=go, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise SystemExit("a sweep-trial burst failed: " + "; ".join(errors))
+    return out
+
+
 def spread_verdict(alone: list[float], beside: list[float]) -> str:
     """'within noise' when the neighbour's median lies inside the alone
     rounds' min-max widened by the beside rounds' own spread."""
@@ -176,7 +231,8 @@ def print_table(rows: list[dict]) -> None:
     for r in rows:
         vs = "–" if r["mode"] == "alone" else f"{r['output_tps_vs_alone_pct']:+.1f} % {r['verdict']}"
         mode = {"alone": "nothing (alone)", "threads": "a neighbour, bursts in threads",
-                "procs": "a neighbour, bursts in processes"}[r["mode"]]
+                "procs": "a neighbour, bursts in processes",
+                "sweep": "a neighbour, as sweep trials (load in child processes)"}[r["mode"]]
         print(f"| {r['preset']} | {mode} | {r['rounds']} | {cell(r['output_tps'])} | {vs} | "
               f"{cell(r['ttft_p50_ms'])} | {cell(r['ttft_p99_ms'])} | {cell(r['itl_p99_ms'])} |")
 
@@ -188,6 +244,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model", metavar="DIR", help="model dir for presets that name none")
     p.add_argument("--gpus", default="0,1", metavar="LIST", help="GPU ids, split in two halves (A, B)")
     p.add_argument("--stand-ins", action="store_true", help="two paced stand-in servers instead of vLLM")
+    p.add_argument("--stand-in-slots", type=int, default=4, metavar="N", help="each stand-in's concurrent streams")
+    p.add_argument("--stand-in-itl-ms", type=float, default=10.0, metavar="MS", help="each stand-in's token gap")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--burst", type=int, default=1500, metavar="N")
     p.add_argument("--concurrency", type=int, default=64, metavar="C")
@@ -215,7 +273,7 @@ def main(argv: list[str] | None = None) -> int:
         from parallel_sweep import stand_in_presets, tiny_model
 
         model = model or tiny_model()
-        path, all_names = stand_in_presets(tmp, model)
+        path, all_names = stand_in_presets(tmp, model, args.stand_in_slots, args.stand_in_itl_ms)
         files.append(str(path))
         names = names or all_names[:2]
     if len(names) != 2:
@@ -249,7 +307,7 @@ def main(argv: list[str] | None = None) -> int:
             both_in_threads(trials, warm, [10_000, 10_001])
         seed = 0
         for k in range(args.rounds):
-            order = MODES[k % 3:] + MODES[:k % 3]
+            order = MODES[k % len(MODES):] + MODES[:k % len(MODES)]
             for mode in order:
                 seeds = [seed + 1, seed + 2]
                 seed += 2
@@ -258,8 +316,10 @@ def main(argv: list[str] | None = None) -> int:
                     got = [trials[0].burst(args, seeds[0]), trials[1].burst(args, seeds[1])]
                 elif mode == "threads":
                     got = both_in_threads(trials, args, seeds)
-                else:
+                elif mode == "procs":
                     got = both_in_processes(trials, args, seeds)
+                else:
+                    got = both_as_sweep_trials(trials, args, seeds)
                 for t, g in zip(trials, got, strict=True):
                     samples[t.name][mode].append(g)
                 print(f"round {k + 1} {mode:7s} ({time.monotonic() - t_mode:.0f} s): " + "; ".join(

@@ -51,8 +51,9 @@ def tiny_model() -> str:
     return str(target)
 
 
-def stand_in_presets(directory: Path, model: str) -> tuple[Path, list[str]]:
-    """Four presets launched as the paced stand-in (20 ms TTFT, 10 ms ITL, 4 slots)."""
+def stand_in_presets(directory: Path, model: str, slots: int = 4, itl_ms: float = 10) -> tuple[Path, list[str]]:
+    """Four presets launched as the paced stand-in (20 ms TTFT, by default
+    10 ms ITL and 4 slots)."""
     paced = HERE.parent.parent / "tests" / "paced_server.py"
     body = ""
     names = []
@@ -64,7 +65,7 @@ def stand_in_presets(directory: Path, model: str) -> tuple[Path, list[str]]:
             extends = "cpu-demo"
             model = "{model}"
             launcher = ["{sys.executable}", "{paced}"]
-            env = {{ PACED_SLOTS = "4", PACED_TTFT_MS = "20", PACED_ITL_MS = "10" }}
+            env = {{ PACED_SLOTS = "{slots}", PACED_TTFT_MS = "20", PACED_ITL_MS = "{itl_ms:g}" }}
         """)
     path = directory / "stand-ins.toml"
     path.write_text(body)

@@ -348,7 +348,7 @@ def test_a_killed_load_process_fails_its_row_and_the_neighbour_finishes(tmp_path
     took, runs = sweep(slow_pair(tmp_path, tiny_model), tmp_path / "logs", progress, n=12,
                        gpus_per_trial=1, gpu_ids=["0", "1"])
     a, b = runs
-    assert a.status == "failed: error" and "SIGKILL" in a.message and str(a.load_pid) == str(killed[0]), a
+    assert a.status == "failed: error" and "SIGKILL" in a.message and a.load_pid == killed[0], a
     assert b.status == "ok" and b.requests == 12 and b.errors == 0, b
     assert a.load_pid != b.load_pid
     assert a.ended_at is not None  # its server was stopped as after any trial
@@ -371,12 +371,12 @@ def test_neighbour_bench_measures_alone_threads_and_processes_on_stand_ins(tmp_p
                     "--warmup", "4", "--json", str(out)]) == 0
     got = json.loads(out.read_text())
     for name in ("stand-in-0", "stand-in-1"):
-        for mode in ("alone", "threads", "procs"):
+        for mode in ("alone", "threads", "procs", "sweep"):
             runs = got["samples"][name][mode]
             assert len(runs) == 2 and all(r["completed"] == r["total"] == 12 for r in runs)
     rows = {(r["preset"], r["mode"]): r for r in got["rows"]}
     alone = rows[("stand-in-0", "alone")]["output_tps"]["median"]
-    for mode in ("threads", "procs"):
+    for mode in ("threads", "procs", "sweep"):
         assert rows[("stand-in-0", mode)]["output_tps"]["median"] == pytest.approx(alone, rel=0.25)
         assert rows[("stand-in-0", mode)]["verdict"] in ("within noise", "beyond noise")
 
