@@ -223,11 +223,12 @@ def paced():
 
 
 def test_cli_capacity_finds_the_paced_servers_slots(paced, capsys):
-    # 3 slots, 20 ms to the first token, 16 tokens 10 ms apart (~170 ms a
+    # 3 slots, 20 ms to the first token, 16 tokens 20 ms apart (~320 ms a
     # request). At 4 in flight a quarter of the requests wait a whole request
-    # for a slot, so TTFT p90 goes far past 100 ms; at 3 it stays near 20-40.
-    srv = paced("--slots", "3", "--ttft-ms", "20", "--itl-ms", "10")
-    code = main(["probe", "--url", srv.url, "--capacity", "--slo", "ttft_p90=100ms", "--slo", "itl_p50=50ms",
+    # for a slot, so TTFT p90 goes far past 200 ms; at 3 it stays near 20-40
+    # (the margin is wide so a loaded 2-core box does not fail a level of 3).
+    srv = paced("--slots", "3", "--ttft-ms", "20", "--itl-ms", "20")
+    code = main(["probe", "--url", srv.url, "--capacity", "--slo", "ttft_p90=200ms", "--slo", "itl_p50=80ms",
                  "--max-tokens", "16", "--min-tokens", "10", "--max-tokens-in", "40", "--json"])
     out = json.loads(capsys.readouterr().out)
     assert code == 0, out
@@ -237,12 +238,12 @@ def test_cli_capacity_finds_the_paced_servers_slots(paced, capsys):
     assert [lv["passed"] for lv in out["levels"]] == [True, True, False, True]
     at3 = out["levels"][3]
     assert out["capacity"]["goodput_rps"] == pytest.approx(at3["goodput_rps"])
-    assert 10 < out["capacity"]["goodput_rps"] < 20  # 3 slots / ~0.17 s
+    assert 6 < out["capacity"]["goodput_rps"] < 11  # 3 slots / ~0.32 s
     assert out["capacity"]["goodput_output_tps"] == pytest.approx(16 * out["capacity"]["goodput_rps"], rel=0.01)
     assert at3["kv_cache_peak_pct"] == 100.0 and at3["vllm"]["requests_finished"] == at3["requests"]
-    assert 5 < at3["itl_p50_ms"] < 20 and 5 < at3["vllm"]["itl_p50_ms"] < 20
+    assert 15 < at3["itl_p50_ms"] < 30 and 15 < at3["vllm"]["itl_p50_ms"] < 30
     at4 = out["levels"][2]
-    assert at4["waiting_peak"] >= 1 and at4["ttft_p99_ms"] > 150 and at4["vllm"]["ttft_p99_ms"] > 150
+    assert at4["waiting_peak"] >= 1 and at4["ttft_p99_ms"] > 250 and at4["vllm"]["ttft_p99_ms"] > 250
     assert runstore.load_run(out["run_record"]).kind == "capacity"
 
 
