@@ -10,12 +10,14 @@ the layout passes and the footer's widgets on the real app.
 
 from __future__ import annotations
 
-from textual.widgets import Static
+from textual.widgets import Footer, Static
+from textual.widgets._footer import FooterKey
 
 from ernie_tui.engine_ctl.logparse import LogParser, parse_file
 from ernie_tui.engine_ctl.server import ServerState, ServerStatus
 from ernie_tui.tui.app import make_app
 from ernie_tui.tui.messages import ReportUpdate, StatusUpdate
+from ernie_tui.tui.widgets.log_view import LogView
 from test_logparse_ranks import H200, dp2_log
 from test_tui_snapshots import NOW, PRESETS, URL
 
@@ -78,3 +80,49 @@ async def test_report_changes_need_no_layout_pass(tmp_path, fixtures_dir):
         assert body.size.height == height
         phases = app.main.query_one("#phase-line", Static)
         assert phases.region.bottom <= app.main.query_one("#report").content_region.bottom, "phases stay in view"
+
+
+def footer_keys(app) -> list[FooterKey]:
+    return list(app.main.query_one(Footer).query(FooterKey))
+
+
+async def test_help_open_close_keeps_the_footer(tmp_path):
+    app = app_for(tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        app.post_message(ready())
+        await settle(pilot)
+        # Once, Textual lays the dashboard out again on its first return.
+        for _ in range(2):
+            await pilot.press("question_mark")
+            await settle(pilot)
+        keys = footer_keys(app)
+        assert any(k.description == "Help" for k in keys)
+        passes = count_layouts(app.main)
+        for _ in range(3):
+            await pilot.press("question_mark")
+            await settle(pilot)
+            assert "keys and figures" in str(app.screen.query_one(".dialog-title", Static).content)
+            await pilot.press("question_mark")
+            await settle(pilot)
+            assert app.screen is app.main
+        # The same key widgets, not rebuilt ones, and no reflow of the dashboard.
+        assert footer_keys(app) == keys
+        assert passes[0] == 0, f"{passes[0]} layout passes for 3 help opens and closes"
+
+
+async def test_footer_follows_a_change_of_keys(tmp_path):
+    """The footer still rebuilds when what it shows changes: `p` (probe) is
+    disabled until the server is ready."""
+    app = app_for(tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+
+        def probe_key() -> FooterKey:
+            return next(k for k in footer_keys(app) if k.action == "probe")
+
+        assert probe_key().has_class("-disabled")
+        app.post_message(ready())
+        await settle(pilot)
+        assert not probe_key().has_class("-disabled")
+        log = app.main.query_one(LogView)
+        assert log.has_focus  # the bindings the footer shows are the log pane's screen's
