@@ -126,3 +126,24 @@ async def test_footer_follows_a_change_of_keys(tmp_path):
         assert not probe_key().has_class("-disabled")
         log = app.main.query_one(LogView)
         assert log.has_focus  # the bindings the footer shows are the log pane's screen's
+
+
+
+async def test_focus_moving_keeps_the_footer(tmp_path):
+    """Tab moves the focus between the presets list and the log pane: their
+    own bindings (scroll keys, enter) are hidden, the keys the footer draws
+    stay the same, and so do its widgets."""
+    app = app_for(tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        app.post_message(ready())
+        await settle(pilot)
+        keys = footer_keys(app)
+        log = app.main.query_one(LogView)
+        assert log.has_focus
+        await pilot.press("tab")
+        await settle(pilot)
+        assert app.focused is not None and app.focused.id == "preset-list"
+        await pilot.press("shift+tab")
+        await settle(pilot)
+        assert log.has_focus
+        assert footer_keys(app) == keys

@@ -21,11 +21,14 @@ if TYPE_CHECKING:
 
 
 def shown_keys(screen: Screen) -> tuple:
-    """What the footer draws from the screen's bindings: each binding with
-    whether it is enabled and its tooltip (Binding is a frozen dataclass, so
-    key, action, description, show and group all compare)."""
+    """What the footer draws from the screen's bindings: those with show set,
+    and the command palette's, each with whether it is enabled and its
+    tooltip (Binding is a frozen dataclass, so key, action, description and
+    group all compare). Hidden bindings (a focused widget's scroll keys) can
+    come and go without a rebuild."""
+    palette = screen.app.COMMAND_PALETTE_BINDING
     return tuple((key, active.binding, active.enabled, active.tooltip)
-                 for key, active in screen.active_bindings.items())
+                 for key, active in screen.active_bindings.items() if active.binding.show or key == palette)
 
 
 class KeyFooter(Footer):
