@@ -36,6 +36,7 @@ import json
 import os
 import random
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -50,7 +51,10 @@ from ernie_tui.engine_ctl.ports import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "tests" / "fixtures" / "vllm-logs"
-ERNIE_TUI = ROOT / ".venv" / "bin" / "ernie-tui"
+# The dashboard of the tree this script lives in, whichever environment runs
+# it: a worktree without its own .venv measures its own code, not main's.
+ERNIE_TUI = [sys.executable, "-m", "ernie_tui"]
+TREE_PYTHONPATH = os.pathsep.join(filter(None, [str(ROOT / "src"), os.environ.get("PYTHONPATH")]))
 GOALS = {"idle_cpu_pct": 2.0, "flood_cpu_pct": 15.0, "rss_mb": 150.0, "key_p99_ms": 100.0}
 
 
@@ -274,9 +278,9 @@ def main() -> int:
         return 2
 
     home = Path(tempfile.mkdtemp(prefix="ernie-bench-"))
-    env = {**os.environ, "ERNIE_TUI_HOME": str(home)}
+    env = {**os.environ, "ERNIE_TUI_HOME": str(home), "PYTHONPATH": TREE_PYTHONPATH}
     model = home / "data" / "models" / "tiny-ernie"
-    subprocess.run([str(ERNIE_TUI), "demo-model", str(model)], env=env, check=True, capture_output=True)
+    subprocess.run([*ERNIE_TUI, "demo-model", str(model)], env=env, check=True, capture_output=True)
     port = free_port()
     presets = home / "bench-presets.toml"
     if args.server == "vllm":
@@ -301,7 +305,7 @@ ERNIE_FAKE_FIXTURES = "{FIXTURES / 'cpu-vllm0.32.0'}"
 ERNIE_FAKE_DELAY = "0.2"
 ERNIE_FAKE_METRICS = "{FIXTURES / 'cpu-vllm0.32.0' / 'ok_block32_len2048.metrics'}"
 """)
-    check = subprocess.run([str(ERNIE_TUI), "presets", "show", "bench", "--presets", str(presets)], env=env,
+    check = subprocess.run([*ERNIE_TUI, "presets", "show", "bench", "--presets", str(presets)], env=env,
                            capture_output=True, text=True)
     if check.returncode != 0:
         raise SystemExit(f"bad bench preset: {check.stderr.strip()}")
@@ -311,7 +315,8 @@ ERNIE_FAKE_METRICS = "{FIXTURES / 'cpu-vllm0.32.0' / 'ok_block32_len2048.metrics
     flood = None
     server_pids: list[int] = []
     try:
-        tmux.start(f"cd {ROOT} && exec env -u COLUMNS -u LINES ERNIE_TUI_HOME={home} {ERNIE_TUI} "
+        tmux.start(f"cd {ROOT} && exec env -u COLUMNS -u LINES ERNIE_TUI_HOME={home} "
+                   f"PYTHONPATH={shlex.quote(TREE_PYTHONPATH)} {shlex.join(ERNIE_TUI)} "
                    f"--presets {presets} --preset bench --start --on-exit stop")
         tui = psutil.Process(tmux.pane_pid())
         t0 = time.monotonic()

@@ -18,7 +18,7 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.messages import Update
 from textual.screen import Screen
-from textual.widgets import DataTable, Footer, Input, Static
+from textual.widgets import DataTable, Input, Static
 from textual.worker import get_current_worker
 
 from ernie_tui.engine_ctl.machine import gib_str
@@ -27,6 +27,7 @@ from ernie_tui.tui.lifecycle import drop_when_torn_down
 from ernie_tui.tui.messages import FleetUpdate
 from ernie_tui.tui.screens.help import HelpScreen
 from ernie_tui.tui.screens.main import MainScreen
+from ernie_tui.tui.widgets.footer import KeyFooter
 
 # (column key, header). Keys stay fixed; headers say the unit and the window.
 COLUMNS: tuple[tuple[str, str], ...] = (
@@ -154,7 +155,7 @@ class FleetScreen(ShowsWorkerFailures, Screen):
         yield Static(id="fleet-title")
         yield DataTable(id="fleet-table", cursor_type="row", zebra_stripes=True)
         yield Static(id="fleet-detail")
-        yield Footer()
+        yield KeyFooter()
 
     def on_mount(self) -> None:
         from ernie_tui.engine_ctl.fleet import connecting_rows

@@ -11,13 +11,14 @@ from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.events import Resize
 from textual.screen import Screen
-from textual.widgets import Footer, Input
+from textual.widgets import Input
 
 from ernie_tui.tui.format import since
 from ernie_tui.tui.lifecycle import drop_when_torn_down
 from ernie_tui.tui.series import WINDOWS
 from ernie_tui.tui.widgets.charts import KVChart, MemoryChart, ThroughputChart
 from ernie_tui.tui.widgets.error_panel import ErrorPanel
+from ernie_tui.tui.widgets.footer import KeyFooter
 from ernie_tui.tui.widgets.log_view import LogView
 from ernie_tui.tui.widgets.presets_panel import PresetsPanel
 from ernie_tui.tui.widgets.report_panel import ReportPanel
@@ -76,7 +77,7 @@ class MainScreen(Screen):
         with Vertical(id="log-pane"):
             yield LogView(id="log")
             yield Input(placeholder="search the log · enter keeps it · escape closes", id="log-search")
-        yield Footer()
+        yield KeyFooter()
 
     def on_mount(self) -> None:
         from ernie_tui.tui.messages import SeriesUpdate

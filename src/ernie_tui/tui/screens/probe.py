@@ -19,7 +19,7 @@ from textual.binding import Binding
 from textual.content import Content
 from textual.css.query import NoMatches
 from textual.screen import Screen
-from textual.widgets import Button, Footer, Static, TabbedContent, TabPane
+from textual.widgets import Button, Static, TabbedContent, TabPane
 
 from ernie_tui.engine_ctl.burst import BurstResult
 from ernie_tui.engine_ctl.probe import ProbeResult, ServedModel
@@ -35,6 +35,7 @@ from ernie_tui.tui.messages import (  # noqa: F401  (re-exported: tests and call
     ProbeText,
 )
 from ernie_tui.tui.widgets.burst_tab import BurstTab, describe_burst  # noqa: F401
+from ernie_tui.tui.widgets.footer import KeyFooter
 from ernie_tui.tui.widgets.probe_tab import (  # noqa: F401
     ERROR_TITLES,
     PROMPT_CHOICES,
@@ -116,7 +117,7 @@ class ProbeScreen(ShowsWorkerFailures, Screen[None]):
                 yield ProbeTab(self.target)
             with TabPane("Burst", id="pf-tab-burst"):
                 yield BurstTab(self.target, pids=self._pids_source, tags=self._record_tags)
-        yield Footer()
+        yield KeyFooter()
 
     def on_mount(self) -> None:
         self.query_one("#pf-prompt").focus()

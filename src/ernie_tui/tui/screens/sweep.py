@@ -37,7 +37,7 @@ from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.content import Content
 from textual.screen import Screen
-from textual.widgets import Button, Checkbox, DataTable, Footer, Input, Label, ProgressBar, SelectionList, Static
+from textual.widgets import Button, Checkbox, DataTable, Input, Label, ProgressBar, SelectionList, Static
 from textual.widgets.selection_list import Selection
 
 from ernie_tui.engine_ctl.burst import BurstConfig
@@ -59,6 +59,7 @@ from ernie_tui.tui.failures import ShowsWorkerFailures
 from ernie_tui.tui.lifecycle import drop_when_torn_down
 from ernie_tui.tui.messages import SweepFinished, SweepLevelDone, SweepProgress, SweepRunDone
 from ernie_tui.tui.widgets.charts import FRONT_MARKER, CapacityChart, CapacityCurve
+from ernie_tui.tui.widgets.footer import KeyFooter
 from ernie_tui.tui.widgets.form import read_float, read_int
 
 EXPORT_SUFFIXES = (".md", ".csv", ".json")
@@ -216,7 +217,7 @@ class SweepScreen(ShowsWorkerFailures, Screen[None]):
             yield Label("export to (.md .csv .json)")
             yield Input(default_export_path(), id="sw-path", compact=True)
             yield Button("Export (ctrl+s)", id="sw-export-btn", compact=True)
-        yield Footer()
+        yield KeyFooter()
 
     @staticmethod
     def _field(label: str, wid: str, value: str, classes: str = "", kind: str = "integer") -> Vertical:

@@ -93,7 +93,7 @@ class ReportPanel(Vertical):
             self._put(body, Content.from_markup(
                 "[dim]No startup report yet.[/]\n"
                 "[dim]It fills in from the server's log as vLLM starts:[/]\n"
-                "[dim]args, attention backend, weights, KV cache, concurrency.[/]"))
+                "[dim]args, attention backend, weights, KV cache, concurrency.[/]"), layout=False)
             self._phases(None)
             return
         rows: list[Content] = []
@@ -146,7 +146,12 @@ class ReportPanel(Vertical):
                 parts.append((f"  {err:+.1f}% vs the log", "$success" if abs(err) <= 10 else "bold $warning"))
             parts.append(("  (preflight)", "dim"))
             rows.append(_row("estimate", *parts))
-        self._put(body, Content("\n").join(rows))
+        # No layout pass: the body has a fixed height (1fr of the panel, the
+        # stylesheet), so more or fewer rows never move anything else. With
+        # height auto, a log flood that keeps changing the report (4 times a
+        # second) reflowed the whole screen twice per change: most of the
+        # dashboard's layout time under the flood (docs/benchmarks.md).
+        self._put(body, Content("\n").join(rows), layout=False)
         self._phases(r)
 
     @staticmethod
