@@ -51,6 +51,7 @@ import threading
 import time
 from dataclasses import replace
 from pathlib import Path
+from typing import Callable
 
 HERE = Path(__file__).resolve()
 sys.path.insert(0, str(HERE.parent.parent / "src"))
@@ -111,6 +112,15 @@ class Trial:
         return subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
 
 
+def at_once(go: Callable[[int], None]) -> None:
+    """go(0) and go(1) in two threads of this process, started together."""
+    threads = [threading.Thread(target=go, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+
+
 def both_in_threads(trials: list[Trial], args, seeds: list[int]) -> list[dict]:
     out: list[dict] = [{}, {}]
     errors: list[BaseException] = []
@@ -121,11 +131,7 @@ def both_in_threads(trials: list[Trial], args, seeds: list[int]) -> list[dict]:
         except BaseException as e:  # noqa: BLE001  re-raised in the caller
             errors.append(e)
 
-    threads = [threading.Thread(target=go, args=(i,)) for i in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    at_once(go)
     if errors:
         raise errors[0]
     return out
@@ -175,11 +181,7 @@ def both_as_sweep_trials(trials: list[Trial], args, seeds: list[int]) -> list[di
         else:
             out[i] = figures_of(got.result)
 
-    threads = [threading.Thread(target=go, args=(i,)) for i in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    at_once(go)
     if errors:
         raise SystemExit("a sweep-trial burst failed: " + "; ".join(errors))
     return out
