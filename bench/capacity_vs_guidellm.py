@@ -60,12 +60,12 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
 from ernie_tui.demo_model import write_demo_model  # noqa: E402
-from ernie_tui.engine_ctl import metrics as M  # noqa: E402
-from ernie_tui.engine_ctl import slo as S  # noqa: E402
-from ernie_tui.engine_ctl.burst import BurstConfig  # noqa: E402
-from ernie_tui.engine_ctl.ports import free_port  # noqa: E402
-from ernie_tui.engine_ctl.probe import find_tokenizer, resolve_model  # noqa: E402
-from ernie_tui.engine_ctl.workload import burst_workload  # noqa: E402
+from ernie_tui.engine_ctl.launch.ports import free_port  # noqa: E402
+from ernie_tui.engine_ctl.load import metrics as M  # noqa: E402
+from ernie_tui.engine_ctl.load import slo as S  # noqa: E402
+from ernie_tui.engine_ctl.load.burst import BurstConfig  # noqa: E402
+from ernie_tui.engine_ctl.load.probe import find_tokenizer, resolve_model  # noqa: E402
+from ernie_tui.engine_ctl.load.workload import burst_workload  # noqa: E402
 
 GUIDELLM_SLO_KEYS = {"ttft": "ttft_ms", "e2e": "e2el_ms", "itl": "tpot_ms"}
 

@@ -30,8 +30,8 @@ from pathlib import Path
 import tomli_w
 
 from ernie_tui.demo_model import write_demo_model
-from ernie_tui.engine_ctl.ports import free_port
-from ernie_tui.engine_ctl.preflight import preflight
+from ernie_tui.engine_ctl.launch.ports import free_port
+from ernie_tui.engine_ctl.launch.preflight import preflight
 from ernie_tui.presets import load_presets
 from ernie_tui.presets.store import preset_table
 

@@ -39,11 +39,11 @@ from pathlib import Path
 import httpx
 import psutil
 
-from ernie_tui.engine_ctl import burst as B
-from ernie_tui.engine_ctl import metrics as M
-from ernie_tui.engine_ctl import stats
-from ernie_tui.engine_ctl.http_client import resolve_model
-from ernie_tui.engine_ctl.ports import free_port
+from ernie_tui.engine_ctl.launch.ports import free_port
+from ernie_tui.engine_ctl.load import burst as B
+from ernie_tui.engine_ctl.load import metrics as M
+from ernie_tui.engine_ctl.load import stats
+from ernie_tui.engine_ctl.load.http_client import resolve_model
 
 _BENCH_RUNNER = (
     "import sys\n"
@@ -275,7 +275,7 @@ def main() -> int:
 
         mem = None
         if proc is not None:
-            from ernie_tui.engine_ctl.resources import ResourceSampler
+            from ernie_tui.engine_ctl.control.resources import ResourceSampler
 
             rs = ResourceSampler(pids=lambda: [proc.pid, *(c.pid for c in psutil.Process(proc.pid).children(True))])
 

@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 
 from ernie_tui.cli import main
-from ernie_tui.engine_ctl import capacity as C
-from ernie_tui.engine_ctl import capacity_run as R
-from ernie_tui.engine_ctl import runstore
-from ernie_tui.engine_ctl import slo as S
+from ernie_tui.engine_ctl.load import capacity as C
+from ernie_tui.engine_ctl.load import capacity_run as R
+from ernie_tui.engine_ctl.load import runstore
+from ernie_tui.engine_ctl.load import slo as S
 
 HERE = Path(__file__).resolve().parent
 
@@ -324,9 +324,9 @@ def test_built_prompts_never_repeat_however_long_the_search(paced):
     # and the requests in flight when a level stops) send more prompts than
     # the 64 built first. The search used to start over on them, and the
     # stand-in's prefix cache (as vLLM's) then served the repeats as hits.
-    from ernie_tui.engine_ctl import metrics as M
-    from ernie_tui.engine_ctl.prompts import find_tokenizer
-    from ernie_tui.engine_ctl.workload import burst_workload
+    from ernie_tui.engine_ctl.load import metrics as M
+    from ernie_tui.engine_ctl.load.prompts import find_tokenizer
+    from ernie_tui.engine_ctl.load.workload import burst_workload
 
     srv = paced("--slots", "64", "--ttft-ms", "5", "--itl-ms", "2")
     cfg, settings = R.request_setup(min_tokens=10, max_tokens_in=40, max_tokens=4)
@@ -350,7 +350,7 @@ def test_built_prompts_never_repeat_however_long_the_search(paced):
 
 
 def test_a_file_workload_starts_over_when_used_up_and_says_so():
-    from ernie_tui.engine_ctl.workload import WorkItem, Workload
+    from ernie_tui.engine_ctl.load.workload import WorkItem, Workload
 
     w = Workload([WorkItem("a b", 4), WorkItem("c d e", 8)], "file x.jsonl")
     w.ensure(10)  # a file cannot grow
@@ -359,7 +359,7 @@ def test_a_file_workload_starts_over_when_used_up_and_says_so():
 
 
 def test_a_built_workload_grows_with_new_prompts_and_drops_the_sent_ones():
-    from ernie_tui.engine_ctl.workload import WorkItem, Workload
+    from ernie_tui.engine_ctl.load.workload import WorkItem, Workload
 
     made = iter(range(1000))
     w = Workload([WorkItem(f"p{i}", 4, 10 + i) for i in range(3)], "built",
@@ -381,7 +381,7 @@ def test_a_burst_keeps_its_vllm_view_through_slow_metrics_and_no_prompt_hits_the
     # The plain burst had a 2 s /metrics timeout: a server slow to answer (as
     # vLLM CPU busy decoding) cost it its whole vLLM view. And its warm-up
     # sent the first measured prompt, which vLLM's prefix cache then served.
-    from ernie_tui.engine_ctl.burst import BurstConfig, run_burst
+    from ernie_tui.engine_ctl.load.burst import BurstConfig, run_burst
 
     srv = paced("--slots", "4", "--ttft-ms", "10", "--itl-ms", "5", "--metrics-delay-ms", "2200")
     r = run_burst(srv.url, BurstConfig(n=12, concurrency=4, min_tokens=10, max_tokens_in=30, max_tokens=6))
@@ -393,7 +393,7 @@ def test_a_burst_keeps_its_vllm_view_through_slow_metrics_and_no_prompt_hits_the
 def test_a_burst_run_again_sends_new_words_unless_told_to_repeat_them(paced):
     # Every burst used seed 0 for its words: run again on the same server (to
     # check the noise, say), all its prompts came from vLLM's prefix cache.
-    from ernie_tui.engine_ctl.burst import BurstConfig, run_burst
+    from ernie_tui.engine_ctl.load.burst import BurstConfig, run_burst
 
     srv = paced("--slots", "4", "--ttft-ms", "5", "--itl-ms", "2")
     shape = dict(n=8, concurrency=4, min_tokens=10, max_tokens_in=30, max_tokens=2)
@@ -410,7 +410,7 @@ def test_a_burst_run_again_sends_new_words_unless_told_to_repeat_them(paced):
 
 
 def test_server_down_ends_the_search():
-    from ernie_tui.engine_ctl.ports import free_port
+    from ernie_tui.engine_ctl.launch.ports import free_port
 
     res = R.run_capacity(f"http://127.0.0.1:{free_port()}", S.parse_slo(["ttft_p99=1s"]))
     assert res.capacity is None and res.stop_reason == "server_down" and res.levels == []
@@ -457,7 +457,7 @@ def test_real_vllm_cancel_as_the_first_level_starts_sends_no_warm_up_batch(cpu_s
     # decodes, so one from another thread lands at a time no test can choose
     # (test_cancel_during_the_first_levels_warm_up_drops_the_batch covers a
     # cancel mid-batch on the stand-in).
-    from ernie_tui.engine_ctl import metrics as M
+    from ernie_tui.engine_ctl.load import metrics as M
 
     url = cpu_server.spec.url
     client = M.MetricsClient(url, timeout=30.0)
@@ -481,7 +481,7 @@ def test_real_vllm_cancel_as_the_first_level_starts_sends_no_warm_up_batch(cpu_s
 
 
 def test_make_search_checks_what_a_person_typed():
-    from ernie_tui.engine_ctl.capacity import make_search
+    from ernie_tui.engine_ctl.load.capacity import make_search
 
     slo, search, rules = make_search("ttft_p99=500ms itl_p99=50ms", start=2, max_concurrency=64, tolerance=0.2,
                                      min_requests=10, max_requests=100, level_time_s=30)
@@ -497,7 +497,7 @@ def test_make_search_checks_what_a_person_typed():
 
 
 def test_request_setup_gives_the_prompt_shape_and_settings_together():
-    from ernie_tui.engine_ctl.capacity_run import request_setup
+    from ernie_tui.engine_ctl.load.capacity_run import request_setup
 
     cfg, settings = request_setup(min_tokens=10, max_tokens_in=40, max_tokens=16, chat=True, ignore_eos=False)
     assert (cfg.min_tokens, cfg.max_tokens_in, cfg.max_tokens, cfg.chat, cfg.ignore_eos) == (10, 40, 16, True, False)

@@ -11,13 +11,14 @@ from dataclasses import replace
 import pytest
 
 from ernie_tui.demo_model import write_demo_model
-from ernie_tui.engine_ctl.diagnose import Diagnosis, apply_fix, diagnose
-from ernie_tui.engine_ctl.errors import ErrorKind
-from ernie_tui.engine_ctl.logparse import parse_file
-from ernie_tui.engine_ctl.machine import GiB, GpuInfo, Machine
-from ernie_tui.engine_ctl.modelinfo import read_model_info
-from ernie_tui.engine_ctl.preflight import preflight
-from ernie_tui.engine_ctl.report import EngineError
+from ernie_tui.engine_ctl.launch.diagnose import Diagnosis, apply_fix, diagnose
+from ernie_tui.engine_ctl.launch.machine import GpuInfo, Machine
+from ernie_tui.engine_ctl.launch.modelinfo import read_model_info
+from ernie_tui.engine_ctl.launch.preflight import preflight
+from ernie_tui.engine_ctl.logs.errors import ErrorKind
+from ernie_tui.engine_ctl.logs.logparse import parse_file
+from ernie_tui.engine_ctl.logs.report import EngineError
+from ernie_tui.engine_ctl.units import GiB
 from ernie_tui.presets import Preset, load_presets
 from model_support import write_header_only_model
 

@@ -10,17 +10,18 @@ import struct
 import pytest
 
 from ernie_tui.demo_model import SHAPES, write_demo_model
-from ernie_tui.engine_ctl import machine as machine_mod
-from ernie_tui.engine_ctl.estimate import (
+from ernie_tui.engine_ctl.launch import machine as machine_mod
+from ernie_tui.engine_ctl.launch.estimate import (
     compare_with_report,
     estimate_capacity,
     kv_bytes_per_token,
     kv_heads_per_rank,
     max_len_that_fits,
 )
-from ernie_tui.engine_ctl.machine import GiB, GpuInfo, Machine, detect_machine, visible_gpus
-from ernie_tui.engine_ctl.modelinfo import ModelInfoError, read_model_info
-from ernie_tui.engine_ctl.report import EngineReport
+from ernie_tui.engine_ctl.launch.machine import GpuInfo, Machine, detect_machine, visible_gpus
+from ernie_tui.engine_ctl.launch.modelinfo import ModelInfoError, read_model_info
+from ernie_tui.engine_ctl.logs.report import EngineReport
+from ernie_tui.engine_ctl.units import GiB
 from ernie_tui.presets import Preset, load_presets
 from model_support import write_header_only_model
 
@@ -44,7 +45,7 @@ def report_from_log(path) -> EngineReport:
     """What the log said. Uses the project's parser once it exists; until then
     the few figures the estimate is compared with, read straight from the log."""
     try:
-        from ernie_tui.engine_ctl.logparse import parse_file
+        from ernie_tui.engine_ctl.logs.logparse import parse_file
     except ImportError:
         parse_file = None
     if parse_file is not None:

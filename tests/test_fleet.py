@@ -1,4 +1,4 @@
-"""The fleet poller (engine_ctl/fleet.py): rows from real /metrics captures,
+"""The fleet poller (engine_ctl/control/fleet.py): rows from real /metrics captures,
 data-parallel engines, stale figures of a server that stopped answering, the
 fleet file, and per-server timeouts against real local HTTP servers."""
 
@@ -17,8 +17,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from ernie_tui.engine_ctl import metrics as m
-from ernie_tui.engine_ctl.fleet import (
+from ernie_tui.engine_ctl.control.fleet import (
     FleetError,
     FleetPoller,
     FleetServer,
@@ -27,8 +26,9 @@ from ernie_tui.engine_ctl.fleet import (
     load_fleet,
     servers_from_urls,
 )
-from ernie_tui.engine_ctl.ports import free_port, port_is_free
-from ernie_tui.engine_ctl.resources import ResourceSampler
+from ernie_tui.engine_ctl.control.resources import ResourceSampler
+from ernie_tui.engine_ctl.launch.ports import free_port, port_is_free
+from ernie_tui.engine_ctl.load import metrics as m
 
 CPU = "cpu-vllm0.32.0/ok_block32_len2048.metrics"
 GPU = "gpu-h200-vllm0.26.0/ok_block16_len4096.metrics"

@@ -11,7 +11,7 @@ import httpx
 import pytest
 from textual.widgets import DataTable
 
-from ernie_tui.engine_ctl.fleet import FleetServer
+from ernie_tui.engine_ctl.control.fleet import FleetServer
 from ernie_tui.tui.fleet_app import make_fleet_app
 from ernie_tui.tui.screens.fleet import FleetScreen, ServerDashboard
 from vllm_support import start_server

@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from ernie_tui.engine_ctl import logopen
-from ernie_tui.engine_ctl.logparse import parse_file
-from ernie_tui.engine_ctl.logtail import LogTailer
-from ernie_tui.engine_ctl.server import LogLines, LogRead, LogReplay, ReportPublished
+from ernie_tui.engine_ctl.control.server import LogLines, LogRead, LogReplay, ReportPublished
+from ernie_tui.engine_ctl.logs import logopen
+from ernie_tui.engine_ctl.logs.logparse import parse_file
+from ernie_tui.engine_ctl.logs.logtail import LogTailer
 from ernie_tui.tui.series import log_time
 
 CPU = "cpu-vllm0.32.0"
@@ -181,8 +181,8 @@ def test_start_found_backwards_is_the_parsers_new_run(restarted_log, tmp_path):
 def test_snapshots_are_immutable_and_bounded(restarted_log):
     """Published snapshots never change after publishing, and a snapshot
     copies a bounded number of stats samples however long the log."""
-    from ernie_tui.engine_ctl.logparse import LogParser
-    from ernie_tui.engine_ctl.report import SNAPSHOT_STATS, ReportSnapshot
+    from ernie_tui.engine_ctl.logs.logparse import LogParser
+    from ernie_tui.engine_ctl.logs.report import SNAPSHOT_STATS, ReportSnapshot
 
     parser = LogParser()
     parser.feed_many(file_lines(restarted_log))
@@ -198,7 +198,7 @@ def test_snapshots_are_immutable_and_bounded(restarted_log):
 def test_attach_follows_after_opening_with_the_files_numbers(restarted_log):
     """An attached server's log: opened like a replay, then followed; new
     lines continue the file's numbering and reach the report."""
-    from ernie_tui.engine_ctl.server import AttachedServer
+    from ernie_tui.engine_ctl.control.server import AttachedServer
 
     watcher = AttachedServer("http://127.0.0.1:9", log_path=restarted_log, poll_interval=60)
     events: list = []

@@ -15,8 +15,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ernie_tui.cli import main as cli_main
-from ernie_tui.engine_ctl.errors import ErrorKind, classify_error
-from ernie_tui.engine_ctl.events import (
+from ernie_tui.engine_ctl.logs.errors import ErrorKind, classify_error
+from ernie_tui.engine_ctl.logs.events import (
     ErrorEvent,
     FieldEvent,
     PhaseEvent,
@@ -27,8 +27,8 @@ from ernie_tui.engine_ctl.events import (
     StatsEvent,
     VersionEvent,
 )
-from ernie_tui.engine_ctl.logparse import LogParser, parse_file, parse_lines
-from ernie_tui.engine_ctl.report import PHASES
+from ernie_tui.engine_ctl.logs.logparse import LogParser, parse_file, parse_lines
+from ernie_tui.engine_ctl.logs.report import PHASES
 
 GPU = "gpu-h200-vllm0.26.0"
 CPU = "cpu-vllm0.32.0"
@@ -803,7 +803,7 @@ def test_cli_parse_log_missing_file(tmp_path, capsys):
 
 
 def test_stats_are_bounded_for_a_server_that_runs_for_days():
-    from ernie_tui.engine_ctl.logparse import MAX_STATS, LogParser
+    from ernie_tui.engine_ctl.logs.logparse import MAX_STATS, LogParser
 
     line = ("(APIServer pid=1) INFO 11-30 03:35:58 [loggers.py:335] Engine 000: Avg prompt throughput: "
             "13.5 tokens/s, Avg generation throughput: {} tokens/s, Running: 0 reqs, Waiting: 0 reqs, "

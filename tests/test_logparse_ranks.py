@@ -15,9 +15,9 @@ import json
 import re
 
 from ernie_tui.cli import main
-from ernie_tui.engine_ctl.logparse import LogParser, parse_file
-from ernie_tui.engine_ctl.ranks import describe, note_rank, parallel_ranks
-from ernie_tui.engine_ctl.report import RankInfo
+from ernie_tui.engine_ctl.logs.logparse import LogParser, parse_file
+from ernie_tui.engine_ctl.logs.ranks import describe, note_rank, parallel_ranks
+from ernie_tui.engine_ctl.logs.report import RankInfo
 
 H200 = "gpu-h200-vllm0.26.0/ok_block16_len4096.log"
 ENGINE = "(EngineCore pid=2040) "

@@ -4,8 +4,8 @@ engine's, Ray's and the worker's prefixes one after another."""
 
 from __future__ import annotations
 
-from ernie_tui.engine_ctl.logparse import parse_file
-from ernie_tui.engine_ctl.ranks import parallel_ranks
+from ernie_tui.engine_ctl.logs.logparse import parse_file
+from ernie_tui.engine_ctl.logs.ranks import parallel_ranks
 
 DIR = "gpu-2xh200-vllm0.26.0"
 

@@ -7,8 +7,8 @@ import tracemalloc
 
 import pytest
 
-from ernie_tui.engine_ctl.logparse import LogParser, parse_file
-from ernie_tui.engine_ctl.logtail import CUT_MARKER, LogTailer, strip_ansi
+from ernie_tui.engine_ctl.logs.logparse import LogParser, parse_file
+from ernie_tui.engine_ctl.logs.logtail import CUT_MARKER, LogTailer, strip_ansi
 
 
 def append(path, data: bytes | str) -> None:

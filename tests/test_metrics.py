@@ -8,7 +8,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from ernie_tui.engine_ctl import metrics as M
+from ernie_tui.engine_ctl.load import metrics as M
 
 
 @pytest.fixture(scope="module")

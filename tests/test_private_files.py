@@ -15,8 +15,8 @@ import pytest
 
 from ernie_tui import paths
 from ernie_tui.cli import main
-from ernie_tui.engine_ctl.runstore import save_run
-from ernie_tui.engine_ctl.server import EngineServer, ServerState
+from ernie_tui.engine_ctl.control.server import EngineServer, ServerState
+from ernie_tui.engine_ctl.load.runstore import save_run
 from ernie_tui.presets.model import Preset
 from vllm_support import free_port
 

@@ -19,10 +19,10 @@ import httpx
 import psutil
 import pytest
 
-from ernie_tui.engine_ctl import burst as B
-from ernie_tui.engine_ctl import metrics as M
-from ernie_tui.engine_ctl import probe as P
-from ernie_tui.engine_ctl.ports import free_port
+from ernie_tui.engine_ctl.launch.ports import free_port
+from ernie_tui.engine_ctl.load import burst as B
+from ernie_tui.engine_ctl.load import metrics as M
+from ernie_tui.engine_ctl.load import probe as P
 
 pytestmark = pytest.mark.vllm
 

@@ -17,8 +17,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ernie_tui.engine_ctl import probe as P
-from ernie_tui.engine_ctl.ports import free_port
+from ernie_tui.engine_ctl.launch.ports import free_port
+from ernie_tui.engine_ctl.load import probe as P
 
 
 def _chunk(text, n, finish=None, prompt=5):
@@ -679,7 +679,7 @@ def test_itl_percentiles_with_events_merged_into_one_read(fake, per_write):
     # One token every 10 ms; with per_write=3 three events share each write
     # (30 ms apart), so each read brings three tokens. Before the fix every
     # event of a read got the read's timestamp: ITLs of 30, 0, 0 ms, p50 0.
-    from ernie_tui.engine_ctl import stats
+    from ernie_tui.engine_ctl.load import stats
 
     paced = PacedStream(tokens=60, ttft=0.02, gap=0.01, per_write=per_write)
     s = fake(paced)
@@ -821,7 +821,7 @@ def tiny_dir(tmp_path):
 
 
 def test_burst_against_fake(fake, tiny_dir):
-    from ernie_tui.engine_ctl import burst as B
+    from ernie_tui.engine_ctl.load import burst as B
 
     s = fake(_fake_vllm(tiny_dir, tokens=4), pass_body=True)
     progress = []
@@ -843,14 +843,14 @@ def test_burst_against_fake(fake, tiny_dir):
     d = r.to_dict()
     assert json.dumps(d)  # JSON-ready
     rec = r.save(preset="cpu-demo", engine_report={"block_size": 32})
-    from ernie_tui.engine_ctl import runstore
+    from ernie_tui.engine_ctl.load import runstore
     back = runstore.load_run(rec.id)
     assert back.kind == "burst" and back.preset_name == "cpu-demo" and back.results["completed"] == 12
     assert back.engine_report == {"block_size": 32} and len(back.results["requests"]) == 12
 
 
 def test_burst_server_killed_ends_with_errors(fake, tiny_dir):
-    from ernie_tui.engine_ctl import burst as B
+    from ernie_tui.engine_ctl.load import burst as B
 
     s = fake(_fake_vllm(tiny_dir, tokens=3, die_after=5), pass_body=True)
     t = time.monotonic()
@@ -865,7 +865,7 @@ def test_burst_server_killed_ends_with_errors(fake, tiny_dir):
 
 
 def test_burst_cancel(fake, tiny_dir):
-    from ernie_tui.engine_ctl import burst as B
+    from ernie_tui.engine_ctl.load import burst as B
 
     release = threading.Event()
 
@@ -890,7 +890,7 @@ def test_burst_cancel(fake, tiny_dir):
 
 
 def test_burst_refused_before_start():
-    from ernie_tui.engine_ctl import burst as B
+    from ernie_tui.engine_ctl.load import burst as B
 
     port = free_port()
     r = B.run_burst(f"http://127.0.0.1:{port}", B.BurstConfig(n=5))
@@ -899,7 +899,7 @@ def test_burst_refused_before_start():
 
 
 def test_burst_config_validation():
-    from ernie_tui.engine_ctl import burst as B
+    from ernie_tui.engine_ctl.load import burst as B
 
     with pytest.raises(ValueError):
         B.BurstConfig(min_tokens=300, max_tokens_in=30).validate()
@@ -911,7 +911,7 @@ def test_burst_config_validation():
 
 
 def test_runstore_roundtrip(tmp_path):
-    from ernie_tui.engine_ctl import runstore
+    from ernie_tui.engine_ctl.load import runstore
     from ernie_tui.presets import load_presets
 
     preset = load_presets(include_user=False).get("cpu-demo")
@@ -936,8 +936,8 @@ def test_runstore_roundtrip(tmp_path):
 
 
 def test_burst_sampler_keeps_peaks():
-    from ernie_tui.engine_ctl import burst as B
-    from ernie_tui.engine_ctl import metrics as M
+    from ernie_tui.engine_ctl.load import burst as B
+    from ernie_tui.engine_ctl.load import metrics as M
 
     scrapes = iter([(1, 0, 0.10), (4, 2, 0.35), (2, 0, 0.20), None])
 
@@ -965,8 +965,8 @@ def test_load_asks_usage_only_at_the_end_and_the_final_usage_fixes_the_count(fak
     cost vLLM 11-17 % of its throughput at concurrency 256); without it a
     chunk counts one token and the final usage chunk gives the exact total,
     even when a chunk carried two tokens. A single probe still asks for it."""
-    from ernie_tui.engine_ctl import burst as B
-    from ernie_tui.engine_ctl.prompts import BuiltPrompt
+    from ernie_tui.engine_ctl.load import burst as B
+    from ernie_tui.engine_ctl.load.prompts import BuiltPrompt
 
     def script(conn, head, body):
         if body is None:  # the probe's warm-up GET opens its connection

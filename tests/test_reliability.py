@@ -85,7 +85,7 @@ def test_metrics_client_gives_up_on_a_dripping_server():
     """A /metrics that sends a few bytes every 0.2 s never trips httpx's
     per-read timeout: fetch() waited for ever. Now the whole answer has a
     deadline (the client's timeout)."""
-    from ernie_tui.engine_ctl.metrics import MetricsClient, MetricsError
+    from ernie_tui.engine_ctl.load.metrics import MetricsClient, MetricsError
 
     head = b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 100000000\r\n\r\n"
     with bench.RawServer(lambda c, h: None) as srv:
@@ -116,7 +116,7 @@ def test_probe_non_string_text_is_a_malformed_chunk_not_a_crash():
     """run_probe let a TypeError out (its contract: it never raises) when a
     chunk's text was not a string; now every event of the wrong shape is one
     counted malformed event (stream_chunk.read_chunk)."""
-    from ernie_tui.engine_ctl.probe import run_probe
+    from ernie_tui.engine_ctl.load.probe import run_probe
 
     def behave(c, h):
         c.sendall(bench._sse_head() + bench._chunk(b'data: {"choices": [{"text": 7}]}\n\n') + b"0\r\n\r\n")

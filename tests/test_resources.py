@@ -4,7 +4,7 @@ import os
 import subprocess
 import sys
 
-from ernie_tui.engine_ctl.resources import ResourceSampler
+from ernie_tui.engine_ctl.control.resources import ResourceSampler
 
 
 def test_without_nvml_falls_back_to_rss_and_says_so():
@@ -37,7 +37,7 @@ def test_nvml_absent_on_this_box_gives_a_reason():
 
 
 def test_visible_devices(monkeypatch):
-    from ernie_tui.engine_ctl.resources import _visible_indices
+    from ernie_tui.engine_ctl.control.resources import _visible_indices
 
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1,3")
     assert _visible_indices(4) == [1, 3]
@@ -50,7 +50,7 @@ def test_visible_devices(monkeypatch):
 def test_engine_memory_is_the_bursts_memory_sampler():
     # One adapter for the probe pane and the sweep: it owns a sampler made
     # from pids, and leaves one it was handed to its owner.
-    from ernie_tui.engine_ctl.resources import EngineMemory
+    from ernie_tui.engine_ctl.control.resources import EngineMemory
 
     own = EngineMemory(lambda: [os.getpid()], use_nvml=False)
     assert own.source == "rss" and own() > 10_000_000

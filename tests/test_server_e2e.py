@@ -7,8 +7,8 @@ import psutil
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from ernie_tui.engine_ctl.errors import ErrorKind
-from ernie_tui.engine_ctl.server import ServerState
+from ernie_tui.engine_ctl.control.server import ServerState
+from ernie_tui.engine_ctl.logs.errors import ErrorKind
 from ernie_tui.presets import load_presets
 from vllm_support import READY_TIMEOUT, free_port, start_server, tiny_model_dir
 

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import psutil
 
-from ernie_tui.engine_ctl.ports import port_is_free
-from ernie_tui.engine_ctl.server import EngineServer, ServerState, group_members
+from ernie_tui.engine_ctl.control.server import EngineServer, ServerState, group_members
+from ernie_tui.engine_ctl.launch.ports import port_is_free
 from ernie_tui.presets.model import Preset
 from vllm_support import free_port
 
@@ -45,7 +45,7 @@ def spec_for(tmp_path, mode: str):
 
 
 def test_stop_escalates_until_every_process_is_gone(tmp_path, monkeypatch):
-    import ernie_tui.engine_ctl.server as server_mod
+    import ernie_tui.engine_ctl.control.server as server_mod
 
     monkeypatch.setattr(server_mod, "SIGINT_GRACE", 0.5)
     monkeypatch.setattr(server_mod, "SIGTERM_GRACE", 0.5)
@@ -65,7 +65,7 @@ def test_stop_escalates_until_every_process_is_gone(tmp_path, monkeypatch):
 
 
 def test_crash_reports_exit_code_and_root_cause(tmp_path, monkeypatch):
-    import ernie_tui.engine_ctl.server as server_mod
+    import ernie_tui.engine_ctl.control.server as server_mod
 
     monkeypatch.setattr(server_mod, "SIGINT_GRACE", 0.2)
     monkeypatch.setattr(server_mod, "SIGTERM_GRACE", 0.2)

@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from ernie_tui.engine_ctl import slo as S
+from ernie_tui.engine_ctl.load import slo as S
 
 
 def test_parse_objectives():

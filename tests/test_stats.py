@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ernie_tui.engine_ctl import stats
+from ernie_tui.engine_ctl.load import stats
 
 
 def test_percentile_known_values():

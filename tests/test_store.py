@@ -13,9 +13,9 @@ import pytest
 
 from ernie_tui import paths
 from ernie_tui.cli import main
-from ernie_tui.engine_ctl.diagnose import apply_fix, diagnose
-from ernie_tui.engine_ctl.errors import ErrorKind
-from ernie_tui.engine_ctl.report import EngineError
+from ernie_tui.engine_ctl.launch.diagnose import apply_fix, diagnose
+from ernie_tui.engine_ctl.logs.errors import ErrorKind
+from ernie_tui.engine_ctl.logs.report import EngineError
 from ernie_tui.presets import PresetError, load_presets
 from ernie_tui.presets.store import delete_preset, ensure_preset, preset_table, save_preset
 

@@ -11,7 +11,7 @@ import textwrap
 import pytest
 
 from ernie_tui.cli import main
-from ernie_tui.engine_ctl.sweep import SweepPlan, SweepRun, fold, to_csv, to_json, to_markdown
+from ernie_tui.engine_ctl.control.sweep import SweepPlan, SweepRun, fold, to_csv, to_json, to_markdown
 from ernie_tui.presets import load_presets
 
 
@@ -188,15 +188,15 @@ def test_capacity_sweep_on_paced_stand_ins(tmp_path, tiny_model, capsys):
 
     # A sequential sweep generates its load in this process, as it always did.
     assert {r["runs"][0]["load_pid"] for r in data["rows"]} == {os.getpid()}
-    from ernie_tui.engine_ctl import runstore
+    from ernie_tui.engine_ctl.load import runstore
 
     assert len(runstore.list_runs(kind="capacity")) == 2
 
 
 def test_sweep_meta_is_one_dict_for_the_cli_and_the_screen():
-    from ernie_tui.engine_ctl.burst import BurstConfig
-    from ernie_tui.engine_ctl.slo import parse_slo
-    from ernie_tui.engine_ctl.sweep import CapacitySweep, sweep_meta
+    from ernie_tui.engine_ctl.control.sweep import CapacitySweep, sweep_meta
+    from ernie_tui.engine_ctl.load.burst import BurstConfig
+    from ernie_tui.engine_ctl.load.slo import parse_slo
 
     cfg = BurstConfig(n=50, concurrency=8, min_tokens=10, max_tokens_in=40, max_tokens=16)
     runs = [SweepRun("a", 0, "ok", vllm_version="0.32.0", platform="cpu"), SweepRun("b", 0, "ok")]

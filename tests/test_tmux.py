@@ -21,7 +21,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from ernie_tui.engine_ctl.ports import free_port
+from ernie_tui.engine_ctl.launch.ports import free_port
 
 pytestmark = [pytest.mark.tmux, pytest.mark.vllm]
 
@@ -79,7 +79,7 @@ class Tmux:
 
 
 def metrics_kv_tokens(url: str) -> int | None:
-    from ernie_tui.engine_ctl.metrics import MetricsClient
+    from ernie_tui.engine_ctl.load.metrics import MetricsClient
 
     with MetricsClient(url) as client:
         snap = client.try_fetch()

@@ -1,4 +1,4 @@
-"""A trial's load in a child process (engine_ctl/trial_load.py), supervised
+"""A trial's load in a child process (engine_ctl/control/trial_load.py), supervised
 from the trial's thread: a load that raises, a child that cannot even start
 (its target's module is gone), and one that ignores the cancel and SIGTERM
 all come back as an outcome that says what happened, within seconds.
@@ -15,9 +15,9 @@ import signal
 import threading
 import time
 
-from ernie_tui.engine_ctl.burst import BurstConfig
-from ernie_tui.engine_ctl.capacity import CapacityResult, LevelResult
-from ernie_tui.engine_ctl.trial_load import LoadJob, LoadProcess, run_in_child
+from ernie_tui.engine_ctl.control.trial_load import LoadJob, LoadProcess, run_in_child
+from ernie_tui.engine_ctl.load.burst import BurstConfig
+from ernie_tui.engine_ctl.load.capacity import CapacityResult, LevelResult
 
 
 def job(kind: str = "burst", **kw) -> LoadJob:

@@ -20,7 +20,7 @@ import time
 import pytest
 from textual.widgets import DataTable, Input
 
-from ernie_tui.engine_ctl import metrics as M
+from ernie_tui.engine_ctl.load import metrics as M
 from ernie_tui.tui.screens.probe import ProbeScreen
 from ernie_tui.tui.widgets.charts import CapacityChart
 from test_tui_probe import Host, _open_probe, shown, wait_for
@@ -54,7 +54,7 @@ def _running_requests(url: str) -> float | None:
 @pytest.mark.vllm
 @pytest.mark.timeout(600)
 async def test_burst_tab_capacity_search_on_real_vllm(cpu_server):
-    from ernie_tui.engine_ctl.runstore import load_run
+    from ernie_tui.engine_ctl.load.runstore import load_run
 
     url = cpu_server.status.url
     app = Host(ProbeScreen(url))
@@ -166,9 +166,9 @@ async def test_sweep_screen_capacity_mode_on_real_vllm(tmp_path, tiny_model):
     import json
     import textwrap
 
-    from ernie_tui.engine_ctl.pareto import front_of_rows
-    from ernie_tui.engine_ctl.ports import free_port
-    from ernie_tui.engine_ctl.runstore import list_runs
+    from ernie_tui.engine_ctl.launch.ports import free_port
+    from ernie_tui.engine_ctl.load.pareto import front_of_rows
+    from ernie_tui.engine_ctl.load.runstore import list_runs
     from ernie_tui.presets import load_presets
     from ernie_tui.tui.screens.sweep import CAPACITY_TABLE_COLUMNS, SweepScreen
 

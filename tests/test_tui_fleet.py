@@ -16,8 +16,8 @@ from textual.widgets import DataTable, Static
 
 from ernie_tui.cli import main as cli_main
 from ernie_tui.cli.fleet import fleet_servers
-from ernie_tui.engine_ctl.fleet import FleetServer
-from ernie_tui.engine_ctl.ports import free_port
+from ernie_tui.engine_ctl.control.fleet import FleetServer
+from ernie_tui.engine_ctl.launch.ports import free_port
 from ernie_tui.tui.fleet_app import make_fleet_app
 from ernie_tui.tui.screens.fleet import FleetHelpScreen, FleetScreen, ServerDashboard
 
@@ -176,7 +176,7 @@ def test_cli_fleet_servers_and_errors(tmp_path, capsys):
 async def test_data_parallel_engines_get_their_own_rows(fixtures_dir):
     """Rows from a real capture given a second engine (engine="1" copies):
     the table grows a row per engine under the server's row."""
-    from ernie_tui.engine_ctl.fleet import ServerPoller
+    from ernie_tui.engine_ctl.control.fleet import ServerPoller
     from ernie_tui.tui.messages import FleetUpdate
     from test_fleet import CPU, fixture_text, scaled, with_second_engine
 

@@ -16,7 +16,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from ernie_tui.engine_ctl.metrics import MetricsClient
+from ernie_tui.engine_ctl.load.metrics import MetricsClient
 from ernie_tui.tui.app import make_app
 from ernie_tui.tui.widgets.charts import KVChart, MemoryChart, ThroughputChart
 from test_tui_pilot import wait_for

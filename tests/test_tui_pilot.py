@@ -16,8 +16,8 @@ import psutil
 import pytest
 from textual.widgets import Static
 
-from ernie_tui.engine_ctl.ports import free_port
-from ernie_tui.engine_ctl.server import EngineServer
+from ernie_tui.engine_ctl.control.server import EngineServer
+from ernie_tui.engine_ctl.launch.ports import free_port
 from ernie_tui.tui.app import make_app
 from ernie_tui.tui.screens.dialogs import ConfirmScreen, PreflightScreen, QuitScreen
 from ernie_tui.tui.widgets.error_panel import ErrorPanel
@@ -108,7 +108,7 @@ def screen_text_of(screen) -> str:
 
 
 def tailed_lines(path: Path) -> list[str]:
-    from ernie_tui.engine_ctl.logtail import LogTailer
+    from ernie_tui.engine_ctl.logs.logtail import LogTailer
 
     tailer, out = LogTailer(path), []
     while batch := tailer.read_new():
@@ -415,7 +415,7 @@ async def test_worker_messages_after_shutdown_are_dropped(fixtures_dir):
     """A worker's message can still be queued while Textual prunes the main
     screen on exit (seen once in CI as NoMatches '#log'); once the app is shutting
     down the handlers drop such messages instead of querying widgets that are gone."""
-    from ernie_tui.engine_ctl.server import ServerState, ServerStatus
+    from ernie_tui.engine_ctl.control.server import ServerState, ServerStatus
     from ernie_tui.tui.messages import LogBatch, SeriesUpdate, StatusUpdate
 
     path = fixtures_dir / "cpu-vllm0.32.0" / "ok_block32_len2048.log"

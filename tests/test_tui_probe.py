@@ -22,7 +22,7 @@ from textual.screen import Screen
 from textual.widgets import DataTable, Input, Static, TextArea
 
 import ernie_tui.tui
-from ernie_tui.engine_ctl.ports import free_port
+from ernie_tui.engine_ctl.launch.ports import free_port
 from ernie_tui.tui.screens.probe import ProbeScreen, ProbeText, describe_error
 from ernie_tui.tui.screens.sweep import CAPACITY_TABLE_COLUMNS, TABLE_COLUMNS, SweepScreen
 
@@ -87,7 +87,7 @@ async def test_probe_dead_url_says_connection_refused():
 async def test_late_worker_messages_after_the_pane_closes_are_dropped(rejected_book):
     """A burst or sweep worker can finish just as its screen is popped; its last
     message must not hit widgets that are already gone (NoMatches)."""
-    from ernie_tui.engine_ctl.probe import ProbeResult
+    from ernie_tui.engine_ctl.load.probe import ProbeResult
     from ernie_tui.tui.messages import CapacityDone
     from ernie_tui.tui.screens.probe import BurstDone, ProbeDone
     from ernie_tui.tui.screens.sweep import SweepFinished
@@ -116,7 +116,7 @@ async def test_late_worker_messages_after_the_pane_closes_are_dropped(rejected_b
 
 
 def test_streamed_text_coalesces_and_errors_read_plainly():
-    from ernie_tui.engine_ctl.probe import ProbeError
+    from ernie_tui.engine_ctl.load.probe import ProbeError
 
     older, newer = ProbeText(1, "Hello"), ProbeText(1, " world")
     assert older.can_replace(newer) and newer.text == "Hello world"
@@ -242,7 +242,7 @@ async def _capacity_form(pilot, app, **fields: str):
 
 
 async def test_capacity_search_draws_levels_and_finds_the_paced_servers_slots(paced):
-    from ernie_tui.engine_ctl.runstore import load_run
+    from ernie_tui.engine_ctl.load.runstore import load_run
     from ernie_tui.tui.widgets.charts import CapacityChart
 
     # As test_capacity's command-line test: 3 slots, so 4 in flight queue a
@@ -369,7 +369,7 @@ async def _open_probe(pilot, app) -> ProbeScreen:
 @pytest.mark.vllm
 @pytest.mark.timeout(600)
 async def test_probe_pane_streams_and_shows_the_servers_usage(cpu_server):
-    from ernie_tui.engine_ctl import metrics as M
+    from ernie_tui.engine_ctl.load import metrics as M
 
     url = cpu_server.status.url
     app = Host(ProbeScreen(url))
@@ -428,7 +428,7 @@ async def test_probe_pane_shows_the_400_and_the_limit_for_a_long_prompt(cpu_serv
 @pytest.mark.vllm
 @pytest.mark.timeout(600)
 async def test_probe_pane_small_burst_completes(cpu_server):
-    from ernie_tui.engine_ctl.runstore import load_run
+    from ernie_tui.engine_ctl.load.runstore import load_run
 
     # The dashboard passes its server's engine pids; the peak memory is theirs.
     app = Host(ProbeScreen(cpu_server.status.url, engine_pids=cpu_server.engine_pids))
@@ -479,8 +479,8 @@ async def test_sweep_screen_capacity_mode_draws_every_presets_curve_and_the_fron
     import json
     import sys
 
-    from ernie_tui.engine_ctl.pareto import front_of_rows
-    from ernie_tui.engine_ctl.runstore import list_runs
+    from ernie_tui.engine_ctl.load.pareto import front_of_rows
+    from ernie_tui.engine_ctl.load.runstore import list_runs
     from ernie_tui.presets import load_presets
     from ernie_tui.tui.widgets.charts import CapacityChart
 

@@ -13,8 +13,8 @@ from __future__ import annotations
 from textual.widgets import Footer, Static
 from textual.widgets._footer import FooterKey
 
-from ernie_tui.engine_ctl.logparse import LogParser, parse_file
-from ernie_tui.engine_ctl.server import ServerState, ServerStatus
+from ernie_tui.engine_ctl.control.server import ServerState, ServerStatus
+from ernie_tui.engine_ctl.logs.logparse import LogParser, parse_file
 from ernie_tui.tui.app import make_app
 from ernie_tui.tui.messages import ReportUpdate, StatusUpdate
 from ernie_tui.tui.widgets.log_view import LogView

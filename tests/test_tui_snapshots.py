@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from ernie_tui.engine_ctl.logparse import LogParser
-from ernie_tui.engine_ctl.server import ServerState, ServerStatus
+from ernie_tui.engine_ctl.control.server import ServerState, ServerStatus
+from ernie_tui.engine_ctl.logs.logparse import LogParser
 from ernie_tui.presets import PresetBook, load_presets
 from ernie_tui.tui.app import make_app
 from ernie_tui.tui.messages import LogBatch, ReportUpdate, SeriesUpdate, StatusUpdate

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from ernie_tui.demo_model import write_demo_model
-from ernie_tui.engine_ctl.ports import free_port
+from ernie_tui.engine_ctl.launch.ports import free_port
 
 READY_TIMEOUT = 300.0
 
@@ -37,7 +37,7 @@ def vllm_available() -> bool:
 
 def start_server(preset_name: str = "cpu-demo", log_dir: Path | None = None, wait: bool = True, **changes):
     """Start a real server from a built-in preset on a free port."""
-    from ernie_tui.engine_ctl.server import EngineServer
+    from ernie_tui.engine_ctl.control.server import EngineServer
     from ernie_tui.presets import load_presets
 
     preset = load_presets(include_user=False).get(preset_name)
@@ -62,7 +62,7 @@ def cpu_server(tiny_model, tmp_path_factory):
     """A shared, ready cpu-demo server. Do not stop or break it in a test."""
     if not vllm_available():
         pytest.fail(f"vLLM is not installed in {sys.executable}; run scripts/setup.sh")
-    from ernie_tui.engine_ctl.server import ServerState
+    from ernie_tui.engine_ctl.control.server import ServerState
 
     server = start_server("cpu-demo", tmp_path_factory.mktemp("shared-vllm"))
     st = server.status

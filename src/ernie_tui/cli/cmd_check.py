@@ -29,8 +29,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def _run(args) -> int:
     from ernie_tui.cli import CliError
-    from ernie_tui.engine_ctl.machine import GiB, detect_machine
-    from ernie_tui.engine_ctl.preflight import preflight
+    from ernie_tui.engine_ctl.launch.machine import detect_machine
+    from ernie_tui.engine_ctl.launch.preflight import preflight
+    from ernie_tui.engine_ctl.units import GiB
     from ernie_tui.presets import load_presets
 
     book = load_presets(args.presets)

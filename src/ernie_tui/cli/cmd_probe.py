@@ -102,7 +102,7 @@ def _run(args) -> int:
 
 def _run_probe(args) -> int:
     from ernie_tui.cli import CliError
-    from ernie_tui.engine_ctl import probe as P
+    from ernie_tui.engine_ctl.load import probe as P
 
     api_key = _api_key(args.api_key_env)
     if args.ready == "long":
@@ -152,8 +152,8 @@ def _run_burst(args) -> int:
     import threading
 
     from ernie_tui.cli import CliError
-    from ernie_tui.engine_ctl import burst as B
-    from ernie_tui.engine_ctl import probe as P
+    from ernie_tui.engine_ctl.load import burst as B
+    from ernie_tui.engine_ctl.load import probe as P
 
     cfg = B.BurstConfig(
         n=args.burst, min_tokens=args.min_tokens, max_tokens_in=args.max_tokens_in,
@@ -199,7 +199,7 @@ def _run_burst(args) -> int:
 def _save_and_print(args, result, format_result, *, measured: bool) -> None:
     """Save a burst's or a search's run record (unless --no-save, or nothing
     was measured) and print the result: text, or JSON naming the record."""
-    from ernie_tui.engine_ctl import runstore
+    from ernie_tui.engine_ctl.load import runstore
 
     record = None
     if not args.no_save and measured:
@@ -223,9 +223,9 @@ def _run_capacity(args) -> int:
 
     from ernie_tui.cli import CliError
     from ernie_tui.cli.capacity_args import capacity_options, load_workload
-    from ernie_tui.engine_ctl import capacity as C
-    from ernie_tui.engine_ctl import capacity_run as R
-    from ernie_tui.engine_ctl import probe as P
+    from ernie_tui.engine_ctl.load import capacity as C
+    from ernie_tui.engine_ctl.load import capacity_run as R
+    from ernie_tui.engine_ctl.load import probe as P
 
     opts = capacity_options(args)
     max_tokens = args.max_tokens if args.max_tokens is not None else 128

@@ -62,7 +62,7 @@ def _per_trial(text: str) -> int | str:
 def _gpu_plan(args) -> list[str] | None:
     """The GPU ids for --gpus-per-trial, decided (and refused) before anything starts."""
     from ernie_tui.cli import CliError
-    from ernie_tui.engine_ctl.trial_schedule import GpuIdsError, detect_gpu_ids
+    from ernie_tui.engine_ctl.control.trial_schedule import GpuIdsError, detect_gpu_ids
 
     if args.gpus_per_trial is None:
         if args.gpu_list:
@@ -79,9 +79,7 @@ def _sweep(args) -> int:
     from pathlib import Path
 
     from ernie_tui.cli import CliError
-    from ernie_tui.engine_ctl.burst import BurstConfig
-    from ernie_tui.engine_ctl.runstore import save_run
-    from ernie_tui.engine_ctl.sweep import (
+    from ernie_tui.engine_ctl.control.sweep import (
         SweepOptions,
         SweepPlan,
         export,
@@ -90,6 +88,8 @@ def _sweep(args) -> int:
         sweep_meta,
         to_markdown,
     )
+    from ernie_tui.engine_ctl.load.burst import BurstConfig
+    from ernie_tui.engine_ctl.load.runstore import save_run
     from ernie_tui.presets import load_presets
 
     for out in args.out:

@@ -32,10 +32,10 @@ from textual.screen import Screen
 from textual.worker import get_current_worker
 
 from ernie_tui import paths
-from ernie_tui.engine_ctl.diagnose import apply_fix, diagnose
-from ernie_tui.engine_ctl.errors import ErrorKind, Severity
-from ernie_tui.engine_ctl.preflight import preflight
-from ernie_tui.engine_ctl.server import ServerError
+from ernie_tui.engine_ctl.control.server import ServerError
+from ernie_tui.engine_ctl.launch.diagnose import apply_fix, diagnose
+from ernie_tui.engine_ctl.launch.preflight import preflight
+from ernie_tui.engine_ctl.logs.errors import ErrorKind, Severity
 from ernie_tui.presets import PresetBook, PresetError, load_presets
 from ernie_tui.presets.store import save_preset
 from ernie_tui.tui.failures import Failure, ShowsWorkerFailures, last_line, log, show_failure
@@ -89,7 +89,7 @@ class DashboardConfig:
 
 
 def default_server_factory(spec, *, preset_name: str, log_path: str | None = None):
-    from ernie_tui.engine_ctl.server import EngineServer
+    from ernie_tui.engine_ctl.control.server import EngineServer
 
     return EngineServer(spec, preset_name=preset_name, log_path=log_path)
 
@@ -153,7 +153,7 @@ class ErnieApp(ShowsWorkerFailures, App[int]):
             self.sub_title = f"replay {path}"
             self._replay(path)
         elif self.mode == "attach":
-            from ernie_tui.engine_ctl.server import AttachedServer
+            from ernie_tui.engine_ctl.control.server import AttachedServer
 
             self.server = AttachedServer(self.config.attach_url or "", log_path=self.config.log_path,
                                          api_key=self.config.api_key)
@@ -252,7 +252,7 @@ class ErnieApp(ShowsWorkerFailures, App[int]):
 
     def _replay(self, path: Path) -> None:
         """A replayed log is read by the same monitor as a live one, without a process."""
-        from ernie_tui.engine_ctl.server import LogReplay
+        from ernie_tui.engine_ctl.control.server import LogReplay
 
         self.server = LogReplay(path)
         self._connect(self.server)
@@ -359,7 +359,7 @@ class ErnieApp(ShowsWorkerFailures, App[int]):
         if report is not None and report.error is not None:
             self.main.show_replay_error(report.error)
             self._diagnose(report.error)
-        from ernie_tui.engine_ctl.server import ServerState, ServerStatus
+        from ernie_tui.engine_ctl.control.server import ServerState, ServerStatus
 
         state = (ServerState.CRASHED if report is not None and report.error is not None
                  else ServerState.READY if report is not None and report.ready else ServerState.STOPPED)

@@ -46,7 +46,7 @@ class ServerBridge:
         server.add_listener(self._on_event)
 
     def _on_event(self, event) -> None:
-        from ernie_tui.engine_ctl.server import LogLines, LogRead, ReportPublished, StatusChanged
+        from ernie_tui.engine_ctl.control.server import LogLines, LogRead, ReportPublished, StatusChanged
 
         if isinstance(event, ReportPublished):
             self.report_dirty.set()
@@ -111,8 +111,8 @@ class Sampler:
         self.points: deque[ChartPoint] = deque(maxlen=int(MAX_WINDOW / max(interval, 0.05)) + 10)
 
     def run(self, cancelled: Cancelled) -> None:
-        from ernie_tui.engine_ctl import metrics as m
-        from ernie_tui.engine_ctl.resources import ResourceSampler
+        from ernie_tui.engine_ctl.control.resources import ResourceSampler
+        from ernie_tui.engine_ctl.load import metrics as m
 
         cache: dict = {"key": None, "pids": [], "at": 0.0}
 

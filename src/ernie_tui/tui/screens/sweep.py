@@ -40,9 +40,7 @@ from textual.screen import Screen
 from textual.widgets import Button, Checkbox, DataTable, Input, Label, ProgressBar, SelectionList, Static
 from textual.widgets.selection_list import Selection
 
-from ernie_tui.engine_ctl.burst import BurstConfig
-from ernie_tui.engine_ctl.runstore import RunStoreError
-from ernie_tui.engine_ctl.sweep import (
+from ernie_tui.engine_ctl.control.sweep import (
     CAPACITY_COLUMNS,
     COLUMNS,
     CapacitySweep,
@@ -54,6 +52,8 @@ from ernie_tui.engine_ctl.sweep import (
     fold,
     sweep_meta,
 )
+from ernie_tui.engine_ctl.load.burst import BurstConfig
+from ernie_tui.engine_ctl.load.runstore import RunStoreError
 from ernie_tui.presets import PresetError
 from ernie_tui.tui.failures import ShowsWorkerFailures
 from ernie_tui.tui.lifecycle import drop_when_torn_down
@@ -295,7 +295,7 @@ class SweepScreen(ShowsWorkerFailures, Screen[None]):
         checked as `sweep --capacity` checks its options (ValueError)."""
         if not self.query_one("#sw-capacity", Checkbox).value:
             return None
-        from ernie_tui.engine_ctl.capacity import make_search
+        from ernie_tui.engine_ctl.load.capacity import make_search
 
         q = self.query_one
         slo, search, rules = make_search(
@@ -382,7 +382,7 @@ class SweepScreen(ShowsWorkerFailures, Screen[None]):
     def _worker(self, plan: SweepPlan, config: BurstConfig, cancel: threading.Event,
                 capacity: CapacitySweep | None = None) -> None:
         from ernie_tui import paths
-        from ernie_tui.engine_ctl.sweep import run_sweep
+        from ernie_tui.engine_ctl.control.sweep import run_sweep
 
         log_dir = paths.state_dir() / "sweep-logs" / time.strftime("%Y%m%d-%H%M%S")
         done: list[SweepRun] = []
@@ -407,7 +407,7 @@ class SweepScreen(ShowsWorkerFailures, Screen[None]):
         record = None
         if runs:
             try:
-                from ernie_tui.engine_ctl.runstore import save_run
+                from ernie_tui.engine_ctl.load.runstore import save_run
 
                 rec = save_run("sweep", {"meta": sweep_meta([p.name for p in plan.presets], plan.repeat, config, runs,
                                                              capacity=capacity), "runs": runs},
@@ -447,7 +447,7 @@ class SweepScreen(ShowsWorkerFailures, Screen[None]):
 
     def _redraw_chart(self) -> None:
         """Every preset's curve (one per repeat), the Pareto front's marked."""
-        from ernie_tui.engine_ctl.slo import limit_ms
+        from ernie_tui.engine_ctl.load.slo import limit_ms
 
         capacity_at = {(r.preset, r.repeat): int(r.capacity_concurrency) for r in self.runs
                        if r.capacity_concurrency}
@@ -507,7 +507,7 @@ class SweepScreen(ShowsWorkerFailures, Screen[None]):
         self._say(text)
 
     def _refresh_table(self) -> None:
-        from ernie_tui.engine_ctl.pareto import front_of_rows
+        from ernie_tui.engine_ctl.load.pareto import front_of_rows
 
         self.rows = fold(self.runs, self.names or [r.preset for r in self.runs])
         capacity = self._table_capacity
@@ -532,7 +532,7 @@ class SweepScreen(ShowsWorkerFailures, Screen[None]):
 
     # -- export -----------------------------------------------------------------------------------
     def export(self, path: str | None = None) -> Path | None:
-        from ernie_tui.engine_ctl.sweep import export
+        from ernie_tui.engine_ctl.control.sweep import export
 
         raw = (path or self.query_one("#sw-path", Input).value).strip()
         if not self.rows:

@@ -26,8 +26,8 @@ from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.content import Content
 from textual.widgets import Button, Checkbox, Input, ProgressBar, Static
 
-from ernie_tui.engine_ctl.burst import BurstConfig, BurstResult
-from ernie_tui.engine_ctl.runstore import RunStoreError
+from ernie_tui.engine_ctl.load.burst import BurstConfig, BurstResult
+from ernie_tui.engine_ctl.load.runstore import RunStoreError
 from ernie_tui.tui.failures import ShowsWorkerFailures
 from ernie_tui.tui.lifecycle import drop_when_torn_down
 from ernie_tui.tui.messages import (
@@ -47,7 +47,7 @@ DEFAULT_SLO = "ttft_p99=500ms itl_p99=50ms"
 
 def describe_burst(r: BurstResult) -> Content:
     """The figures of a finished burst, the CLI's wording."""
-    from ernie_tui.engine_ctl.burst import format_result
+    from ernie_tui.engine_ctl.load.burst import format_result
 
     head = f"{r.completed} of {r.total} ok · {r.failed} failed · {r.not_sent} not sent"
     if r.cancelled:
@@ -223,8 +223,8 @@ class BurstTab(ShowsWorkerFailures, Vertical):
     @work(thread=True, group="pf-burst", exit_on_error=False)
     def _burst_worker(self, run: int, config: BurstConfig, cancel: threading.Event,
                       pids: Callable[[], list[int]] | None, preset: Any, report: Any) -> None:
-        from ernie_tui.engine_ctl.burst import run_burst
-        from ernie_tui.engine_ctl.resources import EngineMemory
+        from ernie_tui.engine_ctl.control.resources import EngineMemory
+        from ernie_tui.engine_ctl.load.burst import run_burst
 
         counts = {"ok": 0, "failed": 0}
 
@@ -305,8 +305,8 @@ class BurstTab(ShowsWorkerFailures, Vertical):
         """(objectives, SearchConfig, LevelRules, prompt shape, RequestSettings)
         from the fields, checked by the same functions as the command line's
         options. ValueError in plain words."""
-        from ernie_tui.engine_ctl.capacity import make_search
-        from ernie_tui.engine_ctl.capacity_run import request_setup
+        from ernie_tui.engine_ctl.load.capacity import make_search
+        from ernie_tui.engine_ctl.load.capacity_run import request_setup
 
         q = self.query_one
         slo, search, rules = make_search(
@@ -344,7 +344,7 @@ class BurstTab(ShowsWorkerFailures, Vertical):
     @work(thread=True, group="pf-capacity", exit_on_error=False)
     def _capacity_worker(self, run: int, slo: list, search: Any, rules: Any, cfg: BurstConfig, settings: Any,
                          cancel: threading.Event, preset: Any, report: Any) -> None:
-        from ernie_tui.engine_ctl.capacity_run import run_capacity
+        from ernie_tui.engine_ctl.load.capacity_run import run_capacity
 
         def progress(ev: dict[str, Any]) -> None:
             kind = ev.get("event")

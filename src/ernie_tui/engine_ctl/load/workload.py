@@ -142,7 +142,7 @@ def burst_workload(config: Any, tokenizer: Any, size: int) -> Workload:
     each batch with the next seeds, so no prompt is ever sent twice."""
     from dataclasses import replace
 
-    from ernie_tui.engine_ctl.burst import build_prompts, new_word_seed
+    from ernie_tui.engine_ctl.load.burst import build_prompts, new_word_seed
 
     words = config.word_seed if config.word_seed is not None else new_word_seed()
 

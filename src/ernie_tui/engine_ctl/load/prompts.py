@@ -15,8 +15,8 @@ from typing import Any
 
 import httpx
 
-from ernie_tui.engine_ctl.http_client import auth_headers, base_url, resolve_model
-from ernie_tui.engine_ctl.http_errors import (
+from ernie_tui.engine_ctl.load.http_client import auth_headers, base_url, resolve_model
+from ernie_tui.engine_ctl.load.http_errors import (
     ProbeError,
     ProbeErrorKind,
     ProbeFailure,

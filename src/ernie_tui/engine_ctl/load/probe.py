@@ -21,7 +21,7 @@ parser), stream_chunk (the one check of an event's shape), stream_timing
 (StreamState, ProbeRequest, ProbeResult) and
 prompts (ready-made and exact-length prompts). This module sends the timed
 request and re-exports the public names of those parts, so
-`from ernie_tui.engine_ctl.probe import ...` keeps working.
+`from ernie_tui.engine_ctl.load.probe import ...` keeps working.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from typing import Any
 
 import httpx
 
-from ernie_tui.engine_ctl.http_client import (
+from ernie_tui.engine_ctl.load.http_client import (
     _JSON_HEADERS,
     DEFAULT_READ_TIMEOUT_S,
     DEFAULT_TOTAL_TIMEOUT_S,
@@ -49,7 +49,7 @@ from ernie_tui.engine_ctl.http_client import (
     resolve_model,
     warm_client,
 )
-from ernie_tui.engine_ctl.http_errors import (
+from ernie_tui.engine_ctl.load.http_errors import (
     ProbeError,
     ProbeErrorKind,
     ProbeFailure,
@@ -59,7 +59,7 @@ from ernie_tui.engine_ctl.http_errors import (
     not_an_event_stream,
     parse_too_long,
 )
-from ernie_tui.engine_ctl.prompts import (
+from ernie_tui.engine_ctl.load.prompts import (
     CHINESE_PROMPT,
     LONG_PROMPT_TOKENS,
     READY_PROMPTS,
@@ -72,8 +72,8 @@ from ernie_tui.engine_ctl.prompts import (
     long_prompt,
     ready_prompt,
 )
-from ernie_tui.engine_ctl.sse import DONE, SSEEvent, SSEParser, decode_payload
-from ernie_tui.engine_ctl.stream_timing import (
+from ernie_tui.engine_ctl.load.sse import DONE, SSEEvent, SSEParser, decode_payload
+from ernie_tui.engine_ctl.load.stream_timing import (
     DEFAULT_MAX_TOKENS,
     DEFAULT_TEMPERATURE,
     DEFAULT_TOP_P,

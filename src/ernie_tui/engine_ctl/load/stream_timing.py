@@ -25,10 +25,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from ernie_tui.engine_ctl import stats
-from ernie_tui.engine_ctl.http_errors import ProbeError, ProbeErrorKind, _looks_too_long, parse_too_long
-from ernie_tui.engine_ctl.sse import DONE
-from ernie_tui.engine_ctl.stream_chunk import ErrorEvent, read_chunk
+from ernie_tui.engine_ctl.load import stats
+from ernie_tui.engine_ctl.load.http_errors import ProbeError, ProbeErrorKind, _looks_too_long, parse_too_long
+from ernie_tui.engine_ctl.load.sse import DONE
+from ernie_tui.engine_ctl.load.stream_chunk import ErrorEvent, read_chunk
 
 log = logging.getLogger(__name__)
 

@@ -39,8 +39,9 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from ernie_tui.engine_ctl.machine import GiB, Machine
-from ernie_tui.engine_ctl.modelinfo import DTYPE_BYTES, ModelInfo, dtype_bytes
+from ernie_tui.engine_ctl.launch.machine import Machine
+from ernie_tui.engine_ctl.launch.modelinfo import DTYPE_BYTES, ModelInfo, dtype_bytes
+from ernie_tui.engine_ctl.units import GiB
 from ernie_tui.presets.model import Preset
 
 # vLLM defaults (vllm/config/cache.py, vllm/platforms/cpu.py, arg_utils.py).

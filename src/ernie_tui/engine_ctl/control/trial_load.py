@@ -88,15 +88,15 @@ def run_load(job: LoadJob, progress: Callable[..., None] | None, cancel: threadi
     CapacityResult. `progress` gets what the load's own callback gets:
     (done, total) for a burst, the search's event dict for a capacity search."""
     if job.kind == "burst":
-        from ernie_tui.engine_ctl.burst import run_burst
+        from ernie_tui.engine_ctl.load.burst import run_burst
 
         return run_burst(job.url, job.burst_config, model=job.model, model_dir=job.model_dir, api_key=job.api_key,
                          cancel=cancel, memory_sampler=memory_sampler, progress=progress)
     if job.kind == "capacity":
-        from ernie_tui.engine_ctl.capacity_run import run_capacity
-        from ernie_tui.engine_ctl.http_errors import ProbeFailure
-        from ernie_tui.engine_ctl.prompts import find_tokenizer
-        from ernie_tui.engine_ctl.workload import Workload
+        from ernie_tui.engine_ctl.load.capacity_run import run_capacity
+        from ernie_tui.engine_ctl.load.http_errors import ProbeFailure
+        from ernie_tui.engine_ctl.load.prompts import find_tokenizer
+        from ernie_tui.engine_ctl.load.workload import Workload
 
         # Every trial replays the same requests from the first: a fresh cursor.
         workload = Workload(list(job.workload_items), "file") if job.workload_items else None
@@ -124,8 +124,8 @@ def child_main(conn: Any, cancel: Any) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     _cancel_when_orphaned(cancel)
     # Imported while the trial's server starts, not on the load's clock.
-    import ernie_tui.engine_ctl.burst
-    import ernie_tui.engine_ctl.capacity_run  # noqa: F401
+    import ernie_tui.engine_ctl.load.burst
+    import ernie_tui.engine_ctl.load.capacity_run  # noqa: F401
 
     try:
         conn.send(("ready",))

@@ -50,8 +50,8 @@ import re
 from collections.abc import Iterable
 from typing import Any
 
-from ernie_tui.engine_ctl.errors import _HANDLER_TEXT_CAP, ErrorKind, classify_error
-from ernie_tui.engine_ctl.events import (
+from ernie_tui.engine_ctl.logs.errors import _HANDLER_TEXT_CAP, ErrorKind, classify_error
+from ernie_tui.engine_ctl.logs.events import (
     ArgsEvent,
     ErrorEvent,
     Event,
@@ -65,10 +65,10 @@ from ernie_tui.engine_ctl.events import (
     StatsEvent,
     VersionEvent,
 )
-from ernie_tui.engine_ctl.figures import _figure, _finite, _note
-from ernie_tui.engine_ctl.logtail import strip_ansi as _strip_ansi
-from ernie_tui.engine_ctl.ranks import is_rank, note_rank
-from ernie_tui.engine_ctl.report import PHASES, EngineError, EngineReport, StatsSample
+from ernie_tui.engine_ctl.logs.figures import _figure, _finite, _note
+from ernie_tui.engine_ctl.logs.logtail import strip_ansi as _strip_ansi
+from ernie_tui.engine_ctl.logs.ranks import is_rank, note_rank
+from ernie_tui.engine_ctl.logs.report import PHASES, EngineError, EngineReport, StatsSample
 
 __all__ = [
     "ArgsEvent", "ErrorEvent", "Event", "FieldEvent", "LogParser", "NewRunEvent", "PhaseEvent", "PidEvent",

@@ -29,12 +29,12 @@ import socket
 import subprocess
 from typing import TYPE_CHECKING
 
-from ernie_tui.engine_ctl.parallel_layout import ParallelLayout, layout_of
-from ernie_tui.engine_ctl.ports import bind_exposure, next_free_port, port_is_free
-from ernie_tui.engine_ctl.report import ErrorKind
+from ernie_tui.engine_ctl.launch.parallel_layout import ParallelLayout, layout_of
+from ernie_tui.engine_ctl.launch.ports import bind_exposure, next_free_port, port_is_free
+from ernie_tui.engine_ctl.logs.report import ErrorKind
 
 if TYPE_CHECKING:
-    from ernie_tui.engine_ctl.preflight import _Ctx
+    from ernie_tui.engine_ctl.launch.preflight import _Ctx
 
 API_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 REACH_TIMEOUT_S = 1.0
@@ -192,7 +192,7 @@ def check_ray(c: "_Ctx") -> None:
     lay = layout_of(c.preset)
     if not lay.uses_ray:
         return
-    from ernie_tui.engine_ctl.preflight import launcher_python
+    from ernie_tui.engine_ctl.launch.preflight import launcher_python
 
     python = launcher_python(c.preset)
     found = module_available(python, "ray", env=dict(c.env))

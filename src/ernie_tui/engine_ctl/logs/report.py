@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass, field, replace
 from enum import StrEnum
 from typing import Any
 
-from ernie_tui.engine_ctl.errors import ErrorKind
+from ernie_tui.engine_ctl.logs.errors import ErrorKind
 
 
 class Phase(StrEnum):

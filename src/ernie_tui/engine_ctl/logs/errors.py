@@ -12,7 +12,7 @@ import re
 from enum import StrEnum
 from typing import Any
 
-from ernie_tui.engine_ctl.figures import _figure
+from ernie_tui.engine_ctl.logs.figures import _figure
 
 
 # Kinds and severities are StrEnums: code compares members, while JSON,

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Callable, Iterable
 from urllib.parse import urlsplit
 
-from ernie_tui.engine_ctl import metrics as m
+from ernie_tui.engine_ctl.load import metrics as m
 
 # The figures a row shows. Parsing only these families keeps eight servers
 # at 1 Hz cheap (a real scrape is ~50 KB, mostly other histograms).
@@ -223,7 +223,7 @@ class LocalMemory:
         if not pids:
             return None, None
         if self._sampler is None:
-            from ernie_tui.engine_ctl.resources import ResourceSampler
+            from ernie_tui.engine_ctl.control.resources import ResourceSampler
 
             self._sampler = (self._factory or ResourceSampler)(pids=lambda: self._tree)
         import psutil
@@ -239,7 +239,7 @@ class LocalMemory:
     def _pids(self) -> list[int]:
         import psutil
 
-        from ernie_tui.engine_ctl.server import process_tree
+        from ernie_tui.engine_ctl.control.server import process_tree
 
         now = time.monotonic()
         if self._pid is not None and not psutil.pid_exists(self._pid):

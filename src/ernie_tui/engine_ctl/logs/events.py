@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ernie_tui.engine_ctl.report import EngineError, StatsSample
+from ernie_tui.engine_ctl.logs.report import EngineError, StatsSample
 
 
 class Event:

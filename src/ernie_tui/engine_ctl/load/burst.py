@@ -39,20 +39,20 @@ from typing import Any
 
 import psutil
 
-from ernie_tui.engine_ctl import metrics as M
-from ernie_tui.engine_ctl import stats
-from ernie_tui.engine_ctl.http_client import (
+from ernie_tui.engine_ctl.load import metrics as M
+from ernie_tui.engine_ctl.load import stats
+from ernie_tui.engine_ctl.load.http_client import (
     ServedModel,
     base_url,
     fast_loop_factory,
     new_async_client,
     resolve_model,
 )
-from ernie_tui.engine_ctl.http_errors import TRANSPORT_KINDS, ProbeError, ProbeErrorKind, ProbeFailure
-from ernie_tui.engine_ctl.machine import gib_str
-from ernie_tui.engine_ctl.probe import stream_request
-from ernie_tui.engine_ctl.prompts import BuiltPrompt, PromptBuilder, find_tokenizer
-from ernie_tui.engine_ctl.stream_timing import DEFAULT_TEMPERATURE, DEFAULT_TOP_P, ProbeRequest, ProbeResult
+from ernie_tui.engine_ctl.load.http_errors import TRANSPORT_KINDS, ProbeError, ProbeErrorKind, ProbeFailure
+from ernie_tui.engine_ctl.load.probe import stream_request
+from ernie_tui.engine_ctl.load.prompts import BuiltPrompt, PromptBuilder, find_tokenizer
+from ernie_tui.engine_ctl.load.stream_timing import DEFAULT_TEMPERATURE, DEFAULT_TOP_P, ProbeRequest, ProbeResult
+from ernie_tui.engine_ctl.units import gib_str
 
 log = logging.getLogger(__name__)
 
@@ -206,7 +206,7 @@ class BurstResult:
     def save(self, preset: Any = None, engine_report: Any = None, notes: str | None = None):
         """Store as a 'burst' run record (runstore), tagged with the preset
         (a Preset, a dict or a name) and the engine's startup report."""
-        from ernie_tui.engine_ctl import runstore
+        from ernie_tui.engine_ctl.load import runstore
 
         return runstore.save_run("burst", self.to_dict(), preset=preset, engine_report=engine_report,
                                  url=self.url, model=self.model, notes=notes)

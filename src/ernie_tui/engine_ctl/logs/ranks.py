@@ -23,7 +23,7 @@ from __future__ import annotations
 import re
 from dataclasses import replace
 
-from ernie_tui.engine_ctl.report import RankInfo
+from ernie_tui.engine_ctl.logs.report import RankInfo
 
 _NOT_RANKS = ("APIServer", "ApiServer", "DPCoordinator", "CoreEngineActorManager")
 _GENERIC = ("Worker", "VllmWorker", "EngineCore")

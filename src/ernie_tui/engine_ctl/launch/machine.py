@@ -20,16 +20,12 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Mapping
 
-GiB = 1 << 30
+from ernie_tui.engine_ctl.units import GiB
+
 # Device memory a fresh CUDA context takes before vLLM measures "free":
 # 139.80 GiB free in NVML vs "Free memory on device (139.29/139.8 GiB)" on the H200.
 # Preflight and the diagnosis both subtract it from NVML's free memory.
 CUDA_CONTEXT_BYTES = int(0.51 * GiB)
-
-
-def gib_str(n: float) -> str:
-    """Bytes for people: '0.70 GiB'."""
-    return f"{n / GiB:.2f} GiB"
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """Which sweep trials run at the same time, on which GPUs.
 
-Pure bookkeeping, no threads and no processes (engine_ctl/sweep.py runs the
+Pure bookkeeping, no threads and no processes (engine_ctl/control/sweep.py runs the
 trials): a pool of GPU ids, the trials waiting in plan order, and the ones
 running. A trial takes a set of GPUs no other running trial holds, so two
 trials never share a GPU; it gives them back when it ends. The scheduler
@@ -19,7 +19,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Mapping
 
-from ernie_tui.engine_ctl.parallel_layout import gpus_needed, layout_of
+from ernie_tui.engine_ctl.launch.parallel_layout import gpus_needed, layout_of
 from ernie_tui.presets.model import Preset
 
 
@@ -51,7 +51,7 @@ def detect_gpu_ids(explicit: str | None = None, env: Mapping[str, str] | None = 
             raise GpuIdsError(f"CUDA_VISIBLE_DEVICES={visible!r} hides every GPU: there is nothing to spread "
                               "trials over; pass --gpus 0,1 (or unset it)")
         return parse_gpu_ids(visible)
-    from ernie_tui.engine_ctl.machine import _nvml_gpus
+    from ernie_tui.engine_ctl.launch.machine import _nvml_gpus
 
     found, why = _nvml_gpus()
     if not found:

@@ -15,7 +15,7 @@ from typing import Any
 
 import httpx
 
-from ernie_tui.engine_ctl.http_errors import (
+from ernie_tui.engine_ctl.load.http_errors import (
     ProbeError,
     ProbeErrorKind,
     ProbeFailure,
