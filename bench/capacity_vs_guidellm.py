@@ -60,19 +60,28 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
 from ernie_tui.demo_model import write_demo_model  # noqa: E402
-from ernie_tui.engine_ctl.launch.ports import free_port  # noqa: E402
-from ernie_tui.engine_ctl.load import metrics as M  # noqa: E402
-from ernie_tui.engine_ctl.load import slo as S  # noqa: E402
-from ernie_tui.engine_ctl.load.burst import BurstConfig  # noqa: E402
-from ernie_tui.engine_ctl.load.probe import find_tokenizer, resolve_model  # noqa: E402
-from ernie_tui.engine_ctl.load.workload import burst_workload  # noqa: E402
+from ernie_tui.engine_ctl.launch import free_port  # noqa: E402
+from ernie_tui.engine_ctl.load import (  # noqa: E402  # noqa: E402  # noqa: E402
+    REQUEST_SUCCESS,
+    TTFT,
+    BurstConfig,
+    MetricsClient,
+    MetricsSnapshot,
+    Objective,
+    burst_workload,
+    counter_delta,
+    find_tokenizer,
+    histogram_delta,
+    parse_slo,
+    resolve_model,
+)
 
 GUIDELLM_SLO_KEYS = {"ttft": "ttft_ms", "e2e": "e2el_ms", "itl": "tpot_ms"}
 
 
 # -- objectives ------------------------------------------------------------------
 
-def guidellm_objectives(slo: list[S.Objective]) -> tuple[dict[str, float], float, list[str]]:
+def guidellm_objectives(slo: list[Objective]) -> tuple[dict[str, float], float, list[str]]:
     """GuideLLM's slo dict and target attainment for our objectives, and notes
     where the two do not mean quite the same."""
     pcts = {o.percentile for o in slo}
@@ -175,13 +184,13 @@ class MetricsRecorder(threading.Thread):
 
     def __init__(self, url: str) -> None:
         super().__init__(daemon=True)
-        self.client = M.MetricsClient(url)
-        self.snaps: list[M.MetricsSnapshot] = []
+        self.client = MetricsClient(url)
+        self.snaps: list[MetricsSnapshot] = []
         self.halt = threading.Event()
 
     def run(self) -> None:
         while not self.halt.is_set():
-            snap = self.client.try_fetch(only=(*M.TTFT, *M.REQUEST_SUCCESS))
+            snap = self.client.try_fetch(only=(*TTFT, *REQUEST_SUCCESS))
             if snap is not None:
                 self.snaps.append(snap)
             self.halt.wait(0.5)
@@ -198,14 +207,14 @@ class MetricsRecorder(threading.Thread):
         after = [x for x in self.snaps if x.timestamp >= end]
         if not before or not after:
             return None
-        h = M.histogram_delta(before[-1], after[0], M.TTFT)
+        h = histogram_delta(before[-1], after[0], TTFT)
 
         def q(p: float) -> float | None:
             v = h.quantile(p) if h is not None else None
             return None if v is None else v * 1000.0
 
         return {"ttft_p50_ms": q(0.5), "ttft_p99_ms": q(0.99),
-                "requests_finished": M.counter_delta(before[-1], after[0], M.REQUEST_SUCCESS)}
+                "requests_finished": counter_delta(before[-1], after[0], REQUEST_SUCCESS)}
 
 
 # -- the two tools ---------------------------------------------------------------
@@ -397,7 +406,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
     args.slo = args.slo or ["ttft_p95=100ms"]
-    args.objectives = S.parse_slo(args.slo)
+    args.objectives = parse_slo(args.slo)
     _, _, notes = guidellm_objectives(args.objectives)
 
     binary = args.guidellm or shutil.which("guidellm")

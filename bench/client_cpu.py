@@ -235,7 +235,9 @@ def _probe_module(kind: str):
     """Our probe module: as it is now, or (kind "before") as it was at
     BASE_COMMIT, read from git, so the old path runs side by side."""
     if kind != "before":
-        from ernie_tui.engine_ctl.load import probe
+        # The module itself, not its names: the 'before' side is a whole module too.
+        import ernie_tui.engine_ctl.load.probe as probe
+
         return probe
     import importlib.util
     import tempfile
@@ -378,7 +380,7 @@ def run_candidate(name: str, url: str, conc: int, requests: int, tokens: int, se
 
 
 def main_compare(args: argparse.Namespace) -> None:
-    from ernie_tui.engine_ctl.launch.ports import free_port
+    from ernie_tui.engine_ctl.launch import free_port
 
     port = free_port("127.0.0.1")
     server = subprocess.Popen([sys.executable, str(HERE), "serve", "--port", str(port),

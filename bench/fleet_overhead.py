@@ -38,7 +38,7 @@ import httpx
 import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from ernie_tui.engine_ctl.launch.ports import free_port  # noqa: E402
+from ernie_tui.engine_ctl.launch import free_port
 from tui_overhead import DASHBOARD_PRESSES, FIXTURES, HELP_PRESS, ROOT, Tmux, key_latencies, measure  # noqa: E402  (bench/ is no package)
 
 GOALS = {"idle_cpu_ratio": 2.0, "key_p99_ms": 100.0}

@@ -64,7 +64,7 @@ def nvidia_smi_used_mib(timeout: float = 10.0) -> dict[int, float] | None:
 def compare_memory(samples: int = 3) -> dict:
     """NVML's used MiB per GPU against nvidia-smi's, read back to back a few
     times; the largest difference over GPUs and reads."""
-    from ernie_tui.engine_ctl.control.resources import ResourceSampler
+    from ernie_tui.engine_ctl.control import ResourceSampler
 
     sampler = ResourceSampler()
     try:
@@ -86,7 +86,7 @@ def compare_memory(samples: int = 3) -> dict:
 
 
 def load_preset(name: str, args):
-    from ernie_tui.engine_ctl.launch.ports import next_free_port, port_is_free
+    from ernie_tui.engine_ctl.launch import next_free_port, port_is_free
     from ernie_tui.presets.loader import load_presets
 
     book = load_presets(extra_files=[args.presets] if args.presets else (), include_user=False)
@@ -127,9 +127,8 @@ def row_line(r) -> str:
 
 
 def run_preset(name: str, args, cancel: threading.Event, log_dir: Path) -> dict:
-    from ernie_tui.engine_ctl.control.fleet import FleetPoller, servers_from_urls
-    from ernie_tui.engine_ctl.control.server import EngineServer, ServerState
-    from ernie_tui.engine_ctl.load.burst import BurstConfig, run_burst
+    from ernie_tui.engine_ctl.control import EngineServer, FleetPoller, ServerState, servers_from_urls
+    from ernie_tui.engine_ctl.load import BurstConfig, run_burst
 
     res: dict = {"preset": name, "ok": False, "error": None, "phases": [], "ranks": [], "fleet": [],
                  "engines_seen": [], "burst": None, "memory": None, "left_processes": []}

@@ -57,7 +57,7 @@ HERE = Path(__file__).resolve()
 sys.path.insert(0, str(HERE.parent.parent / "src"))
 sys.path.insert(0, str(HERE.parent))
 
-from ernie_tui.engine_ctl.load.burst import BurstConfig, run_burst  # noqa: E402
+from ernie_tui.engine_ctl.load import BurstConfig, run_burst  # noqa: E402
 
 FIGURES = ("output_tps", "ttft_p50_ms", "ttft_p99_ms", "itl_p99_ms")
 MODES = ("alone", "threads", "procs", "sweep")
@@ -91,8 +91,8 @@ class Trial:
     """One preset served on its own GPUs and port for the whole run."""
 
     def __init__(self, preset, gpus: list[str], model: str | None, log: Path):
-        from ernie_tui.engine_ctl.control.server import EngineServer
-        from ernie_tui.engine_ctl.launch.ports import free_port
+        from ernie_tui.engine_ctl.control import EngineServer
+        from ernie_tui.engine_ctl.launch import free_port
 
         self.name = preset.name
         self.gpus = gpus
@@ -154,7 +154,7 @@ def both_as_sweep_trials(trials: list[Trial], args, seeds: list[int]) -> list[di
     forwards the progress under one lock, as sweep._run_parallel does. The
     sweep spawns that process as the trial's server starts, so it is up
     before the burst: here too, both are started and ready first."""
-    from ernie_tui.engine_ctl.control.trial_load import LoadJob, LoadProcess
+    from ernie_tui.engine_ctl.control import LoadJob, LoadProcess
 
     lock = threading.Lock()
     cancel = threading.Event()
@@ -265,8 +265,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.one_burst:
         return one_burst_child(args)
 
-    from ernie_tui.engine_ctl.control.server import ServerState
-    from ernie_tui.engine_ctl.control.trial_schedule import parse_gpu_ids
+    from ernie_tui.engine_ctl.control import ServerState, parse_gpu_ids
     from ernie_tui.presets import load_presets
 
     tmp = Path(tempfile.mkdtemp(prefix="neighbours-"))

@@ -34,9 +34,8 @@ HERE = Path(__file__).resolve()
 sys.path.insert(0, str(HERE.parent.parent / "src"))
 
 from ernie_tui.cli.capacity_args import add_capacity_args, capacity_sweep  # noqa: E402
-from ernie_tui.engine_ctl.control.sweep import SweepOptions, SweepPlan, fold, run_sweep, score_column  # noqa: E402
-from ernie_tui.engine_ctl.control.trial_schedule import detect_gpu_ids  # noqa: E402
-from ernie_tui.engine_ctl.load.burst import BurstConfig  # noqa: E402
+from ernie_tui.engine_ctl.control import SweepOptions, SweepPlan, detect_gpu_ids, fold, run_sweep, score_column  # noqa: E402
+from ernie_tui.engine_ctl.load import BurstConfig  # noqa: E402
 from ernie_tui.presets import load_presets  # noqa: E402
 
 

@@ -41,7 +41,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))
 
-from ernie_tui.engine_ctl.logs.logparse import LogParser, parse_file  # noqa: E402
+from ernie_tui.engine_ctl.logs import LogParser, parse_file  # noqa: E402
 
 # Roughly what the parser's prefilter looks for, as one ERE for grep.
 GREP_PATTERN = (

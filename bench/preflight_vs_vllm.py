@@ -30,8 +30,7 @@ from pathlib import Path
 import tomli_w
 
 from ernie_tui.demo_model import write_demo_model
-from ernie_tui.engine_ctl.launch.ports import free_port
-from ernie_tui.engine_ctl.launch.preflight import preflight
+from ernie_tui.engine_ctl.launch import free_port, run_preflight
 from ernie_tui.presets import load_presets
 from ernie_tui.presets.store import preset_table
 
@@ -108,7 +107,7 @@ def main() -> int:
             holder.listen()
         try:
             t = time.perf_counter()
-            pre = preflight(preset, str(model))
+            pre = run_preflight(preset, str(model))
             inproc = time.perf_counter() - t
             found = [p.kind.value for p in pre.errors]
             check_s, rc, out = time_check(name, presets_file, model, env, args.check_runs)

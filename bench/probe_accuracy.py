@@ -39,11 +39,24 @@ from pathlib import Path
 import httpx
 import psutil
 
-from ernie_tui.engine_ctl.launch.ports import free_port
-from ernie_tui.engine_ctl.load import burst as B
-from ernie_tui.engine_ctl.load import metrics as M
-from ernie_tui.engine_ctl.load import stats
-from ernie_tui.engine_ctl.load.http_client import resolve_model
+from ernie_tui.engine_ctl.launch import free_port
+from ernie_tui.engine_ctl.load import (
+    GENERATION_TOKENS,
+    PREFIX_HITS,
+    REQUEST_SUCCESS,
+    TTFT,
+    BurstConfig,
+    BurstResult,
+    MetricsClient,
+    MetricsSnapshot,
+    counter_delta,
+    format_burst,
+    histogram_delta,
+    rate,
+    relative_diff,
+    resolve_model,
+    run_burst,
+)
 
 _BENCH_RUNNER = (
     "import sys\n"
@@ -96,10 +109,10 @@ def stop_vllm(proc: subprocess.Popen) -> None:
             time.sleep(0.2)
 
 
-def settled_after(client: M.MetricsClient, before: M.MetricsSnapshot, finished: int) -> M.MetricsSnapshot:
+def settled_after(client: MetricsClient, before: MetricsSnapshot, finished: int) -> MetricsSnapshot:
     deadline = time.monotonic() + 5
     snap = client.fetch()
-    while (M.counter_delta(before, snap, M.REQUEST_SUCCESS) or 0) < finished and time.monotonic() < deadline:
+    while (counter_delta(before, snap, REQUEST_SUCCESS) or 0) < finished and time.monotonic() < deadline:
         time.sleep(0.05)
         snap = client.fetch()
     return snap
@@ -123,7 +136,7 @@ def run_vllm_bench(url: str, model_dir: str, served: str, args, out_dir: Path, s
            "--max-concurrency", str(args.concurrency), "--ignore-eos", "--temperature", "0.7", "--top-p", "0.9",
            "--seed", str(seed), "--disable-tqdm", "--save-result", "--result-dir", str(out_dir),
            "--result-filename", "vllm_bench.json"]
-    with M.MetricsClient(url) as mc:
+    with MetricsClient(url) as mc:
         before = mc.fetch()
         t = time.monotonic()
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
@@ -136,25 +149,25 @@ def run_vllm_bench(url: str, model_dir: str, served: str, args, out_dir: Path, s
             return {"ran": False, "error": f"the bench client completed 0 of {res.get('num_prompts', '?')} "
                                            f"requests; its output ends:\n{(proc.stdout + proc.stderr)[-2000:]}"}
         after = settled_after(mc, before, int(res.get("completed", 0)))
-    ttft_h = M.histogram_delta(before, after, M.TTFT)
-    gen = M.counter_delta(before, after, M.GENERATION_TOKENS)
+    ttft_h = histogram_delta(before, after, TTFT)
+    gen = counter_delta(before, after, GENERATION_TOKENS)
     return {
         "ran": True, "wall_s": wall, "result": res,
         "vllm_ttft_mean_s": ttft_h.mean if ttft_h else None,
         "vllm_generation_tokens": gen,
-        "vllm_prefix_cache_hit_tokens": M.counter_delta(before, after, M.PREFIX_HITS),
-        "vllm_output_tps_over_bench_duration": stats.rate(gen, res.get("duration")),
+        "vllm_prefix_cache_hit_tokens": counter_delta(before, after, PREFIX_HITS),
+        "vllm_output_tps_over_bench_duration": rate(gen, res.get("duration")),
     }
 
 
 def run_ours(url: str, model_dir: str | None, args, mem, seed: int,
-             continuous_usage: bool = False) -> B.BurstResult:
-    cfg = B.BurstConfig(n=args.n, concurrency=args.concurrency, min_tokens=args.min_tokens,
+             continuous_usage: bool = False) -> BurstResult:
+    cfg = BurstConfig(n=args.n, concurrency=args.concurrency, min_tokens=args.min_tokens,
                         max_tokens_in=args.max_tokens_in, max_tokens=args.max_tokens,
                         continuous_usage=continuous_usage, seed=seed)
-    r = B.run_burst(url, cfg, model_dir=model_dir, memory_sampler=mem)
+    r = run_burst(url, cfg, model_dir=model_dir, memory_sampler=mem)
     print()
-    print(B.format_result(r))
+    print(format_burst(r))
     c = r.comparison
     print()
     print(f"== ernie-tui burst vs vLLM's /metrics (same window): N={args.n} C={args.concurrency} "
@@ -163,24 +176,24 @@ def run_ours(url: str, model_dir: str | None, args, mem, seed: int,
         print("vLLM's /metrics was not readable: no comparison")
         return r
     print(f"TTFT mean      ours {ms(c['ttft_mean_ours_s'])}   vLLM histogram {ms(c['ttft_mean_vllm_s'])}"
-          f"   diff {pct(stats.relative_diff(c['ttft_mean_ours_s'], c['ttft_mean_vllm_s']))}"
+          f"   diff {pct(relative_diff(c['ttft_mean_ours_s'], c['ttft_mean_vllm_s']))}"
           f" ({c['ttft_mean_diff_ms']:+.2f} ms)   goal within 5 %")
     print(f"TTFT p50       ours {ms(r.ttft['p50'])}   vLLM histogram {ms(r.vllm.ttft_p50_s)}")
     print(f"output tokens  ours {r.output_tokens}   vLLM generation_tokens_total delta "
           f"{r.vllm.generation_tokens:g}   diff "
-          f"{pct(stats.relative_diff(float(r.output_tokens), r.vllm.generation_tokens))}")
+          f"{pct(relative_diff(float(r.output_tokens), r.vllm.generation_tokens))}")
     print(f"output tok/s   ours {r.output_tps:.1f}   vLLM delta/our duration {r.vllm.output_tps:.1f}   diff "
-          f"{pct(stats.relative_diff(r.output_tps, r.vllm.output_tps))}   goal within 3 %")
+          f"{pct(relative_diff(r.output_tps, r.vllm.output_tps))}   goal within 3 %")
     print(f"output tok/s   ours {r.output_tps:.1f}   vLLM delta/scrape window "
           f"({r.vllm.metrics_window_s:.2f} s vs burst {r.duration_s:.2f} s) "
           f"{r.vllm.output_tps_scrape_window:.1f}   diff "
-          f"{pct(stats.relative_diff(r.output_tps, r.vllm.output_tps_scrape_window))}")
+          f"{pct(relative_diff(r.output_tps, r.vllm.output_tps_scrape_window))}")
     print(f"e2e latency    ours mean {ms(r.latency['mean'])}   vLLM histogram mean {ms(r.vllm.e2e_mean_s)}")
     print(f"prefix cache   {r.vllm.prefix_cache_hit_tokens} prompt tokens served from it (0: no repeats)")
     return r
 
 
-def print_bench(vb: dict, ours: B.BurstResult | None, args) -> None:
+def print_bench(vb: dict, ours: BurstResult | None, args) -> None:
     if not vb["ran"]:
         print("vLLM's benchmark client did not run here:")
         print(vb["error"])
@@ -190,16 +203,16 @@ def print_bench(vb: dict, ours: B.BurstResult | None, args) -> None:
     print(f"bench client: completed {res['completed']}/{args.n}, {res['total_output_tokens']} output tokens in "
           f"{res['duration']:.2f} s")
     print(f"TTFT mean      bench client {ms(mean_ttft)}   vLLM histogram (its window) "
-          f"{ms(vb['vllm_ttft_mean_s'])}   diff {pct(stats.relative_diff(mean_ttft, vb['vllm_ttft_mean_s']))}")
+          f"{ms(vb['vllm_ttft_mean_s'])}   diff {pct(relative_diff(mean_ttft, vb['vllm_ttft_mean_s']))}")
     print(f"output tok/s   bench client {res['output_throughput']:.1f}   vLLM delta/bench duration "
           f"{vb['vllm_output_tps_over_bench_duration'] or 0:.1f}")
     print(f"prefix cache   {vb.get('vllm_prefix_cache_hit_tokens')} prompt tokens served from it (0: no repeats)")
     if ours is not None:
         print(f"TTFT mean      bench client {ms(mean_ttft)}   ours {ms(ours.ttft['mean'])}   diff "
-              f"{pct(stats.relative_diff(ours.ttft['mean'], mean_ttft))}")
+              f"{pct(relative_diff(ours.ttft['mean'], mean_ttft))}")
         print(f"TTFT median    bench client {res['median_ttft_ms']:.2f} ms   ours p50 {ms(ours.ttft['p50'])}")
         print(f"output tok/s   bench client {res['output_throughput']:.1f}   ours {ours.output_tps:.1f}   "
-              f"diff {pct(stats.relative_diff(ours.output_tps, res['output_throughput']))}")
+              f"diff {pct(relative_diff(ours.output_tps, res['output_throughput']))}")
         print(f"ITL mean       bench client {res['mean_itl_ms']:.2f} ms   ours {ms(ours.itl['mean'])}")
 
 
@@ -210,14 +223,14 @@ def print_summary(rounds: list[dict]) -> None:
         o = r["ours"]
         v = o.vllm
         line = (f"{k}: {ms(o.ttft['mean'])} / {ms(v.ttft_mean_s if v else None)} "
-                f"({pct(stats.relative_diff(o.ttft['mean'], v.ttft_mean_s if v else None))}) | ")
+                f"({pct(relative_diff(o.ttft['mean'], v.ttft_mean_s if v else None))}) | ")
         b = r.get("bench")
         if b and b["ran"]:
             line += f"{b['result']['mean_ttft_ms']:.2f} ms / {ms(b['vllm_ttft_mean_s'])} | "
         else:
             line += "- | "
         line += (f"{o.output_tps:.1f} / {(v.output_tps if v else 0) or 0:.1f} "
-                 f"({pct(stats.relative_diff(o.output_tps, v.output_tps if v else None))}) | ")
+                 f"({pct(relative_diff(o.output_tps, v.output_tps if v else None))}) | ")
         line += f"{b['result']['output_throughput']:.1f}" if b and b["ran"] else "-"
         print(line)
     print("\n== ours / bench client output tok/s per round (and ours asking usage in every chunk)")
@@ -270,12 +283,12 @@ def main() -> int:
         served = resolve_model(url).id
         # The server's first requests pay one-off costs (graph warm-up); keep
         # them out of both measurements.
-        B.run_burst(url, B.BurstConfig(n=8, concurrency=args.concurrency, max_tokens=16, seed=999_999),
+        run_burst(url, BurstConfig(n=8, concurrency=args.concurrency, max_tokens=16, seed=999_999),
                     model_dir=model_dir)
 
         mem = None
         if proc is not None:
-            from ernie_tui.engine_ctl.control.resources import ResourceSampler
+            from ernie_tui.engine_ctl.control import ResourceSampler
 
             rs = ResourceSampler(pids=lambda: [proc.pid, *(c.pid for c in psutil.Process(proc.pid).children(True))])
 

@@ -155,13 +155,13 @@ def open_fds() -> int:
 
 
 def free_port() -> int:
-    from ernie_tui.engine_ctl.launch.ports import free_port as _free
+    from ernie_tui.engine_ctl.launch import free_port as _free
 
     return _free()
 
 
 def port_listening(port: int, host: str = "127.0.0.1") -> bool:
-    from ernie_tui.engine_ctl.launch.ports import port_is_free
+    from ernie_tui.engine_ctl.launch import port_is_free
 
     return not port_is_free(host, port)[0]
 
@@ -204,7 +204,7 @@ def row_cycles(server_kind: str = "stand-in", n: int = 50, seed: int = 1, workdi
     """n cycles of start, a random wait (mid-startup or once ready), then one of
     stop / restart (then stop) / kill -9 of the launcher (then, half the time,
     stop; else the next start follows the crash directly)."""
-    from ernie_tui.engine_ctl.control.server import EngineServer, ServerState, StatusChanged, group_members
+    from ernie_tui.engine_ctl.control import EngineServer, ServerState, StatusChanged, group_members
 
     rng = random.Random(seed)
     v = Verdict(f"cycles[{server_kind}]")
@@ -331,7 +331,7 @@ def _settle(server, rng: random.Random, ready_timeout: float, settle: tuple[floa
 def _wait_reaped(server, timeout: float) -> None:
     """After a crash the monitor ends the leftovers; let it finish before the
     next start (start() refuses nothing after a crash, and must not need to)."""
-    from ernie_tui.engine_ctl.control.server import group_members
+    from ernie_tui.engine_ctl.control import group_members
 
     pid = server.status.pid
     deadline = time.monotonic() + timeout
@@ -492,8 +492,7 @@ def _strict_json(report) -> str | None:
 def row_parser_fuzz(seed: int = 2, junk_lines: int = 1_000_000, long_line: int = 10 * MB,
                     random_bytes: int = 50 * MB, workdir: Path | None = None, max_growth_mb: float = 50.0,
                     cli: bool = True) -> Verdict:
-    from ernie_tui.engine_ctl.logs.logparse import LogParser, parse_file
-    from ernie_tui.engine_ctl.logs.logtail import LogTailer
+    from ernie_tui.engine_ctl.logs import LogParser, LogTailer, parse_file
 
     v = Verdict("parser-fuzz")
     workdir = Path(workdir or tempfile.mkdtemp(prefix="ernie-rel-fuzz-"))
@@ -649,7 +648,7 @@ def tailer_interleaved(path: Path, events: int, seed: int) -> dict[str, int]:
     """Writer and tailer in one thread, interleaved at random points (even
     mid-line); at each event the writer pauses: the tailer polls before and
     after it, as it would while a real writer paused."""
-    from ernie_tui.engine_ctl.logs.logtail import LogTailer
+    from ernie_tui.engine_ctl.logs import LogTailer
 
     rng = random.Random(seed)
     w = _Writer(path, rng)
@@ -709,7 +708,7 @@ print(n)
 def tailer_live(path: Path, events: int, seed: int, poll_s: float = 0.1) -> dict[str, int | float]:
     """A writer process and the tailer polling every poll_s, as the server
     monitor does; the writer pauses 3 polls before and after each event."""
-    from ernie_tui.engine_ctl.logs.logtail import LogTailer
+    from ernie_tui.engine_ctl.logs import LogTailer
 
     path.touch()
     tailer = LogTailer(path, from_start=True)
@@ -1048,7 +1047,7 @@ def row_metrics(timeout: float = 2.0, seed: int = 5, rounds: int = 3, junk_lines
     request itself (fetch_text) ends within T + 3 s: a hung scrape stalls the
     charts that poll it. Parsing time is reported, not bounded (it grows with
     what the server sent: 8 MB of junk takes seconds)."""
-    from ernie_tui.engine_ctl.load.metrics import MetricsClient, MetricsError
+    from ernie_tui.engine_ctl.load import MetricsClient, MetricsError
 
     v = Verdict("metrics")
     rng = random.Random(seed)
@@ -1195,7 +1194,7 @@ def row_probe(read_timeout: float = 2.0, total_timeout: float = 6.0, seed: int =
     """run_probe against each bad server: never raises; an error that says
     what happened (or, for junk between real tokens, a result that counts the
     junk); done within total_timeout + 3 s."""
-    from ernie_tui.engine_ctl.load.probe import run_probe
+    from ernie_tui.engine_ctl.load import run_probe
 
     v = Verdict("probe")
     rng = random.Random(seed)
@@ -1280,7 +1279,7 @@ class Tmux:
 def hangup_once(on_exit: str, workdir: Path, ready_timeout: float = 90.0) -> dict[str, Any]:
     """Start the dashboard on the stand-in server in tmux, wait for READY,
     hang up, and see what became of the app and the server."""
-    from ernie_tui.engine_ctl.control.server import group_members
+    from ernie_tui.engine_ctl.control import group_members
 
     marker = f"hangup-{on_exit}-{uuid.uuid4().hex[:8]}"
     home = workdir / f"home-{on_exit}"

@@ -47,7 +47,7 @@ from pathlib import Path
 
 import psutil
 
-from ernie_tui.engine_ctl.launch.ports import free_port
+from ernie_tui.engine_ctl.launch import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "tests" / "fixtures" / "vllm-logs"

@@ -190,7 +190,7 @@ def test_result_json_shape_and_run_record():
     rec = res.save(notes="sim")
     back = runstore.load_run(rec.path)
     assert back.kind == "capacity" and back.results["capacity"]["concurrency"] == 5
-    assert "capacity: concurrency 5" in C.format_result(res)
+    assert "capacity: concurrency 5" in C.format_capacity(res)
 
 
 # -- over HTTP: the paced stand-in ------------------------------------------------

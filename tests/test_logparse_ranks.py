@@ -16,7 +16,7 @@ import re
 
 from ernie_tui.cli import main
 from ernie_tui.engine_ctl.logs.logparse import LogParser, parse_file
-from ernie_tui.engine_ctl.logs.ranks import describe, note_rank, parallel_ranks
+from ernie_tui.engine_ctl.logs.ranks import describe_rank, note_rank, parallel_ranks
 from ernie_tui.engine_ctl.logs.report import RankInfo
 
 H200 = "gpu-h200-vllm0.26.0/ok_block16_len4096.log"
@@ -139,8 +139,8 @@ def test_parse_log_lists_every_rank(fixtures_dir, tmp_path, capsys):
 
 
 def test_describe_says_only_what_is_known():
-    assert describe(RankInfo("Worker_TP1", 9)) == "Worker_TP1 pid 9"
-    assert describe(RankInfo("EngineCore", 7, kv_cache_tokens=1000)) == "EngineCore pid 7: KV 1,000 tokens"
+    assert describe_rank(RankInfo("Worker_TP1", 9)) == "Worker_TP1 pid 9"
+    assert describe_rank(RankInfo("EngineCore", 7, kv_cache_tokens=1000)) == "EngineCore pid 7: KV 1,000 tokens"
 
 
 async def test_report_panel_shows_every_rank(fixtures_dir):

@@ -179,7 +179,7 @@ def test_burst_of_20_at_concurrency_4(vllm_server):
     cfg = B.BurstConfig(n=20, concurrency=4, sample_interval_s=0.1)  # max_tokens 128: a second or more
     r = B.run_burst(vllm_server.url, cfg, progress=lambda d, t: progress.append((d, t)),
                     memory_sampler=lambda: 123.0)
-    assert r.total == 20 and r.completed == 20 and r.errors["count"] == 0, B.format_result(r)
+    assert r.total == 20 and r.completed == 20 and r.errors["count"] == 0, B.format_burst(r)
     assert len(r.requests) == 20 and all(q.ok for q in r.requests)
     assert progress[-1] == (20, 20)
     assert r.output_tokens == 20 * 128  # ignore_eos: every request makes max_tokens

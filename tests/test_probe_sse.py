@@ -384,7 +384,7 @@ def test_probe_400_too_long(fake, fixtures_dir):
     s = fake(lambda conn, head: _json_response(conn, 400, body))
     r = P.run_probe(s.url, "x", model="m")
     assert not r.ok and r.error.kind == "prompt_too_long" and r.error.max_model_len == 2048
-    assert "maximum context length is 2048" in P.format_result(r)
+    assert "maximum context length is 2048" in P.format_probe(r)
 
 
 def test_probe_500(fake):
@@ -645,7 +645,7 @@ class PacedStream:
 
 
 _FRESH_PROBE = ("import json, sys\n"
-                "from ernie_tui.engine_ctl import probe as P\n"
+                "from ernie_tui.engine_ctl.load import probe as P\n"
                 "r = P.run_probe(sys.argv[1], 'hi', model='paced', max_tokens=5)\n"
                 "print(json.dumps(r.to_dict()))\n")
 
@@ -663,7 +663,7 @@ def test_single_probe_ttft_is_the_servers_not_our_setup(fake):
 
     paced = PacedStream(tokens=5)
     s = fake(paced)
-    src = str(Path(P.__file__).resolve().parents[2])
+    src = str(Path(P.__file__).resolve().parents[3])
     env = {**os.environ, "PYTHONPATH": src + os.pathsep + os.environ.get("PYTHONPATH", "")}
     out = subprocess.run([sys.executable, "-c", _FRESH_PROBE, s.url], capture_output=True, text=True,
                          timeout=60, env=env)
@@ -895,7 +895,7 @@ def test_burst_refused_before_start():
     port = free_port()
     r = B.run_burst(f"http://127.0.0.1:{port}", B.BurstConfig(n=5))
     assert r.completed == 0 and r.errors["by_kind"] == {"connection_refused": 1}
-    assert "did not start" in B.format_result(r)
+    assert "did not start" in B.format_burst(r)
 
 
 def test_burst_config_validation():

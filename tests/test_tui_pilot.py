@@ -437,7 +437,7 @@ async def test_preflight_failure_is_shown(fake_presets, tmp_path, monkeypatch):
     def broken_preflight(*args, **kwargs):
         raise RuntimeError("injected preflight bug")
 
-    monkeypatch.setattr(app_module, "preflight", broken_preflight)
+    monkeypatch.setattr(app_module, "run_preflight", broken_preflight)
     rec = Recorder(tmp_path)
     app = make_app(preset="fake-a", preset_files=[str(fake_presets)], start=True, server_factory=rec,
                    sample_interval=0.5)

@@ -29,8 +29,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def _run(args) -> int:
     from ernie_tui.cli import CliError
-    from ernie_tui.engine_ctl.launch.machine import detect_machine
-    from ernie_tui.engine_ctl.launch.preflight import preflight
+    from ernie_tui.engine_ctl.launch import detect_machine, run_preflight
     from ernie_tui.engine_ctl.units import GiB
     from ernie_tui.presets import load_presets
 
@@ -46,7 +45,7 @@ def _run(args) -> int:
     except ValueError as exc:
         raise CliError(str(exc)) from None
     model = args.model
-    result = preflight(preset, model, machine)
+    result = run_preflight(preset, model, machine)
     if args.no_port:
         result.problems = [p for p in result.problems if p.kind.value != "port_in_use"]
         result.ok = not result.errors

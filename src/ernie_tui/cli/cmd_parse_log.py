@@ -21,7 +21,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def _run(args) -> int:
     from ernie_tui.cli import CliError
-    from ernie_tui.engine_ctl.logs.logparse import parse_file
+    from ernie_tui.engine_ctl.logs import parse_file
 
     try:
         report = parse_file(args.file)
@@ -54,8 +54,7 @@ def _num(value: Any, unit: str = "", digits: int = 2) -> str:
 
 def format_report(report, source: str = "") -> str:
     """A plain-text report for a terminal (no colours: it is also pasted into issues)."""
-    from ernie_tui.engine_ctl.logs.ranks import parallel_ranks
-    from ernie_tui.engine_ctl.logs.report import PHASES
+    from ernie_tui.engine_ctl.logs import PHASES, parallel_ranks
 
     r = report
     out: list[str] = []
@@ -94,10 +93,10 @@ def format_report(report, source: str = "") -> str:
     if r.pids:
         out.append("  pids            " + "  ".join(f"{role}={pid}" for role, pid in r.pids.items()))
     if parallel_ranks(r.ranks):  # a parallel server: every rank with its own figures
-        from ernie_tui.engine_ctl.logs.ranks import describe
+        from ernie_tui.engine_ctl.logs import describe_rank
 
         for i, rank in enumerate(r.ranks):
-            out.append(f"  {'ranks' if i == 0 else '':<16}{describe(rank)}")
+            out.append(f"  {'ranks' if i == 0 else '':<16}{describe_rank(rank)}")
     if r.non_default_args:
         args = ", ".join(f"{k}={v!r}" for k, v in r.non_default_args.items())
         out.append(f"  non-default     {args}")

@@ -102,22 +102,32 @@ def _run(args) -> int:
 
 def _run_probe(args) -> int:
     from ernie_tui.cli import CliError
-    from ernie_tui.engine_ctl.load import probe as P
+    from ernie_tui.engine_ctl.load import (
+        DEFAULT_MAX_TOKENS,
+        DEFAULT_READ_TIMEOUT_S,
+        SHORT_PROMPT,
+        ProbeFailure,
+        ProbeRequest,
+        find_tokenizer,
+        format_probe,
+        ready_prompt,
+        run_probe,
+    )
 
     api_key = _api_key(args.api_key_env)
     if args.ready == "long":
         try:
-            tok = P.find_tokenizer(tokenizer_path=args.tokenizer, url=args.url, model=args.probe_model,
+            tok = find_tokenizer(tokenizer_path=args.tokenizer, url=args.url, model=args.probe_model,
                                    api_key=api_key)
-        except P.ProbeFailure as exc:
+        except ProbeFailure as exc:
             raise CliError(f"cannot build the long prompt: {exc}") from exc
-        prompt = P.ready_prompt("long", tok)
+        prompt = ready_prompt("long", tok)
     elif args.ready:
-        prompt = P.ready_prompt(args.ready)
+        prompt = ready_prompt(args.ready)
     else:
-        prompt = args.prompt if args.prompt is not None else P.SHORT_PROMPT
-    req = P.ProbeRequest(prompt=prompt,
-                         max_tokens=args.max_tokens if args.max_tokens is not None else P.DEFAULT_MAX_TOKENS,
+        prompt = args.prompt if args.prompt is not None else SHORT_PROMPT
+    req = ProbeRequest(prompt=prompt,
+                         max_tokens=args.max_tokens if args.max_tokens is not None else DEFAULT_MAX_TOKENS,
                          temperature=args.temperature, top_p=args.top_p,
                          stop_token_ids=_stop_ids(args.stop_token_ids), chat=args.chat, model=args.probe_model)
     stream_out = None
@@ -125,14 +135,14 @@ def _run_probe(args) -> int:
         def stream_out(text: str) -> None:
             sys.stdout.write(text)
             sys.stdout.flush()
-    result = P.run_probe(args.url, request=req, api_key=api_key, on_text=stream_out,
-                         read_timeout=args.timeout or P.DEFAULT_READ_TIMEOUT_S)
+    result = run_probe(args.url, request=req, api_key=api_key, on_text=stream_out,
+                         read_timeout=args.timeout or DEFAULT_READ_TIMEOUT_S)
     if args.json:
         print(json.dumps(result.to_dict(), indent=2, ensure_ascii=False))
     else:
         if result.text:
             print()
-        print(P.format_result(result))
+        print(format_probe(result))
     return 0 if result.ok else 1
 
 
@@ -152,10 +162,9 @@ def _run_burst(args) -> int:
     import threading
 
     from ernie_tui.cli import CliError
-    from ernie_tui.engine_ctl.load import burst as B
-    from ernie_tui.engine_ctl.load import probe as P
+    from ernie_tui.engine_ctl.load import BurstConfig, ProbeFailure, find_tokenizer, format_burst, run_burst
 
-    cfg = B.BurstConfig(
+    cfg = BurstConfig(
         n=args.burst, min_tokens=args.min_tokens, max_tokens_in=args.max_tokens_in,
         concurrency=args.concurrency,
         max_tokens=args.max_tokens if args.max_tokens is not None else 128,
@@ -170,8 +179,8 @@ def _run_burst(args) -> int:
     tokenizer = None
     if args.tokenizer:
         try:
-            tokenizer = P.find_tokenizer(tokenizer_path=args.tokenizer)
-        except P.ProbeFailure as exc:
+            tokenizer = find_tokenizer(tokenizer_path=args.tokenizer)
+        except ProbeFailure as exc:
             raise CliError(str(exc)) from exc
 
     show = not args.json and sys.stderr.isatty()
@@ -185,28 +194,28 @@ def _run_burst(args) -> int:
 
     cancel = threading.Event()
     try:
-        result = B.run_burst(args.url, cfg, model=args.probe_model, api_key=api_key, tokenizer=tokenizer,
+        result = run_burst(args.url, cfg, model=args.probe_model, api_key=api_key, tokenizer=tokenizer,
                              progress=progress, cancel=cancel)
     except KeyboardInterrupt:
         cancel.set()
         raise
     if show:
         sys.stderr.write("\n")
-    _save_and_print(args, result, B.format_result, measured=result.duration_s > 0)
+    _save_and_print(args, result, format_burst, measured=result.duration_s > 0)
     return 0 if result.completed > 0 else 1
 
 
 def _save_and_print(args, result, format_result, *, measured: bool) -> None:
     """Save a burst's or a search's run record (unless --no-save, or nothing
     was measured) and print the result: text, or JSON naming the record."""
-    from ernie_tui.engine_ctl.load import runstore
+    from ernie_tui.engine_ctl.load import RunStoreError
 
     record = None
     if not args.no_save and measured:
         preset = _preset_for(args.probe_preset, list(getattr(args, "presets", []) or []))
         try:
             record = result.save(preset=preset)
-        except runstore.RunStoreError as exc:
+        except RunStoreError as exc:
             print(f"ernie-tui: warning: {exc}", file=sys.stderr)
     if args.json:
         out = result.to_dict()
@@ -223,15 +232,20 @@ def _run_capacity(args) -> int:
 
     from ernie_tui.cli import CliError
     from ernie_tui.cli.capacity_args import capacity_options, load_workload
-    from ernie_tui.engine_ctl.load import capacity as C
-    from ernie_tui.engine_ctl.load import capacity_run as R
-    from ernie_tui.engine_ctl.load import probe as P
+    from ernie_tui.engine_ctl.load import (
+        CapacityResult,
+        ProbeFailure,
+        find_tokenizer,
+        format_capacity,
+        request_setup,
+        run_capacity,
+    )
 
     opts = capacity_options(args)
     max_tokens = args.max_tokens if args.max_tokens is not None else 128
     workload = load_workload(args.workload, max_tokens)
     try:
-        cfg, settings = R.request_setup(min_tokens=args.min_tokens, max_tokens_in=args.max_tokens_in,
+        cfg, settings = request_setup(min_tokens=args.min_tokens, max_tokens_in=args.max_tokens_in,
                                         max_tokens=max_tokens, ignore_eos=not args.no_ignore_eos, chat=args.chat,
                                         temperature=args.temperature, top_p=args.top_p, seed=args.seed,
                                         word_seed=args.word_seed, read_timeout_s=args.timeout or 120.0)
@@ -241,8 +255,8 @@ def _run_capacity(args) -> int:
     tokenizer = None
     if args.tokenizer and workload is None:
         try:
-            tokenizer = P.find_tokenizer(tokenizer_path=args.tokenizer)
-        except P.ProbeFailure as exc:
+            tokenizer = find_tokenizer(tokenizer_path=args.tokenizer)
+        except ProbeFailure as exc:
             raise CliError(str(exc)) from exc
 
     def progress(ev: dict) -> None:
@@ -257,13 +271,13 @@ def _run_capacity(args) -> int:
                   file=sys.stderr, flush=True)
 
     cancel = threading.Event()
-    result: C.CapacityResult = run_interruptible(
-        lambda: R.run_capacity(args.url, opts.slo, search_config=opts.search, rules=opts.rules,
+    result: CapacityResult = run_interruptible(
+        lambda: run_capacity(args.url, opts.slo, search_config=opts.search, rules=opts.rules,
                                settings=settings, workload=workload, burst_config=cfg,
                                tokenizer=tokenizer, model=args.probe_model, api_key=api_key,
                                progress=progress, cancel=cancel),
         cancel, name="capacity", on_interrupt="ending the running level, keeping the levels measured ...")
-    _save_and_print(args, result, C.format_result, measured=bool(result.levels))
+    _save_and_print(args, result, format_capacity, measured=bool(result.levels))
     if cancel.is_set():
         return 130
     return 0 if result.levels and result.stop_reason != "server_down" else 1

@@ -62,7 +62,7 @@ def _per_trial(text: str) -> int | str:
 def _gpu_plan(args) -> list[str] | None:
     """The GPU ids for --gpus-per-trial, decided (and refused) before anything starts."""
     from ernie_tui.cli import CliError
-    from ernie_tui.engine_ctl.control.trial_schedule import GpuIdsError, detect_gpu_ids
+    from ernie_tui.engine_ctl.control import GpuIdsError, detect_gpu_ids
 
     if args.gpus_per_trial is None:
         if args.gpu_list:
@@ -79,17 +79,16 @@ def _sweep(args) -> int:
     from pathlib import Path
 
     from ernie_tui.cli import CliError
-    from ernie_tui.engine_ctl.control.sweep import (
+    from ernie_tui.engine_ctl.control import (
         SweepOptions,
         SweepPlan,
-        export,
+        export_sweep,
         fold,
         run_sweep,
         sweep_meta,
         to_markdown,
     )
-    from ernie_tui.engine_ctl.load.burst import BurstConfig
-    from ernie_tui.engine_ctl.load.runstore import save_run
+    from ernie_tui.engine_ctl.load import BurstConfig, save_run
     from ernie_tui.presets import load_presets
 
     for out in args.out:
@@ -162,7 +161,7 @@ def _sweep(args) -> int:
             # sweep still leaves the rows it measured on disk.
             done_runs.append(ev["run"])
             for out in args.out:
-                export(fold(done_runs, [p.name for p in presets]), out, meta_now())
+                export_sweep(fold(done_runs, [p.name for p in presets]), out, meta_now())
         line = f"{where}: {phase}" + (f"  (ETA {eta:.0f} s)" if eta and ev["phase"] == "preflight" else "")
         if line != last_line.get(ev["index"]):  # the start phase is reported every second; print changes only
             last_line[ev["index"]] = line
@@ -173,7 +172,7 @@ def _sweep(args) -> int:
     rows = fold(runs, [p.name for p in presets])
     meta = meta_now()
     for out in args.out:
-        export(rows, out, meta)
+        export_sweep(rows, out, meta)
     save_run("sweep", {"meta": meta, "runs": runs}, notes=" ".join(args.names))
     print(to_markdown(rows))
     overheads = [r.overhead_s for r in runs if r.overhead_s is not None]

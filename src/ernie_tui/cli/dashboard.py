@@ -124,7 +124,7 @@ def _finish_once(app) -> int:
 def _detached_log_for(url: str) -> str | None:
     """--attach to the server a previous session left running: find its log."""
     try:
-        from ernie_tui.engine_ctl.control.server import find_detached
+        from ernie_tui.engine_ctl.control import find_detached
     except ImportError:
         return None
     info = find_detached()

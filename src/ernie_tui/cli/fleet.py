@@ -16,7 +16,7 @@ def fleet_servers(fleet_file: str | None, urls: list[str]) -> list:
     from dataclasses import replace
 
     from ernie_tui.cli import CliError
-    from ernie_tui.engine_ctl.control.fleet import FleetError, load_fleet, servers_from_urls
+    from ernie_tui.engine_ctl.control import FleetError, load_fleet, servers_from_urls
 
     servers = []
     if fleet_file:
@@ -39,7 +39,7 @@ def fleet_servers(fleet_file: str | None, urls: list[str]) -> list:
 
 def _detached_record() -> dict | None:
     try:
-        from ernie_tui.engine_ctl.control.server import find_detached
+        from ernie_tui.engine_ctl.control import find_detached
     except ImportError:
         return None
     return find_detached()

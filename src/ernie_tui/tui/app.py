@@ -32,10 +32,9 @@ from textual.screen import Screen
 from textual.worker import get_current_worker
 
 from ernie_tui import paths
-from ernie_tui.engine_ctl.control.server import ServerError
-from ernie_tui.engine_ctl.launch.diagnose import apply_fix, diagnose
-from ernie_tui.engine_ctl.launch.preflight import preflight
-from ernie_tui.engine_ctl.logs.errors import ErrorKind, Severity
+from ernie_tui.engine_ctl.control import ServerError
+from ernie_tui.engine_ctl.launch import apply_fix, diagnose_failure, run_preflight
+from ernie_tui.engine_ctl.logs import ErrorKind, Severity
 from ernie_tui.presets import PresetBook, PresetError, load_presets
 from ernie_tui.presets.store import save_preset
 from ernie_tui.tui.failures import Failure, ShowsWorkerFailures, last_line, log, show_failure
@@ -89,7 +88,7 @@ class DashboardConfig:
 
 
 def default_server_factory(spec, *, preset_name: str, log_path: str | None = None):
-    from ernie_tui.engine_ctl.control.server import EngineServer
+    from ernie_tui.engine_ctl.control import EngineServer
 
     return EngineServer(spec, preset_name=preset_name, log_path=log_path)
 
@@ -153,7 +152,7 @@ class ErnieApp(ShowsWorkerFailures, App[int]):
             self.sub_title = f"replay {path}"
             self._replay(path)
         elif self.mode == "attach":
-            from ernie_tui.engine_ctl.control.server import AttachedServer
+            from ernie_tui.engine_ctl.control import AttachedServer
 
             self.server = AttachedServer(self.config.attach_url or "", log_path=self.config.log_path,
                                          api_key=self.config.api_key)
@@ -252,7 +251,7 @@ class ErnieApp(ShowsWorkerFailures, App[int]):
 
     def _replay(self, path: Path) -> None:
         """A replayed log is read by the same monitor as a live one, without a process."""
-        from ernie_tui.engine_ctl.control.server import LogReplay
+        from ernie_tui.engine_ctl.control import LogReplay
 
         self.server = LogReplay(path)
         self._connect(self.server)
@@ -359,7 +358,7 @@ class ErnieApp(ShowsWorkerFailures, App[int]):
         if report is not None and report.error is not None:
             self.main.show_replay_error(report.error)
             self._diagnose(report.error)
-        from ernie_tui.engine_ctl.control.server import ServerState, ServerStatus
+        from ernie_tui.engine_ctl.control import ServerState, ServerStatus
 
         state = (ServerState.CRASHED if report is not None and report.error is not None
                  else ServerState.READY if report is not None and report.ready else ServerState.STOPPED)
@@ -490,7 +489,7 @@ class ErnieApp(ShowsWorkerFailures, App[int]):
         try:
             # allow_dump=False: never spend a minute asking vLLM for its argument
             # list here; the cached or shipped list is used instead.
-            result = preflight(preset, model_dir=self._model_for(preset), check_args=True, allow_dump=False)
+            result = run_preflight(preset, model_dir=self._model_for(preset), check_args=True, allow_dump=False)
         except Exception as exc:  # noqa: BLE001  preflight is advice: its own bug is shown, never blocks a launch
             self.post_message(Failure(f"preflight of {preset.name}", exc, after="going on without preflight"))
             return None
@@ -527,7 +526,7 @@ class ErnieApp(ShowsWorkerFailures, App[int]):
         if preset is not None and first is not None and first.fix:
             try:
                 platform = getattr(getattr(result, "machine", None), "platform", None)
-                diagnosis = diagnose(first, preset, platform)
+                diagnosis = diagnose_failure(first, preset, platform)
             except Exception as exc:  # noqa: BLE001  the fix is advice: its bug is shown, the dialog still opens
                 show_failure(self, "diagnosis", exc)
                 diagnosis = None
@@ -670,7 +669,7 @@ class ErnieApp(ShowsWorkerFailures, App[int]):
             preset = _preset_from_report(self.report)
         platform = self.report.platform if self.report is not None else None
         try:
-            diagnosis = diagnose(error, preset, platform)
+            diagnosis = diagnose_failure(error, preset, platform)
         except Exception as exc:  # noqa: BLE001  the fix is advice: its bug is shown, the dashboard runs on
             show_failure(self, "diagnosis", exc)
             return

@@ -19,12 +19,9 @@ from typing import TYPE_CHECKING, Any
 from textual.message import Message
 
 if TYPE_CHECKING:
-    from ernie_tui.engine_ctl.control.server import ServerStatus
-    from ernie_tui.engine_ctl.control.sweep import SweepRun
-    from ernie_tui.engine_ctl.load.burst import BurstResult
-    from ernie_tui.engine_ctl.load.capacity import CapacityResult, LevelResult
-    from ernie_tui.engine_ctl.load.probe import ProbeResult, ServedModel
-    from ernie_tui.engine_ctl.logs.report import EngineReport
+    from ernie_tui.engine_ctl.control import ServerStatus, SweepRun
+    from ernie_tui.engine_ctl.load import BurstResult, CapacityResult, LevelResult, ProbeResult, ServedModel
+    from ernie_tui.engine_ctl.logs import EngineReport
     from ernie_tui.presets import PresetBook
     from ernie_tui.tui.series import ChartPoint
 

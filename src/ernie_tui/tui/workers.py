@@ -46,7 +46,7 @@ class ServerBridge:
         server.add_listener(self._on_event)
 
     def _on_event(self, event) -> None:
-        from ernie_tui.engine_ctl.control.server import LogLines, LogRead, ReportPublished, StatusChanged
+        from ernie_tui.engine_ctl.control import LogLines, LogRead, ReportPublished, StatusChanged
 
         if isinstance(event, ReportPublished):
             self.report_dirty.set()
@@ -111,8 +111,8 @@ class Sampler:
         self.points: deque[ChartPoint] = deque(maxlen=int(MAX_WINDOW / max(interval, 0.05)) + 10)
 
     def run(self, cancelled: Cancelled) -> None:
-        from ernie_tui.engine_ctl.control.resources import ResourceSampler
-        from ernie_tui.engine_ctl.load import metrics as m
+        from ernie_tui.engine_ctl.control import ResourceSampler
+        from ernie_tui.engine_ctl.load import MetricsClient, MetricsError, derive_sample
 
         cache: dict = {"key": None, "pids": [], "at": 0.0}
 
@@ -162,17 +162,17 @@ class Sampler:
                     if client is None or client_url != status.url:
                         if client is not None:
                             client.close()
-                        client = (self.metrics_factory or m.MetricsClient)(status.url, api_key=self.api_key)
+                        client = (self.metrics_factory or MetricsClient)(status.url, api_key=self.api_key)
                         client_url, prev = status.url, None
                     try:
-                        snap = _fetch_needed(client, m)
-                    except m.MetricsError as exc:
+                        snap = _fetch_needed(client)
+                    except MetricsError as exc:
                         # Say it, rather than look like a server that has not answered yet.
                         if problem is None or problem[0] != exc.reason:
                             problem = (exc.reason, self.clock())
                     else:
                         problem = None
-                        sample = m.derive_sample(prev, snap)
+                        sample = derive_sample(prev, snap)
                         prev = snap
                         cc = snap.cache_config()
                         if cc is not None and cc.kv_cache_size_tokens is not None:
@@ -218,21 +218,23 @@ _NEEDED_PREFIXES = tuple(name.split("_total")[0] for name in (
     "vllm:cache_config_info"))
 
 
-def _fetch_needed(client, m):
+def _fetch_needed(client):
     """One scrape, reduced to what the dashboard shows, then parsed by
     engine_ctl.metrics (so names, renames and the snapshot stay its own).
 
     Raises MetricsError when the server does not answer, answers with an
     error, or answers with something that holds none of vLLM's metrics (the
     parser skips lines it cannot read, so garbage parses to nothing)."""
+    from ernie_tui.engine_ctl.load import MetricsError, MetricsSnapshot
+
     before = time.monotonic()
     text = client.fetch_text()
     mono = (before + time.monotonic()) / 2
-    snap = m.MetricsSnapshot.parse(text, timestamp=time.time(), mono=mono,
+    snap = MetricsSnapshot.parse(text, timestamp=time.time(), mono=mono,
                                    model_name=getattr(client, "model_name", None), only=_NEEDED_PREFIXES)
     if not snap.names():
         size = len(text.encode("utf-8", "replace"))
-        raise m.MetricsError(f"{getattr(client, 'url', '/metrics')} answered {size:,} bytes without a vLLM metric",
+        raise MetricsError(f"{getattr(client, 'url', '/metrics')} answered {size:,} bytes without a vLLM metric",
                              f"parse error: no vLLM metrics in {size:,} bytes")
     return snap
 

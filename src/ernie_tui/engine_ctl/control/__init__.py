@@ -4,3 +4,79 @@ side by side (sweep, trial_schedule, trial_load).
 
 The top district: it may use launch, load and logs; none of them uses it.
 """
+
+from ernie_tui.engine_ctl.control.fleet import FleetError, FleetPoller, connecting_rows, load_fleet, servers_from_urls
+from ernie_tui.engine_ctl.control.resources import EngineMemory, ResourceSampler
+from ernie_tui.engine_ctl.control.server import (
+    AttachedServer,
+    EngineServer,
+    LogLines,
+    LogRead,
+    LogReplay,
+    ReportPublished,
+    ServerError,
+    ServerState,
+    ServerStatus,
+    StatusChanged,
+    find_detached,
+    group_members,
+)
+from ernie_tui.engine_ctl.control.sweep import (
+    CAPACITY_COLUMNS,
+    COLUMNS,
+    CapacitySweep,
+    SweepOptions,
+    SweepPlan,
+    SweepRow,
+    SweepRun,
+    cell,
+    export_sweep,
+    fold,
+    run_sweep,
+    score_column,
+    sweep_meta,
+    to_markdown,
+)
+from ernie_tui.engine_ctl.control.trial_load import LoadJob, LoadProcess
+from ernie_tui.engine_ctl.control.trial_schedule import GpuIdsError, detect_gpu_ids, parse_gpu_ids
+
+__all__ = [
+    "AttachedServer",
+    "CAPACITY_COLUMNS",
+    "COLUMNS",
+    "CapacitySweep",
+    "EngineMemory",
+    "EngineServer",
+    "FleetError",
+    "FleetPoller",
+    "GpuIdsError",
+    "LoadJob",
+    "LoadProcess",
+    "LogLines",
+    "LogRead",
+    "LogReplay",
+    "ReportPublished",
+    "ResourceSampler",
+    "ServerError",
+    "ServerState",
+    "ServerStatus",
+    "StatusChanged",
+    "SweepOptions",
+    "SweepPlan",
+    "SweepRow",
+    "SweepRun",
+    "cell",
+    "connecting_rows",
+    "detect_gpu_ids",
+    "export_sweep",
+    "find_detached",
+    "fold",
+    "group_members",
+    "load_fleet",
+    "parse_gpu_ids",
+    "run_sweep",
+    "score_column",
+    "servers_from_urls",
+    "sweep_meta",
+    "to_markdown",
+]

@@ -309,7 +309,7 @@ def to_json(rows: list[SweepRow], meta: dict[str, Any] | None = None) -> str:
     return json.dumps({"meta": meta or {}, "rows": [row_dict(r) for r in rows]}, indent=2)
 
 
-def export(rows: list[SweepRow], path: str | Path, meta: dict[str, Any] | None = None) -> None:
+def export_sweep(rows: list[SweepRow], path: str | Path, meta: dict[str, Any] | None = None) -> None:
     p = Path(path)
     suffix = p.suffix.lower()
     if suffix == ".md":

@@ -7,3 +7,94 @@ Pareto front (pareto) and the run records on disk (runstore).
 
 Never imports launch, logs or control: a load can be aimed at any URL.
 """
+
+from ernie_tui.engine_ctl.load.burst import BurstConfig, BurstResult, format_burst, run_burst
+from ernie_tui.engine_ctl.load.capacity import CapacityResult, LevelResult, format_capacity, make_search
+from ernie_tui.engine_ctl.load.capacity_run import request_setup, run_capacity
+from ernie_tui.engine_ctl.load.http_client import DEFAULT_READ_TIMEOUT_S, ServedModel, resolve_model
+from ernie_tui.engine_ctl.load.http_errors import ProbeError, ProbeErrorKind, ProbeFailure
+from ernie_tui.engine_ctl.load.metrics import (
+    GENERATION_TOKENS,
+    PREFIX_HITS,
+    REQUEST_SUCCESS,
+    TTFT,
+    MetricsClient,
+    MetricsError,
+    MetricsSnapshot,
+    counter_delta,
+    derive_sample,
+    histogram_delta,
+)
+from ernie_tui.engine_ctl.load.pareto import front_of_rows
+from ernie_tui.engine_ctl.load.probe import format_probe, run_probe
+from ernie_tui.engine_ctl.load.prompts import (
+    CHINESE_PROMPT,
+    LONG_PROMPT_TOKENS,
+    SHORT_PROMPT,
+    find_tokenizer,
+    long_prompt,
+    ready_prompt,
+)
+from ernie_tui.engine_ctl.load.runstore import RunStoreError, save_run
+from ernie_tui.engine_ctl.load.slo import Objective, limit_ms, parse_slo
+from ernie_tui.engine_ctl.load.stats import rate, relative_diff
+from ernie_tui.engine_ctl.load.stream_timing import (
+    DEFAULT_MAX_TOKENS,
+    DEFAULT_TEMPERATURE,
+    DEFAULT_TOP_P,
+    ProbeRequest,
+    ProbeResult,
+)
+from ernie_tui.engine_ctl.load.workload import burst_workload, load_jsonl
+
+__all__ = [
+    "BurstConfig",
+    "BurstResult",
+    "CHINESE_PROMPT",
+    "CapacityResult",
+    "DEFAULT_MAX_TOKENS",
+    "DEFAULT_READ_TIMEOUT_S",
+    "DEFAULT_TEMPERATURE",
+    "DEFAULT_TOP_P",
+    "GENERATION_TOKENS",
+    "LONG_PROMPT_TOKENS",
+    "LevelResult",
+    "MetricsClient",
+    "MetricsError",
+    "MetricsSnapshot",
+    "Objective",
+    "PREFIX_HITS",
+    "ProbeError",
+    "ProbeErrorKind",
+    "ProbeFailure",
+    "ProbeRequest",
+    "ProbeResult",
+    "REQUEST_SUCCESS",
+    "RunStoreError",
+    "SHORT_PROMPT",
+    "ServedModel",
+    "TTFT",
+    "burst_workload",
+    "counter_delta",
+    "derive_sample",
+    "find_tokenizer",
+    "format_burst",
+    "format_capacity",
+    "format_probe",
+    "front_of_rows",
+    "histogram_delta",
+    "limit_ms",
+    "load_jsonl",
+    "long_prompt",
+    "make_search",
+    "parse_slo",
+    "rate",
+    "ready_prompt",
+    "relative_diff",
+    "request_setup",
+    "resolve_model",
+    "run_burst",
+    "run_capacity",
+    "run_probe",
+    "save_run",
+]

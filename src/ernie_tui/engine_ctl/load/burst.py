@@ -598,7 +598,7 @@ def run_burst(url: str, config: BurstConfig | None = None, **kwargs: Any) -> Bur
 
 
 
-def format_result(r: BurstResult) -> str:
+def format_burst(r: BurstResult) -> str:
     def ms(v: float | None) -> str:
         return "-" if v is None else f"{v * 1000:.1f}"
 

@@ -406,7 +406,7 @@ def search(run_level: LevelRunner, slo: Sequence[S.Objective], config: SearchCon
                           config=asdict(config))
 
 
-def format_result(r: CapacityResult) -> str:
+def format_capacity(r: CapacityResult) -> str:
     """The curve and the verdict, for a terminal."""
     def f(v: float | None, fmt: str = ".1f") -> str:
         return "-" if v is None else format(v, fmt)

@@ -257,7 +257,7 @@ def run_probe(url: str, prompt: str | None = None, *, request: ProbeRequest | No
                                       read_timeout=read_timeout, total_timeout=total_timeout))
 
 
-def format_result(r: ProbeResult) -> str:
+def format_probe(r: ProbeResult) -> str:
     """A few plain lines for a terminal."""
     def ms(v: float | None) -> str:
         return "-" if v is None else f"{v * 1000:.1f} ms"
@@ -289,7 +289,7 @@ __all__ = [
     "LONG_PROMPT_TOKENS", "LocalTokenizer", "ProbeError", "ProbeFailure", "ProbeRequest", "ProbeResult",
     "PromptBuilder", "READY_PROMPTS", "SHORT_PROMPT", "SSEEvent", "SSEParser", "ServedModel",
     "ServerTokenizer", "StreamState", "base_url", "decode_payload", "error_from_response", "find_tokenizer",
-    "format_result", "list_models", "long_prompt", "parse_too_long", "probe_async", "ready_prompt",
+    "format_probe", "list_models", "long_prompt", "parse_too_long", "probe_async", "ready_prompt",
     "resolve_model", "run_probe", "stream_request", "new_async_client", "warm_client", "fast_loop_factory",
     "TRANSPORTS",
 ]

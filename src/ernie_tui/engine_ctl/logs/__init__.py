@@ -6,3 +6,21 @@ at its last start (logopen), turning lines into a live startup report
 Imports nothing else of engine_ctl (units aside): a log can be read with no
 server, no GPU and no network.
 """
+
+from ernie_tui.engine_ctl.logs.errors import ErrorKind, Severity
+from ernie_tui.engine_ctl.logs.logparse import LogParser, parse_file
+from ernie_tui.engine_ctl.logs.logtail import LogTailer
+from ernie_tui.engine_ctl.logs.ranks import describe_rank, parallel_ranks
+from ernie_tui.engine_ctl.logs.report import PHASES, EngineReport
+
+__all__ = [
+    "EngineReport",
+    "ErrorKind",
+    "LogParser",
+    "LogTailer",
+    "PHASES",
+    "Severity",
+    "describe_rank",
+    "parallel_ranks",
+    "parse_file",
+]

@@ -62,7 +62,7 @@ def note_rank(ranks: list[RankInfo], name: str, pid: int, **figures: float | int
     return [*ranks, RankInfo(name=name, pid=pid, **figures)]
 
 
-def describe(rank: RankInfo) -> str:
+def describe_rank(rank: RankInfo) -> str:
     """'EngineCore_DP1 pid 7: KV 12.5 GiB = 1,234,512 tokens, 301.39x' (only what is known)."""
     parts = []
     if rank.weights_gib is not None:

@@ -12,7 +12,7 @@ from textual.content import Content
 from textual.screen import ModalScreen
 from textual.widgets import Button, Label, Static
 
-from ernie_tui.engine_ctl.logs.errors import Severity
+from ernie_tui.engine_ctl.logs import Severity
 
 
 class ConfirmScreen(ModalScreen[bool]):

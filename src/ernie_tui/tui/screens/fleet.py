@@ -158,7 +158,7 @@ class FleetScreen(ShowsWorkerFailures, Screen):
         yield KeyFooter()
 
     def on_mount(self) -> None:
-        from ernie_tui.engine_ctl.control.fleet import connecting_rows
+        from ernie_tui.engine_ctl.control import connecting_rows
 
         n = len(self.servers)
         self.query_one("#fleet-title", Static).update(
@@ -178,7 +178,7 @@ class FleetScreen(ShowsWorkerFailures, Screen):
 
     @work(thread=True, group="fleet-poll", exit_on_error=False)
     def _poll(self) -> None:
-        from ernie_tui.engine_ctl.control.fleet import FleetPoller
+        from ernie_tui.engine_ctl.control import FleetPoller
 
         worker = get_current_worker()
         poller = (self._poller_factory or FleetPoller)(self.servers, interval=self.interval)

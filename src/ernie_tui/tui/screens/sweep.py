@@ -40,7 +40,7 @@ from textual.screen import Screen
 from textual.widgets import Button, Checkbox, DataTable, Input, Label, ProgressBar, SelectionList, Static
 from textual.widgets.selection_list import Selection
 
-from ernie_tui.engine_ctl.control.sweep import (
+from ernie_tui.engine_ctl.control import (
     CAPACITY_COLUMNS,
     COLUMNS,
     CapacitySweep,
@@ -52,8 +52,7 @@ from ernie_tui.engine_ctl.control.sweep import (
     fold,
     sweep_meta,
 )
-from ernie_tui.engine_ctl.load.burst import BurstConfig
-from ernie_tui.engine_ctl.load.runstore import RunStoreError
+from ernie_tui.engine_ctl.load import BurstConfig, RunStoreError
 from ernie_tui.presets import PresetError
 from ernie_tui.tui.failures import ShowsWorkerFailures
 from ernie_tui.tui.lifecycle import drop_when_torn_down
@@ -295,7 +294,7 @@ class SweepScreen(ShowsWorkerFailures, Screen[None]):
         checked as `sweep --capacity` checks its options (ValueError)."""
         if not self.query_one("#sw-capacity", Checkbox).value:
             return None
-        from ernie_tui.engine_ctl.load.capacity import make_search
+        from ernie_tui.engine_ctl.load import make_search
 
         q = self.query_one
         slo, search, rules = make_search(
@@ -382,7 +381,7 @@ class SweepScreen(ShowsWorkerFailures, Screen[None]):
     def _worker(self, plan: SweepPlan, config: BurstConfig, cancel: threading.Event,
                 capacity: CapacitySweep | None = None) -> None:
         from ernie_tui import paths
-        from ernie_tui.engine_ctl.control.sweep import run_sweep
+        from ernie_tui.engine_ctl.control import run_sweep
 
         log_dir = paths.state_dir() / "sweep-logs" / time.strftime("%Y%m%d-%H%M%S")
         done: list[SweepRun] = []
@@ -407,7 +406,7 @@ class SweepScreen(ShowsWorkerFailures, Screen[None]):
         record = None
         if runs:
             try:
-                from ernie_tui.engine_ctl.load.runstore import save_run
+                from ernie_tui.engine_ctl.load import save_run
 
                 rec = save_run("sweep", {"meta": sweep_meta([p.name for p in plan.presets], plan.repeat, config, runs,
                                                              capacity=capacity), "runs": runs},
@@ -447,7 +446,7 @@ class SweepScreen(ShowsWorkerFailures, Screen[None]):
 
     def _redraw_chart(self) -> None:
         """Every preset's curve (one per repeat), the Pareto front's marked."""
-        from ernie_tui.engine_ctl.load.slo import limit_ms
+        from ernie_tui.engine_ctl.load import limit_ms
 
         capacity_at = {(r.preset, r.repeat): int(r.capacity_concurrency) for r in self.runs
                        if r.capacity_concurrency}
@@ -507,7 +506,7 @@ class SweepScreen(ShowsWorkerFailures, Screen[None]):
         self._say(text)
 
     def _refresh_table(self) -> None:
-        from ernie_tui.engine_ctl.load.pareto import front_of_rows
+        from ernie_tui.engine_ctl.load import front_of_rows
 
         self.rows = fold(self.runs, self.names or [r.preset for r in self.runs])
         capacity = self._table_capacity
@@ -532,7 +531,7 @@ class SweepScreen(ShowsWorkerFailures, Screen[None]):
 
     # -- export -----------------------------------------------------------------------------------
     def export(self, path: str | None = None) -> Path | None:
-        from ernie_tui.engine_ctl.control.sweep import export
+        from ernie_tui.engine_ctl.control import export_sweep
 
         raw = (path or self.query_one("#sw-path", Input).value).strip()
         if not self.rows:
@@ -547,7 +546,7 @@ class SweepScreen(ShowsWorkerFailures, Screen[None]):
                         severity="error", timeout=6)
             return None
         try:
-            export(self.rows, target, self._meta())
+            export_sweep(self.rows, target, self._meta())
         except (OSError, ValueError) as exc:
             self.notify(f"cannot write {target}: {exc}", severity="error", timeout=8)
             return None

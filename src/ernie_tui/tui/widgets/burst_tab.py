@@ -26,8 +26,7 @@ from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.content import Content
 from textual.widgets import Button, Checkbox, Input, ProgressBar, Static
 
-from ernie_tui.engine_ctl.load.burst import BurstConfig, BurstResult
-from ernie_tui.engine_ctl.load.runstore import RunStoreError
+from ernie_tui.engine_ctl.load import BurstConfig, BurstResult, RunStoreError
 from ernie_tui.tui.failures import ShowsWorkerFailures
 from ernie_tui.tui.lifecycle import drop_when_torn_down
 from ernie_tui.tui.messages import (
@@ -47,13 +46,13 @@ DEFAULT_SLO = "ttft_p99=500ms itl_p99=50ms"
 
 def describe_burst(r: BurstResult) -> Content:
     """The figures of a finished burst, the CLI's wording."""
-    from ernie_tui.engine_ctl.load.burst import format_result
+    from ernie_tui.engine_ctl.load import format_burst
 
     head = f"{r.completed} of {r.total} ok · {r.failed} failed · {r.not_sent} not sent"
     if r.cancelled:
         head += " · cancelled"
     style = "bold $success" if r.completed == r.total else "bold $warning" if r.completed else "bold $error"
-    body = format_result(r)
+    body = format_burst(r)
     if r.peak_memory_bytes is None:
         body += "\npeak memory: not sampled (no engine processes known to this pane)"
     return Content("\n").join([Content.styled(head, style), Content(body)])
@@ -223,8 +222,8 @@ class BurstTab(ShowsWorkerFailures, Vertical):
     @work(thread=True, group="pf-burst", exit_on_error=False)
     def _burst_worker(self, run: int, config: BurstConfig, cancel: threading.Event,
                       pids: Callable[[], list[int]] | None, preset: Any, report: Any) -> None:
-        from ernie_tui.engine_ctl.control.resources import EngineMemory
-        from ernie_tui.engine_ctl.load.burst import run_burst
+        from ernie_tui.engine_ctl.control import EngineMemory
+        from ernie_tui.engine_ctl.load import run_burst
 
         counts = {"ok": 0, "failed": 0}
 
@@ -305,8 +304,7 @@ class BurstTab(ShowsWorkerFailures, Vertical):
         """(objectives, SearchConfig, LevelRules, prompt shape, RequestSettings)
         from the fields, checked by the same functions as the command line's
         options. ValueError in plain words."""
-        from ernie_tui.engine_ctl.load.capacity import make_search
-        from ernie_tui.engine_ctl.load.capacity_run import request_setup
+        from ernie_tui.engine_ctl.load import make_search, request_setup
 
         q = self.query_one
         slo, search, rules = make_search(
@@ -344,7 +342,7 @@ class BurstTab(ShowsWorkerFailures, Vertical):
     @work(thread=True, group="pf-capacity", exit_on_error=False)
     def _capacity_worker(self, run: int, slo: list, search: Any, rules: Any, cfg: BurstConfig, settings: Any,
                          cancel: threading.Event, preset: Any, report: Any) -> None:
-        from ernie_tui.engine_ctl.load.capacity_run import run_capacity
+        from ernie_tui.engine_ctl.load import run_capacity
 
         def progress(ev: dict[str, Any]) -> None:
             kind = ev.get("event")

@@ -29,7 +29,7 @@ from textual.content import Content
 from textual.message import Message
 from textual.widgets import Button, Checkbox, Input, Static, TextArea
 
-from ernie_tui.engine_ctl.load.probe import (
+from ernie_tui.engine_ctl.load import (
     CHINESE_PROMPT,
     DEFAULT_MAX_TOKENS,
     DEFAULT_TEMPERATURE,
@@ -226,7 +226,7 @@ class ProbeTab(ShowsWorkerFailures, Vertical):
 
     @work(thread=True, group="pf-long", exit_on_error=False)
     def _build_long(self) -> None:
-        from ernie_tui.engine_ctl.load.probe import ProbeFailure, find_tokenizer, long_prompt
+        from ernie_tui.engine_ctl.load import ProbeFailure, find_tokenizer, long_prompt
 
         t = self.target
         try:
@@ -320,7 +320,7 @@ class ProbeTab(ShowsWorkerFailures, Vertical):
 
     @work(thread=True, group="pf-probe", exit_on_error=False)
     def _worker(self, run: int, request: ProbeRequest, cancel: threading.Event) -> None:
-        from ernie_tui.engine_ctl.load.probe import run_probe
+        from ernie_tui.engine_ctl.load import run_probe
 
         pump = _TextPump(self.post_message, run)
         try:

@@ -9,8 +9,7 @@ from textual.containers import Horizontal, Vertical
 from textual.content import Content
 from textual.widgets import Label, ProgressBar, Static
 
-from ernie_tui.engine_ctl.logs.ranks import parallel_ranks
-from ernie_tui.engine_ctl.logs.report import PHASES
+from ernie_tui.engine_ctl.logs import PHASES, parallel_ranks
 from ernie_tui.tui import format as fmt
 
 PHASE_LABEL = {
