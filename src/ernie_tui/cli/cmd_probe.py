@@ -69,6 +69,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     b.add_argument("--preset", dest="probe_preset", metavar="NAME",
                    help="tag the run record with this preset (its engine args are recorded)")
     b.add_argument("--no-save", action="store_true", help="do not store a run record")
+    p.add_argument("--report", metavar="FILE", action="append", default=[],
+                   help="with --capacity: at the end, draw the search into FILE.html (self-contained), FILE.png "
+                        "or FILE.svg, as `ernie-tui report` does (may repeat; needs ernie-tui[report])")
     add_capacity_args(p)
     p.set_defaults(run=_run)
 
@@ -89,6 +92,15 @@ def _api_key(var: str) -> str | None:
 
 
 def _run(args) -> int:
+    if args.report:
+        from ernie_tui.cli import CliError
+        from ernie_tui.cli.cmd_report import check_out
+
+        if not args.capacity:
+            raise CliError("--report belongs to --capacity (for a burst: ernie-tui report RUN --out FILE)")
+        if args.no_save:
+            raise CliError("--report draws the run record: drop --no-save")
+        check_out(args.report)
     if args.capacity:
         return _run_capacity(args)
     if args.slo or args.workload:
@@ -205,7 +217,7 @@ def _run_burst(args) -> int:
     return 0 if result.completed > 0 else 1
 
 
-def _save_and_print(args, result, format_result, *, measured: bool) -> None:
+def _save_and_print(args, result, format_result, *, measured: bool):
     """Save a burst's or a search's run record (unless --no-save, or nothing
     was measured) and print the result: text, or JSON naming the record."""
     from ernie_tui.engine_ctl.load import RunStoreError
@@ -225,6 +237,7 @@ def _save_and_print(args, result, format_result, *, measured: bool) -> None:
         print(format_result(result))
         if record is not None:
             print(f"saved run record {record.path}")
+    return record
 
 
 def _run_capacity(args) -> int:
@@ -277,7 +290,12 @@ def _run_capacity(args) -> int:
                                tokenizer=tokenizer, model=args.probe_model, api_key=api_key,
                                progress=progress, cancel=cancel),
         cancel, name="capacity", on_interrupt="ending the running level, keeping the levels measured ...")
-    _save_and_print(args, result, format_capacity, measured=bool(result.levels))
+    record = _save_and_print(args, result, format_capacity, measured=bool(result.levels))
+    if args.report and record is not None:
+        from ernie_tui.cli.cmd_report import write_from_refs
+
+        written = write_from_refs([str(record.path)], args.report)
+        print(f"wrote {', '.join(written)}", file=sys.stderr)
     if cancel.is_set():
         return 130
     return 0 if result.levels and result.stop_reason != "server_down" else 1

@@ -27,6 +27,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("names", nargs="+", metavar="NAME", help="presets to measure, in order")
     p.add_argument("--out", metavar="FILE", required=True, action="append",
                    help="FILE.csv, FILE.json or FILE.md (may repeat)")
+    p.add_argument("--report", metavar="FILE", action="append", default=[],
+                   help="at the end, draw the sweep (ranking, Pareto front, each trial's curve) into FILE.html "
+                        "(self-contained), FILE.png or FILE.svg, as `ernie-tui report` does (may repeat; needs "
+                        "ernie-tui[report])")
     p.add_argument("--burst", type=int, default=100, metavar="N", help="requests per burst (100)")
     p.add_argument("--concurrency", type=int, default=4, metavar="C", help="concurrent requests (4)")
     p.add_argument("--min-tokens", type=int, default=30, metavar="A", help="shortest prompt, tokens (30)")
@@ -96,6 +100,10 @@ def _sweep(args) -> int:
             raise CliError(f"--out must end in .csv, .json or .md, got {out}")
     if args.repeat < 1:
         raise CliError("--repeat must be at least 1")
+    if args.report:
+        from ernie_tui.cli.cmd_report import check_out
+
+        check_out(args.report)
     book = load_presets(args.presets)
     model = args.model
     presets = [book.get(n) for n in args.names]
@@ -173,8 +181,12 @@ def _sweep(args) -> int:
     meta = meta_now()
     for out in args.out:
         export_sweep(rows, out, meta)
-    save_run("sweep", {"meta": meta, "runs": runs}, notes=" ".join(args.names))
+    record = save_run("sweep", {"meta": meta, "runs": runs}, notes=" ".join(args.names))
     print(to_markdown(rows))
+    if args.report:
+        from ernie_tui.cli.cmd_report import write_from_refs
+
+        args.out += write_from_refs([str(record.path)], args.report)
     overheads = [r.overhead_s for r in runs if r.overhead_s is not None]
     if overheads:
         print(f"sweep overhead beyond vLLM start, burst and stop: max {max(overheads):.2f} s per preset",

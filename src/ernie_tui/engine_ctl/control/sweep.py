@@ -96,6 +96,9 @@ class SweepRun:
     # The process that generated the load: this one in a sequential sweep,
     # the trial's own child process in a parallel one (trial_load.py).
     load_pid: int | None = None
+    # The trial's own run record (its burst or capacity search, with every
+    # level): what `ernie-tui report` draws a sweep's curves from.
+    record_id: str | None = None
 
 
 @dataclass
@@ -570,8 +573,10 @@ def _run_one(preset: Preset, repeat: int, burst_config, options: SweepOptions, l
         if options.save_records:
             from ernie_tui.engine_ctl.load.runstore import save_run
 
-            save_run("burst", burst.to_dict(with_requests=False), preset=preset, engine_report=report.to_dict(),
-                     url=spec.url, model=spec.served_model_name, notes=f"sweep repeat {repeat}")
+            record = save_run("burst", burst.to_dict(with_requests=False), preset=preset,
+                              engine_report=report.to_dict(), url=spec.url, model=spec.served_model_name,
+                              notes=f"sweep repeat {repeat}")
+            run.record_id = record.id
         return run
     finally:
         if loader is not None:
@@ -624,8 +629,9 @@ def _measure_capacity(run: SweepRun, capacity: CapacitySweep, burst_config, spec
     if options.save_records:
         from ernie_tui.engine_ctl.load.runstore import save_run
 
-        save_run("capacity", result.to_dict(), preset=preset, engine_report=report.to_dict(), url=spec.url,
-                 model=spec.served_model_name, notes=f"sweep repeat {run.repeat}")
+        record = save_run("capacity", result.to_dict(), preset=preset, engine_report=report.to_dict(),
+                          url=spec.url, model=spec.served_model_name, notes=f"sweep repeat {run.repeat}")
+        run.record_id = record.id
 
 
 def _load_job(kind: str, spec, preset: Preset, burst_config, log_dir: Path, repeat: int,

@@ -35,7 +35,8 @@ from ernie_tui.engine_ctl.load.prompts import (
     long_prompt,
     ready_prompt,
 )
-from ernie_tui.engine_ctl.load.runstore import RunStoreError, save_run
+from ernie_tui.engine_ctl.load.runstore import KINDS as RUN_KINDS
+from ernie_tui.engine_ctl.load.runstore import RunRecord, RunStoreError, list_runs, load_run, save_run
 from ernie_tui.engine_ctl.load.slo import Objective, limit_ms, parse_slo
 from ernie_tui.engine_ctl.load.stats import rate, relative_diff
 from ernie_tui.engine_ctl.load.stream_timing import (
@@ -70,6 +71,8 @@ __all__ = [
     "ProbeRequest",
     "ProbeResult",
     "REQUEST_SUCCESS",
+    "RUN_KINDS",
+    "RunRecord",
     "RunStoreError",
     "SHORT_PROMPT",
     "ServedModel",
@@ -84,7 +87,9 @@ __all__ = [
     "front_of_rows",
     "histogram_delta",
     "limit_ms",
+    "list_runs",
     "load_jsonl",
+    "load_run",
     "long_prompt",
     "make_search",
     "parse_slo",

@@ -1,0 +1,376 @@
+"""What a report draws, read from saved run records and sweep exports.
+
+The records are JSON written by other parts (runstore.save_run with a
+BurstResult, a CapacityResult or a sweep's runs; control.sweep.to_json), and
+their shape grows: every key is read with a default, a level may be keyed by
+`concurrency` (closed loop) or `rate` (open loop), and keys nobody here knows
+are kept in `raw` and go to the CSV. Nothing here draws.
+
+- Curve: one burst or one capacity search (a preset's curve): its levels,
+  its SLO limits, its capacity, and what it ran on.
+- Comparison: presets side by side (a sweep, or several capacity searches):
+  the sweep's own fold (median, min-max spread, rank, "within noise") and
+  load.pareto's front, reused, not recomputed here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ernie_tui.engine_ctl.control import SweepRow, SweepRun, fold, score_column
+from ernie_tui.engine_ctl.load import RunRecord, RunStoreError, front_of_rows, list_runs, load_run
+
+
+class ReportError(Exception):
+    """A report that cannot be made; the message is for humans."""
+
+
+# A level's x: closed-loop concurrency, or open-loop request rate.
+LEVEL_KEYS = ("concurrency", "rate")
+
+
+def _num(value: Any) -> float | None:
+    if isinstance(value, bool) or value is None:
+        return None
+    try:
+        f = float(value)
+    except (TypeError, ValueError):
+        return None
+    return None if f != f else f
+
+
+def _ms_from_s(d: dict[str, Any] | None, key: str) -> float | None:
+    v = _num((d or {}).get(key))
+    return None if v is None else v * 1000.0
+
+
+@dataclass
+class Level:
+    """One measured level (or a burst's single point)."""
+
+    key: str  # "concurrency" | "rate"
+    x: float
+    verdict: str  # pass | fail | undecided | "" (a burst has no verdict)
+    output_tps: float | None = None
+    goodput_output_tps: float | None = None
+    goodput_rps: float | None = None
+    ttft_p50_ms: float | None = None
+    ttft_p99_ms: float | None = None
+    itl_p50_ms: float | None = None
+    itl_p99_ms: float | None = None
+    e2e_p99_ms: float | None = None
+    attainment: float | None = None
+    attainment_low: float | None = None
+    attainment_high: float | None = None
+    requests: int | None = None
+    stop: str = ""
+    vllm: dict[str, Any] = field(default_factory=dict)  # the server's own histogram figures
+    raw: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def label(self) -> str:
+        short = "c" if self.key == "concurrency" else "r"
+        return f"{short}={self.x:g}"
+
+
+@dataclass
+class Curve:
+    """One run: a capacity search's levels, or a burst's one point."""
+
+    name: str  # the preset, else the run id
+    run_id: str
+    kind: str  # capacity | burst
+    timestamp: str = ""
+    levels: list[Level] = field(default_factory=list)
+    slo: list[str] = field(default_factory=list)
+    limits: dict[str, float] = field(default_factory=dict)  # "ttft_p99" -> ms
+    capacity: Level | None = None
+    stop: str = ""
+    info: dict[str, Any] = field(default_factory=dict)  # what it ran on: label -> text
+    engine_args: dict[str, Any] = field(default_factory=dict)
+    repeat: str = ""  # "sweep repeat 1" and such
+
+    @property
+    def level_key(self) -> str:
+        return self.levels[0].key if self.levels else "concurrency"
+
+
+@dataclass
+class Comparison:
+    """Presets side by side: the sweep's rows (rank, spread, noise) and the front."""
+
+    title: str
+    rows: list[SweepRow]
+    score: str
+    front: set[str]
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class ReportData:
+    curves: list[Curve] = field(default_factory=list)
+    comparisons: list[Comparison] = field(default_factory=list)
+    sources: list[str] = field(default_factory=list)
+
+
+# -- one level / one record ------------------------------------------------------
+
+_SLO_RE = re.compile(r"^\s*(ttft|itl|e2e|tpot)_(p\d+(?:\.\d+)?)\s*[=<]+\s*([\d.]+)\s*(ms|s)?\s*$", re.I)
+
+
+def slo_limits(slo: list[Any]) -> dict[str, float]:
+    """"ttft_p99<=500ms" / "ttft_p99=0.5s" (or the objectives' dicts) -> {"ttft_p99": 500.0} in ms."""
+    out: dict[str, float] = {}
+    for item in slo or []:
+        if isinstance(item, dict):
+            metric, pct = item.get("metric"), item.get("percentile")
+            limit = _num(item.get("limit_s"))
+            if metric and pct is not None and limit is not None:
+                out[f"{metric}_p{_num(pct):g}"] = limit * 1000.0
+            continue
+        m = _SLO_RE.match(str(item))
+        if m:
+            value = float(m.group(3)) * (1000.0 if (m.group(4) or "ms").lower() == "s" else 1.0)
+            out[f"{m.group(1).lower()}_{m.group(2).lower()}"] = value
+    return out
+
+
+def level_of(d: dict[str, Any]) -> Level | None:
+    key = next((k for k in LEVEL_KEYS if _num(d.get(k)) is not None), None)
+    if key is None:
+        return None
+    verdict = str(d.get("verdict") or ("pass" if d.get("passed") else "fail" if d.get("decided") else "undecided"))
+    vllm = d.get("vllm") if isinstance(d.get("vllm"), dict) else {}
+    return Level(
+        key=key, x=float(d[key]), verdict=verdict,
+        output_tps=_num(d.get("output_tps")), goodput_output_tps=_num(d.get("goodput_output_tps")),
+        goodput_rps=_num(d.get("goodput_rps")),
+        ttft_p50_ms=_num(d.get("ttft_p50_ms")), ttft_p99_ms=_num(d.get("ttft_p99_ms")),
+        itl_p50_ms=_num(d.get("itl_p50_ms")), itl_p99_ms=_num(d.get("itl_p99_ms")),
+        e2e_p99_ms=_num(d.get("e2e_p99_ms")),
+        attainment=_num(d.get("attainment")), attainment_low=_num(d.get("attainment_low")),
+        attainment_high=_num(d.get("attainment_high")),
+        requests=int(d["requests"]) if _num(d.get("requests")) is not None else None,
+        stop=str(d.get("stop") or ""), vllm=dict(vllm or {}), raw=d,
+    )
+
+
+def _info(rec: RunRecord, results: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(what it ran on, the preset's engine arguments) from whatever the record holds."""
+    er = rec.engine_report or {}
+    preset = rec.preset or {}
+    info: dict[str, Any] = {}
+
+    def put(label: str, value: Any) -> None:
+        if value not in (None, "", {}, []):
+            info[label] = value
+
+    put("run record", rec.id)
+    put("time (UTC)", rec.timestamp)
+    put("preset", preset.get("name"))
+    put("model", rec.model or results.get("model") or er.get("model"))
+    put("url", rec.url or results.get("url"))
+    put("vLLM version", er.get("vllm_version"))
+    platform = er.get("platform")
+    put("platform", {"cuda": "GPU (CUDA)", "cpu": "CPU"}.get(str(platform), platform))
+    for key in ("gpu", "gpus", "gpu_name", "device", "cpu"):  # when a newer record holds them
+        put(key, er.get(key) if er.get(key) is not None else preset.get(key))
+    put("attention backend", er.get("attention_backend"))
+    put("block size", er.get("block_size"))
+    put("max model len", er.get("max_model_len"))
+    put("weights GiB", er.get("weights_gib"))
+    put("KV cache GiB", er.get("kv_cache_gib"))
+    put("KV cache tokens", er.get("kv_cache_tokens"))
+    put("max concurrency (vLLM)", er.get("max_concurrency"))
+    put("vLLM non-default args", er.get("non_default_args"))
+    workload = results.get("workload")
+    put("workload", workload)
+    config = results.get("config")
+    put("load config", config)
+    put("SLO", " ".join(str(s) for s in results.get("slo") or []))
+    put("notes", rec.notes)
+    args = preset.get("engine_args") if isinstance(preset.get("engine_args"), dict) else {}
+    return info, dict(args or {})
+
+
+def curve_of(rec: RunRecord) -> Curve:
+    """A capacity or burst record as a curve."""
+    res = rec.results or {}
+    info, args = _info(rec, res)
+    curve = Curve(name=rec.preset_name or rec.id, run_id=rec.id, kind=rec.kind, timestamp=rec.timestamp,
+                  info=info, engine_args=args, repeat=rec.notes or "")
+    if rec.kind == "burst":
+        cfg = res.get("config") or {}
+        ttft, itl = res.get("ttft") or {}, res.get("itl") or {}
+        vllm = res.get("vllm") or {}
+        key = "rate" if _num(cfg.get("rate")) is not None and _num(cfg.get("concurrency")) is None else "concurrency"
+        x = _num(cfg.get(key)) or 0.0
+        curve.levels = [Level(
+            key=key, x=x, verdict="", output_tps=_num(res.get("output_tps")),
+            ttft_p50_ms=_ms_from_s(ttft, "p50"), ttft_p99_ms=_ms_from_s(ttft, "p99"),
+            itl_p50_ms=_ms_from_s(itl, "p50"), itl_p99_ms=_ms_from_s(itl, "p99"),
+            e2e_p99_ms=_ms_from_s(res.get("latency"), "p99"),
+            requests=int(_num(res.get("total")) or 0), stop="cancelled" if res.get("cancelled") else "done",
+            vllm={k: (v * 1000.0 if k.endswith("_s") and _num(v) is not None else v)
+                  for k, v in vllm.items()} if isinstance(vllm, dict) else {},
+            raw={k: v for k, v in res.items() if not isinstance(v, (dict, list))},
+        )]
+        curve.stop = "burst"
+        return curve
+    curve.slo = [str(s) for s in res.get("slo") or []]
+    curve.limits = slo_limits(res.get("slo") or [])
+    curve.levels = [lv for lv in (level_of(d) for d in res.get("levels") or [] if isinstance(d, dict))
+                    if lv is not None]
+    curve.stop = str(res.get("stop_reason") or "")
+    cap = res.get("capacity")
+    if isinstance(cap, dict):
+        ckey = next((k for k in LEVEL_KEYS if _num(cap.get(k)) is not None), None)
+        if ckey is not None:
+            at = float(cap[ckey])
+            curve.capacity = (next((lv for lv in curve.levels if lv.key == ckey and lv.x == at), None)
+                              or level_of(cap))
+    return curve
+
+
+# -- comparisons -------------------------------------------------------------------
+
+_RUN_FIELDS = {f.name for f in dataclasses.fields(SweepRun)}
+
+
+def _sweep_run(d: dict[str, Any]) -> SweepRun | None:
+    try:
+        return SweepRun(**{k: v for k, v in d.items() if k in _RUN_FIELDS})
+    except TypeError:  # a record missing preset/repeat/status
+        return None
+
+
+def comparison_of(runs: list[SweepRun], meta: dict[str, Any], title: str) -> Comparison | None:
+    runs = [r for r in runs if r is not None]
+    if not runs:
+        return None
+    order = list(dict.fromkeys(r.preset for r in runs))
+    score = score_column(runs)
+    rows = fold(runs, order, score)
+    front = front_of_rows(rows) if score == "goodput_output_tps" else set()
+    return Comparison(title=title, rows=rows, score=score, front=front, meta=dict(meta or {}))
+
+
+def _capacity_as_run(curve: Curve, repeat: int) -> SweepRun:
+    """A lone capacity search as one sweep run, so several are folded and
+    ranked (spread, noise) by the sweep's own code."""
+    cap = curve.capacity
+    run = SweepRun(preset=curve.name, repeat=repeat, status="ok", mode="capacity",
+                   key_args=" ".join(f"--{k}={v}" for k, v in curve.engine_args.items()))
+    if cap is not None:
+        run.capacity_concurrency = cap.x
+        run.goodput_rps, run.goodput_output_tps = cap.goodput_rps, cap.goodput_output_tps
+        run.output_tps, run.ttft_p50_ms, run.ttft_p99_ms = cap.output_tps, cap.ttft_p50_ms, cap.ttft_p99_ms
+        run.itl_p50_ms, run.itl_p99_ms = cap.itl_p50_ms, cap.itl_p99_ms
+    elif curve.stop == "first_level_failed":
+        run.capacity_concurrency, run.goodput_rps, run.goodput_output_tps = 0.0, 0.0, 0.0
+    return run
+
+
+# -- reading references ------------------------------------------------------------
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise ReportError(f"cannot read {path}: {exc}") from exc
+
+
+def _trial_records(sweep: RunRecord | None, runs: list[SweepRun], meta: dict[str, Any],
+                   directory: Path | None) -> list[RunRecord]:
+    """Each sweep trial's own record: by the id the run keeps, else (older
+    sweeps) the records of its presets saved while the sweep ran."""
+    out: list[RunRecord] = []
+    missing = False
+    for r in runs:
+        if r.record_id:
+            try:
+                out.append(load_run(r.record_id, directory))
+                continue
+            except RunStoreError:
+                pass
+        missing = missing or r.status == "ok"
+    if missing and not out and sweep is not None:
+        seconds = _num(meta.get("seconds"))
+        names = {r.preset for r in runs}
+        start = sweep.created - (seconds or 0.0) - 5.0
+        for rec in reversed(list_runs(directory=directory)):
+            if rec.kind in ("capacity", "burst") and rec.preset_name in names and start <= rec.created <= sweep.created:
+                out.append(rec)
+    return out
+
+
+def load_report_data(refs: list[str], directory: str | Path | None = None) -> ReportData:
+    """The curves and comparisons of run ids, run-record files and sweep exports.
+    A sweep brings its trials' curves (found in the run store beside it)."""
+    if not refs:
+        raise ReportError("name at least one run (an id from `ernie-tui runs list`, a run-record file, "
+                          "or a sweep's JSON export)")
+    data = ReportData()
+    seen: set[str] = set()
+    lone: list[Curve] = []
+
+    def add_curve(rec: RunRecord, alone: bool) -> None:
+        if rec.id in seen:
+            return
+        seen.add(rec.id)
+        curve = curve_of(rec)
+        data.curves.append(curve)
+        if alone and rec.kind == "capacity":
+            lone.append(curve)
+
+    for ref in refs:
+        p = Path(ref)
+        folder = Path(directory) if directory else None
+        if p.is_file():
+            raw = _read_json(p)
+            if isinstance(raw, dict) and "rows" in raw and "kind" not in raw:  # a sweep's JSON export
+                runs = [_sweep_run(d) for row in raw.get("rows") or [] for d in row.get("runs") or []
+                        if isinstance(d, dict)]
+                meta = raw.get("meta") or {}
+                cmp_ = comparison_of([r for r in runs if r], meta, f"sweep {p.name}")
+                if cmp_:
+                    data.comparisons.append(cmp_)
+                for rec in _trial_records(None, [r for r in runs if r], meta, folder):
+                    add_curve(rec, False)
+                data.sources.append(str(p))
+                continue
+        try:
+            rec = load_run(ref, directory)
+        except RunStoreError as exc:
+            raise ReportError(str(exc)) from None
+        data.sources.append(str(rec.path or ref))
+        if rec.kind == "sweep":
+            res = rec.results or {}
+            runs = [_sweep_run(d) for d in res.get("runs") or [] if isinstance(d, dict)]
+            meta = res.get("meta") or {}
+            cmp_ = comparison_of([r for r in runs if r], meta, f"sweep {rec.id}")
+            if cmp_:
+                data.comparisons.append(cmp_)
+            for trial in _trial_records(rec, [r for r in runs if r], meta,
+                                        folder or (rec.path.parent if rec.path else None)):
+                add_curve(trial, False)
+        elif rec.kind in ("capacity", "burst"):
+            add_curve(rec, True)
+        else:
+            raise ReportError(f"{rec.id} is a {rec.kind} record; a report draws bursts, capacity searches "
+                              "and sweeps")
+    if len(lone) > 1:
+        counts: dict[str, int] = {}
+        lone_runs: list[SweepRun] = []
+        for c in lone:
+            lone_runs.append(_capacity_as_run(c, counts.get(c.name, 0)))
+            counts[c.name] = counts.get(c.name, 0) + 1
+        cmp_ = comparison_of(lone_runs, {}, "capacity searches side by side")
+        if cmp_:
+            data.comparisons.append(cmp_)
+    return data
