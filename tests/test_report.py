@@ -285,3 +285,29 @@ def test_cli_report_writes_html_and_csv(store, tmp_path, capsys):
     assert main(["report", SWEEP]) == 1
     assert main(["probe", "--url", "http://127.0.0.1:9", "--burst", "3", "--report", "x.html"]) == 1
     assert "--report belongs to --capacity" in capsys.readouterr().err
+
+
+def test_cli_probe_capacity_report_draws_the_search_it_just_saved(tmp_path, capsys):
+    import subprocess
+
+    here = Path(__file__).resolve().parent
+    proc = subprocess.Popen([sys.executable, str(here / "paced_server.py"), "--port", "0", "--slots", "2",
+                             "--ttft-ms", "20", "--itl-ms", "10"], stdout=subprocess.PIPE, text=True)
+    try:
+        line = proc.stdout.readline() if proc.stdout else ""
+        assert line.startswith("listening on "), line
+        url = line.split()[-1]
+        out = tmp_path / "cap.html"
+        code = main(["probe", "--url", url, "--capacity", "--slo", "ttft_p90=2s", "--max-tokens", "8",
+                     "--min-tokens", "10", "--max-tokens-in", "20", "--max-concurrency", "2", "--level-time", "3",
+                     "--report", str(out)])
+        assert code == 0, capsys.readouterr().err
+    finally:
+        proc.terminate()
+        proc.wait(10)
+    html = out.read_text()
+    assert 'id="slo-ttft_p90"' in html and "c=1" in html and "c=2" in html and network_refs(html) == []
+    from ernie_tui.engine_ctl.load import list_runs
+
+    (rec,) = list_runs(kind="capacity")
+    assert rec.id in html

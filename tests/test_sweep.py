@@ -173,7 +173,7 @@ def test_capacity_sweep_on_paced_stand_ins(tmp_path, tiny_model, capsys):
     out = tmp_path / "sweep.json"
     code = main(["sweep", "slots2", "slots4", "--presets", str(presets), "--out", str(out), "--capacity",
                  "--slo", "ttft_p90=100ms", "--max-tokens", "16", "--min-tokens", "10", "--max-tokens-in", "40",
-                 "--start-concurrency", "2", "--ready-timeout", "30"])
+                 "--start-concurrency", "2", "--ready-timeout", "30", "--report", str(tmp_path / "sweep.html")])
     assert code == 0, capsys.readouterr().err
     data = json.loads(out.read_text())
     rows = {r["preset"]: r for r in data["rows"]}
@@ -191,6 +191,12 @@ def test_capacity_sweep_on_paced_stand_ins(tmp_path, tiny_model, capsys):
     from ernie_tui.engine_ctl.load import runstore
 
     assert len(runstore.list_runs(kind="capacity")) == 2
+    # Each run names its trial's record, and --report drew the sweep from them:
+    # the ranking with the front, and each preset's curve with its SLO line.
+    assert {r["runs"][0]["record_id"] for r in data["rows"]} == {r.id for r in runstore.list_runs(kind="capacity")}
+    html = (tmp_path / "sweep.html").read_text()
+    assert 'id="front-slots4"' in html and 'id="slo-ttft_p90"' in html  # the SLO's own percentile is drawn
+    assert html.count("<svg") == 3 and "capacity c=4" in html and "capacity c=2" in html
 
 
 def test_sweep_meta_is_one_dict_for_the_cli_and_the_screen():

@@ -66,13 +66,21 @@ def _title(curve: Curve) -> str:
     return f"{curve.name} r{int(tail) + 1}" if tail.isdigit() and tail != curve.repeat else curve.name
 
 
+def latency_name(curve: Curve, metric: str) -> str:
+    """The percentile a latency picture shows: the SLO's own on that metric
+    (so its line and its points speak of the same figure), else p99."""
+    own = sorted(name for name in curve.limits if name.startswith(metric + "_"))
+    return own[0] if own else f"{metric}_p99"
+
+
 def draw_latency(ax: "Axes", curve: Curve, metric: str) -> None:
-    """Output tok/s (x) against `metric` p99 (y), a point per level with its
-    verdict, the SLO limit as a line, the capacity ringed."""
-    attr = f"{metric}_p99_ms"
+    """Output tok/s (x) against `metric`'s percentile (p99, or the SLO's), a
+    point per level with its verdict, the SLO limit as a line, the capacity ringed."""
+    name = latency_name(curve, metric)
+    shown = name.replace("_", " ").upper().replace(" P", " p")
     seen: set[str] = set()
     for lv in curve.levels:
-        x, y = lv.output_tps, getattr(lv, attr)
+        x, y = lv.output_tps, lv.latency(name)
         if x is None or y is None:
             continue
         marker, colour, filled = VERDICT_STYLE.get(lv.verdict, VERDICT_STYLE["undecided"])
@@ -84,22 +92,26 @@ def draw_latency(ax: "Axes", curve: Curve, metric: str) -> None:
         seen.add(label)
         ax.annotate(lv.label, (x, y), textcoords="offset points", xytext=(5, 5), fontsize=8)
     # Joined in the order of the levels (concurrency or rate), not of throughput.
-    pts_line = [(lv.output_tps, getattr(lv, attr)) for lv in sorted(curve.levels, key=lambda lv: lv.x)
-                if lv.output_tps is not None and getattr(lv, attr) is not None]
+    pts_line: list[tuple[float, float]] = []
+    for lv in sorted(curve.levels, key=lambda lv: lv.x):
+        x, y = lv.output_tps, lv.latency(name)
+        if x is not None and y is not None:
+            pts_line.append((x, y))
     if len(pts_line) > 1:
         ax.plot([p[0] for p in pts_line], [p[1] for p in pts_line], color="#bbbbbb", lw=1, zorder=1)
-    for name, limit in sorted(curve.limits.items()):
-        if name.startswith(metric + "_"):
-            line = ax.axhline(limit, color="#d73027", ls="--", lw=1.2, label=f"SLO {name} {limit:g} ms")
-            line.set_gid(f"slo-{name}")
+    for slo_name, limit in sorted(curve.limits.items()):
+        if slo_name == name:
+            line = ax.axhline(limit, color="#d73027", ls="--", lw=1.2, label=f"SLO {slo_name} {limit:g} ms")
+            line.set_gid(f"slo-{slo_name}")
     cap = curve.capacity
-    if cap is not None and cap.output_tps is not None and getattr(cap, attr) is not None:
-        ring = ax.scatter([cap.output_tps], [getattr(cap, attr)], s=260, facecolors="none",
+    cap_y = cap.latency(name) if cap is not None else None
+    if cap is not None and cap.output_tps is not None and cap_y is not None:
+        ring = ax.scatter([cap.output_tps], [cap_y], s=260, facecolors="none",
                           edgecolors="#000000", linewidths=1.8, zorder=4, label=f"capacity {cap.label}")
         ring.set_gid("capacity")
     ax.set_xlabel("output tok/s")
-    ax.set_ylabel(f"{metric.upper()} p99 (ms)")
-    ax.set_title(f"{_title(curve)}: output tok/s vs {metric.upper()} p99", fontsize=10)
+    ax.set_ylabel(f"{shown} (ms)")
+    ax.set_title(f"{_title(curve)}: output tok/s vs {shown}", fontsize=10)
     ax.grid(True, alpha=0.3)
     if ax.get_legend_handles_labels()[0]:
         ax.legend(fontsize=7, loc="best")

@@ -70,7 +70,15 @@ class Level:
     requests: int | None = None
     stop: str = ""
     vllm: dict[str, Any] = field(default_factory=dict)  # the server's own histogram figures
+    # Each objective's measured percentile, "ttft_p90" -> ms: what the SLO judged.
+    slo_values: dict[str, float] = field(default_factory=dict)
     raw: dict[str, Any] = field(default_factory=dict)
+
+    def latency(self, name: str) -> float | None:
+        """`ttft_p99` and such in ms: the objective's own figure, else the level's column."""
+        if name in self.slo_values:
+            return self.slo_values[name]
+        return getattr(self, f"{name}_ms", None)
 
     @property
     def label(self) -> str:
@@ -157,6 +165,10 @@ def level_of(d: dict[str, Any]) -> Level | None:
         attainment_high=_num(d.get("attainment_high")),
         requests=int(d["requests"]) if _num(d.get("requests")) is not None else None,
         stop=str(d.get("stop") or ""), vllm=dict(vllm or {}), raw=d,
+        slo_values={f"{o.get('metric')}_p{_num(o.get('percentile')):g}": float(o["value_ms"])
+                    for o in d.get("objectives") or []
+                    if isinstance(o, dict) and _num(o.get("value_ms")) is not None
+                    and _num(o.get("percentile")) is not None},
     )
 
 
