@@ -274,8 +274,9 @@ def network_refs(html_text: str) -> list[str]:
     return [m.group(0) for m in _NETWORK_RE.finditer(html_text)]
 
 
-def write_report(data: ReportData, out: str | Path, title: str | None = None) -> Path:
-    """Write FILE.html (the page), FILE.png or FILE.svg (every picture on one canvas)."""
+def write_report(data: ReportData, out: str | Path, title: str | None = None, dpi: float | None = None) -> Path:
+    """Write FILE.html (the page), FILE.png or FILE.svg (every picture on one
+    canvas; `dpi` sets a PNG's resolution, 100 by default)."""
     p = Path(out)
     suffix = p.suffix.lower()
     if suffix not in FORMATS:
@@ -284,7 +285,7 @@ def write_report(data: ReportData, out: str | Path, title: str | None = None) ->
         payload = report_html(data, title).encode("utf-8")
     else:
         fig = F.overview_figure(data.curves, data.comparisons)
-        payload = F.render(fig, suffix[1:], salt=p.stem)
+        payload = F.render(fig, suffix[1:], salt=p.stem, dpi=dpi)
     p.parent.mkdir(parents=True, exist_ok=True)
     tmp = p.with_name(p.name + ".tmp")
     tmp.write_bytes(payload)

@@ -47,12 +47,12 @@ def new_figure(width: float, height: float) -> "Figure":
     return Figure(figsize=(width, height), dpi=100, layout="constrained")
 
 
-def render(fig: "Figure", fmt: str, salt: str = "ernie-tui") -> bytes:
+def render(fig: "Figure", fmt: str, salt: str = "ernie-tui", dpi: float | None = None) -> bytes:
     """The figure as PNG or SVG bytes (SVG text stays text; ids are stable)."""
     mpl = _mpl()
     buf = io.BytesIO()
     with mpl.rc_context({"svg.fonttype": "none", "svg.hashsalt": salt}):
-        fig.savefig(buf, format=fmt, metadata={"Date": None} if fmt == "svg" else None)
+        fig.savefig(buf, format=fmt, dpi=dpi or "figure", metadata={"Date": None} if fmt == "svg" else None)
     return buf.getvalue()
 
 
