@@ -311,3 +311,14 @@ def test_cli_probe_capacity_report_draws_the_search_it_just_saved(tmp_path, caps
 
     (rec,) = list_runs(kind="capacity")
     assert rec.id in html
+
+
+def test_matplotlib_is_imported_only_when_drawing():
+    # `ernie-tui --help`, `runs list` and the dashboard work without the
+    # report extra, and pay nothing for it.
+    import subprocess
+
+    code = ("import sys, ernie_tui.engine_ctl.report, ernie_tui.cli, ernie_tui.cli.cmd_report, "
+            "ernie_tui.cli.cmd_runs; print('matplotlib' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"

@@ -125,11 +125,30 @@ def engine_args_text(args: dict[str, Any]) -> str:
     return " \\\n  ".join(parts)
 
 
+def _nested_text(v: Any, indent: str = "") -> str:
+    """A dict or list as indented `key: value` lines (JSON's braces help nobody here)."""
+    if isinstance(v, dict):
+        lines = []
+        for k, x in v.items():
+            if isinstance(x, (dict, list)) and x:
+                lines.append(f"{indent}{k}:\n{_nested_text(x, indent + '  ')}")
+            else:
+                lines.append(f"{indent}{k}: {json.dumps(x, ensure_ascii=False) if not isinstance(x, str) else x}")
+        return "\n".join(lines)
+    if isinstance(v, list):
+        return "\n".join(f"{indent}- {json.dumps(x, ensure_ascii=False) if not isinstance(x, str) else x}"
+                         for x in v)
+    return f"{indent}{v}"
+
+
 def _info_html(curve: Curve) -> str:
     rows = []
     for k, v in curve.info.items():
-        text = json.dumps(v, indent=1, ensure_ascii=False) if isinstance(v, (dict, list)) else _fmt(v)
-        rows.append(f'<tr><th class="l">{escape(k)}</th><td class="l"><code>{escape(text)}</code></td></tr>')
+        if isinstance(v, (dict, list)):
+            cell = f"<pre>{escape(_nested_text(v))}</pre>"
+        else:
+            cell = f"<code>{escape(_fmt(v))}</code>"
+        rows.append(f'<tr><th class="l">{escape(k)}</th><td class="l">{cell}</td></tr>')
     args = engine_args_text(curve.engine_args) if curve.engine_args else "(not recorded)"
     return ("<table>" + "".join(rows) + "</table>"
             f"<p><b>Engine arguments</b> (the preset's, as given to vLLM):</p><pre>{escape(args)}</pre>")
@@ -147,7 +166,7 @@ def _levels_html(curve: Curve) -> str:
     headers = [key, "verdict", "requests", "output tok/s", "goodput tok/s", "TTFT p50", "TTFT p99", "ITL p50",
                "ITL p99", "attainment", "interval", "stop"] + [h for _, h in vcols]
     rows, classes, cells = [], [], []
-    for lv in curve.levels:
+    for lv in sorted(curve.levels, key=lambda lv: lv.x):
         interval = ("–" if lv.attainment_low is None and lv.attainment_high is None
                     else f"{_pct(lv.attainment_low)} – {_pct(lv.attainment_high)}")
         cap = lv is curve.capacity
@@ -175,7 +194,7 @@ def _curve_html(curve: Curve, index: int) -> str:
                 f"(search stopped: {escape(curve.stop or '?')})")
     fig = F.curve_figure(curve)
     return "\n".join([
-        f'<h2 id="run-{index}">{escape(curve.name)} <span class="note">{escape(curve.run_id)}'
+        f'<h2 id="run-{index}">{escape(F.curve_title(curve))} <span class="note">{escape(curve.run_id)}'
         f'{" · " + escape(curve.repeat) if curve.repeat else ""}</span></h2>',
         f"<p>{head}.</p>",
         f'<div class="figure">{_svg_inline(fig, f"curve-{index}")}</div>',
@@ -188,9 +207,10 @@ def _agg_text(row: SweepRow, col: str) -> str:
     a = row.stats.get(col)
     if a is None or a.median is None:
         return "–"
-    text = _fmt(a.median)
+    fmt = (lambda v: "–" if v is None else f"{v:g}") if col == "capacity_concurrency" else _fmt
+    text = fmt(a.median)
     if len([r for r in row.runs if r.status == "ok"]) > 1:
-        text += f" ({_fmt(a.low)}–{_fmt(a.high)})"
+        text += f" ({fmt(a.low)}–{fmt(a.high)})"
     return text
 
 
@@ -252,7 +272,7 @@ def report_html(data: ReportData, title: str | None = None) -> str:
         f'<a download="levels.csv" href="{csv_uri}">Download every level as CSV</a>.</p>',
     ]
     toc = [f'<li><a href="#cmp-{i}">{escape(c.title)}</a></li>' for i, c in enumerate(data.comparisons)]
-    toc += [f'<li><a href="#run-{i}">{escape(c.name)}</a> <span class="note">{escape(c.run_id)}</span></li>'
+    toc += [f'<li><a href="#run-{i}">{escape(F.curve_title(c))}</a> <span class="note">{escape(c.run_id)}</span></li>'
             for i, c in enumerate(data.curves)]
     if len(toc) > 1:
         parts.append(f"<ul>{''.join(toc)}</ul>")

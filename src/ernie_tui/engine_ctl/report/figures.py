@@ -60,7 +60,7 @@ def _verdict_label(verdict: str) -> str:
     return {"": "measured"}.get(verdict, verdict)
 
 
-def _title(curve: Curve) -> str:
+def curve_title(curve: Curve) -> str:
     """The preset, and which repeat of a sweep (r1, r2, ... as the sweep counts them)."""
     tail = curve.repeat.removeprefix("sweep repeat ")
     return f"{curve.name} r{int(tail) + 1}" if tail.isdigit() and tail != curve.repeat else curve.name
@@ -111,7 +111,7 @@ def draw_latency(ax: "Axes", curve: Curve, metric: str) -> None:
         ring.set_gid("capacity")
     ax.set_xlabel("output tok/s")
     ax.set_ylabel(f"{shown} (ms)")
-    ax.set_title(f"{_title(curve)}: output tok/s vs {shown}", fontsize=10)
+    ax.set_title(f"{curve_title(curve)}: output tok/s vs {shown}", fontsize=10)
     ax.grid(True, alpha=0.3)
     if ax.get_legend_handles_labels()[0]:
         ax.legend(fontsize=7, loc="best")
@@ -135,7 +135,7 @@ def draw_attainment(ax: "Axes", curve: Curve) -> None:
         ax.legend(fontsize=7, loc="lower left")
     ax.set_xlabel("concurrency" if curve.level_key == "concurrency" else "request rate (req/s)")
     ax.set_ylabel("SLO attainment (%)")
-    ax.set_title(f"{_title(curve)}: attainment per level", fontsize=10)
+    ax.set_title(f"{curve_title(curve)}: attainment per level", fontsize=10)
     if levels and all(lv.x > 0 for lv in levels) and max(lv.x for lv in levels) / min(lv.x for lv in levels) >= 8:
         ax.set_xscale("log", base=2)
     ax.grid(True, alpha=0.3)
