@@ -156,7 +156,7 @@ def test_unknown_runs_and_other_kinds_are_refused(store, tmp_path):
 
 def test_html_holds_the_points_slo_lines_capacity_front_and_engine_args(sweep_html):
     html = sweep_html
-    assert html.count("<svg") == 5  # the front, and one row of pictures per trial
+    assert html.count("<svg") == 5  # the front with every curve, and one row of pictures per trial
     for text in ("c=1", "c=2", "c=4", "c=8"):
         assert text in html  # the levels' labels, as SVG text
     assert 'id="slo-ttft_p99"' in html and 'id="slo-itl_p99"' in html
@@ -165,6 +165,7 @@ def test_html_holds_the_points_slo_lines_capacity_front_and_engine_args(sweep_ht
     assert 'id="level-c=4-fail"' in html or 'id="level-c=8-fail"' in html
     assert 'id="front-slots4"' in html and 'id="front-slots2"' in html and "on the front" in html
     assert 'id="attainment-c=1"' in html
+    assert 'id="overlay-slots2-r1"' in html and 'id="overlay-slots4-r2"' in html  # every trial on one axes
     # the exact engine arguments, the workload and the SLO of each run
     assert "--block-size 32" in html and "--kv-cache-memory-bytes 64M" in html
     assert "built prompts of 10-40 tokens" in html and "ttft_p99=150ms itl_p99=40ms" in html

@@ -214,7 +214,7 @@ def _agg_text(row: SweepRow, col: str) -> str:
     return text
 
 
-def _comparison_html(cmp_: Comparison, index: int) -> str:
+def _comparison_html(cmp_: Comparison, index: int, curves: list[Curve]) -> str:
     capacity = cmp_.score == "goodput_output_tps"
     headers = ["rank", "preset", "status", "runs", f"{'goodput tok/s' if capacity else 'output tok/s'}",
                "vs best"]
@@ -246,7 +246,7 @@ def _comparison_html(cmp_: Comparison, index: int) -> str:
     if noisy:
         notes.append(f"Within noise of the best: {escape(', '.join(noisy))}.")
     meta = "".join(f"<li><b>{escape(str(k))}</b>: {escape(str(v))}</li>" for k, v in cmp_.meta.items())
-    fig = F.comparison_figure(cmp_)
+    fig = F.comparison_figure(cmp_, curves)
     return "\n".join([
         f'<h2 id="cmp-{index}">{escape(cmp_.title)}</h2>',
         f"<ul>{meta}</ul>" if meta else "",
@@ -277,7 +277,7 @@ def report_html(data: ReportData, title: str | None = None) -> str:
     if len(toc) > 1:
         parts.append(f"<ul>{''.join(toc)}</ul>")
     for i, cmp_ in enumerate(data.comparisons):
-        parts.append(_comparison_html(cmp_, i))
+        parts.append(_comparison_html(cmp_, i, data.curves))
     for i, curve in enumerate(data.curves):
         parts.append(_curve_html(curve, i))
     if not data.curves and not data.comparisons:

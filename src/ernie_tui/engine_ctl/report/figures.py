@@ -14,7 +14,7 @@ from __future__ import annotations
 import io
 from typing import TYPE_CHECKING, Any
 
-from ernie_tui.engine_ctl.report.inputs import Comparison, Curve, ReportError
+from ernie_tui.engine_ctl.report.inputs import Comparison, Curve, Level, ReportError
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -206,13 +206,62 @@ def curve_figure(curve: Curve) -> "Figure":
     return fig
 
 
-def comparison_figure(cmp_: Comparison) -> "Figure":
-    fig = new_figure(8, 4.5)
-    ax = fig.subplots(1, 1)
+def draw_overlay(ax: "Axes", cmp_: Comparison, curves: list[Curve], metric: str = "ttft") -> None:
+    """Every trial's curve on one axes, a colour per preset: output tok/s
+    against `metric`'s percentile, failed levels crossed, capacities ringed."""
+    presets = [r.preset for r in cmp_.rows]
+    mine = [c for c in curves if c.name in presets]
+    palette = ["#4575b4", "#d73027", "#1a9850", "#984ea3", "#ff7f00", "#a65628", "#f781bf", "#666666"]
+    limits: dict[str, float] = {}
+    for c in mine:
+        colour = palette[presets.index(c.name) % len(palette)]
+        name = latency_name(c, metric)
+        pts: list[tuple[float, float, Level]] = []
+        for lv in sorted(c.levels, key=lambda lv: lv.x):
+            x, y = lv.output_tps, lv.latency(name)
+            if x is not None and y is not None:
+                pts.append((x, y, lv))
+        if not pts:
+            continue
+        line = ax.plot([p[0] for p in pts], [p[1] for p in pts], color=colour, lw=1, alpha=0.8,
+                       marker="o", ms=4, label=curve_title(c))[0]
+        line.set_gid(f"overlay-{_slug(curve_title(c))}")
+        fails = [(x, y) for x, y, lv in pts if lv.verdict == "fail"]
+        if fails:
+            ax.scatter([p[0] for p in fails], [p[1] for p in fails], marker="x", color=colour, s=40, zorder=3)
+        cap = c.capacity
+        cap_y = cap.latency(name) if cap is not None else None
+        if cap is not None and cap.output_tps is not None and cap_y is not None:
+            ax.scatter([cap.output_tps], [cap_y], s=160, facecolors="none", edgecolors=colour, linewidths=1.5,
+                       zorder=4)
+        limits.update({k: v for k, v in c.limits.items() if k == name})
+    for slo_name, limit in sorted(limits.items()):
+        ax.axhline(limit, color="#d73027", ls="--", lw=1.2, label=f"SLO {slo_name} {limit:g} ms").set_gid(
+            f"slo-{slo_name}")
+    ax.set_xlabel("output tok/s")
+    name = next(iter(limits)) if limits else f"{metric}_p99"
+    ax.set_ylabel(f"{name.replace('_', ' ').upper().replace(' P', ' p')} (ms)")
+    ax.set_title("every trial's curve (× fail, ○ capacity)", fontsize=10)
+    ax.grid(True, alpha=0.3)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=7, loc="best")
+
+
+def _slug(text: str) -> str:
+    return "".join(ch if ch.isalnum() or ch in "._-" else "-" for ch in text)
+
+
+def comparison_figure(cmp_: Comparison, curves: list[Curve] | None = None) -> "Figure":
+    """The ranking (or the front), and beside it every trial's curve when the runs are at hand."""
+    mine = [c for c in curves or [] if c.name in {r.preset for r in cmp_.rows}]
+    fig = new_figure(13 if mine else 8, 4.5)
+    axes = fig.subplots(1, 2 if mine else 1, squeeze=False)[0]
     if cmp_.score == "goodput_output_tps":
-        draw_front(ax, cmp_)
+        draw_front(axes[0], cmp_)
     else:
-        draw_scores(ax, cmp_)
+        draw_scores(axes[0], cmp_)
+    if mine:
+        draw_overlay(axes[1], cmp_, mine)
     return fig
 
 
@@ -231,6 +280,8 @@ def overview_figure(curves: list[Curve], comparisons: list[Comparison]) -> "Figu
             draw_front(ax, cmp_)
         else:
             draw_scores(ax, cmp_)
+        if any(c.name in {r.preset for r in cmp_.rows} for c in curves):
+            draw_overlay(fig.add_subplot(grid[row, 2]), cmp_, curves)
         row += 1
     for curve in curves:
         draw_latency(fig.add_subplot(grid[row, 0]), curve, "ttft")
