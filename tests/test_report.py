@@ -270,9 +270,13 @@ def test_cli_runs_list_and_show(store, capsys):
     assert main(["runs", "show", "nope"]) == 1
 
 
-def test_cli_runs_list_on_an_empty_store(capsys):
+def test_cli_runs_list_on_an_empty_store_and_another_folder(capsys):
     assert main(["runs", "list"]) == 0
     assert "no run records" in capsys.readouterr().out
+    assert main(["runs", "list", "--kind", "burst", "--runs-dir", str(RUNS)]) == 0
+    out = capsys.readouterr().out
+    assert BURST in out and SWEEP not in out and "burst N=30 C=3" in out
+    assert main(["runs", "show", BURST, "--runs-dir", str(RUNS)]) == 0
 
 
 def test_cli_report_writes_html_and_csv(store, tmp_path, capsys):

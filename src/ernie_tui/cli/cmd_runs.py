@@ -10,16 +10,17 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("runs", help="list and show saved run records (what `report` draws)",
                        description="Bursts, capacity searches and sweeps are saved as run records; list them "
                                    "(newest first) to find what to report, or show one.")
-    p.add_argument("--runs-dir", metavar="DIR", help="the run store (default: ernie-tui's own)")
     verbs = p.add_subparsers(dest="runs_command", metavar="list|show", required=True)
     ls = verbs.add_parser("list", help="one line per record, newest first")
     ls.add_argument("--kind", choices=["burst", "capacity", "sweep", "probe"], help="only this kind")
     ls.add_argument("--preset", metavar="NAME", help="only this preset's runs")
     ls.add_argument("--limit", type=int, default=50, metavar="N", help="at most N lines (50; 0 for all)")
+    ls.add_argument("--runs-dir", metavar="DIR", help="the run store (default: ernie-tui's own)")
     ls.set_defaults(run=_list)
     show = verbs.add_parser("show", help="one record: where it came from and what it found")
     show.add_argument("id", metavar="ID", help="a run id or a run-record file")
     show.add_argument("--json", action="store_true", help="print the whole record as JSON")
+    show.add_argument("--runs-dir", metavar="DIR", help="the run store (default: ernie-tui's own)")
     show.set_defaults(run=_show)
 
 
