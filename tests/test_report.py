@@ -120,6 +120,18 @@ def test_lone_capacity_searches_are_ranked_with_the_sweeps_noise_rule(tmp_path):
     assert "within noise" in report_html(data)
 
 
+def test_a_burst_sweep_is_ranked_by_output_tps_with_each_burst_a_point():
+    data = load_report_data(["20261201T112204-sweep-101453"], RUNS)
+    (cmp_,) = data.comparisons
+    assert cmp_.score == "output_tps" and cmp_.front == set()
+    rows = {r.preset: r for r in cmp_.rows}
+    assert rows["slots4"].vs_best == "best" and rows["slots2"].rank == 2 and rows["slots2"].vs_best.endswith("%")
+    assert [c.kind for c in data.curves] == ["burst", "burst"]
+    html = report_html(data)
+    assert 'id="overlay-slots4-r1"' in html and 'id="level-c=4-measured"' in html
+    assert "no SLO attainment" in html and "Pareto front" not in html.split("<h2")[1]
+
+
 def test_rate_keyed_levels_are_read_like_concurrency(tmp_path):
     # The open-loop mode keys each level (and the capacity) by `rate`.
     rec = _record(LONE)
