@@ -145,6 +145,12 @@ def test_rate_keyed_levels_are_read_like_concurrency(tmp_path):
     html = report_html(data)
     assert "r=12" in html and "request rate" in html
     assert "level_key" in levels_csv(data) and ",rate,12," in levels_csv(data)
+    from ernie_tui.engine_ctl.load import load_run
+    from ernie_tui.engine_ctl.report import describe, headline
+
+    back = load_run(tmp_path / f"{rec['id']}.json")
+    assert headline(back).startswith("capacity r=12.0 under ttft_p99=400ms")
+    assert "rate 12.0: undecided" in describe(back)
 
 
 def test_a_burst_is_one_point_and_a_failed_first_level_no_capacity(store):
