@@ -76,3 +76,19 @@ def test_a_typo_refused_by_vllm_in_the_log_is_renamed_too(typo_file):
                         line_no=3, detail={"arguments": ["--blok-size", "32"]})
     diagnosis = diagnose_failure(error, preset, platform="cpu")
     assert diagnosis.fix_changes == {"blok_size": None, "block_size": 32}
+
+
+def test_parse_log_of_an_empty_file_says_so_and_fails(tmp_path, capsys):
+    empty = tmp_path / "llm.log"
+    empty.write_bytes(b"")
+    assert main(["parse-log", str(empty)]) != 0
+    err = capsys.readouterr().err
+    assert "empty" in err and "llm.log" in err
+
+
+def test_parse_log_names_cpu_attention_and_compile_seconds(fixtures_dir, capsys):
+    # The CPU log: ~26 s of warm-up/compile between its stamps, no backend line.
+    assert main(["parse-log", str(fixtures_dir / "cpu-vllm0.32.0" / "fail_block16.log")]) == 0
+    out = capsys.readouterr().out
+    assert "attention       CPU_ATTN (implied" in out
+    assert "torch.compile   26 s" in out

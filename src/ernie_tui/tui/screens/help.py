@@ -33,7 +33,8 @@ FIGURES: tuple[tuple[str, str], ...] = (
     ("up / ready in", "time since launch; how long the start took until /health answered"),
     ("args", "the engine arguments vLLM reports as non-default (what really applied)"),
     ("block · len", "KV block size in tokens · max_model_len, the longest request allowed"),
-    ("attention", "the attention backend vLLM picked (FLASH_ATTN, TRITON_ATTN, CPU_ATTN, …)"),
+    ("attention", "the attention backend vLLM picked (FLASH_ATTN, TRITON_ATTN, …); on CPU vLLM logs none: "
+                  "CPU_ATTN, its CPU attention, marked implied"),
     ("weights", "GiB the model weights take in memory, and how long loading them took"),
     ("KV cache", "memory for the KV cache after weights and activations = tokens that fit"),
     ("concurrency", "how many requests of full max_model_len fit in the KV cache at once"),

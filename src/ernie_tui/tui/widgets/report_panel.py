@@ -104,7 +104,8 @@ class ReportPanel(Vertical):
         rows.append(_row("args", args_text))
         rows.append(_row("block · len", (fmt.integer(r.block_size), "bold"), " · ",
                          (fmt.integer(r.max_model_len), "bold"),
-                         ("   attention ", "dim"), (r.attention_backend or "–", "bold")))
+                         ("   attention ", "dim"), (r.attention_backend or "–", "bold"),
+                         (" (implied on CPU)" if r.attention_implied else "", "dim")))
         if r.weights_gib is not None:
             weights = fmt.gib(r.weights_gib)
             if r.weights_load_seconds is not None:
