@@ -92,3 +92,21 @@ def test_parse_log_names_cpu_attention_and_compile_seconds(fixtures_dir, capsys)
     out = capsys.readouterr().out
     assert "attention       CPU_ATTN (implied" in out
     assert "torch.compile   26 s" in out
+
+
+def _refused_url() -> str:
+    import socket
+
+    with socket.socket() as s:  # a port nothing listens on once this closes
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    return f"http://127.0.0.1:{port}"
+
+
+@pytest.mark.parametrize("mode", [["--burst", "4"], ["--capacity", "--slo", "ttft_p99=1s"]])
+def test_a_refused_url_prints_just_the_reason(mode, capsys):
+    assert main(["probe", "--url", _refused_url(), *mode, "--no-save"]) == 1
+    out, err = capsys.readouterr()
+    assert out == ""  # no table of dashes, no empty table header
+    assert "did not start: connection refused" in err
+    assert len(err.strip().splitlines()) == 1
