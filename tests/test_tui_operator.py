@@ -1,0 +1,62 @@
+"""Pilot tests of the operator's screens of issue #18 (items 6, 7 and 8's
+sweep part), each at 80x24 and at a wide terminal."""
+
+from __future__ import annotations
+
+import re
+import socket
+import time
+
+import pytest
+from textual.widgets import DataTable, Static
+
+from ernie_tui.engine_ctl.control.fleet import FleetServer
+from ernie_tui.tui.fleet_app import make_fleet_app
+from ernie_tui.tui.screens.fleet import ServerDashboard
+
+SIZES = [(80, 24), (160, 48)]
+
+
+def refused_url() -> str:
+    with socket.socket() as s:  # nothing listens there once this closes
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    return f"http://127.0.0.1:{port}"
+
+
+async def wait_for(pilot, condition, timeout: float = 20.0, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return
+        await pilot.pause(0.1)
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
+def screen_text(app) -> str:
+    return "\n".join(strip.text for strip in app.screen._compositor.render_strips())
+
+
+@pytest.mark.parametrize("size", SIZES)
+async def test_a_dead_fleet_member_says_why_and_what_to_do(size, tmp_path):
+    server = FleetServer("gone", refused_url(), log=str(tmp_path / "gone.log"), preset="cpu-demo")
+    app = make_fleet_app([server], interval=0.3, include_user_presets=False)
+    async with app.run_test(size=size) as pilot:
+        await wait_for(pilot, lambda: app.fleet.rows["gone"][0].state == "down", what="marked down")
+        await pilot.pause(0.2)
+        state = app.fleet.query_one(DataTable).get_cell("gone", "state").plain
+        # the row says why, not only since when
+        assert re.fullmatch(r"not answering since \d\d:\d\d:\d\d: connection refused", state)
+
+        await pilot.press("enter")
+        assert isinstance(app.screen, ServerDashboard)
+        await wait_for(pilot, lambda: "Not answering since" in str(app.main.query_one("#report-body", Static).content),
+                       what="the dashboard saying the server does not answer")
+        await pilot.pause(0.3)
+        body = str(app.main.query_one("#report-body", Static).content)
+        assert "connection refused" in body and "Nothing is starting" in body and "What to do" in body
+        assert "ernie-tui --preset cpu-demo" in body
+        text = screen_text(app)
+        assert "No startup report yet" not in text and "fills in from the server's log" not in text
+        assert "server not ready" not in text
+        assert "Not answering since" in text and "What to do" in text  # on screen, wrapped, not cut
