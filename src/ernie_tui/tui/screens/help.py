@@ -5,7 +5,6 @@ from __future__ import annotations
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical, VerticalScroll
-from textual.content import Content
 from textual.screen import Screen
 from textual.widgets import Label, Static
 
@@ -61,12 +60,20 @@ class HelpScreen(Screen[None]):
                 yield Static(self._table("What the figures mean", FIGURES), classes="help-section")
             yield Label("? or escape closes", classes="dialog-hint")
 
-    @staticmethod
-    def _table(title: str, rows: tuple[tuple[str, str], ...]) -> Content:
-        width = max(len(k) for k, _ in rows) + 2
-        lines = [Content.styled(title, "bold $accent")]
-        lines += [Content.assemble((f"{k:<{width}}", "bold"), v) for k, v in rows]
-        return Content("\n").join(lines)
+    def _table(self, title: str, rows: tuple[tuple[str, str], ...]):
+        """Two columns: a description that wraps (an 80-column terminal)
+        continues under itself, not at column 0 under the keys."""
+        from rich.console import Group
+        from rich.table import Table
+        from rich.text import Text
+
+        accent = getattr(getattr(self.app, "current_theme", None), "accent", None) or "cyan"
+        table = Table(box=None, show_header=False, padding=(0, 2, 0, 0), expand=True)
+        table.add_column(no_wrap=True, style="bold")
+        table.add_column(ratio=1, overflow="fold")
+        for key, text in rows:
+            table.add_row(key, text)
+        return Group(Text(title, style=f"bold {accent}"), table)
 
     def action_close(self) -> None:
         self.app.pop_screen()

@@ -26,6 +26,9 @@ from ernie_tui.tui.widgets.status_bar import StatusBar
 
 COMPACT_HEIGHT = 32  # below this many rows the charts swap with the log
 
+NARROW_WIDTH = 120  # below this many columns the footer is compact and leaves out NARROW_OPTIONAL
+NARROW_OPTIONAL = ("command", "window")  # in the help screen; `? Help` and `q Quit` must stay on screen
+
 CONTROL_ACTIONS = {"start", "stop", "restart", "switch", "edit", "fix", "command", "sweep"}
 
 
@@ -79,7 +82,7 @@ class MainScreen(Screen):
         with Vertical(id="log-pane"):
             yield LogView(id="log")
             yield Input(placeholder="search the log · enter keeps it · escape closes", id="log-search")
-        yield KeyFooter()
+        yield KeyFooter(optional=NARROW_OPTIONAL)
 
     def on_mount(self) -> None:
         from ernie_tui.tui.messages import SeriesUpdate
@@ -96,6 +99,16 @@ class MainScreen(Screen):
 
     def on_resize(self, event: Resize) -> None:
         self.set_class(event.size.height < COMPACT_HEIGHT, "-compact")
+        self._layout_footer()
+
+    def _layout_footer(self) -> None:
+        """Narrow: the footer keeps the essentials. Compact (charts swap
+        with the log): `g` is in the footer, named for what it shows next."""
+        compact = self.has_class("-compact")
+        self.query_one(KeyFooter).set_layout(
+            narrow=self.size.width < NARROW_WIDTH,
+            extra=frozenset({"toggle_charts"}) if compact else frozenset(),
+            labels={"toggle_charts": "Log" if self.has_class("-show-charts") else "Charts"})
 
     # -- what the app hands us ----------------------------------------------------
     @property
@@ -322,6 +335,7 @@ class MainScreen(Screen):
 
     def action_toggle_charts(self) -> None:
         self.toggle_class("-show-charts")
+        self._layout_footer()
 
     # -- control: handed to the app -------------------------------------------------
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
