@@ -60,3 +60,44 @@ async def test_a_dead_fleet_member_says_why_and_what_to_do(size, tmp_path):
         assert "No startup report yet" not in text and "fills in from the server's log" not in text
         assert "server not ready" not in text
         assert "Not answering since" in text and "What to do" in text  # on screen, wrapped, not cut
+
+
+# -- the sweep screen: machine facts, and a table wider than the screen --------------------------
+
+def sweep_app(book, machine):
+    from textual.app import App
+
+    from ernie_tui.tui.screens.sweep import SweepScreen
+
+    class SweepOnly(App):
+        def on_mount(self) -> None:
+            self.push_screen(SweepScreen(book, machine=machine))
+
+    return SweepOnly()
+
+
+@pytest.mark.parametrize("size", SIZES)
+async def test_the_sweep_says_which_presets_cannot_run_on_a_cpu_box(size):
+    from ernie_tui.engine_ctl.launch.machine import Machine
+    from ernie_tui.presets import load_presets
+
+    book = load_presets([], include_user=False)  # the built-ins: tp2, tp4, dp2 ...
+    app = sweep_app(book, Machine(platform="cpu", source="test"))
+    async with app.run_test(size=size) as pilot:
+        await pilot.pause(0.3)
+        presets = app.screen.query_one("#sw-presets")
+        prompts = {presets.get_option_at_index(i).value: str(presets.get_option_at_index(i).prompt)
+                   for i in range(presets.option_count)}
+        for name in ("tp2", "tp4", "dp2"):
+            assert "cannot run" in prompts[name] or "needs" in prompts[name], prompts[name]
+        assert "needs 2 GPUs: this machine has none (CPU)" in prompts["tp2"]
+        assert "needs" not in prompts["seed-A"]
+        # the description of a highlighted one says so in words
+        presets.highlighted = list(prompts).index("tp4")
+        await pilot.pause(0.2)
+        assert "Cannot run here: needs 4 GPUs" in str(app.screen.query_one("#sw-desc").content)
+        # the results table names the columns beyond its right edge
+        table = app.screen.query_one("#sw-table")
+        await pilot.pause(0.2)
+        assert table.border_subtitle.startswith("← → shows ")
+        assert "max conc." in table.border_subtitle or "…" in table.border_subtitle

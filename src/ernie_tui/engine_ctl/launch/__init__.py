@@ -13,6 +13,7 @@ May read logs (a diagnosis reads a report); never load or control.
 from ernie_tui.engine_ctl.launch.diagnose import apply_fix, describe_changes
 from ernie_tui.engine_ctl.launch.diagnose import diagnose as diagnose_failure
 from ernie_tui.engine_ctl.launch.machine import detect_machine
+from ernie_tui.engine_ctl.launch.parallel_layout import gpus_needed
 from ernie_tui.engine_ctl.launch.ports import free_port, next_free_port, port_is_free
 from ernie_tui.engine_ctl.launch.preflight import launcher_python, unknown_arguments, vllm_args
 from ernie_tui.engine_ctl.launch.preflight import preflight as run_preflight
@@ -23,6 +24,7 @@ __all__ = [
     "detect_machine",
     "diagnose_failure",
     "free_port",
+    "gpus_needed",
     "launcher_python",
     "next_free_port",
     "port_is_free",
