@@ -72,8 +72,9 @@ def test_a_typo_refused_by_vllm_in_the_log_is_renamed_too(typo_file):
     from ernie_tui.engine_ctl.logs.report import EngineError
 
     preset = load_presets([typo_file], include_user=False).get("typo")
-    error = EngineError(kind=ErrorKind.UNKNOWN_ARGUMENT, message="api_server.py: error: unrecognized arguments: --blok-size 32",
-                        line_no=3, detail={"arguments": ["--blok-size", "32"]})
+    error = EngineError(kind=ErrorKind.UNKNOWN_ARGUMENT,
+                        message="api_server.py: error: unrecognized arguments: --blok-size 32", line_no=3,
+                        detail={"arguments": ["--blok-size", "32"]})
     diagnosis = diagnose_failure(error, preset, platform="cpu")
     assert diagnosis.fix_changes == {"blok_size": None, "block_size": 32}
 

@@ -739,7 +739,8 @@ def preflight(
 
 
 __all__ = [
-    "Problem", "PreflightResult", "VllmArgs", "preflight", "vllm_args", "nearest_argument", "unknown_arguments", "port_is_free", "next_free_port",
+    "Problem", "PreflightResult", "VllmArgs", "preflight", "vllm_args", "nearest_argument",
+    "unknown_arguments", "port_is_free", "next_free_port",
     "bind_exposure",
     "valid_tp_sizes", "largest_valid_tp", "launcher_python", "size_str", "TOOL_KEYS",
 ]

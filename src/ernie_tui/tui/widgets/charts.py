@@ -259,7 +259,8 @@ class KVChart(TimeChart):
                                   "[ansi_bright_red]waiting[/]",
                                   "[ansi_bright_green]KV %[/] · [ansi_bright_cyan]run[/]/[ansi_bright_red]wait[/]")
         if ky or ry:
-            kv, run, wait = _fmt_num(ky[-1] if ky else None, '%'), int(ry[-1]) if ry else '–', int(wy[-1]) if wy else '–'
+            kv = _fmt_num(ky[-1] if ky else None, '%')
+            run, wait = int(ry[-1]) if ry else '–', int(wy[-1]) if wy else '–'
             self.border_subtitle = _fits(self, f"KV {kv} · run {run} · wait {wait}", f"{kv} · {run}/{wait}")
         else:
             self.border_subtitle = "no samples"
