@@ -104,7 +104,7 @@ class MainScreen(Screen):
     def _layout_footer(self) -> None:
         """Narrow: the footer keeps the essentials. Compact (charts swap
         with the log): `g` is in the footer, named for what it shows next."""
-        compact = self.has_class("-compact")
+        compact = self.has_class("-compact") and self._state != "crashed"  # crashed: no charts to swap in
         self.query_one(KeyFooter).set_layout(
             narrow=self.size.width < NARROW_WIDTH,
             extra=frozenset({"toggle_charts"}) if compact else frozenset(),
@@ -129,6 +129,7 @@ class MainScreen(Screen):
         if state != self._state:
             self._state = state
             self._replot()
+            self._layout_footer()
         self.query_one(ReportPanel).set_state(state)
         self.query_one(PresetsPanel).set_active(status.preset_name, state)
         panel = self.query_one(ErrorPanel)

@@ -138,6 +138,13 @@ class TimeChart(PlotextPlot):
         plt.clear_figure()
         plt.xlim(-self._window, 0)
         ticks = _ticks(self._window)
+        # A narrow chart (80 columns, three side by side): as many labels as
+        # fit with room between them, "now" always; plotext otherwise drops
+        # colliding labels of its own choosing.
+        room = max(2, (self.size.width - 8) // 4)
+        if len(ticks) > room:
+            step = -(-len(ticks) // room)
+            ticks = ticks[::-1][::step][::-1]
         plt.xticks(ticks, [_fmt_ago(-t) for t in ticks])
         points = in_window(self._points, self._window, self._now)
         drawn = self.draw(plt, points)
