@@ -10,7 +10,7 @@ import textwrap
 import pytest
 
 from ernie_tui.cli import main
-from ernie_tui.engine_ctl.launch import describe_changes, diagnose_failure, run_preflight
+from ernie_tui.engine_ctl.launch import diagnose_failure, run_preflight
 from ernie_tui.engine_ctl.launch.machine import Machine
 from ernie_tui.presets import load_presets
 
@@ -55,6 +55,8 @@ def test_a_clean_preset_draws_no_warning(tmp_path, capsys):
 
 
 def test_the_fix_for_a_typo_renames_the_key(typo_file, capsys):
+    from ernie_tui.engine_ctl.launch import describe_changes
+
     preset = load_presets([typo_file], include_user=False).get("typo")
     machine = Machine(platform="cpu", source="test", cpu_total_bytes=16 << 30, cpu_available_bytes=8 << 30)
     result = run_preflight(preset, None, machine)
