@@ -37,10 +37,13 @@ def register(sub: argparse._SubParsersAction) -> None:
                                    "Environment values whose "
                                    "name looks like a secret (KEY, TOKEN, SECRET, PASSWORD, ...) show as ***.")
     ps = p.add_subparsers(dest="presets_command", metavar="ACTION", required=True)
-    lst = ps.add_parser("list", parents=[shared_options(top_level=False)], help="every preset with its key arguments")
+    lst = ps.add_parser("list", parents=[shared_options(top_level=False)],
+                        help="every preset with its key arguments and description; warns (on stderr) of "
+                             "engine-arg keys the installed vLLM does not have, with the nearest it has")
     lst.add_argument("--json", action="store_true")
     lst.set_defaults(run=_list)
-    show = ps.add_parser("show", parents=[shared_options(top_level=False)], help="one preset")
+    show = ps.add_parser("show", parents=[shared_options(top_level=False)],
+                         help="one preset (with the same warning of unknown engine-arg keys)")
     show.add_argument("name")
     show.add_argument("--command", action="store_true", help="print the exact argv and env that launch it")
     show.add_argument("--json", action="store_true")
