@@ -46,6 +46,8 @@ def level_gaps(lv: Any) -> list[tuple[str, float, float, float]]:
     out = []
     for metric, ours, theirs in (("TTFT p99", lv.ttft_p99_ms, v.get("ttft_p99_ms")),
                                  ("ITL p99", lv.itl_p99_ms, v.get("itl_p99_ms"))):
+        if ours is None or theirs is None:
+            continue
         r = ratio(ours, theirs)
         if r is not None and (r > GAP_FACTOR or r < 1 / GAP_FACTOR):
             out.append((metric, float(ours), float(theirs), r))
