@@ -52,7 +52,8 @@ async def test_a_dead_fleet_member_says_why_and_what_to_do(size, tmp_path):
         assert isinstance(app.screen, ServerDashboard)
         await wait_for(pilot, lambda: "Not answering since" in str(app.main.query_one("#report-body", Static).content),
                        what="the dashboard saying the server does not answer")
-        await pilot.pause(0.3)
+        await wait_for(pilot, lambda: "What to do" in screen_text(app) and "server not ready" not in screen_text(app),
+                       what="the screen drawn with it")
         body = str(app.main.query_one("#report-body", Static).content)
         assert "connection refused" in body and "Nothing is starting" in body and "What to do" in body
         assert "ernie-tui --preset cpu-demo" in body
