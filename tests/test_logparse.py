@@ -147,7 +147,11 @@ def test_cpu_ok_block32(fixtures_dir):
     assert r.init_engine_seconds == 10.34 and r.weights_load_seconds == 0.01
     assert r.server_url == "http://127.0.0.1:18001" and r.ready and r.error is None
     assert r.pids == {"APIServer": 13903, "EngineCore": 13938, "Worker_0": 13964}
-    assert r.phases == {"load_weights": 0.01, "kv_profiling": 0.02}  # CPU states no compile time
+    # CPU states no compile time: the model runner's warm-up (which compiles)
+    # is timed by its stamps, 03:35:37 "Warming up model" to 03:35:47 (issue #18, 8).
+    assert r.phases == {"load_weights": 0.01, "compile": 10.0, "kv_profiling": 0.02}
+    assert r.compile_seconds == 10.0
+    assert r.attention_backend == "CPU_ATTN" and r.attention_implied  # CPU logs no backend line
     assert [s.prompt_tps for s in r.stats] == [13.5, 0.0]
     assert r.stats[0].generation_tps == 225.1 and r.stats[0].timestamp == "11-30 03:35:58"
     assert r.cuda_graph_seconds is None
@@ -730,7 +734,8 @@ def test_cli_parse_log_json(fixtures_dir, capsys):
     assert d["vllm_version"] == "0.32.0" and d["platform"] == "cpu" and d["block_size"] == 32
     assert d["kv_cache_tokens"] == 65536 and d["max_concurrency"] == 32.0 and d["ready"] is True
     assert d["error"] is None and d["phases"]["load_weights"] == 0.01
-    assert d["attention_backend"] is None and d["max_model_len"] == 2048 and d["kv_cache_gib"] == 0.0625
+    assert d["attention_backend"] == "CPU_ATTN" and d["attention_implied"] is True  # issue #18, 8
+    assert d["max_model_len"] == 2048 and d["kv_cache_gib"] == 0.0625
 
 
 def test_cli_parse_log_json_error(fixtures_dir, capsys):

@@ -167,3 +167,91 @@ def test_help_screen(snap_compare, book):
         await settle(pilot)
 
     assert snap_compare(app_for(book), terminal_size=SIZE, run_before=run_before)
+
+
+# -- 80x24 and 160x48 (issue #18, 7): the footer keeps `? Help` and `q Quit`, `g` is in the footer
+# while charts swap with the log, chart titles fit, preset arguments are whole, help wraps under itself.
+
+SIZES = {"80x24": (80, 24), "160x48": (160, 48)}
+
+
+def ready_feed(pilot, fixtures_dir, charts=True):
+    lines = fixture_lines(fixtures_dir, "ok_block32_len2048.log", until="Prefix cache hit rate")
+    status = ServerStatus(state=ServerState.READY, phase="ready", preset_name="cpu-demo", url=URL, pid=13903,
+                          started_at=NOW - 312, ready_at=NOW - 284)
+    feed(pilot.app, status, parse(lines), lines, series() if charts else None)
+
+
+@pytest.mark.parametrize("size", SIZES.values(), ids=SIZES.keys())
+def test_ready_at(snap_compare, book, fixtures_dir, size):
+    async def run_before(pilot):
+        ready_feed(pilot, fixtures_dir)
+        await settle(pilot)
+
+    assert snap_compare(app_for(book), terminal_size=size, run_before=run_before)
+
+
+def test_charts_swapped_in_at_80x24(snap_compare, book, fixtures_dir):
+    async def run_before(pilot):
+        ready_feed(pilot, fixtures_dir)
+        await settle(pilot)
+        await pilot.press("g")
+        await settle(pilot)
+
+    assert snap_compare(app_for(book), terminal_size=SIZES["80x24"], run_before=run_before)
+
+
+def test_replay_charts_at_80x24(snap_compare, book, fixtures_dir):
+    """A replayed log has no memory figures: the chart says so in lines that
+    fit it (it showed 'og holds no memory fig')."""
+    async def run_before(pilot):
+        await settle(pilot)
+        await pilot.press("g")
+        pilot.app.clear_notifications()  # "replayed N lines" would cover the charts
+        await settle(pilot)
+
+    log = fixtures_dir / "cpu-vllm0.32.0" / "ok_block32_len2048.log"
+    app = make_app(book=book, mode="replay", replay_path=str(log), live=False, clock=lambda: NOW)
+    assert snap_compare(app, terminal_size=SIZES["80x24"], run_before=run_before)
+
+
+@pytest.mark.parametrize("size", SIZES.values(), ids=SIZES.keys())
+def test_help_at(snap_compare, book, size):
+    async def run_before(pilot):
+        await settle(pilot)
+        await pilot.press("question_mark")
+        await settle(pilot)
+
+    assert snap_compare(app_for(book), terminal_size=size, run_before=run_before)
+
+
+@pytest.mark.parametrize("size", SIZES.values(), ids=SIZES.keys())
+def test_crashed_at(snap_compare, book, fixtures_dir, size):
+    lines = fixture_lines(fixtures_dir, "fail_block16.log")
+    report = parse(lines)
+    status = ServerStatus(state=ServerState.CRASHED, preset_name="cpu-block16", url=URL, pid=7817,
+                          started_at=NOW - 60, exit_code=1, error=report.error)
+
+    async def run_before(pilot):
+        pilot.app.post_message(ReportUpdate(report, run=1))
+        feed(pilot.app, status, None, lines)
+        await settle(pilot)
+
+    assert snap_compare(app_for(book), terminal_size=size, run_before=run_before)
+
+
+async def test_the_80x24_footer_keeps_help_and_quit(book, fixtures_dir):
+    """The footer's text itself, besides the pictures: at 80x24 it ended at
+    `/ Sea`, without `? Help` or `q Quit`, and never showed `g`."""
+    for size in SIZES.values():
+        app = app_for(book)
+        async with app.run_test(size=size) as pilot:
+            ready_feed(pilot, fixtures_dir)
+            await settle(pilot)
+            footer = app.screen._compositor.render_strips()[-1].text
+            assert "? Help" in footer and "q Quit" in footer, footer
+            assert ("g Charts" in footer) == (size == (80, 24)), footer
+            if size == (80, 24):
+                await pilot.press("g")
+                await settle(pilot)
+                assert "g Log" in app.screen._compositor.render_strips()[-1].text

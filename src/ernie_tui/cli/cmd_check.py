@@ -29,7 +29,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def _run(args) -> int:
     from ernie_tui.cli import CliError
-    from ernie_tui.engine_ctl.launch import detect_machine, run_preflight
+    from ernie_tui.engine_ctl.launch import describe_changes, detect_machine, run_preflight
     from ernie_tui.engine_ctl.units import GiB
     from ernie_tui.presets import load_presets
 
@@ -67,8 +67,7 @@ def _run(args) -> int:
         tag = "ERROR" if p.severity == "error" else "warn "
         print(f"  {tag} {p.kind.value}: {p.message}")
         if p.fix:
-            fix = ", ".join(f"remove {k}" if v is None else f"{k} = {v}" for k, v in p.fix.items())
-            print(f"        fix: {fix}")
+            print(f"        fix: {describe_changes(p.fix, set_word='')}")
     e = result.estimate
     if e is not None:
         print(f"estimate: weights {e.weights_gib:.2f} GiB, KV {e.kv_bytes_per_token:,} B/token, "

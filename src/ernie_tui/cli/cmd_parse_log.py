@@ -31,6 +31,8 @@ def _run(args) -> int:
         raise CliError(f"{args.file}: is a directory, not a log file") from None
     except OSError as exc:
         raise CliError(f"{args.file}: cannot read: {exc.strerror or exc}") from None
+    if report.lines == 0:
+        raise CliError(f"{args.file}: empty (0 lines): no log to report on; vLLM writes its log there as it starts")
     if args.json:
         # allow_nan=False: the parser drops figures no machine has, so the
         # output is strict JSON (never Infinity or NaN).
@@ -79,7 +81,8 @@ def format_report(report, source: str = "") -> str:
         model += f"  ({r.architecture})"
     out.append(f"  model           {model}")
     out.append(f"  block size      {_num(r.block_size)}        max model len  {_num(r.max_model_len)}")
-    out.append(f"  attention       {r.attention_backend or '-'}")
+    implied = " (implied: vLLM's CPU build logs no backend line)" if r.attention_implied else ""
+    out.append(f"  attention       {r.attention_backend or '-'}{implied}")
     out.append(f"  weights         {_num(r.weights_gib, 'GiB')}, loaded in {_num(r.weights_load_seconds, 's')}")
     out.append(f"  torch.compile   {_num(r.compile_seconds, 's')}")
     out.append(f"  KV cache        {_num(r.kv_cache_gib, 'GiB', 4 if (r.kv_cache_gib or 1) < 0.1 else 2)}"

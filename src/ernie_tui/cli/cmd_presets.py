@@ -6,6 +6,9 @@ import argparse
 import json
 import re
 import shlex
+import shutil
+import sys
+import textwrap
 
 from ernie_tui.cli.shared_options import shared_options
 
@@ -34,10 +37,13 @@ def register(sub: argparse._SubParsersAction) -> None:
                                    "Environment values whose "
                                    "name looks like a secret (KEY, TOKEN, SECRET, PASSWORD, ...) show as ***.")
     ps = p.add_subparsers(dest="presets_command", metavar="ACTION", required=True)
-    lst = ps.add_parser("list", parents=[shared_options(top_level=False)], help="every preset with its key arguments")
+    lst = ps.add_parser("list", parents=[shared_options(top_level=False)],
+                        help="every preset with its key arguments and description; warns (on stderr) of "
+                             "engine-arg keys the installed vLLM does not have, with the nearest it has")
     lst.add_argument("--json", action="store_true")
     lst.set_defaults(run=_list)
-    show = ps.add_parser("show", parents=[shared_options(top_level=False)], help="one preset")
+    show = ps.add_parser("show", parents=[shared_options(top_level=False)],
+                         help="one preset (with the same warning of unknown engine-arg keys)")
     show.add_argument("name")
     show.add_argument("--command", action="store_true", help="print the exact argv and env that launch it")
     show.add_argument("--json", action="store_true")
@@ -57,21 +63,50 @@ def _book(args):
     return load_presets(args.presets)
 
 
+def _typo_warnings(presets) -> list[str]:
+    """One line per engine-arg key the preset's vLLM does not have, with the
+    nearest argument it does have (the same "did you mean" as `check`)."""
+    from ernie_tui.engine_ctl.launch import launcher_python, unknown_arguments, vllm_args
+
+    lines = []
+    for p in presets:
+        args = vllm_args(launcher_python(p), allow_dump=False)
+        for key, near in unknown_arguments(p, args):
+            hint = (f"did you mean {near}? (`ernie-tui check {p.name}` offers the rename)" if near
+                    else "vLLM would exit with 'unrecognized arguments'")
+            lines.append(f"warning: {p.name}: {key} is not an argument of vLLM {args.version}; {hint}")
+    return lines
+
+
+def _warn(lines: list[str]) -> None:
+    for line in lines:
+        print(line, file=sys.stderr)
+
+
 def _list(args) -> int:
     book = _book(args)
+    presets = list(book)
     if args.json:
         print(json.dumps([{"name": p.name, "source": p.source, "description": p.description,
-                           "engine_args": p.engine_args} for p in book], indent=2))
+                           "engine_args": p.engine_args} for p in presets], indent=2))
+        _warn(_typo_warnings(presets))
         return 0
-    width = max(len(n) for n in book.names())
-    for p in book:
-        print(f"{p.name:<{width}}  {p.key_args() or '-':<44}  {p.source}")
+    width = max([len("NAME"), *(len(n) for n in book.names())])
+    argw = max([len("KEY ARGUMENTS"), *(len(p.key_args() or "-") for p in presets)])
+    print(f"{'NAME':<{width}}  {'KEY ARGUMENTS':<{argw}}  SOURCE")
+    for p in presets:
+        print(f"{p.name:<{width}}  {p.key_args() or '-':<{argw}}  {p.source}")
+        if p.description:
+            print(textwrap.fill(p.description, width=max(60, shutil.get_terminal_size().columns - 1),
+                                initial_indent=" " * (width + 2), subsequent_indent=" " * (width + 2)))
+    _warn(_typo_warnings(presets))
     return 0
 
 
 def _show(args) -> int:
     book = _book(args)
     preset = book.get(args.name)
+    _warn(_typo_warnings([preset]))
     if args.command:
         spec = preset.launch_spec(args.model)
         env_shown = masked_env(spec.display_env(), spec.secret_env_keys)

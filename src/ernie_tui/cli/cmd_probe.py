@@ -229,6 +229,12 @@ def _save_and_print(args, result, format_result, *, measured: bool):
             record = result.save(preset=preset)
         except RunStoreError as exc:
             print(f"ernie-tui: warning: {exc}", file=sys.stderr)
+    if not measured and not args.json:
+        # Nothing was sent (a refused URL, no model): a table of dashes says
+        # nothing; the reason is the whole answer.
+        for line in result.warnings or [getattr(result, "stop_message", "") or "nothing was measured"]:
+            print(f"ernie-tui: {line}", file=sys.stderr)
+        return
     if args.json:
         out = result.to_dict()
         out["run_record"] = str(record.path) if record else None

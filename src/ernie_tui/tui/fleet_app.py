@@ -71,6 +71,22 @@ class FleetApp(ErnieApp):
         self.main = ServerDashboard()
         self.push_screen(self.main)
         self.sub_title = f"{name} · {server.url}"
+        rows = self.fleet.rows.get(name)
+        if rows:
+            self.fleet_row_changed(rows[0])
+
+    def fleet_row_changed(self, row) -> None:
+        """The fleet's latest row of a server: the open dashboard of a server
+        that stopped answering says so (since when, why, what to do) rather
+        than waiting for a startup that is not happening."""
+        if row.server != self.open_name or self.main is None:
+            return
+        server = next((s for s in self.servers if s.name == row.server), None)
+        if row.state == "down":
+            self.main.show_unreachable(row.down_since, row.reason, url=row.url, preset=row.preset,
+                                       log=server.log if server else None, back="Press b for the fleet")
+        else:
+            self.main.show_unreachable(None)
 
     def leave_server(self) -> None:
         if self.open_name is None:

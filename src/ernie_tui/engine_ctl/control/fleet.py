@@ -137,6 +137,7 @@ class FleetRow:
     last_ok: float | None = None  # wall clock of the poll the figures come from
     down_since: float | None = None  # wall clock of the first failed poll in a row
     error: str | None = None
+    reason: str | None = None  # the error in a few words: "connection refused", "HTTP 500"
     polled_at: float | None = None
 
 
@@ -318,7 +319,7 @@ class ServerPoller:
         try:
             text = self._client.fetch_text()
         except m.MetricsError as exc:
-            return self.failed(str(exc))
+            return self.failed(str(exc), reason=exc.reason)
         mono = (before + time.monotonic()) / 2
         return self.ingest(text, mono=mono)
 
@@ -353,14 +354,15 @@ class ServerPoller:
         return replace(row, kv_pct=snap.kv_cache_usage_pct, running=snap.running, waiting=snap.waiting,
                        gen_tps=gen_tps, ttft_p99_s=ttft, itl_p99_s=itl, **extra)
 
-    def failed(self, error: str, now: float | None = None) -> list[FleetRow]:
+    def failed(self, error: str, now: float | None = None, reason: str | None = None) -> list[FleetRow]:
         now = self.clock() if now is None else now
         if self._down_since is None:
             self._down_since = now
             self._windows.clear()  # the next answer may come from a restarted server
         s = self.server
         good = self._good or [FleetRow(key=s.name, server=s.name, url=s.url, state="down", preset=s.preset)]
-        self.rows = [replace(r, state="down", down_since=self._down_since, error=error, polled_at=now) for r in good]
+        self.rows = [replace(r, state="down", down_since=self._down_since, error=error, reason=reason or error,
+                             polled_at=now) for r in good]
         return self.rows
 
     def close(self) -> None:

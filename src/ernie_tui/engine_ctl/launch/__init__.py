@@ -10,18 +10,25 @@ May read logs (a diagnosis reads a report); never load or control.
 # preflight and diagnose are also module names here: the front door gives the
 # functions names of their own, so an import of them is never read as one of
 # the file (by import-linter, or by a reader).
-from ernie_tui.engine_ctl.launch.diagnose import apply_fix
+from ernie_tui.engine_ctl.launch.diagnose import apply_fix, describe_changes
 from ernie_tui.engine_ctl.launch.diagnose import diagnose as diagnose_failure
 from ernie_tui.engine_ctl.launch.machine import detect_machine
+from ernie_tui.engine_ctl.launch.parallel_layout import gpus_needed
 from ernie_tui.engine_ctl.launch.ports import free_port, next_free_port, port_is_free
+from ernie_tui.engine_ctl.launch.preflight import launcher_python, unknown_arguments, vllm_args
 from ernie_tui.engine_ctl.launch.preflight import preflight as run_preflight
 
 __all__ = [
     "apply_fix",
+    "describe_changes",
     "detect_machine",
     "diagnose_failure",
     "free_port",
+    "gpus_needed",
+    "launcher_python",
     "next_free_port",
     "port_is_free",
     "run_preflight",
+    "unknown_arguments",
+    "vllm_args",
 ]

@@ -13,6 +13,7 @@ When a message lacks them, the model info and machine (if given) fill in.
 
 from __future__ import annotations
 
+import difflib
 import math
 import re
 from dataclasses import dataclass, replace
@@ -146,13 +147,36 @@ def _flag_to_key(flag: str) -> str:
     return key
 
 
+def _rename_typos(preset: Preset, keys: list[str]) -> dict[str, Any]:
+    """Remove the keys vLLM refused; one that is a typo of a real argument
+    (blok_size) is renamed instead, keeping its value."""
+    from ernie_tui.engine_ctl.launch.preflight import PAGED_ATTN_MYTH_KEYS, launcher_python, nearest_argument, vllm_args
+
+    changes: dict[str, Any] = {k: None for k in keys}
+    if len(keys) == 1 and keys[0] not in PAGED_ATTN_MYTH_KEYS:
+        try:
+            near = nearest_argument(keys[0], vllm_args(launcher_python(preset), allow_dump=False))
+        except (OSError, ValueError, KeyError):
+            near = None
+        if near and near not in preset.engine_args:
+            changes[near] = preset.engine_args[keys[0]]
+    return changes
+
+
 def _summary(changes: dict[str, Any] | None) -> str:
-    if not changes:
-        return "no automatic fix"
-    parts = []
-    for k, v in changes.items():
-        parts.append(f"remove {k}" if v is None else f"set {k} = {v!r}" if isinstance(v, str) else f"set {k} = {v}")
-    return "; ".join(parts)
+    return describe_changes(changes) if changes else "no automatic fix"
+
+
+def describe_changes(changes: dict[str, Any], set_word: str = "set ") -> str:
+    """A fix in words: 'rename blok_size to block_size (= 16)' for a fix of
+    one key removed and one set (preflight's typo fix), else 'remove K' /
+    'set K = V' each."""
+    gone = [k for k, v in changes.items() if v is None]
+    kept = [k for k, v in changes.items() if v is not None]
+    if len(gone) == 1 and len(kept) == 1 and difflib.SequenceMatcher(None, gone[0], kept[0]).ratio() >= 0.8:
+        return f"rename {gone[0]} to {kept[0]} (= {changes[kept[0]]})"
+    return "; ".join(f"remove {k}" if v is None else f"{set_word}{k} = {v!r}" if isinstance(v, str)
+                     else f"{set_word}{k} = {v}" for k, v in changes.items())
 
 
 def _estimate(preset: Preset, model_info: Any, machine: Machine | None):
@@ -306,7 +330,7 @@ def _fix_for(kind: ErrorKind, text: str, err: EngineError | None, preset: Preset
                 keys.append(m.group(1))
         if keys:
             extra = ("PagedAttention is always on in vLLM" if any("paged" in k for k in keys) else "")
-            return {k: None for k in keys}, extra
+            return _rename_typos(preset, keys), extra
         return None, f"remove {' '.join(flags) or 'the flag'} from the launcher"
 
     if kind == ErrorKind.CUDA_OOM:
@@ -378,4 +402,4 @@ def apply_fix(preset: Preset, diagnosis: Diagnosis) -> Preset:
     return replace(fixed, description=desc, **{k: v for k, v in tool.items() if v is not None})
 
 
-__all__ = ["Diagnosis", "diagnose", "apply_fix", "fixed_name"]
+__all__ = ["Diagnosis", "diagnose", "apply_fix", "fixed_name", "describe_changes"]

@@ -449,11 +449,35 @@ def check_arguments(c: _Ctx) -> None:
                   f"{key} = false: vLLM {c.args.version} has {base} but no {flag}; leave the key out instead",
                   {key: None})
             continue
-        near = difflib.get_close_matches(base, list(c.args.options), n=1, cutoff=0.8)
-        hint = f" (did you mean {near[0]}?)" if near else ""
+        near = nearest_argument(key, c.args)
+        hint = f" (did you mean {flag_for(near)}?)" if near else ""
+        # A typo's fix renames the key (keeping its value); with no near
+        # argument the key goes.
+        fix: dict[str, Any] = {key: None, near: value} if near and near not in c.preset.engine_args else {key: None}
         c.add(ErrorKind.UNKNOWN_ARGUMENT, "error",
               f"{key}: {base} is not an argument of vLLM {c.args.version}{hint}; vLLM exits with "
-              f"'unrecognized arguments'", {key: None})
+              f"'unrecognized arguments'", fix)
+
+
+def nearest_argument(key: str, args: VllmArgs) -> str | None:
+    """The engine-arg key (snake case) of vLLM's argument nearest to `key`, a
+    key vLLM does not have: `blok_size` -> `block_size`. None when nothing is
+    close. The one "did you mean" of `check`, `presets list` and `presets show`."""
+    near = difflib.get_close_matches(flag_for(key), [o for o in args.options if o.startswith("--")], n=1, cutoff=0.8)
+    return near[0][2:].replace("-", "_") if near else None
+
+
+def unknown_arguments(preset: Preset, args: VllmArgs) -> list[tuple[str, str | None]]:
+    """The preset's engine-arg keys that are no argument of this vLLM, each
+    with the nearest one that is (or None)."""
+    out: list[tuple[str, str | None]] = []
+    for key, value in preset.engine_args.items():
+        flag = flag_for(key)
+        if key in PAGED_ATTN_MYTH_KEYS:
+            out.append((key, None))
+        elif not (args.has(flag) or (isinstance(value, bool) and args.has("--no-" + flag[2:]))):
+            out.append((key, nearest_argument(key, args)))
+    return out
 
 
 def _cpu_kv_fix(c: _Ctx, est: Estimate, requests: int = 8) -> int:
@@ -715,7 +739,8 @@ def preflight(
 
 
 __all__ = [
-    "Problem", "PreflightResult", "VllmArgs", "preflight", "vllm_args", "port_is_free", "next_free_port",
+    "Problem", "PreflightResult", "VllmArgs", "preflight", "vllm_args", "nearest_argument",
+    "unknown_arguments", "port_is_free", "next_free_port",
     "bind_exposure",
     "valid_tp_sizes", "largest_valid_tp", "launcher_python", "size_str", "TOOL_KEYS",
 ]

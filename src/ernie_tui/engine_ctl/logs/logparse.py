@@ -224,6 +224,21 @@ def _split_top_level(body: str) -> list[str]:
     return items
 
 
+def _seconds_between(first: str | None, last: re.Match | None) -> float | None:
+    """Seconds from one log stamp "MM-DD HH:MM:SS" to a later one (a year
+    boundary aside); None without both."""
+    if first is None or last is None:
+        return None
+    from datetime import datetime
+
+    try:
+        a, b = (datetime.strptime("2000-" + t, "%Y-%m-%d %H:%M:%S") for t in (first, last.group(1)))
+    except ValueError:
+        return None
+    secs = (b - a).total_seconds()
+    return secs if secs >= 0 else None
+
+
 def _word_after(text: str, sep: str) -> str | None:
     """The first whitespace-separated word after `sep`, or None (lines may be cut anywhere)."""
     rest = text.partition(sep)[2].split(None, 1)
@@ -290,6 +305,7 @@ class LogParser:
         self._platform_sure = False
         self._kv_bytes: int | None = None  # kv_cache_memory_bytes from the args
         self._blocks: int | None = None  # `# GPU blocks: N` waiting for a block size
+        self._warmup_ts: str | None = None  # CPU: when "Warming up model for the compilation" came
 
     # -- public API ---------------------------------------------------------
 
@@ -595,6 +611,9 @@ class LogParser:
 
     def _k_compile(self, line: str, s: int, n: int) -> None:
         if line.startswith(("Dynamo bytecode transform", "Warming up model", "Compiling a graph"), s):
+            if line.startswith("Warming up model", s):
+                ts = _RE_TS.search(line, 0, 120)
+                self._warmup_ts = ts.group(1) if ts else None
             self._advance("compile", n)
 
     def _k_capture(self, line: str, s: int, n: int) -> None:
@@ -756,6 +775,7 @@ class LogParser:
         norm = name.upper().replace(" ", "_").replace("-", "_")
         norm = {"FLASH_ATTENTION": "FLASH_ATTN", "FLASHATTENTION": "FLASH_ATTN"}.get(norm, norm)
         self._set("attention_backend", norm, n)
+        self.report.attention_implied = False
         if norm in ("FLASH_ATTN", "FLASHINFER", "XFORMERS", "FLASHMLA", "CUTLASS_MLA", "TRITON_MLA"):
             self._platform("cuda", n)
         elif norm in ("CPU_ATTN", "TORCH_SDPA", "CPU_MLA", "AMX_MLA"):
@@ -808,7 +828,18 @@ class LogParser:
         m = _RE_SECS.search(text)
         rep = self.report
         if rep.phase in (None, "load_weights", "compile") and "compile" not in rep.phases:
-            self._phase_done("compile", None, n)  # CPU: compilation ends without a "took" line
+            # CPU: compilation ends without a "took" line; the CPU model
+            # runner's warm-up (which compiles) is timed by its log stamps.
+            secs = _seconds_between(self._warmup_ts, _RE_TS.search(line, 0, 120))
+            if secs is not None and rep.compile_seconds is None:
+                self._set("compile_seconds", secs, n)
+            self._phase_done("compile", secs, n)
+        if rep.platform == "cpu" and rep.attention_backend is None:
+            # vLLM's CPU build logs no "Using ... backend" line: its decoder
+            # attention is CPU_ATTN (the name in its block-size refusal,
+            # "No common block size for 16 (CPU_ATTN: [MultipleOf(32)])").
+            self._set("attention_backend", "CPU_ATTN", n)
+            rep.attention_implied = True
         self._advance("kv_profiling", n)
         secs = self._fig(m.group(1), "seconds", "profiling time", n) if m else None
         if secs is not None:

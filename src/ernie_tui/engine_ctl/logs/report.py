@@ -76,6 +76,7 @@ class EngineReport:
     block_size: int | None = None
     max_model_len: int | None = None
     attention_backend: str | None = None
+    attention_implied: bool = False  # CPU: vLLM logs no backend line; CPU_ATTN is the one it runs
     weights_gib: float | None = None
     weights_load_seconds: float | None = None
     compile_seconds: float | None = None

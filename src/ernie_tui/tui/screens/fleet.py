@@ -52,7 +52,8 @@ FLEET_KEYS: tuple[tuple[str, str], ...] = (
 )
 
 FLEET_FIGURES: tuple[tuple[str, str], ...] = (
-    ("state", "ready, connecting, or 'not answering since HH:MM:SS' with the last good figures dimmed"),
+    ("state", "ready, connecting, or 'not answering since HH:MM:SS: why' (connection refused, HTTP 500, "
+              "no answer) with the last good figures dimmed"),
     ("KV %", "KV-cache use from /metrics; a whole server shows its fullest engine"),
     ("run / wait", "requests running / waiting, summed over engines"),
     ("out tok/s", "generation tokens per second between the last two polls"),
@@ -86,7 +87,8 @@ def _memory(row) -> str:
 
 def state_text(row) -> str:
     if row.state == "down":
-        return f"not answering since {clock_time(row.down_since)}"
+        why = f": {row.reason}" if row.reason else ""
+        return f"not answering since {clock_time(row.down_since)}{why}"
     if row.state == "connecting":
         return "connecting…"
     return "ready"
@@ -209,6 +211,9 @@ class FleetScreen(ShowsWorkerFailures, Screen):
             for row in message.rows:
                 self._update_row(table, row)
         self._show_detail()
+        tell = getattr(self.app, "fleet_row_changed", None)
+        if tell is not None and message.rows:
+            tell(message.rows[0])
 
     def _update_row(self, table: DataTable, row) -> None:
         shown = self._shown.setdefault(row.key, {})

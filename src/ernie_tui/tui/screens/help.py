@@ -5,7 +5,6 @@ from __future__ import annotations
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical, VerticalScroll
-from textual.content import Content
 from textual.screen import Screen
 from textual.widgets import Label, Static
 
@@ -33,7 +32,8 @@ FIGURES: tuple[tuple[str, str], ...] = (
     ("up / ready in", "time since launch; how long the start took until /health answered"),
     ("args", "the engine arguments vLLM reports as non-default (what really applied)"),
     ("block · len", "KV block size in tokens · max_model_len, the longest request allowed"),
-    ("attention", "the attention backend vLLM picked (FLASH_ATTN, TRITON_ATTN, CPU_ATTN, …)"),
+    ("attention", "the attention backend vLLM picked (FLASH_ATTN, TRITON_ATTN, …); on CPU vLLM logs none: "
+                  "CPU_ATTN, its CPU attention, marked implied"),
     ("weights", "GiB the model weights take in memory, and how long loading them took"),
     ("KV cache", "memory for the KV cache after weights and activations = tokens that fit"),
     ("concurrency", "how many requests of full max_model_len fit in the KV cache at once"),
@@ -60,12 +60,20 @@ class HelpScreen(Screen[None]):
                 yield Static(self._table("What the figures mean", FIGURES), classes="help-section")
             yield Label("? or escape closes", classes="dialog-hint")
 
-    @staticmethod
-    def _table(title: str, rows: tuple[tuple[str, str], ...]) -> Content:
-        width = max(len(k) for k, _ in rows) + 2
-        lines = [Content.styled(title, "bold $accent")]
-        lines += [Content.assemble((f"{k:<{width}}", "bold"), v) for k, v in rows]
-        return Content("\n").join(lines)
+    def _table(self, title: str, rows: tuple[tuple[str, str], ...]):
+        """Two columns: a description that wraps (an 80-column terminal)
+        continues under itself, not at column 0 under the keys."""
+        from rich.console import Group
+        from rich.table import Table
+        from rich.text import Text
+
+        accent = getattr(getattr(self.app, "current_theme", None), "accent", None) or "cyan"
+        table = Table(box=None, show_header=False, padding=(0, 2, 0, 0), expand=True)
+        table.add_column(no_wrap=True, style="bold")
+        table.add_column(ratio=1, overflow="fold")
+        for key, text in rows:
+            table.add_row(key, text)
+        return Group(Text(title, style=f"bold {accent}"), table)
 
     def action_close(self) -> None:
         self.app.pop_screen()

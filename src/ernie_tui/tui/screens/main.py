@@ -26,6 +26,9 @@ from ernie_tui.tui.widgets.status_bar import StatusBar
 
 COMPACT_HEIGHT = 32  # below this many rows the charts swap with the log
 
+NARROW_WIDTH = 120  # below this many columns the footer is compact and leaves out NARROW_OPTIONAL
+NARROW_OPTIONAL = ("command", "window")  # in the help screen; `? Help` and `q Quit` must stay on screen
+
 CONTROL_ACTIONS = {"start", "stop", "restart", "switch", "edit", "fix", "command", "sweep"}
 
 
@@ -62,6 +65,8 @@ class MainScreen(Screen):
         self._fix_text: str | None = None
         self._fixable = False
         self._state = "stopped"
+        self._url = ""
+        self._unreachable: dict | None = None  # an attached server that stopped answering
 
     # -- layout -------------------------------------------------------------
     def compose(self) -> ComposeResult:
@@ -77,7 +82,7 @@ class MainScreen(Screen):
         with Vertical(id="log-pane"):
             yield LogView(id="log")
             yield Input(placeholder="search the log · enter keeps it · escape closes", id="log-search")
-        yield KeyFooter()
+        yield KeyFooter(optional=NARROW_OPTIONAL)
 
     def on_mount(self) -> None:
         from ernie_tui.tui.messages import SeriesUpdate
@@ -88,10 +93,22 @@ class MainScreen(Screen):
         self.set_class(self.mode != "control", "-readonly")
         self._update_log_title()
         self.show_series(SeriesUpdate(()))  # empty charts that say why they are empty
+        if self._unreachable is not None:
+            self._show_unreachable()
         self.app.main_mounted()
 
     def on_resize(self, event: Resize) -> None:
         self.set_class(event.size.height < COMPACT_HEIGHT, "-compact")
+        self._layout_footer()
+
+    def _layout_footer(self) -> None:
+        """Narrow: the footer keeps the essentials. Compact (charts swap
+        with the log): `g` is in the footer, named for what it shows next."""
+        compact = self.has_class("-compact") and self._state != "crashed"  # crashed: no charts to swap in
+        self.query_one(KeyFooter).set_layout(
+            narrow=self.size.width < NARROW_WIDTH,
+            extra=frozenset({"toggle_charts"}) if compact else frozenset(),
+            labels={"toggle_charts": "Log" if self.has_class("-show-charts") else "Charts"})
 
     # -- what the app hands us ----------------------------------------------------
     @property
@@ -99,12 +116,20 @@ class MainScreen(Screen):
         return self.query_one("#log", LogView)
 
     def show_status(self, status, now: float) -> None:
+        self._url = status.url or self._url
+        if self.mode == "attach":
+            down = status.state.value == "stopped" and status.phase == "unreachable"
+            if down and self._unreachable is None:
+                self.show_unreachable(now)
+            elif status.state.value == "ready" and self._unreachable is not None:
+                self.show_unreachable(None)
         self.query_one(StatusBar).set_status(status)
         self.query_one(StatusBar).tick(now)
         state = status.state.value
         if state != self._state:
             self._state = state
             self._replot()
+            self._layout_footer()
         self.query_one(ReportPanel).set_state(state)
         self.query_one(PresetsPanel).set_active(status.preset_name, state)
         panel = self.query_one(ErrorPanel)
@@ -131,6 +156,34 @@ class MainScreen(Screen):
         """Mark the root-cause line and bring it into view (after the pane has
         the lines: a crash's status can overtake its last log batch)."""
         self.log_view.mark_root_cause(line_no, reveal=True)
+
+    def show_unreachable(self, since: float | None, reason: str | None = None, *, url: str | None = None,
+                         preset: str | None = None, log: str | None = None, back: str | None = None) -> None:
+        """An attached server that does not answer: the report and the charts
+        say since when, why, and what to do, instead of "no startup report
+        yet" and "server not ready" as if it were starting. None clears it."""
+        if since is None:
+            self._unreachable = None
+        else:
+            import time
+
+            began = time.strftime("%H:%M:%S", time.localtime(since))
+            start = f"ernie-tui --preset {preset}" if preset else "ernie-tui with its preset"
+            where = url or self._url or "its URL"
+            todo = (f"What to do: start it again ({start}) on the machine that runs it, or check the URL and "
+                    "port" + (f"; its log: {log}" if log else "") + "." + (f" {back}." if back else ""))
+            self._unreachable = {"began": began, "reason": reason, "lines": [
+                ("Not answering since " + began + (f": {reason}" if reason else ""), "bold $error"),
+                (f"Nothing is starting: no server answers at {where}; vLLM there stopped, crashed or never "
+                 "started.", ""),
+                (todo, "$text-muted")]}
+        if self.is_mounted:
+            self._show_unreachable()
+
+    def _show_unreachable(self) -> None:
+        down = self._unreachable
+        self.query_one(ReportPanel).set_unreachable(down["lines"] if down else None)
+        self._replot()
 
     def set_fix_text(self, text: str | None, fixable: bool = False, title: str | None = None) -> None:
         self._fix_text = text
@@ -169,6 +222,10 @@ class MainScreen(Screen):
             extra.update(empty_memory="waiting for samples" if u.memory_source == "nvml"
                          or self._state in ("starting", "ready", "stopping") else "no engine running",
                          empty="waiting for /metrics" if ready else "server not ready: no metrics")
+            down = self._unreachable
+            if down is not None and not ready:
+                why = f"not answering since {down['began']}" + (f"\n{down['reason']}" if down["reason"] else "")
+                extra.update(empty_memory=why, empty=why)
             if ready and u.metrics_error and u.metrics_error_since is not None:
                 # /metrics fails: say what and since when, not "waiting" (issue #10, 6).
                 what, began, lasted = since(u.metrics_error, u.metrics_error_since, now)
@@ -279,6 +336,7 @@ class MainScreen(Screen):
 
     def action_toggle_charts(self) -> None:
         self.toggle_class("-show-charts")
+        self._layout_footer()
 
     # -- control: handed to the app -------------------------------------------------
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:

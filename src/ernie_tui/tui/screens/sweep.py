@@ -36,6 +36,7 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.content import Content
+from textual.message import Message
 from textual.screen import Screen
 from textual.widgets import Button, Checkbox, DataTable, Input, Label, ProgressBar, SelectionList, Static
 from textual.widgets.selection_list import Selection
@@ -118,6 +119,34 @@ def describe_event(ev: dict[str, Any], repeat: int) -> str:
     return f"{where}: {phase}"
 
 
+def cannot_run_here(preset, machine) -> str | None:
+    """Why `preset` cannot run on `machine` (preflight's machine facts), in a
+    few words, or None: a preset written for more GPUs than there are."""
+    from ernie_tui.engine_ctl.launch import gpus_needed
+
+    if machine is None:
+        return None
+    try:
+        need = gpus_needed(preset)
+    except (TypeError, ValueError):
+        return None
+    if need <= 1:
+        return None
+    if machine.platform == "cpu":
+        return f"needs {need} GPUs: this machine has none (CPU)"
+    if machine.gpu_count < need:
+        return f"needs {need} GPUs: this machine has {machine.gpu_count}"
+    return None
+
+
+class MachineFacts(Message):
+    """The machine the sweep would run on (detected in a thread: ~1 s the first time)."""
+
+    def __init__(self, machine) -> None:
+        super().__init__()
+        self.machine = machine
+
+
 def status_text(status: str) -> Text:
     style = "bold green" if status == "ok" else "yellow" if status.startswith(("ok ", "cancelled")) else "bold red"
     return Text(status, style=style)
@@ -143,13 +172,14 @@ class SweepScreen(ShowsWorkerFailures, Screen[None]):
     ]
 
     def __init__(self, book, model: str | None = None, api_key: str | None = None, *,
-                 is_serving: Callable[[], bool] | None = None,
+                 is_serving: Callable[[], bool] | None = None, machine: Any = None,
                  name: str | None = None, id: str | None = None, classes: str | None = None) -> None:
         super().__init__(name=name, id=id, classes=classes)
         self.book = book
         self.model = model
         self.api_key = api_key
         self.is_serving = is_serving or (lambda: False)
+        self.machine = machine  # launch.Machine; None: detected when the screen mounts
         self.running = False
         self.cancelling = False
         self.runs: list[SweepRun] = []
@@ -227,8 +257,36 @@ class SweepScreen(ShowsWorkerFailures, Screen[None]):
         for name in self.book.names():
             preset = self.book.get(name)
             args = preset.key_args()
-            out.append(Selection(f"{name}  {args}" if args else name, name, False))
+            why = cannot_run_here(preset, self.machine)
+            prompt = Text.assemble(name, (f"  {args}" if args else "", "dim"),
+                                   (f"  ✖ {why}" if why else "", "bold red"))
+            out.append(Selection(prompt, name, False))
         return out
+
+    @work(thread=True, group="sweep-machine", exit_on_error=False)
+    def _detect_machine(self) -> None:
+        from ernie_tui.engine_ctl.launch import detect_machine
+
+        self.post_message(MachineFacts(detect_machine()))
+
+    @on(MachineFacts)
+    @drop_when_torn_down
+    def _machine_known(self, message: MachineFacts) -> None:
+        self.machine = message.machine
+        self._relist()
+
+    def _relist(self) -> None:
+        """The preset list again, now saying which cannot run on this machine
+        (the selection kept)."""
+        presets = self.query_one("#sw-presets", SelectionList)
+        chosen = set(presets.selected)
+        highlighted = presets.highlighted
+        presets.clear_options()
+        presets.add_options(self._selections())
+        for name in chosen:
+            presets.select(name)
+        if highlighted is not None:
+            presets.highlighted = highlighted
 
     def on_mount(self) -> None:
         self.query_one("#sw-left").border_title = "presets (space selects)"
@@ -239,6 +297,8 @@ class SweepScreen(ShowsWorkerFailures, Screen[None]):
         for row in self.query(".sw-bar"):
             row.display = False
         self.query_one("#sw-presets", SelectionList).focus()
+        if self.machine is None:
+            self._detect_machine()
         self._update_refusal()
         self.set_interval(1.0, self._tick)
 
@@ -250,10 +310,13 @@ class SweepScreen(ShowsWorkerFailures, Screen[None]):
     def _highlighted(self, event: SelectionList.SelectionHighlighted) -> None:
         name = event.selection.value
         try:
-            desc = self.book.get(name).description
+            preset = self.book.get(name)
         except PresetError:
-            desc = ""
-        self.query_one("#sw-desc", Static).update(Content(desc or ""))
+            self.query_one("#sw-desc", Static).update("")
+            return
+        why = cannot_run_here(preset, self.machine)
+        self.query_one("#sw-desc", Static).update(Content.assemble(
+            (f"Cannot run here: {why}. " if why else "", "bold $error"), preset.description or ""))
 
     # -- refusing while the dashboard serves --------------------------------------------------
     def _serving(self) -> bool:
@@ -324,6 +387,25 @@ class SweepScreen(ShowsWorkerFailures, Screen[None]):
             table.add_column(label, key=key)
         table.add_column("note", key="note")
         self._table_capacity = capacity
+        self.call_after_refresh(self._hint_columns)
+
+    def on_resize(self) -> None:
+        self.call_after_refresh(self._hint_columns)
+
+    def _hint_columns(self) -> None:
+        """Name the columns right of the table's edge (a wide table was cut
+        at '… KV tokens  max' with nothing saying more were there)."""
+        if not self.is_mounted:
+            return
+        table = self.query_one("#sw-table", DataTable)
+        room = table.scrollable_content_region.width + int(table.scroll_x)
+        x, hidden = 0, []
+        for column in table.columns.values():
+            x += column.get_render_width(table)
+            if x > room:
+                hidden.append(str(column.label))
+        names = ", ".join(hidden[:3]) + (", …" if len(hidden) > 3 else "")
+        table.border_subtitle = f"← → shows {len(hidden)} more: {names}" if hidden else ""
 
     def _say(self, content: Content | str, error: bool = False) -> None:
         phase = self.query_one("#sw-phase", Static)
@@ -523,6 +605,7 @@ class SweepScreen(ShowsWorkerFailures, Screen[None]):
                 cells.append(status_text(text) if key == "status" else text)
             cells.append(row.message)
             table.add_row(*cells, key=row.preset)
+        self.call_after_refresh(self._hint_columns)
         notes = [Content.assemble((row.preset, "bold"), ": ", row.message)
                  for row in self.rows if row.status != "ok" and row.message]
         self.query_one("#sw-notes", Static).update(Content("\n").join(notes))

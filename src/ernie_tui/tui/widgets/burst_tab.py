@@ -37,7 +37,7 @@ from ernie_tui.tui.messages import (
     CapacityLevelProgress,
     CapacityLevelStart,
 )
-from ernie_tui.tui.widgets.capacity_view import CapacityView, describe_capacity
+from ernie_tui.tui.widgets.capacity_view import GAP_FACTOR, GAP_WHY, CapacityView, describe_capacity, ratio
 from ernie_tui.tui.widgets.form import labelled, read_float, read_int
 from ernie_tui.tui.widgets.probe_tab import ProbeTarget
 
@@ -55,7 +55,13 @@ def describe_burst(r: BurstResult) -> Content:
     body = format_burst(r)
     if r.peak_memory_bytes is None:
         body += "\npeak memory: not sampled (no engine processes known to this pane)"
-    return Content("\n").join([Content.styled(head, style), Content(body)])
+    lines = [Content.styled(head, style), Content(body)]
+    ours, theirs = (r.comparison or {}).get("ttft_mean_ours_s"), (r.comparison or {}).get("ttft_mean_vllm_s")
+    gap = ratio(ours, theirs)
+    if gap is not None and (gap > GAP_FACTOR or gap < 1 / GAP_FACTOR):
+        lines.append(Content.styled(f"TTFT: ours {gap:.1f}× vLLM's (flagged beyond {GAP_FACTOR:g}×). {GAP_WHY}",
+                                    "$warning"))
+    return Content("\n").join(lines)
 
 
 def _int_field(label: str, wid: str, value: str, classes: str = "pf-field") -> Vertical:

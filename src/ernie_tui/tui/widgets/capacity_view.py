@@ -17,10 +17,41 @@ from textual.widgets import DataTable, Static
 
 from ernie_tui.tui.widgets.charts import CapacityChart, CapacityCurve
 
-LEVEL_COLUMNS = (("concurrency", "conc."), ("requests", "reqs"), ("requests_per_s", "req/s"),
-                 ("output_tps", "out tok/s"), ("ttft_p50_ms", "TTFT p50"), ("ttft_p99_ms", "TTFT p99"),
-                 ("itl_p50_ms", "ITL p50"), ("itl_p99_ms", "ITL p99"), ("attainment", "attain"),
-                 ("verdict", "verdict"))
+# The figures the SLO judges first, each beside vLLM's own (its histogram
+# over the level's window): a narrow table still shows them side by side.
+LEVEL_COLUMNS = (("concurrency", "conc."), ("ttft_p99_ms", "TTFT p99"), ("vllm_ttft_p99_ms", "(vLLM's)"),
+                 ("itl_p99_ms", "ITL p99"), ("vllm_itl_p99_ms", "(vLLM's)"), ("attainment", "attain"),
+                 ("verdict", "verdict"), ("requests", "reqs"), ("requests_per_s", "req/s"),
+                 ("output_tps", "out tok/s"), ("ttft_p50_ms", "TTFT p50"), ("itl_p50_ms", "ITL p50"))
+
+# Our client-side figure over vLLM's own (its histogram over the same
+# window) by more than this is flagged, and the screen says why it can be.
+GAP_FACTOR = 1.5
+GAP_WHY = ("Ours is timed at this client; vLLM's from when its engine takes the request. The gap is time "
+           "outside the engine: the client's CPU (shared with vLLM on one box), the network, vLLM's API server "
+           "process. The SLO judges ours, what users see.")
+
+
+def ratio(ours: float | None, theirs: float | None) -> float | None:
+    """ours / vLLM's, when both are there and vLLM's is above zero."""
+    if ours is None or theirs is None or theirs <= 0:
+        return None
+    return ours / theirs
+
+
+def level_gaps(lv: Any) -> list[tuple[str, float, float, float]]:
+    """(metric, ours ms, vLLM's ms, ratio) for the p99s of a level that
+    differ from vLLM's by more than GAP_FACTOR either way."""
+    v = lv.vllm or {}
+    out = []
+    for metric, ours, theirs in (("TTFT p99", lv.ttft_p99_ms, v.get("ttft_p99_ms")),
+                                 ("ITL p99", lv.itl_p99_ms, v.get("itl_p99_ms"))):
+        if ours is None or theirs is None:
+            continue
+        r = ratio(ours, theirs)
+        if r is not None and (r > GAP_FACTOR or r < 1 / GAP_FACTOR):
+            out.append((metric, float(ours), float(theirs), r))
+    return out
 
 
 def _num(v: float | None, fmt: str = ".1f") -> str:
@@ -36,8 +67,30 @@ def level_cells(lv: Any) -> list[Any]:
     """One row of the level table."""
     att = "–" if lv.attainment is None else f"{lv.attainment * 100:.1f}%"
     verdict = Text(level_verdict(lv), style="bold green" if lv.passed else "bold red")
-    return [str(lv.concurrency), str(lv.requests), _num(lv.requests_per_s, ".2f"), _num(lv.output_tps),
-            _num(lv.ttft_p50_ms), _num(lv.ttft_p99_ms), _num(lv.itl_p50_ms), _num(lv.itl_p99_ms), att, verdict]
+    v = lv.vllm or {}
+    gaps = {metric: r for metric, _, _, r in level_gaps(lv)}
+
+    def theirs(value: float | None, metric: str) -> Text:
+        r = gaps.get(metric)
+        if r is None:
+            return Text(_num(value))
+        return Text(f"{_num(value)} ({r:.1f}×)", style="bold yellow")  # ours is r times vLLM's
+
+    return [str(lv.concurrency), _num(lv.ttft_p99_ms), theirs(v.get("ttft_p99_ms"), "TTFT p99"),
+            _num(lv.itl_p99_ms), theirs(v.get("itl_p99_ms"), "ITL p99"), att, verdict, str(lv.requests),
+            _num(lv.requests_per_s, ".2f"), _num(lv.output_tps), _num(lv.ttft_p50_ms), _num(lv.itl_p50_ms)]
+
+
+def describe_gaps(levels: Sequence[Any]) -> Content | None:
+    """Where our p99s and vLLM's differ by more than GAP_FACTOR, and why
+    that can happen; None when they agree (or vLLM's are not there)."""
+    found = [(lv.concurrency, gap) for lv in levels for gap in level_gaps(lv)]
+    if not found:
+        return None
+    where = "; ".join(f"conc. {c}: {metric} ours {ours:.0f} ms, vLLM's {theirs:.0f} ms ({r:.1f}×)"
+                      for c, (metric, ours, theirs, r) in found[:3]) + ("; …" if len(found) > 3 else "")
+    return Content.assemble((f"ours and vLLM's differ by more than {GAP_FACTOR:g}× · ", "bold $warning"),
+                            (where, "$warning"), "\n", (GAP_WHY, "dim"))
 
 
 def describe_capacity(result: Any) -> Content:
@@ -62,7 +115,8 @@ def describe_capacity(result: Any) -> Content:
 
 
 class CapacityView(Vertical):
-    """The chart beside the table of levels, the answer below."""
+    """The chart beside the table of levels (ours beside vLLM's own p99s),
+    a note where the two differ, the answer below."""
 
     _percentile = 99
     _limit_ms: float | None = None
@@ -71,6 +125,7 @@ class CapacityView(Vertical):
         with Horizontal(id="pf-cap-body"):
             yield CapacityChart(id="pf-cap-chart")
             yield DataTable(id="pf-cap-levels", cursor_type="row", zebra_stripes=True)
+        yield Static("", id="pf-cap-gap")
         with VerticalScroll(id="pf-cap-result-box"):
             yield Static("", id="pf-cap-result")
 
@@ -88,6 +143,7 @@ class CapacityView(Vertical):
         self._percentile = ttft.percentile if ttft else 99
         self._limit_ms = ttft.limit_s * 1000.0 if ttft else None
         self.query_one("#pf-cap-levels", DataTable).clear()
+        self._show_gaps([])
         self.query_one(CapacityChart).show([], self._limit_ms, self._percentile, empty="waiting for the first level")
         self.say(note)
 
@@ -99,6 +155,13 @@ class CapacityView(Vertical):
         table.clear()
         for lv in levels:
             table.add_row(*level_cells(lv), key=f"{lv.concurrency}")
+        self._show_gaps(levels)
+
+    def _show_gaps(self, levels: Sequence[Any]) -> None:
+        note = describe_gaps(levels)
+        box = self.query_one("#pf-cap-gap", Static)
+        box.update(note or "")
+        box.set_class(note is not None, "-visible")
 
     def say(self, content: Content | str, error: bool = False) -> None:
         box = self.query_one("#pf-cap-result", Static)

@@ -46,6 +46,29 @@ def _look(p: ChartPoint) -> tuple:
             p.running, p.waiting)
 
 
+def _fits(widget, *choices: str) -> str:
+    """The first of `choices` (Rich markup, longest first) whose text fits the
+    widget's top or bottom border; the last one otherwise."""
+    from rich.text import Text
+
+    room = widget.size.width - 4  # the corners and a space either side
+    for choice in choices:
+        if room <= 0 or Text.from_markup(choice).cell_len <= room:
+            return choice
+    return choices[-1]
+
+
+def _wrap(message: str, width: int) -> list[str]:
+    """An empty chart's message in lines that fit the plot: a narrow chart
+    showed the middle of one long line ("og holds no memory fig")."""
+    import textwrap
+
+    out: list[str] = []
+    for line in message.split("\n"):
+        out += textwrap.wrap(line, max(8, width)) or [""]
+    return out
+
+
 def _fmt_num(value: float | None, unit: str = "") -> str:
     if value is None:
         return "–"
@@ -115,6 +138,13 @@ class TimeChart(PlotextPlot):
         plt.clear_figure()
         plt.xlim(-self._window, 0)
         ticks = _ticks(self._window)
+        # A narrow chart (80 columns, three side by side): as many labels as
+        # fit with room between them, "now" always; plotext otherwise drops
+        # colliding labels of its own choosing.
+        room = max(2, (self.size.width - 8) // 4)
+        if len(ticks) > room:
+            step = -(-len(ticks) // room)
+            ticks = ticks[::-1][::step][::-1]
         plt.xticks(ticks, [_fmt_ago(-t) for t in ticks])
         points = in_window(self._points, self._window, self._now)
         drawn = self.draw(plt, points)
@@ -125,7 +155,7 @@ class TimeChart(PlotextPlot):
             plt.ylim(0, 1)
             plt.yticks([0, 1], ["", ""])
             message = self._extra.get(f"empty_{self.KIND}") or self._extra.get("empty") or "no samples yet"
-            lines = message.split("\n")
+            lines = _wrap(message, self.size.width - 4)
             for i, line in enumerate(lines):  # one text per row, centred around the middle
                 plt.text(line, -self._window / 2, 0.5 + (len(lines) / 2 - 0.5 - i) * 0.25, alignment="center",
                          color="red" if problem else "gray", background="default")
@@ -159,8 +189,9 @@ class MemoryChart(TimeChart):
         label = self._extra.get("memory_label") or "memory"
         source = self._extra.get("memory_source") or ""
         totals: tuple[float, ...] = self._extra.get("gpu_totals") or ()
-        self.border_title = ("GPU memory GiB · NVML" if source == "nvml"
-                             else "Engine RSS GiB · not GPU" if source == "rss" else "Memory GiB")
+        self.border_title = (_fits(self, "GPU memory GiB · NVML", "GPU GiB") if source == "nvml"
+                             else _fits(self, "Engine RSS GiB · not GPU", "RSS GiB · not GPU", "RSS GiB")
+                             if source == "rss" else "Memory GiB")
         self.tooltip = label
         xs = self.xs(points)
         count = max((len(p.mem_gib) for p in points), default=0)
@@ -180,7 +211,7 @@ class MemoryChart(TimeChart):
             plt.ylim(0, top * 1.25)
         else:
             plt.ylim(0, 1)
-        self.border_subtitle = " · ".join(latest) + " GiB" if latest else "no samples"
+        self.border_subtitle = _fits(self, " · ".join(latest) + " GiB", " · ".join(latest)) if latest else "no samples"
         return bool(latest)
 
 
@@ -200,9 +231,11 @@ class ThroughputChart(TimeChart):
         if gy:
             plt.plot(gx, gy, marker="braille", color="magenta+")
         plt.ylim(0, top * 1.25 if top > 0 else 1)
-        self.border_title = "Tokens/s · [ansi_bright_cyan]prompt[/] / [ansi_bright_magenta]gen[/]"
+        self.border_title = _fits(self, "Tokens/s · [ansi_bright_cyan]prompt[/] / [ansi_bright_magenta]gen[/]",
+                                  "tok/s [ansi_bright_cyan]prompt[/]/[ansi_bright_magenta]gen[/]")
         if py or gy:
-            self.border_subtitle = f"prompt {_fmt_num(py[-1] if py else None)} · gen {_fmt_num(gy[-1] if gy else None)}"
+            p, g = _fmt_num(py[-1] if py else None), _fmt_num(gy[-1] if gy else None)
+            self.border_subtitle = _fits(self, f"prompt {p} · gen {g}", f"{p} / {g}")
         else:
             self.border_subtitle = "no samples"
         return bool(py or gy)
@@ -229,11 +262,13 @@ class KVChart(TimeChart):
             plt.plot(wx, wy, marker="braille", color="red+", yside="right")
         if ry or wy:
             plt.ylim(0, max(4.0, reqs_top * 1.25), yside="right")
-        self.border_title = ("[ansi_bright_green]KV cache %[/] · [ansi_bright_cyan]running[/] / "
-                             "[ansi_bright_red]waiting[/]")
+        self.border_title = _fits(self, "[ansi_bright_green]KV cache %[/] · [ansi_bright_cyan]running[/] / "
+                                  "[ansi_bright_red]waiting[/]",
+                                  "[ansi_bright_green]KV %[/] · [ansi_bright_cyan]run[/]/[ansi_bright_red]wait[/]")
         if ky or ry:
-            self.border_subtitle = (f"KV {_fmt_num(ky[-1] if ky else None, '%')} · run "
-                                    f"{int(ry[-1]) if ry else '–'} · wait {int(wy[-1]) if wy else '–'}")
+            kv = _fmt_num(ky[-1] if ky else None, '%')
+            run, wait = int(ry[-1]) if ry else '–', int(wy[-1]) if wy else '–'
+            self.border_subtitle = _fits(self, f"KV {kv} · run {run} · wait {wait}", f"{kv} · {run}/{wait}")
         else:
             self.border_subtitle = "no samples"
         return bool(ky or ry or wy)

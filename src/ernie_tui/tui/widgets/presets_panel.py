@@ -30,6 +30,7 @@ class PresetsPanel(Vertical):
         self._book = None
         self._active: str | None = None
         self._active_state = "stopped"
+        self._room = 0  # columns an option has (0: not laid out yet)
 
     def compose(self) -> ComposeResult:
         yield OptionList(id="preset-list")
@@ -79,7 +80,11 @@ class PresetsPanel(Vertical):
             (name, "bold" if active else ""),
         ]
         if summary:
-            parts.append(("  " + summary, "dim"))
+            one_line = len(key) + 3 + len(name) + 2 + len(summary)
+            # Too narrow for one line (an 80-column terminal): the arguments,
+            # which tell presets apart, go whole on a line of their own.
+            sep = "\n    " if self._room and one_line > self._room else "  "
+            parts.append((sep + summary, "dim"))
         return Content.assemble(*parts)
 
     def _rebuild(self, highlight: str | None = None) -> None:
@@ -97,6 +102,12 @@ class PresetsPanel(Vertical):
     def on_mount(self) -> None:
         self._composed = True
         self._rebuild()
+
+    def on_resize(self) -> None:
+        room = self.size.width - 1  # the option list's scrollbar gutter aside
+        if room != self._room:
+            self._room = room
+            self._rebuild()
 
     @on(OptionList.OptionHighlighted)
     def _describe(self, event: OptionList.OptionHighlighted | None = None) -> None:

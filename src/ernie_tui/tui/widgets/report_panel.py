@@ -36,6 +36,7 @@ class ReportPanel(Vertical):
         self._kv_metrics: int | None = None
         self._estimate = None
         self._estimate_for: str | None = None
+        self._unreachable: list[tuple[str, str]] | None = None
 
     def compose(self) -> ComposeResult:
         yield Static("", id="report-body")
@@ -52,6 +53,13 @@ class ReportPanel(Vertical):
     def set_report(self, report) -> None:
         self._report = report
         self._redraw()
+
+    def set_unreachable(self, lines: list[tuple[str, str]] | None) -> None:
+        """(text, style) lines for a server that does not answer, shown
+        instead of the report; None: the report again."""
+        if lines != self._unreachable:
+            self._unreachable = lines
+            self._redraw()
 
     def set_state(self, state: str) -> None:
         if state != self._state:
@@ -88,6 +96,12 @@ class ReportPanel(Vertical):
             return
         r = self._report
         body = self.query_one("#report-body", Static)
+        body.set_class(self._unreachable is not None, "-wrap")
+        if self._unreachable is not None and (r is None or r.lines == 0 or self._state != "ready"):
+            self._put(body, Content("\n").join([Content.styled(text, style) for text, style in self._unreachable]),
+                      layout=False)
+            self._phases(None)
+            return
         if r is None or r.lines == 0:
             self._put(body, Content.from_markup(
                 "[dim]No startup report yet.[/]\n"
@@ -104,7 +118,8 @@ class ReportPanel(Vertical):
         rows.append(_row("args", args_text))
         rows.append(_row("block · len", (fmt.integer(r.block_size), "bold"), " · ",
                          (fmt.integer(r.max_model_len), "bold"),
-                         ("   attention ", "dim"), (r.attention_backend or "–", "bold")))
+                         ("   attention ", "dim"), (r.attention_backend or "–", "bold"),
+                         (" (implied on CPU)" if r.attention_implied else "", "dim")))
         if r.weights_gib is not None:
             weights = fmt.gib(r.weights_gib)
             if r.weights_load_seconds is not None:
