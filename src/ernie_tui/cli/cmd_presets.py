@@ -7,6 +7,8 @@ import json
 import re
 import shlex
 
+from ernie_tui import paths
+from ernie_tui.cli.errors import CliError
 from ernie_tui.cli.shared_options import shared_options
 
 # Words that make an environment variable's value a secret: HF_TOKEN,
@@ -52,7 +54,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _book(args):
-    from ernie_tui.presets import load_presets
+    from ernie_tui.presets import load_presets  # lazy: --help start-up
 
     return load_presets(args.presets)
 
@@ -94,16 +96,12 @@ def _show(args) -> int:
 
 
 def _path(args) -> int:
-    from ernie_tui import paths
-
     print(paths.user_presets_file())
     return 0
 
 
 def _delete(args) -> int:
-    from ernie_tui import paths
-    from ernie_tui.cli import CliError
-    from ernie_tui.presets.store import delete_preset
+    from ernie_tui.presets.store import delete_preset  # lazy: --help start-up
 
     if not delete_preset(args.name):
         raise CliError(f"{paths.user_presets_file()}: has no preset {args.name!r}")

@@ -19,6 +19,7 @@ import os
 import sys
 
 from ernie_tui.cli.capacity_args import add_capacity_args
+from ernie_tui.cli.errors import CliError
 from ernie_tui.cli.interruptible import run_interruptible
 
 
@@ -74,8 +75,6 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _stop_ids(text: str | None) -> list[int] | None:
-    from ernie_tui.cli import CliError
-
     if not text:
         return None
     try:
@@ -92,8 +91,6 @@ def _run(args) -> int:
     if args.capacity:
         return _run_capacity(args)
     if args.slo or args.workload:
-        from ernie_tui.cli import CliError
-
         raise CliError("--slo and --workload belong to --capacity")
     if args.burst is not None:
         return _run_burst(args)
@@ -101,8 +98,7 @@ def _run(args) -> int:
 
 
 def _run_probe(args) -> int:
-    from ernie_tui.cli import CliError
-    from ernie_tui.engine_ctl.load import (
+    from ernie_tui.engine_ctl.load import (  # lazy: --help start-up
         DEFAULT_MAX_TOKENS,
         DEFAULT_READ_TIMEOUT_S,
         SHORT_PROMPT,
@@ -149,7 +145,7 @@ def _run_probe(args) -> int:
 def _preset_for(name: str | None, extra_files: list[str]):
     if not name:
         return None
-    from ernie_tui.presets import PresetError, load_presets
+    from ernie_tui.presets import PresetError, load_presets  # lazy: --help start-up
 
     try:
         return load_presets(extra_files).get(name)
@@ -161,8 +157,13 @@ def _preset_for(name: str | None, extra_files: list[str]):
 def _run_burst(args) -> int:
     import threading
 
-    from ernie_tui.cli import CliError
-    from ernie_tui.engine_ctl.load import BurstConfig, ProbeFailure, find_tokenizer, format_burst, run_burst
+    from ernie_tui.engine_ctl.load import (  # lazy: --help start-up
+        BurstConfig,
+        ProbeFailure,
+        find_tokenizer,
+        format_burst,
+        run_burst,
+    )
 
     cfg = BurstConfig(
         n=args.burst, min_tokens=args.min_tokens, max_tokens_in=args.max_tokens_in,
@@ -208,7 +209,7 @@ def _run_burst(args) -> int:
 def _save_and_print(args, result, format_result, *, measured: bool) -> None:
     """Save a burst's or a search's run record (unless --no-save, or nothing
     was measured) and print the result: text, or JSON naming the record."""
-    from ernie_tui.engine_ctl.load import RunStoreError
+    from ernie_tui.engine_ctl.load import RunStoreError  # lazy: --help start-up
 
     record = None
     if not args.no_save and measured:
@@ -230,8 +231,7 @@ def _save_and_print(args, result, format_result, *, measured: bool) -> None:
 def _run_capacity(args) -> int:
     import threading
 
-    from ernie_tui.cli import CliError
-    from ernie_tui.cli.capacity_args import capacity_options, load_workload
+    from ernie_tui.cli.capacity_args import capacity_options, load_workload  # lazy: --help start-up
     from ernie_tui.engine_ctl.load import (
         CapacityResult,
         ProbeFailure,

@@ -8,6 +8,7 @@ import threading
 import time
 
 from ernie_tui.cli.capacity_args import add_capacity_args
+from ernie_tui.cli.errors import CliError
 from ernie_tui.cli.interruptible import run_interruptible
 from ernie_tui.cli.shared_options import shared_options
 
@@ -61,8 +62,7 @@ def _per_trial(text: str) -> int | str:
 
 def _gpu_plan(args) -> list[str] | None:
     """The GPU ids for --gpus-per-trial, decided (and refused) before anything starts."""
-    from ernie_tui.cli import CliError
-    from ernie_tui.engine_ctl.control import GpuIdsError, detect_gpu_ids
+    from ernie_tui.engine_ctl.control import GpuIdsError, detect_gpu_ids  # lazy: --help start-up
 
     if args.gpus_per_trial is None:
         if args.gpu_list:
@@ -78,8 +78,7 @@ def _gpu_plan(args) -> list[str] | None:
 def _sweep(args) -> int:
     from pathlib import Path
 
-    from ernie_tui.cli import CliError
-    from ernie_tui.engine_ctl.control import (
+    from ernie_tui.engine_ctl.control import (  # lazy: --help start-up
         SweepOptions,
         SweepPlan,
         export_sweep,
@@ -88,7 +87,7 @@ def _sweep(args) -> int:
         sweep_meta,
         to_markdown,
     )
-    from ernie_tui.engine_ctl.load import BurstConfig, save_run
+    from ernie_tui.engine_ctl.load import BurstConfig, save_run  # lazy: --help start-up
     from ernie_tui.presets import load_presets
 
     for out in args.out:
@@ -109,7 +108,7 @@ def _sweep(args) -> int:
         raise CliError(str(exc)) from None
     capacity = None
     if args.capacity:
-        from ernie_tui.cli.capacity_args import capacity_sweep
+        from ernie_tui.cli.capacity_args import capacity_sweep  # lazy: --help start-up
 
         capacity = capacity_sweep(args)
     elif args.slo or args.workload:

@@ -34,6 +34,8 @@ from pathlib import Path
 from typing import Callable, Iterable
 from urllib.parse import urlsplit
 
+from ernie_tui.engine_ctl.control.resources import ResourceSampler
+from ernie_tui.engine_ctl.control.server import process_tree
 from ernie_tui.engine_ctl.load import metrics as m
 
 # The figures a row shows. Parsing only these families keeps eight servers
@@ -223,8 +225,6 @@ class LocalMemory:
         if not pids:
             return None, None
         if self._sampler is None:
-            from ernie_tui.engine_ctl.control.resources import ResourceSampler
-
             self._sampler = (self._factory or ResourceSampler)(pids=lambda: self._tree)
         import psutil
 
@@ -238,8 +238,6 @@ class LocalMemory:
 
     def _pids(self) -> list[int]:
         import psutil
-
-        from ernie_tui.engine_ctl.control.server import process_tree
 
         now = time.monotonic()
         if self._pid is not None and not psutil.pid_exists(self._pid):

@@ -37,6 +37,14 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ernie_tui import paths
+from ernie_tui.engine_ctl.control.resources import EngineMemory, ResourceSampler, used_on
+from ernie_tui.engine_ctl.control.server import EngineServer, ServerState
+from ernie_tui.engine_ctl.control.trial_load import LoadJob, LoadProcess, PeakMemory, run_load
+from ernie_tui.engine_ctl.control.trial_schedule import Trial, TrialScheduler, detect_gpu_ids
+from ernie_tui.engine_ctl.launch.ports import next_free_port, port_is_free
+from ernie_tui.engine_ctl.launch.preflight import preflight
+from ernie_tui.engine_ctl.load.burst import BurstConfig
+from ernie_tui.engine_ctl.load.runstore import save_run
 from ernie_tui.presets.model import Preset
 
 log = logging.getLogger(__name__)
@@ -414,9 +422,6 @@ def run_sweep(plan: SweepPlan, burst_config=None, options: SweepOptions | None =
     unless cancelled). Never leaves a server running, even on errors. With
     `capacity`, each preset gets a capacity search (phase "capacity", with
     the search's own events under "capacity_event") instead of a burst."""
-    from ernie_tui.engine_ctl.control.resources import ResourceSampler
-    from ernie_tui.engine_ctl.load.burst import BurstConfig
-
     options = options or SweepOptions()
     burst_config = burst_config or BurstConfig()
     cancel = cancel or threading.Event()
@@ -453,10 +458,6 @@ def _run_one(preset: Preset, repeat: int, burst_config, options: SweepOptions, l
              baseline: int | None, progress: Progress | None, cancel: threading.Event,
              index: int, total: int, capacity: CapacitySweep | None = None,
              trial: _TrialEnv | None = None) -> SweepRun:
-    from ernie_tui.engine_ctl.control.resources import EngineMemory, ResourceSampler
-    from ernie_tui.engine_ctl.control.server import EngineServer, ServerState
-    from ernie_tui.engine_ctl.launch.preflight import preflight
-
     t_begin = time.monotonic()
     run = SweepRun(preset=preset.name, repeat=repeat, status="ok", key_args=preset.key_args(),
                    mode="capacity" if capacity is not None else "burst")
@@ -498,8 +499,6 @@ def _run_one(preset: Preset, repeat: int, burst_config, options: SweepOptions, l
         run.started_at = time.time()
         if trial is not None:
             # The trial's load process, spawned now so its start-up overlaps the server's.
-            from ernie_tui.engine_ctl.control.trial_load import LoadProcess
-
             loader = LoadProcess(f"ernie-tui load {preset.name} r{repeat}").start()
         server.start()
         deadline = time.monotonic() + options.ready_timeout_s
@@ -568,8 +567,6 @@ def _run_one(preset: Preset, repeat: int, burst_config, options: SweepOptions, l
             run.status = "failed: burst"
             run.message = "; ".join(burst.errors.get("first", [])[:1]) or "no request succeeded"
         if options.save_records:
-            from ernie_tui.engine_ctl.load.runstore import save_run
-
             save_run("burst", burst.to_dict(with_requests=False), preset=preset, engine_report=report.to_dict(),
                      url=spec.url, model=spec.served_model_name, notes=f"sweep repeat {repeat}")
         return run
@@ -622,8 +619,6 @@ def _measure_capacity(run: SweepRun, capacity: CapacitySweep, burst_config, spec
     elif result.stop_reason == "server_down":
         run.status, run.message = "failed: capacity", result.stop_message
     if options.save_records:
-        from ernie_tui.engine_ctl.load.runstore import save_run
-
         save_run("capacity", result.to_dict(), preset=preset, engine_report=report.to_dict(), url=spec.url,
                  model=spec.served_model_name, notes=f"sweep repeat {run.repeat}")
 
@@ -631,8 +626,6 @@ def _measure_capacity(run: SweepRun, capacity: CapacitySweep, burst_config, spec
 def _load_job(kind: str, spec, preset: Preset, burst_config, log_dir: Path, repeat: int,
               capacity: CapacitySweep | None = None):
     """The trial's load as a picklable job (trial_load.py runs it here or in a child)."""
-    from ernie_tui.engine_ctl.control.trial_load import LoadJob
-
     job = LoadJob(kind, spec.url, spec.served_model_name, spec.model, preset.api_key(), burst_config,
                   label=f"ernie-tui load {preset.name} r{repeat}",
                   log_path=log_dir / f"{preset.name}-r{repeat}.load.log")
@@ -652,8 +645,6 @@ def _load(run: SweepRun, job, on_progress: Callable[..., None], cancel: threadin
     the trial's events from then on). None when the child died or raised:
     the run then says so, as 'failed: error' (or 'cancelled' when the sweep
     was)."""
-    from ernie_tui.engine_ctl.control.trial_load import PeakMemory, run_load
-
     if loader is None:
         run.load_pid = os.getpid()
         return run_load(job, on_progress, cancel, memory_sampler=memory)
@@ -697,8 +688,6 @@ def _wait_baseline(sampler, baseline: int | None, options: SweepOptions) -> None
 def _trial_port(preset: Preset, taken: set[int]) -> int:
     """The preset's own port when it is free and no running trial holds it,
     else the next free one after it."""
-    from ernie_tui.engine_ctl.launch.ports import next_free_port, port_is_free
-
     port = preset.port
     while port in taken or not port_is_free(preset.host, port)[0]:
         nxt = next_free_port(preset.host, port)
@@ -714,9 +703,6 @@ def _run_parallel(plan: SweepPlan, burst_config, options: SweepOptions, log_dir:
     """Run the plan's trials side by side on disjoint GPU sets; returns the
     runs in plan order (the same runs a sequential sweep would give)."""
     from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
-
-    from ernie_tui.engine_ctl.control.resources import ResourceSampler, used_on
-    from ernie_tui.engine_ctl.control.trial_schedule import Trial, TrialScheduler, detect_gpu_ids
 
     gpu_ids = list(options.gpu_ids) if options.gpu_ids else detect_gpu_ids()
     per = None if options.gpus_per_trial == "auto" else int(options.gpus_per_trial)

@@ -88,12 +88,16 @@ def run_load(job: LoadJob, progress: Callable[..., None] | None, cancel: threadi
     CapacityResult. `progress` gets what the load's own callback gets:
     (done, total) for a burst, the search's event dict for a capacity search."""
     if job.kind == "burst":
-        from ernie_tui.engine_ctl.load.burst import run_burst
+        from ernie_tui.engine_ctl.load.burst import (
+            run_burst,  # lazy: the spawned load child imports only what its job needs
+        )
 
         return run_burst(job.url, job.burst_config, model=job.model, model_dir=job.model_dir, api_key=job.api_key,
                          cancel=cancel, memory_sampler=memory_sampler, progress=progress)
     if job.kind == "capacity":
-        from ernie_tui.engine_ctl.load.capacity_run import run_capacity
+        from ernie_tui.engine_ctl.load.capacity_run import (
+            run_capacity,  # lazy: the spawned load child imports only what its job needs
+        )
         from ernie_tui.engine_ctl.load.http_errors import ProbeFailure
         from ernie_tui.engine_ctl.load.prompts import find_tokenizer
         from ernie_tui.engine_ctl.load.workload import Workload
@@ -124,7 +128,7 @@ def child_main(conn: Any, cancel: Any) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     _cancel_when_orphaned(cancel)
     # Imported while the trial's server starts, not on the load's clock.
-    import ernie_tui.engine_ctl.load.burst
+    import ernie_tui.engine_ctl.load.burst  # lazy: the spawned load child imports only what its job needs
     import ernie_tui.engine_ctl.load.capacity_run  # noqa: F401
 
     try:

@@ -18,7 +18,9 @@ import re
 from dataclasses import dataclass, replace
 from typing import Any
 
+from ernie_tui.engine_ctl.launch.estimate import estimate_capacity
 from ernie_tui.engine_ctl.launch.machine import CUDA_CONTEXT_BYTES, Machine
+from ernie_tui.engine_ctl.launch.preflight import largest_valid_tp, next_free_port
 from ernie_tui.engine_ctl.logs.errors import ErrorKind, classify_error
 from ernie_tui.engine_ctl.logs.report import EngineError
 from ernie_tui.engine_ctl.units import GiB
@@ -158,7 +160,6 @@ def _summary(changes: dict[str, Any] | None) -> str:
 def _estimate(preset: Preset, model_info: Any, machine: Machine | None):
     if model_info is None or machine is None:
         return None
-    from ernie_tui.engine_ctl.launch.estimate import estimate_capacity
 
     try:
         return estimate_capacity(preset, model_info, machine)
@@ -254,8 +255,6 @@ def _fix_for(kind: ErrorKind, text: str, err: EngineError | None, preset: Preset
             gpus = int(n) if n is not None else 1
         limit = max(1, gpus // max(1, pp))
         if model_info is not None:
-            from ernie_tui.engine_ctl.launch.preflight import largest_valid_tp
-
             new = largest_valid_tp(model_info, limit)
         else:
             new = _largest_divisor_at_most(tp, limit)  # divisors of a valid TP stay valid
@@ -268,8 +267,6 @@ def _fix_for(kind: ErrorKind, text: str, err: EngineError | None, preset: Preset
         if machine is not None and machine.platform == "cuda" and machine.gpu_count:
             limit = min(tp, machine.gpu_count)
         if model_info is not None:
-            from ernie_tui.engine_ctl.launch.preflight import largest_valid_tp
-
             return {"tensor_parallel_size": largest_valid_tp(model_info, limit)}, ""
         if heads:
             return {"tensor_parallel_size": _largest_divisor_at_most(int(heads), limit)}, f"{int(heads)} heads"
@@ -279,8 +276,6 @@ def _fix_for(kind: ErrorKind, text: str, err: EngineError | None, preset: Preset
         return {"block_size": 16 if platform == "cuda" else 32}, ""
 
     if kind == ErrorKind.PORT_IN_USE:
-        from ernie_tui.engine_ctl.launch.preflight import next_free_port
-
         port = int(detail.get("port") or preset.port)
         nxt = next_free_port(preset.host, max(port, preset.port))
         return ({"port": nxt}, "the next free port") if nxt else (None, "no free port found nearby")

@@ -46,10 +46,11 @@ from ernie_tui.engine_ctl.launch.estimate import (
     cdiv,
     estimate_capacity,
 )
-from ernie_tui.engine_ctl.launch.machine import CUDA_CONTEXT_BYTES, Machine
+from ernie_tui.engine_ctl.launch.machine import CUDA_CONTEXT_BYTES, Machine, detect_machine
 from ernie_tui.engine_ctl.launch.modelinfo import ModelInfo, ModelInfoError, read_model_info
 from ernie_tui.engine_ctl.launch.parallel_layout import layout_of
 from ernie_tui.engine_ctl.launch.ports import bind_exposure, next_free_port, port_is_free
+from ernie_tui.engine_ctl.launch.preflight_check import CheckContext, Problem, VllmArgs, launcher_python
 from ernie_tui.engine_ctl.launch.preflight_parallel import checks as parallel_checks
 from ernie_tui.engine_ctl.logs.errors import ErrorKind, Severity
 from ernie_tui.engine_ctl.units import GiB
@@ -69,22 +70,6 @@ PAGED_ATTN_MYTH_KEYS = {"enable_paged_attn", "disable_paged_attn", "paged_attn",
 # Architectures vLLM implements natively, for which trust_remote_code buys nothing.
 NATIVE_ARCHS = {"Ernie4_5ForCausalLM", "Ernie4_5_MoeForCausalLM", "LlamaForCausalLM", "Qwen2ForCausalLM",
                 "Qwen3ForCausalLM", "MistralForCausalLM", "Qwen3MoeForCausalLM", "Gemma2ForCausalLM"}
-
-
-@dataclass
-class Problem:
-    kind: ErrorKind
-    severity: Severity  # a plain "error" / "warning" is converted
-    message: str
-    fix: dict[str, Any] | None = None  # preset changes; a value of None removes the key
-    check: str = ""  # which check found it
-
-    def __post_init__(self) -> None:
-        self.kind = ErrorKind(self.kind)
-        self.severity = Severity(self.severity)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"kind": self.kind.value, "severity": self.severity.value, "message": self.message, "fix": self.fix}
 
 
 @dataclass
@@ -152,34 +137,6 @@ for f in ("_version.py", "version.py"):
             break
 print(m.group(1) if m else "unknown")
 """
-
-
-@dataclass
-class VllmArgs:
-    version: str
-    options: frozenset[str]
-    choices: dict[str, list[str]]
-    source: str  # "cache", "dump", "shipped", "shipped (vLLM not importable)"
-
-    def has(self, flag: str) -> bool:
-        return flag in self.options
-
-
-def launcher_python(preset: Preset) -> str:
-    """The Python that will run vLLM for this preset (as Preset.launch_spec picks it)."""
-    if preset.launcher:
-        first = os.path.expanduser(str(preset.launcher[0]))
-        if "python" in Path(first).name:
-            return first
-        # `vllm serve` style launchers: the script's shebang names the Python.
-        try:
-            with open(first, "rb") as f:
-                line = f.readline().decode(errors="replace")
-            if line.startswith("#!") and "python" in line:
-                return line[2:].strip().split()[0]
-        except OSError:
-            pass
-    return os.environ.get("ERNIE_TUI_VLLM_PYTHON") or sys.executable
 
 
 def _vllm_version_here() -> str | None:
@@ -329,22 +286,7 @@ def util_needed(est: Estimate, machine: Machine, blocks: int) -> float | None:
 
 # -- the checks ---------------------------------------------------------------------------
 
-@dataclass
-class _Ctx:
-    preset: Preset
-    info: ModelInfo | None
-    machine: Machine
-    env: dict[str, str]
-    est: Estimate | None
-    args: VllmArgs | None
-    problems: list[Problem]
-
-    def add(self, kind: ErrorKind, severity: Severity | str, message: str, fix: dict | None = None,
-            check: str = "") -> None:
-        self.problems.append(Problem(kind, severity, message, fix, check))
-
-
-def check_max_model_len(c: _Ctx) -> None:
+def check_max_model_len(c: CheckContext) -> None:
     mml = c.preset.max_model_len
     if c.info is None or mml is None or mml <= c.info.derived_max_model_len:
         return
@@ -359,7 +301,7 @@ def check_max_model_len(c: _Ctx) -> None:
     c.add(ErrorKind.MAX_MODEL_LEN_TOO_LARGE, "error", msg, {"max_model_len": limit})
 
 
-def check_heads(c: _Ctx) -> None:
+def check_heads(c: CheckContext) -> None:
     if c.info is None:
         return
     tp = c.preset.tensor_parallel_size
@@ -385,7 +327,7 @@ def check_heads(c: _Ctx) -> None:
               f"so KV memory per token per GPU stops shrinking at TP {kv}{extra}")
 
 
-def check_tp_vs_gpus(c: _Ctx) -> None:
+def check_tp_vs_gpus(c: CheckContext) -> None:
     if c.machine.platform != "cuda":
         return
     lay = layout_of(c.preset)
@@ -404,7 +346,7 @@ def check_tp_vs_gpus(c: _Ctx) -> None:
           f"the number of available GPUs ({n})'", {"tensor_parallel_size": fix_tp})
 
 
-def check_block_size(c: _Ctx) -> None:
+def check_block_size(c: CheckContext) -> None:
     plat = c.machine.platform
     block = c.preset.block_size
     if block is None:
@@ -423,7 +365,7 @@ def check_block_size(c: _Ctx) -> None:
           {"block_size": DEFAULT_BLOCK_SIZE["cuda"] if plat == "cuda" else 32})
 
 
-def check_arguments(c: _Ctx) -> None:
+def check_arguments(c: CheckContext) -> None:
     for key, value in c.preset.engine_args.items():
         if key in PAGED_ATTN_MYTH_KEYS:
             c.add(ErrorKind.UNKNOWN_ARGUMENT, "error",
@@ -456,7 +398,7 @@ def check_arguments(c: _Ctx) -> None:
               f"'unrecognized arguments'", {key: None})
 
 
-def _cpu_kv_fix(c: _Ctx, est: Estimate, requests: int = 8) -> int:
+def _cpu_kv_fix(c: CheckContext, est: Estimate, requests: int = 8) -> int:
     """A CPU KV size: room for a few full-length requests plus the null block,
     never more than half of what the node has free."""
     need = (requests * cdiv(est.max_model_len, est.block_size) + 1) * est.block_size * est.kv_bytes_per_token
@@ -467,7 +409,7 @@ def _cpu_kv_fix(c: _Ctx, est: Estimate, requests: int = 8) -> int:
     return max(need, 1 << 20)
 
 
-def check_memory(c: _Ctx) -> None:
+def check_memory(c: CheckContext) -> None:
     est = c.est
     if est is None:
         return
@@ -559,7 +501,7 @@ def check_memory(c: _Ctx) -> None:
               f"(vLLM's own estimate){alt}", fix)
 
 
-def check_port(c: _Ctx) -> None:
+def check_port(c: CheckContext) -> None:
     free, why = port_is_free(c.preset.host, c.preset.port)
     if free:
         return
@@ -572,7 +514,7 @@ def check_port(c: _Ctx) -> None:
           f"with 'Address already in use'", {"port": nxt} if nxt else None)
 
 
-def check_advice(c: _Ctx) -> None:
+def check_advice(c: CheckContext) -> None:
     """Warnings: exposure, and the articles' advice that real vLLM contradicts."""
     p = c.preset
     exposure = bind_exposure(p.host)
@@ -612,7 +554,7 @@ def check_advice(c: _Ctx) -> None:
               f"(max concurrency {est.max_concurrency:.2f}x at {mml}, half that at {mml * 2})")
 
 
-CHECKS: list[tuple[str, Callable[[_Ctx], None]]] = [
+CHECKS: list[tuple[str, Callable[[CheckContext], None]]] = [
     ("max_model_len", check_max_model_len),
     ("heads", check_heads),
     ("tp_vs_gpus", check_tp_vs_gpus),
@@ -637,8 +579,6 @@ def preflight(
 ) -> PreflightResult:
     """Judge `preset` for `model_dir` (default: the preset's own model) on
     `machine` (default: this one, with the preset's env applied)."""
-    from ernie_tui.engine_ctl.launch.machine import detect_machine
-
     timings: dict[str, float] = {}
     problems: list[Problem] = []
     launch_env = dict(os.environ if env is None else env)
@@ -704,7 +644,7 @@ def preflight(
                                     f"argument names checked against the list shipped for vLLM "
                                     f"{args.version}: {args.source}", None, "arguments"))
 
-    ctx = _Ctx(preset=preset, info=info, machine=machine, env=launch_env, est=est, args=args, problems=problems)
+    ctx = CheckContext(preset=preset, info=info, machine=machine, env=launch_env, est=est, args=args, problems=problems)
     for name, fn in CHECKS:
         t = time.perf_counter()
         fn(ctx)

@@ -29,6 +29,8 @@ from typing import Any, cast
 from prometheus_client.parser import text_string_to_metric_families
 
 from ernie_tui.engine_ctl.load import stats
+from ernie_tui.engine_ctl.load.http_client import auth_headers
+from ernie_tui.engine_ctl.load.http_errors import connection_refused
 
 # Candidate metric names, newest vLLM first. Sample names, so counters end in
 # _total and histograms are the base name (the _bucket/_sum/_count suffixes
@@ -501,8 +503,6 @@ class MetricsClient:
                  model_name: str | None = None) -> None:
         import httpx  # deferred: importing this module for parsing alone stays cheap
 
-        from ernie_tui.engine_ctl.load.http_client import auth_headers
-
         self.url = metrics_url(url)
         self.model_name = model_name
         self._client = httpx.Client(timeout=httpx.Timeout(timeout), headers=auth_headers(api_key),
@@ -514,8 +514,6 @@ class MetricsClient:
         try:
             r = self._client.get(self.url)
         except httpx.ConnectError as exc:
-            from ernie_tui.engine_ctl.load.http_errors import connection_refused
-
             raise MetricsError(f"cannot connect to {self.url}: {exc}",
                                "connection refused" if connection_refused(exc) else f"cannot connect ({exc})") from exc
         except httpx.TimeoutException as exc:

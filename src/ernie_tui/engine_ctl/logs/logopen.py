@@ -33,6 +33,7 @@ from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass
 from datetime import datetime
 
+from ernie_tui.engine_ctl.logs.logparse import LogParser, VersionEvent
 from ernie_tui.engine_ctl.logs.logtail import split_block
 
 __all__ = ["LineIndex", "Section", "count_newlines", "find_last_start", "last_start", "read_existing"]
@@ -100,8 +101,6 @@ def _blocks_back(fd: int, lo: int, hi: int, block: int = BLOCK) -> Iterator[tupl
 
 
 def _is_start(line: bytes) -> bool:
-    from ernie_tui.engine_ctl.logs.logparse import LogParser, VersionEvent
-
     text = line.decode("utf-8", "replace")
     return any(isinstance(e, VersionEvent) for e in LogParser().feed(text))
 

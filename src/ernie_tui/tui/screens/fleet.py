@@ -21,6 +21,7 @@ from textual.screen import Screen
 from textual.widgets import DataTable, Input, Static
 from textual.worker import get_current_worker
 
+from ernie_tui.engine_ctl.control import FleetPoller, connecting_rows
 from ernie_tui.engine_ctl.units import gib_str
 from ernie_tui.tui.failures import ShowsWorkerFailures
 from ernie_tui.tui.lifecycle import drop_when_torn_down
@@ -158,8 +159,6 @@ class FleetScreen(ShowsWorkerFailures, Screen):
         yield KeyFooter()
 
     def on_mount(self) -> None:
-        from ernie_tui.engine_ctl.control import connecting_rows
-
         n = len(self.servers)
         self.query_one("#fleet-title", Static).update(
             f"Fleet · {n} server{'s' if n != 1 else ''} · /metrics every {self.interval:g} s · "
@@ -178,8 +177,6 @@ class FleetScreen(ShowsWorkerFailures, Screen):
 
     @work(thread=True, group="fleet-poll", exit_on_error=False)
     def _poll(self) -> None:
-        from ernie_tui.engine_ctl.control import FleetPoller
-
         worker = get_current_worker()
         poller = (self._poller_factory or FleetPoller)(self.servers, interval=self.interval)
         shown: dict[str, list] = {}

@@ -15,6 +15,7 @@ from textual.widgets import Input
 
 from ernie_tui.tui.format import since
 from ernie_tui.tui.lifecycle import drop_when_torn_down
+from ernie_tui.tui.messages import SeriesUpdate
 from ernie_tui.tui.series import WINDOWS
 from ernie_tui.tui.widgets.charts import KVChart, MemoryChart, ThroughputChart
 from ernie_tui.tui.widgets.error_panel import ErrorPanel
@@ -80,8 +81,6 @@ class MainScreen(Screen):
         yield KeyFooter()
 
     def on_mount(self) -> None:
-        from ernie_tui.tui.messages import SeriesUpdate
-
         self.query_one("#presets").border_title = "Presets · 1-9 switch"
         self.query_one("#report").border_title = "Startup report"
         self.query_one("#error-panel").border_title = "Server crashed"

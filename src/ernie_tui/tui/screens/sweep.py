@@ -40,6 +40,7 @@ from textual.screen import Screen
 from textual.widgets import Button, Checkbox, DataTable, Input, Label, ProgressBar, SelectionList, Static
 from textual.widgets.selection_list import Selection
 
+from ernie_tui import paths
 from ernie_tui.engine_ctl.control import (
     CAPACITY_COLUMNS,
     COLUMNS,
@@ -49,10 +50,12 @@ from ernie_tui.engine_ctl.control import (
     SweepRow,
     SweepRun,
     cell,
+    export_sweep,
     fold,
+    run_sweep,
     sweep_meta,
 )
-from ernie_tui.engine_ctl.load import BurstConfig, RunStoreError
+from ernie_tui.engine_ctl.load import BurstConfig, RunStoreError, front_of_rows, limit_ms, make_search, save_run
 from ernie_tui.presets import PresetError
 from ernie_tui.tui.failures import ShowsWorkerFailures
 from ernie_tui.tui.lifecycle import drop_when_torn_down
@@ -294,7 +297,6 @@ class SweepScreen(ShowsWorkerFailures, Screen[None]):
         checked as `sweep --capacity` checks its options (ValueError)."""
         if not self.query_one("#sw-capacity", Checkbox).value:
             return None
-        from ernie_tui.engine_ctl.load import make_search
 
         q = self.query_one
         slo, search, rules = make_search(
@@ -380,9 +382,6 @@ class SweepScreen(ShowsWorkerFailures, Screen[None]):
     @work(thread=True, group="sweep", exit_on_error=False)
     def _worker(self, plan: SweepPlan, config: BurstConfig, cancel: threading.Event,
                 capacity: CapacitySweep | None = None) -> None:
-        from ernie_tui import paths
-        from ernie_tui.engine_ctl.control import run_sweep
-
         log_dir = paths.state_dir() / "sweep-logs" / time.strftime("%Y%m%d-%H%M%S")
         done: list[SweepRun] = []
 
@@ -406,8 +405,6 @@ class SweepScreen(ShowsWorkerFailures, Screen[None]):
         record = None
         if runs:
             try:
-                from ernie_tui.engine_ctl.load import save_run
-
                 rec = save_run("sweep", {"meta": sweep_meta([p.name for p in plan.presets], plan.repeat, config, runs,
                                                              capacity=capacity), "runs": runs},
                                notes=" ".join(p.name for p in plan.presets))
@@ -446,8 +443,6 @@ class SweepScreen(ShowsWorkerFailures, Screen[None]):
 
     def _redraw_chart(self) -> None:
         """Every preset's curve (one per repeat), the Pareto front's marked."""
-        from ernie_tui.engine_ctl.load import limit_ms
-
         capacity_at = {(r.preset, r.repeat): int(r.capacity_concurrency) for r in self.runs
                        if r.capacity_concurrency}
         curves = [CapacityCurve(name if self.repeat == 1 else f"{name} r{repeat + 1}", levels,
@@ -506,8 +501,6 @@ class SweepScreen(ShowsWorkerFailures, Screen[None]):
         self._say(text)
 
     def _refresh_table(self) -> None:
-        from ernie_tui.engine_ctl.load import front_of_rows
-
         self.rows = fold(self.runs, self.names or [r.preset for r in self.runs])
         capacity = self._table_capacity
         self.front = front_of_rows(self.rows) if capacity else set()
@@ -531,8 +524,6 @@ class SweepScreen(ShowsWorkerFailures, Screen[None]):
 
     # -- export -----------------------------------------------------------------------------------
     def export(self, path: str | None = None) -> Path | None:
-        from ernie_tui.engine_ctl.control import export_sweep
-
         raw = (path or self.query_one("#sw-path", Input).value).strip()
         if not self.rows:
             self.notify("nothing to export yet: run a sweep first", severity="warning", timeout=4)
