@@ -18,7 +18,16 @@ import re
 from dataclasses import dataclass, replace
 from typing import Any
 
-from ernie_tui.engine_ctl.launch.estimate import estimate_capacity
+from ernie_tui.engine_ctl.launch.estimate import (
+    CPU_KV_FLOOR_BYTES,
+    MIB,
+    block_size_fix,
+    cpu_kv_fix_bytes,
+    default_block_size,
+    estimate_capacity,
+    kv_bytes_needed,
+    round_up_mib,
+)
 from ernie_tui.engine_ctl.launch.machine import CUDA_CONTEXT_BYTES, Machine
 from ernie_tui.engine_ctl.launch.preflight import largest_valid_tp, next_free_port
 from ernie_tui.engine_ctl.logs.errors import ErrorKind, classify_error
@@ -172,7 +181,7 @@ def _fix_for(kind: ErrorKind, text: str, err: EngineError | None, preset: Preset
     """(changes, extra words for the summary)."""
     est_len, detail = _figures(err, text)
     if kind == ErrorKind.KV_CACHE_TOO_SMALL:
-        block = preset.block_size or (16 if platform == "cuda" else 128)
+        block = preset.block_size or default_block_size(platform)
         if est_len and est_len > 0:
             fit = int(est_len) // block * block or int(est_len)
             return {"max_model_len": fit}, f"vLLM estimated that {fit} tokens fit"
@@ -180,17 +189,17 @@ def _fix_for(kind: ErrorKind, text: str, err: EngineError | None, preset: Preset
         if platform == "cpu" or preset.kv_cache_memory_bytes is not None:
             cur = preset.kv_cache_memory_bytes or 0
             if est is not None:
-                need = (-(-est.max_model_len // est.block_size) + 1) * est.block_size * est.kv_bytes_per_token
-                new = max(cur * 2, -(-need // (1 << 20)) * (1 << 20))
+                need = kv_bytes_needed(est.max_model_len, est.block_size, est.kv_bytes_per_token)
+                new = max(cur * 2, round_up_mib(need))
             else:
-                new = max(cur * 4, 64 << 20)
+                new = max(cur * 4, CPU_KV_FLOOR_BYTES)
             return {"kv_cache_memory_bytes": format_size(new)}, "a larger KV cache"
         return {"gpu_memory_utilization": round(min(0.95, _util(preset) + 0.05), 2)}, "a larger share of the GPU"
 
     if kind == ErrorKind.NO_CACHE_MEMORY:
         if platform == "cpu":
             cur = preset.kv_cache_memory_bytes or 0
-            return {"kv_cache_memory_bytes": format_size(max(cur * 4, 64 << 20))}, ""
+            return {"kv_cache_memory_bytes": format_size(max(cur * 4, CPU_KV_FLOOR_BYTES))}, ""
         util = _util(preset)
         new = DEFAULT_UTIL
         est = _estimate(preset, model_info, machine)
@@ -220,13 +229,12 @@ def _fix_for(kind: ErrorKind, text: str, err: EngineError | None, preset: Preset
             # On CPU the clean fix is an explicit KV size: vLLM then skips the
             # utilization check and allocates exactly that.
             est = _estimate(preset, model_info, machine)
-            want = 1 << 30
+            available = free * GiB if free else None
             if est is not None:
-                want = (8 * -(-est.max_model_len // est.block_size) + 1) * est.block_size * est.kv_bytes_per_token
-                want = max(-(-want // (1 << 20)) * (1 << 20), 64 << 20)
-            if free:
-                want = min(want, int(free * GiB / 2) // (1 << 20) * (1 << 20))
-            fix = {"kv_cache_memory_bytes": format_size(max(want, 1 << 20))}
+                want = cpu_kv_fix_bytes(est, available)
+            else:  # no model shapes: 1 GiB, or half of what is free
+                want = max(min(1 << 30, int(available // 2) // MIB * MIB), MIB) if available else 1 << 30
+            fix = {"kv_cache_memory_bytes": format_size(want)}
             return fix, "an explicit KV cache that fits what is free"
         if free and total:
             new = math.floor(free / total * 100) / 100 - 0.01
@@ -273,7 +281,7 @@ def _fix_for(kind: ErrorKind, text: str, err: EngineError | None, preset: Preset
         return {"tensor_parallel_size": 1}, ""
 
     if kind == ErrorKind.BLOCK_SIZE_UNSUPPORTED:
-        return {"block_size": 16 if platform == "cuda" else 32}, ""
+        return {"block_size": block_size_fix(platform)}, ""
 
     if kind == ErrorKind.PORT_IN_USE:
         port = int(detail.get("port") or preset.port)

@@ -40,11 +40,15 @@ from typing import Any, Callable, Mapping
 
 from ernie_tui import paths
 from ernie_tui.engine_ctl.launch.estimate import (
-    DEFAULT_BLOCK_SIZE,
+    BLOCK_MULTIPLE,
     DEFAULT_GPU_MEMORY_UTILIZATION,
     Estimate,
-    cdiv,
+    block_size_fix,
+    cpu_kv_fix_bytes,
     estimate_capacity,
+    kv_blocks_needed,
+    kv_bytes_needed,
+    round_up_mib,
 )
 from ernie_tui.engine_ctl.launch.machine import CUDA_CONTEXT_BYTES, Machine, detect_machine
 from ernie_tui.engine_ctl.launch.modelinfo import ModelInfo, ModelInfoError, read_model_info
@@ -58,9 +62,6 @@ from ernie_tui.engine_ctl.units import gib_str as _gib
 from ernie_tui.presets.model import TOOL_KEYS, Preset, PresetError, flag_for
 from ernie_tui.presets.model import format_size as size_str
 
-# Block sizes the attention backends take (vLLM's get_supported_kernel_block_sizes):
-# FlashAttention / Triton on CUDA take multiples of 16; the CPU backend MultipleOf(32).
-BLOCK_MULTIPLE = {"cuda": 16, "cpu": 32}
 # Argument lists shipped with the code live in data/vllm_args_<version>.json,
 # one per vLLM version, each written by dump_vllm_args().
 
@@ -269,10 +270,6 @@ def largest_valid_tp(info: ModelInfo | None, limit: int) -> int:
     return max(cands) if cands else 1
 
 
-def _round_up_mib(n: float) -> int:
-    return int(cdiv(int(math.ceil(n)), 1 << 20) * (1 << 20))
-
-
 def util_needed(est: Estimate, machine: Machine, blocks: int) -> float | None:
     """Smallest gpu_memory_utilization (2 decimals, rounded up) that leaves
     room for `blocks` KV blocks beside weights, activation and non-torch."""
@@ -361,8 +358,7 @@ def check_block_size(c: CheckContext) -> None:
     else:
         msg = (f"block_size {block}: vLLM's CPU attention needs a multiple of 32 "
                f"('No common block size for {block} (CPU_ATTN: [MultipleOf(32)])')")
-    c.add(ErrorKind.BLOCK_SIZE_UNSUPPORTED, "error", msg,
-          {"block_size": DEFAULT_BLOCK_SIZE["cuda"] if plat == "cuda" else 32})
+    c.add(ErrorKind.BLOCK_SIZE_UNSUPPORTED, "error", msg, {"block_size": block_size_fix(plat)})
 
 
 def check_arguments(c: CheckContext) -> None:
@@ -401,12 +397,7 @@ def check_arguments(c: CheckContext) -> None:
 def _cpu_kv_fix(c: CheckContext, est: Estimate, requests: int = 8) -> int:
     """A CPU KV size: room for a few full-length requests plus the null block,
     never more than half of what the node has free."""
-    need = (requests * cdiv(est.max_model_len, est.block_size) + 1) * est.block_size * est.kv_bytes_per_token
-    need = max(_round_up_mib(need), 64 << 20)  # 64 MiB: the cpu-demo preset's size, a sane floor
-    avail = c.machine.cpu_available_bytes
-    if avail:
-        need = min(need, (avail // 2) // (1 << 20) * (1 << 20))
-    return max(need, 1 << 20)
+    return cpu_kv_fix_bytes(est, c.machine.cpu_available_bytes, requests)
 
 
 def check_memory(c: CheckContext) -> None:
@@ -416,7 +407,8 @@ def check_memory(c: CheckContext) -> None:
     m = c.machine
     explicit = c.preset.kv_cache_memory_bytes
     util = float(c.preset.get("gpu_memory_utilization", DEFAULT_GPU_MEMORY_UTILIZATION))
-    one_request_blocks = cdiv(est.max_model_len, est.block_size) + 1  # + vLLM's null block
+    one_request_blocks = kv_blocks_needed(est.max_model_len, est.block_size)
+    one_request_bytes = round_up_mib(kv_bytes_needed(est.max_model_len, est.block_size, est.kv_bytes_per_token))
 
     # -- free memory right now
     if m.platform == "cuda" and explicit is None and est.requested_bytes and m.gpu_free_bytes is not None:
@@ -481,16 +473,14 @@ def check_memory(c: CheckContext) -> None:
                         "not 2048)")
         alt = ""
         if explicit is not None:
-            need = _round_up_mib(one_request_blocks * est.block_size * est.kv_bytes_per_token)
-            alt = f", or raise kv_cache_memory_bytes to {size_str(need)}"
+            alt = f", or raise kv_cache_memory_bytes to {size_str(one_request_bytes)}"
         elif m.platform == "cuda":
             u = util_needed(est, m, one_request_blocks)
             if u is not None and u <= 0.95:
                 alt = f", or raise gpu_memory_utilization to {u}"
         fix: dict[str, Any] | None = {"max_model_len": fit} if fit > 0 else None
         if fit <= 0 and explicit is not None:
-            fix = {"kv_cache_memory_bytes": size_str(_round_up_mib(one_request_blocks * est.block_size
-                                                                   * est.kv_bytes_per_token))}
+            fix = {"kv_cache_memory_bytes": size_str(one_request_bytes)}
         elif fit <= 0 and m.platform == "cuda":
             u = util_needed(est, m, one_request_blocks)
             fix = {"gpu_memory_utilization": u} if u and u <= 0.95 else None
