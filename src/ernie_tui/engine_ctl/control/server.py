@@ -382,16 +382,16 @@ class _Watcher:
         """Lines `first`.. of the log: to the parser and/or the listeners."""
         published = None
         with self._lock:
-            events = []
+            changes = 0  # how many report changes the lines made
             if to_parser and lines:
                 # The file's numbering: a skipped stretch was counted, not parsed.
                 self._parser.report.lines = first - 1
-                events = self._parser.feed_many(lines)
+                changes = self._parser.feed_many(lines)
             if partial:
-                events += self._parser.peek(partial)
+                changes += self._parser.peek(partial)
             if lines:
                 self._line_no = first - 1 + len(lines)
-            if events:
+            if changes:
                 published = self._publish()
             if self._ready_seen is None and self._parser.report.ready:
                 self._ready_seen = time.monotonic()
