@@ -55,7 +55,7 @@ def _num(value: Any, unit: str = "", digits: int = 2) -> str:
 
 def format_report(report, source: str = "") -> str:
     """A plain-text report for a terminal (no colours: it is also pasted into issues)."""
-    from ernie_tui.engine_ctl.logs import PHASES, parallel_ranks  # lazy: --help start-up
+    from ernie_tui.engine_ctl.logs import PHASES, parallel_ranks, parser_error_notice  # lazy: --help start-up
 
     r = report
     out: list[str] = []
@@ -109,4 +109,9 @@ def format_report(report, source: str = "") -> str:
                    f"KV {s.kv_usage_pct:.1f}%{hit}  ({len(r.stats)} samples)")
     for note in r.notes:
         out.append(f"  note            {note}")
+    notice = parser_error_notice(r)
+    if notice:  # the parser's own bug: said, never only counted
+        out.append(f"  PARSER ERROR    {notice}")
+        for err in r.parser_errors[1:]:
+            out.append(f"                  {err}")
     return "\n".join(out)

@@ -11,7 +11,7 @@ from ernie_tui.engine_ctl.logs.errors import ErrorKind, Severity
 from ernie_tui.engine_ctl.logs.logparse import LogParser, parse_file
 from ernie_tui.engine_ctl.logs.logtail import LogTailer
 from ernie_tui.engine_ctl.logs.ranks import describe_rank, parallel_ranks
-from ernie_tui.engine_ctl.logs.report import PHASES, EngineReport
+from ernie_tui.engine_ctl.logs.report import PHASES, EngineReport, parser_error_notice
 
 __all__ = [
     "EngineReport",
@@ -23,4 +23,5 @@ __all__ = [
     "describe_rank",
     "parallel_ranks",
     "parse_file",
+    "parser_error_notice",
 ]

@@ -27,8 +27,11 @@ indentation, other lines by a few substring checks. Only the few lines that
 pass reach the detailed regexes (bench/parse_speed.py measures it).
 
 Robustness. feed() and the parse_* functions never raise on log content:
-every detailed handler runs under a try/except that counts and drops
-surprises (see `LogParser.internal_errors`).
+every detailed handler runs under a try/except. What one raises is the
+parser's own bug, never silent: logged (logger "ernie_tui.engine_ctl.logs.logparse",
+with the line number and text), counted (`LogParser.internal_errors`) and
+put in the report (`parser_errors`, `parser_error_count`), which parse-log
+and the dashboard show.
 
 Errors. The report keeps the FIRST fatal error with its ROOT CAUSE: vLLM
 prints the real exception (e.g. `ValueError: No common block size ...`) and
@@ -42,6 +45,7 @@ port in use), so a rejected request does not mark the server as crashed.
 from __future__ import annotations
 
 import ast
+import logging
 import os
 import re
 from collections.abc import Iterable
@@ -51,13 +55,15 @@ from ernie_tui.engine_ctl.logs.errors import _HANDLER_TEXT_CAP, ErrorKind, class
 from ernie_tui.engine_ctl.logs.figures import _figure, _finite, _note
 from ernie_tui.engine_ctl.logs.logtail import strip_ansi as _strip_ansi
 from ernie_tui.engine_ctl.logs.ranks import is_rank, note_rank
-from ernie_tui.engine_ctl.logs.report import PHASES, EngineError, EngineReport, StatsSample
+from ernie_tui.engine_ctl.logs.report import PARSER_ERRORS_KEPT, PHASES, EngineError, EngineReport, StatsSample
 
 __all__ = [
     "LogParser", "classify_error",
     "parse_file", "parse_lines",
 ]
 
+
+log = logging.getLogger(__name__)
 
 # Periodic stats samples kept in a report (see _m_stats).
 MAX_STATS = 5000
@@ -253,7 +259,7 @@ class LogParser:
 
     def __init__(self) -> None:
         self.report = EngineReport()
-        self.internal_errors = 0  # handler exceptions swallowed (should stay 0)
+        self.internal_errors = 0  # handler exceptions caught (should stay 0; each is logged and reported)
         self._latin1 = False  # parse_file: lines are latin-1 decoded bytes (see _scan)
         self._changes = 0  # report changes made by the lines of the current feed/peek
         self._reset_state()
@@ -286,8 +292,8 @@ class LogParser:
             head = text[:60]
             if ("Capturing" in head and "raph" in head) or "checkpoint shards" in head:
                 self._progress(text, self.report.lines + 1)
-        except Exception:  # noqa: BLE001  the contract: never raise on log content; counted
-            self.internal_errors += 1
+        except Exception as exc:  # noqa: BLE001  the contract: never raise on log content; reported
+            self._internal_error(exc, self.report.lines + 1, text)
         return self._changes
 
     def feed(self, line: str) -> int:
@@ -300,8 +306,8 @@ class LogParser:
             if "\x1b" in line:
                 line = _strip_ansi(line)
             self._scan((line,))
-        except Exception:  # noqa: BLE001  the contract: never raise on log content; counted
-            self.internal_errors += 1
+        except Exception as exc:  # noqa: BLE001  the contract: never raise on log content; reported
+            self._internal_error(exc, self.report.lines, line)
         return self._changes
 
     def feed_many(self, lines: Iterable[str]) -> int:
@@ -310,8 +316,8 @@ class LogParser:
         self._changes = 0
         try:
             self._scan([_strip_ansi(ln) if "\x1b" in ln else ln for ln in lines])
-        except Exception:  # noqa: BLE001  the contract: never raise on log content; counted
-            self.internal_errors += 1
+        except Exception as exc:  # noqa: BLE001  the contract: never raise on log content; reported
+            self._internal_error(exc, self.report.lines, "")
         return self._changes
 
     # -- the hot loop -------------------------------------------------------
@@ -352,8 +358,8 @@ class LogParser:
                         rep.lines = n
                         try:
                             self._on_prefix(m.group(1), m.group(2), n)
-                        except Exception:  # noqa: BLE001  never raise on log content; counted
-                            self.internal_errors += 1
+                        except Exception as exc:  # noqa: BLE001  never raise on log content; reported
+                            self._internal_error(exc, n, line)
                 else:
                     pos = 0
                 if line[pos:pos + 1] == "(" and pos:
@@ -367,8 +373,8 @@ class LogParser:
                         pfx = "\x00"  # the next line names its own writer again
                         try:
                             self._on_prefix(inner.group(1), inner.group(2), n)
-                        except Exception:  # noqa: BLE001  never raise on log content; counted
-                            self.internal_errors += 1
+                        except Exception as exc:  # noqa: BLE001  never raise on log content; reported
+                            self._internal_error(exc, n, line)
                 lv = levels.get(line[pos:pos + 5])
                 if lv == 1:  # vLLM INFO/WARNING: dispatch on the message's first 4 chars
                     k = line.find("] ", pos)
@@ -410,8 +416,8 @@ class LogParser:
                         if len(line) != len(raw):  # multi-byte chars: k to a char offset
                             k = len(raw[:k].decode("utf-8", "replace"))
                     h(line, k, n)
-                except Exception:  # noqa: BLE001  never raise on log content; counted
-                    self.internal_errors += 1
+                except Exception as exc:  # noqa: BLE001  never raise on log content; reported
+                    self._internal_error(exc, n, line)
                 rep = self.report  # a handler may have started a new run's report
         finally:
             self.report.lines = n
@@ -452,9 +458,25 @@ class LogParser:
             self.report.phases[phase] = seconds
         self._changes += 1
 
+    def _internal_error(self, exc: BaseException, n: int, text: str) -> None:
+        """A handler raised on line `n`: the parser's own bug. Logged with the
+        line, counted, and kept in the report for the user to see."""
+        self.internal_errors += 1
+        shown = (text if isinstance(text, str) else repr(text)).rstrip("\r\n")
+        if len(shown) > 200:
+            shown = shown[:200] + "…"
+        log.warning("log parser bug on line %d: %s: %s | %s", n, type(exc).__name__, exc, shown, exc_info=exc)
+        rep = self.report
+        rep.parser_error_count += 1
+        if len(rep.parser_errors) < PARSER_ERRORS_KEPT:
+            rep.parser_errors.append(f"line {n}: {type(exc).__name__}: {exc} | {shown}")
+        self._changes += 1
+
     def _new_run(self, n: int) -> None:
         lines = self.report.lines
-        self.report = EngineReport(lines=lines)
+        # the parser's own errors are about the parser, not the run: they stay
+        self.report = EngineReport(lines=lines, parser_errors=self.report.parser_errors,
+                                   parser_error_count=self.report.parser_error_count)
         pfx, plen, rank = self._pfx, self._plen, self._rank
         self._reset_state()
         self._pfx, self._plen, self._rank = pfx, plen, rank
@@ -1118,5 +1140,5 @@ def _feed_block(parser: LogParser, block: bytes) -> None:
         block = _ANSI_B.sub(b"", block)
     try:
         parser._scan(block.decode("latin-1").split("\n"))
-    except Exception:  # noqa: BLE001  the contract: never raise on log content; counted
-        parser.internal_errors += 1
+    except Exception as exc:  # noqa: BLE001  the contract: never raise on log content; reported
+        parser._internal_error(exc, parser.report.lines, "")
