@@ -36,11 +36,24 @@ from urllib.parse import urlsplit
 
 from ernie_tui.engine_ctl.control.resources import ResourceSampler
 from ernie_tui.engine_ctl.control.server import process_tree
-from ernie_tui.engine_ctl.load import metrics as m
+from ernie_tui.engine_ctl.load import (
+    GENERATION_TOKENS,
+    ITL,
+    KV_USAGE,
+    METRICS_TIMEOUT_S,
+    RUNNING,
+    TTFT,
+    WAITING,
+    Histogram,
+    MetricsClient,
+    MetricsError,
+    MetricsSnapshot,
+    only_metrics,
+)
 
 # The figures a row shows. Parsing only these families keeps eight servers
 # at 1 Hz cheap (a real scrape is ~50 KB, mostly other histograms).
-FLEET_METRICS = (*m.GENERATION_TOKENS, *m.RUNNING, *m.WAITING, *m.KV_USAGE, *m.TTFT, *m.ITL)
+FLEET_METRICS = (*GENERATION_TOKENS, *RUNNING, *WAITING, *KV_USAGE, *TTFT, *ITL)
 # Latency percentiles are over this window: long enough to hold some
 # requests at low load, short enough to show a change within a minute.
 LATENCY_WINDOW_S = 60.0
@@ -146,8 +159,8 @@ class FleetRow:
 class _Point:
     mono: float
     gen_tokens: float | None
-    ttft: m.Histogram | None
-    itl: m.Histogram | None
+    ttft: Histogram | None
+    itl: Histogram | None
 
 
 class _Window:
@@ -157,8 +170,8 @@ class _Window:
     def __init__(self) -> None:
         self.points: deque[_Point] = deque()
 
-    def add(self, snap: m.MetricsSnapshot) -> tuple[float | None, float | None, float | None]:
-        point = _Point(float(snap.mono), snap.generation_tokens, snap.histogram(m.TTFT), snap.histogram(m.ITL))
+    def add(self, snap: MetricsSnapshot) -> tuple[float | None, float | None, float | None]:
+        point = _Point(float(snap.mono), snap.generation_tokens, snap.histogram(TTFT), snap.histogram(ITL))
         prev = self.points[-1] if self.points else None
         if prev is not None and _went_back(prev, point):
             self.points.clear()  # the server restarted: nothing spans the restart
@@ -184,15 +197,15 @@ def _rate(delta: float, seconds: float) -> float | None:
     return delta / seconds if seconds > 0 and delta >= 0 else None
 
 
-def _p99(now: m.Histogram | None, then: m.Histogram | None, same: bool) -> float | None:
+def _p99(now: Histogram | None, then: Histogram | None, same: bool) -> float | None:
     if now is None or same:
         return None  # one scrape is no window
     window = now.delta(then)
     return None if window is None else window.quantile(0.99)
 
 
-def _model_of(snap: m.MetricsSnapshot) -> str | None:
-    for name in (*m.RUNNING, *m.GENERATION_TOKENS, *m.KV_USAGE):
+def _model_of(snap: MetricsSnapshot) -> str | None:
+    for name in (*RUNNING, *GENERATION_TOKENS, *KV_USAGE):
         for labels, _ in snap.samples(name):
             if labels.get("model_name"):
                 return labels["model_name"]
@@ -293,12 +306,12 @@ class ServerPoller:
     """Polls one server and turns each scrape into rows. `ingest` and
     `failed` are the pure halves (tests feed them captured texts)."""
 
-    def __init__(self, server: FleetServer, *, timeout: float = m.DEFAULT_TIMEOUT_S,
+    def __init__(self, server: FleetServer, *, timeout: float = METRICS_TIMEOUT_S,
                  client_factory: Callable | None = None, memory: LocalMemory | None = None,
                  clock: Callable[[], float] = time.time):
         self.server = server
         self.timeout = timeout
-        self._client_factory = client_factory or m.MetricsClient
+        self._client_factory = client_factory or MetricsClient
         self._client = None
         self.memory = memory
         self.clock = clock
@@ -307,7 +320,7 @@ class ServerPoller:
         self._good: list[FleetRow] = []  # the rows of the last good scrape
         self._down_since: float | None = None
         self._last_kept: str | None = None  # the last scrape's figures, as text
-        self._last_snap: m.MetricsSnapshot | None = None  # ... and parsed
+        self._last_snap: MetricsSnapshot | None = None  # ... and parsed
 
     def poll(self) -> list[FleetRow]:
         if self._client is None:
@@ -315,7 +328,7 @@ class ServerPoller:
         before = time.monotonic()
         try:
             text = self._client.fetch_text()
-        except m.MetricsError as exc:
+        except MetricsError as exc:
             return self.failed(str(exc))
         mono = (before + time.monotonic()) / 2
         return self.ingest(text, mono=mono)
@@ -323,14 +336,14 @@ class ServerPoller:
     def ingest(self, text: str, mono: float | None = None, now: float | None = None) -> list[FleetRow]:
         now = self.clock() if now is None else now
         mono = time.monotonic() if mono is None else mono
-        kept = m.only_metrics(text, FLEET_METRICS)
+        kept = only_metrics(text, FLEET_METRICS)
         if kept == self._last_kept and self._last_snap is not None:
             # An idle server answers the same figures every poll: parsing
             # them again (~1 ms, mostly histogram buckets) would be the
             # fleet's main idle cost. Same samples, this poll's time.
             snap = replace(self._last_snap, timestamp=now, mono=mono)
         else:
-            snap = m.MetricsSnapshot.parse(kept, timestamp=now, mono=mono)
+            snap = MetricsSnapshot.parse(kept, timestamp=now, mono=mono)
             self._last_kept, self._last_snap = kept, snap
         engines = snap.label_values("engine")
         mem, source = self.memory.sample() if self.memory is not None else (None, None)
@@ -346,7 +359,7 @@ class ServerPoller:
         self._good = self.rows = rows
         return rows
 
-    def _figures(self, row: FleetRow, snap: m.MetricsSnapshot, engine: str | None, **extra) -> FleetRow:
+    def _figures(self, row: FleetRow, snap: MetricsSnapshot, engine: str | None, **extra) -> FleetRow:
         gen_tps, ttft, itl = self._windows.setdefault(engine, _Window()).add(snap)
         return replace(row, kv_pct=snap.kv_cache_usage_pct, running=snap.running, waiting=snap.waiting,
                        gen_tps=gen_tps, ttft_p99_s=ttft, itl_p99_s=itl, **extra)
@@ -387,7 +400,7 @@ class FleetPoller:
         self.interval = interval
         # Never wait longer than the polling period allows, nor give up on a
         # busy server too soon: vLLM answers /metrics in milliseconds.
-        self.timeout = timeout if timeout is not None else max(1.0, min(m.DEFAULT_TIMEOUT_S, 2 * interval))
+        self.timeout = timeout if timeout is not None else max(1.0, min(METRICS_TIMEOUT_S, 2 * interval))
         self.pollers = [ServerPoller(s, timeout=self.timeout, client_factory=client_factory, clock=clock,
                                      memory=LocalMemory(s.url) if memory else None) for s in self.servers]
 

@@ -41,12 +41,18 @@ import httpx
 import psutil
 
 from ernie_tui import paths
-from ernie_tui.engine_ctl.launch.ports import port_is_free
-from ernie_tui.engine_ctl.logs.errors import ErrorKind
-from ernie_tui.engine_ctl.logs.logopen import LineIndex, Section, read_existing
-from ernie_tui.engine_ctl.logs.logparse import LogParser
-from ernie_tui.engine_ctl.logs.logtail import LogTailer
-from ernie_tui.engine_ctl.logs.report import EngineError, EngineReport, ReportSnapshot
+from ernie_tui.engine_ctl.launch import port_is_free
+from ernie_tui.engine_ctl.logs import (
+    EngineError,
+    EngineReport,
+    ErrorKind,
+    LineIndex,
+    LogParser,
+    LogTailer,
+    ReportSnapshot,
+    Section,
+    read_existing,
+)
 from ernie_tui.presets.model import LaunchSpec
 
 log = logging.getLogger(__name__)

@@ -41,10 +41,8 @@ from ernie_tui.engine_ctl.control.resources import EngineMemory, ResourceSampler
 from ernie_tui.engine_ctl.control.server import EngineServer, ServerState
 from ernie_tui.engine_ctl.control.trial_load import LoadJob, LoadProcess, PeakMemory, run_load
 from ernie_tui.engine_ctl.control.trial_schedule import Trial, TrialScheduler, detect_gpu_ids
-from ernie_tui.engine_ctl.launch.ports import next_free_port, port_is_free
-from ernie_tui.engine_ctl.launch.preflight import preflight
-from ernie_tui.engine_ctl.load.burst import BurstConfig
-from ernie_tui.engine_ctl.load.runstore import save_run
+from ernie_tui.engine_ctl.launch import next_free_port, port_is_free, run_preflight
+from ernie_tui.engine_ctl.load import BurstConfig, save_run
 from ernie_tui.presets.model import Preset
 
 log = logging.getLogger(__name__)
@@ -475,7 +473,7 @@ def _run_one(preset: Preset, repeat: int, burst_config, options: SweepOptions, l
                          port=trial.port)
         run.gpus, run.port = ",".join(trial.gpus), trial.port
     model = preset.resolve_model(options.model)
-    result = preflight(preset, model)
+    result = run_preflight(preset, model)
     if not result.ok:
         problem = result.first_error()
         run.status = f"skipped: {problem.kind.value}"

@@ -19,8 +19,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Mapping
 
-from ernie_tui.engine_ctl.launch.machine import _nvml_gpus
-from ernie_tui.engine_ctl.launch.parallel_layout import gpus_needed, layout_of
+from ernie_tui.engine_ctl.launch import gpus_needed, layout_of, nvml_gpus
 from ernie_tui.presets.model import Preset
 
 
@@ -53,7 +52,7 @@ def detect_gpu_ids(explicit: str | None = None, env: Mapping[str, str] | None = 
                               "trials over; pass --gpus 0,1 (or unset it)")
         return parse_gpu_ids(visible)
 
-    found, why = _nvml_gpus()
+    found, why = nvml_gpus()
     if not found:
         why = why if found is None else "NVML found no GPU"
         raise GpuIdsError(f"--gpus-per-trial needs to know the GPUs, and this machine does not say ({why}); "

@@ -12,16 +12,20 @@ May read logs (a diagnosis reads a report); never load or control.
 # the file (by import-linter, or by a reader).
 from ernie_tui.engine_ctl.launch.diagnose import apply_fix
 from ernie_tui.engine_ctl.launch.diagnose import diagnose as diagnose_failure
-from ernie_tui.engine_ctl.launch.machine import detect_machine
+from ernie_tui.engine_ctl.launch.machine import detect_machine, nvml_gpus
+from ernie_tui.engine_ctl.launch.parallel_layout import gpus_needed, layout_of
 from ernie_tui.engine_ctl.launch.ports import free_port, next_free_port, port_is_free
 from ernie_tui.engine_ctl.launch.preflight import preflight as run_preflight
 
 __all__ = [
     "apply_fix",
     "detect_machine",
+    "gpus_needed",
+    "layout_of",
     "diagnose_failure",
     "free_port",
     "next_free_port",
     "port_is_free",
     "run_preflight",
+    "nvml_gpus",
 ]

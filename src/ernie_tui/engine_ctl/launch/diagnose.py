@@ -30,8 +30,7 @@ from ernie_tui.engine_ctl.launch.estimate import (
 )
 from ernie_tui.engine_ctl.launch.machine import CUDA_CONTEXT_BYTES, Machine
 from ernie_tui.engine_ctl.launch.preflight import largest_valid_tp, next_free_port
-from ernie_tui.engine_ctl.logs.errors import ErrorKind, classify_error
-from ernie_tui.engine_ctl.logs.report import EngineError
+from ernie_tui.engine_ctl.logs import EngineError, ErrorKind, classify_error
 from ernie_tui.engine_ctl.units import GiB
 from ernie_tui.presets.model import Preset, format_size, parse_size
 

@@ -56,7 +56,7 @@ from ernie_tui.engine_ctl.launch.parallel_layout import layout_of
 from ernie_tui.engine_ctl.launch.ports import bind_exposure, next_free_port, port_is_free
 from ernie_tui.engine_ctl.launch.preflight_check import CheckContext, Problem, VllmArgs, launcher_python
 from ernie_tui.engine_ctl.launch.preflight_parallel import checks as parallel_checks
-from ernie_tui.engine_ctl.logs.errors import ErrorKind, Severity
+from ernie_tui.engine_ctl.logs import ErrorKind, Severity
 from ernie_tui.engine_ctl.units import GiB
 from ernie_tui.engine_ctl.units import gib_str as _gib
 from ernie_tui.presets.model import TOOL_KEYS, Preset, PresetError, flag_for

@@ -14,7 +14,7 @@ from typing import Any
 from ernie_tui.engine_ctl.launch.estimate import Estimate
 from ernie_tui.engine_ctl.launch.machine import Machine
 from ernie_tui.engine_ctl.launch.modelinfo import ModelInfo
-from ernie_tui.engine_ctl.logs.errors import ErrorKind, Severity
+from ernie_tui.engine_ctl.logs import ErrorKind, Severity
 from ernie_tui.presets.model import Preset
 
 

@@ -31,7 +31,7 @@ import subprocess
 from ernie_tui.engine_ctl.launch.parallel_layout import ParallelLayout, layout_of
 from ernie_tui.engine_ctl.launch.ports import bind_exposure, next_free_port, port_is_free
 from ernie_tui.engine_ctl.launch.preflight_check import CheckContext, launcher_python
-from ernie_tui.engine_ctl.logs.report import ErrorKind
+from ernie_tui.engine_ctl.logs import ErrorKind
 
 API_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 REACH_TIMEOUT_S = 1.0
