@@ -31,7 +31,7 @@ from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import Any, Callable, Iterable
 from urllib.parse import urlsplit
 
 from ernie_tui.engine_ctl.control.resources import ResourceSampler
@@ -359,7 +359,7 @@ class ServerPoller:
         self._good = self.rows = rows
         return rows
 
-    def _figures(self, row: FleetRow, snap: MetricsSnapshot, engine: str | None, **extra) -> FleetRow:
+    def _figures(self, row: FleetRow, snap: MetricsSnapshot, engine: str | None, **extra: Any) -> FleetRow:
         gen_tps, ttft, itl = self._windows.setdefault(engine, _Window()).add(snap)
         return replace(row, kv_pct=snap.kv_cache_usage_pct, running=snap.running, waiting=snap.waiting,
                        gen_tps=gen_tps, ttft_p99_s=ttft, itl_p99_s=itl, **extra)
@@ -424,7 +424,8 @@ class FleetPoller:
         finally:
             self.close()
 
-    def _loop(self, poller: ServerPoller, on_rows, cancelled: Callable[[], bool]) -> None:
+    def _loop(self, poller: ServerPoller, on_rows: Callable[[str, list[FleetRow]], None],
+              cancelled: Callable[[], bool]) -> None:
         next_at = time.monotonic()
         while not cancelled():
             try:

@@ -35,7 +35,7 @@ import time
 from dataclasses import dataclass, replace
 from enum import Enum
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable, Iterator
 
 import httpx
 import psutil
@@ -286,7 +286,7 @@ class _Watcher:
             except Exception:  # noqa: BLE001  a broken listener must not kill the monitor thread
                 log.exception("server event listener failed")
 
-    def _set_status(self, **changes) -> None:
+    def _set_status(self, **changes: Any) -> None:
         with self._lock:
             new = replace(self._status, **changes)
             if new == self._status:
@@ -317,7 +317,7 @@ class _Watcher:
             self._publish()
         self._opening = self._sections(path)
 
-    def _sections(self, path: Path):
+    def _sections(self, path: Path) -> Iterator[Section]:
         """The existing log's sections (then the follower is set up)."""
         try:
             fd = os.open(path, os.O_RDONLY)

@@ -43,7 +43,8 @@ from ernie_tui.engine_ctl.control.trial_load import LoadJob, LoadProcess, PeakMe
 from ernie_tui.engine_ctl.control.trial_schedule import Trial, TrialScheduler, detect_gpu_ids
 from ernie_tui.engine_ctl.launch import next_free_port, port_is_free, run_preflight
 from ernie_tui.engine_ctl.load import BurstConfig, save_run
-from ernie_tui.presets.model import Preset
+from ernie_tui.engine_ctl.logs import EngineReport
+from ernie_tui.presets.model import LaunchSpec, Preset
 
 log = logging.getLogger(__name__)
 
@@ -365,7 +366,7 @@ class CapacitySweep:
     workload_items: list | None = None  # workload.WorkItem; None: built prompts (burst_config)
 
 
-def sweep_meta(names: list[str], repeat: int, burst_config, runs: list[SweepRun], *,
+def sweep_meta(names: list[str], repeat: int, burst_config: BurstConfig | None, runs: list[SweepRun], *,
                capacity: CapacitySweep | None = None, workload: str | None = None,
                seconds: float | None = None, parallel: str | None = None) -> dict[str, Any]:
     """What the exports and the sweep's run record say about how it was
@@ -413,7 +414,7 @@ def _emit(progress: Progress | None, **event: Any) -> None:
             log.exception("sweep progress callback failed")
 
 
-def run_sweep(plan: SweepPlan, burst_config=None, options: SweepOptions | None = None,
+def run_sweep(plan: SweepPlan, burst_config: BurstConfig | None = None, options: SweepOptions | None = None,
               progress: Progress | None = None, cancel: threading.Event | None = None,
               capacity: CapacitySweep | None = None) -> list[SweepRun]:
     """Measure every preset of the plan; returns the runs done (all of them
@@ -452,7 +453,8 @@ def run_sweep(plan: SweepPlan, burst_config=None, options: SweepOptions | None =
     return runs
 
 
-def _run_one(preset: Preset, repeat: int, burst_config, options: SweepOptions, log_dir: Path, sampler,
+def _run_one(preset: Preset, repeat: int, burst_config: BurstConfig, options: SweepOptions, log_dir: Path,
+             sampler: ResourceSampler,
              baseline: int | None, progress: Progress | None, cancel: threading.Event,
              index: int, total: int, capacity: CapacitySweep | None = None,
              trial: _TrialEnv | None = None) -> SweepRun:
@@ -586,9 +588,10 @@ def _run_one(preset: Preset, repeat: int, burst_config, options: SweepOptions, l
         run.overhead_s = max(0.0, (time.monotonic() - t_begin) - ready_wait - burst_s - stop_s)
 
 
-def _measure_capacity(run: SweepRun, capacity: CapacitySweep, burst_config, spec, preset: Preset, report,
+def _measure_capacity(run: SweepRun, capacity: CapacitySweep, burst_config: BurstConfig, spec: LaunchSpec,
+                      preset: Preset, report: EngineReport,
                       options: SweepOptions, progress: Progress | None, ev: dict[str, Any],
-                      cancel: threading.Event, log_dir: Path, loader=None) -> None:
+                      cancel: threading.Event, log_dir: Path, loader: LoadProcess | None = None) -> None:
     """One preset's capacity search; fills the run's capacity columns."""
     run.mode = "capacity"
     job = _load_job("capacity", spec, preset, burst_config, log_dir, run.repeat, capacity)
@@ -621,8 +624,8 @@ def _measure_capacity(run: SweepRun, capacity: CapacitySweep, burst_config, spec
                  model=spec.served_model_name, notes=f"sweep repeat {run.repeat}")
 
 
-def _load_job(kind: str, spec, preset: Preset, burst_config, log_dir: Path, repeat: int,
-              capacity: CapacitySweep | None = None):
+def _load_job(kind: str, spec: LaunchSpec, preset: Preset, burst_config: BurstConfig, log_dir: Path, repeat: int,
+              capacity: CapacitySweep | None = None) -> LoadJob:
     """The trial's load as a picklable job (trial_load.py runs it here or in a child)."""
     job = LoadJob(kind, spec.url, spec.served_model_name, spec.model, preset.api_key(), burst_config,
                   label=f"ernie-tui load {preset.name} r{repeat}",
@@ -633,8 +636,9 @@ def _load_job(kind: str, spec, preset: Preset, burst_config, log_dir: Path, repe
     return job
 
 
-def _load(run: SweepRun, job, on_progress: Callable[..., None], cancel: threading.Event, ev: dict[str, Any],
-          loader=None, *, memory=None, sample_interval_s: float = 0.5):
+def _load(run: SweepRun, job: LoadJob, on_progress: Callable[..., None], cancel: threading.Event, ev: dict[str, Any],
+          loader: LoadProcess | None = None, *, memory: EngineMemory | None = None,
+          sample_interval_s: float = 0.5) -> Any:
     """Run the trial's load: in this process for a sequential sweep (the
     burst samples `memory` itself), in `loader` (a parallel trial's
     trial_load.LoadProcess) for a parallel one, so neighbouring trials'
@@ -668,7 +672,7 @@ def _ms(seconds: float | None) -> float | None:
     return None if seconds is None else seconds * 1000.0
 
 
-def _wait_baseline(sampler, baseline: int | None, options: SweepOptions) -> None:
+def _wait_baseline(sampler: ResourceSampler, baseline: int | None, options: SweepOptions) -> None:
     """GPU memory back to where it was before the sweep (NVML only: without
     it the engine's processes are already gone, which stop() guarantees)."""
     if baseline is None or not sampler.nvml:
@@ -695,7 +699,7 @@ def _trial_port(preset: Preset, taken: set[int]) -> int:
     return port
 
 
-def _run_parallel(plan: SweepPlan, burst_config, options: SweepOptions, log_dir: Path,
+def _run_parallel(plan: SweepPlan, burst_config: BurstConfig, options: SweepOptions, log_dir: Path,
                   progress: Progress | None, cancel: threading.Event,
                   capacity: CapacitySweep | None) -> list[SweepRun]:
     """Run the plan's trials side by side on disjoint GPU sets; returns the

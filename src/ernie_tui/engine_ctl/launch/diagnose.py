@@ -21,6 +21,7 @@ from typing import Any
 from ernie_tui.engine_ctl.launch.estimate import (
     CPU_KV_FLOOR_BYTES,
     MIB,
+    Estimate,
     block_size_fix,
     cpu_kv_fix_bytes,
     default_block_size,
@@ -165,7 +166,7 @@ def _summary(changes: dict[str, Any] | None) -> str:
     return "; ".join(parts)
 
 
-def _estimate(preset: Preset, model_info: Any, machine: Machine | None):
+def _estimate(preset: Preset, model_info: Any, machine: Machine | None) -> Estimate | None:
     if model_info is None or machine is None:
         return None
 

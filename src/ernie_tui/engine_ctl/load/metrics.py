@@ -22,9 +22,12 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
+
+if TYPE_CHECKING:  # httpx itself is imported where a scrape needs it
+    import httpx
 
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -457,7 +460,7 @@ def metrics_url(url: str) -> str:
     return u + "/metrics"
 
 
-def _deadline_transport(total: float):
+def _deadline_transport(total: float) -> httpx.BaseTransport:
     """An httpx transport whose responses must arrive whole within `total`
     seconds. httpx's timeouts bound each read, not the request: a server
     that drips a few bytes every 0.2 s never trips them, and the poller
@@ -472,7 +475,7 @@ def _deadline_transport(total: float):
         def __init__(self, inner: httpx.SyncByteStream, deadline: float):
             self._inner, self._deadline = inner, deadline
 
-        def __iter__(self):
+        def __iter__(self) -> Iterator[bytes]:
             for chunk in self._inner:
                 if time.monotonic() > self._deadline:
                     raise httpx.ReadTimeout(f"the response took longer than {total:g} s")

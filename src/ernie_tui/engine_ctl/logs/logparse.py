@@ -142,7 +142,7 @@ _ROLE_NORM = re.compile(r"(EngineCore)_DP0$|(?:VllmWorker[- ]|Worker_TP)(\d+)$")
 _ERROR_MESSAGES = ("EngineCore failed to start", "EngineCore encountered", "Engine core proc ",
                    "WorkerProc hit an exception", "WorkerProc failed to start", "Worker proc ",
                    "AsyncLLM output_handler failed")
-_PHASE_INDEX = {p: i for i, p in enumerate(PHASES)}
+_PHASE_INDEX: dict[str, int] = {p: i for i, p in enumerate(PHASES)}  # phase name -> its place
 
 
 def _is_wrapper(kind: ErrorKind, message: str) -> bool:
