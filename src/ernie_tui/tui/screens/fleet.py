@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import replace
+from typing import TYPE_CHECKING, cast
 
 from rich.text import Text
 from textual import on, work
@@ -29,6 +30,9 @@ from ernie_tui.tui.messages import FleetUpdate
 from ernie_tui.tui.screens.help import HelpScreen
 from ernie_tui.tui.screens.main import MainScreen
 from ernie_tui.tui.widgets.footer import KeyFooter
+
+if TYPE_CHECKING:  # type-only: fleet_app.py imports this screen
+    from ernie_tui.tui.fleet_app import FleetApp
 
 # (column key, header). Keys stay fixed; headers say the unit and the window.
 COLUMNS: tuple[tuple[str, str], ...] = (
@@ -140,6 +144,11 @@ class FleetScreen(ShowsWorkerFailures, Screen):
         Binding("question_mark", "help", "Help"),
         Binding("q", "quit", "Quit"),
     ]
+
+    @property
+    def fleet_app(self) -> FleetApp:
+        """self.app, typed: the fleet's App, whose methods this screen calls."""
+        return cast("FleetApp", self.app)
 
     def __init__(self, servers, *, interval: float = 1.0, live: bool = True, poller_factory=None):
         super().__init__()
@@ -298,7 +307,7 @@ class FleetScreen(ShowsWorkerFailures, Screen):
     def action_open(self) -> None:
         row = self.selected_row()
         if row is not None:
-            self.app.open_server(row.server)
+            self.fleet_app.open_server(row.server)
 
     def action_help(self) -> None:
         # Installed once, like the dashboard's: composing it afresh on every
@@ -308,13 +317,18 @@ class FleetScreen(ShowsWorkerFailures, Screen):
         self.app.push_screen("fleet-help")
 
     def action_quit(self) -> None:
-        self.app.request_quit()
+        self.fleet_app.request_quit()
 
 
 class ServerDashboard(MainScreen):
     """The full attach dashboard of one fleet server; escape or b goes back."""
 
     BINDINGS = [Binding("b", "back", "Fleet")]
+
+    @property
+    def fleet_app(self) -> FleetApp:
+        """self.app, typed: the fleet's App, whose methods this screen calls."""
+        return cast("FleetApp", self.app)
 
     def __init__(self) -> None:
         super().__init__("attach")
@@ -326,4 +340,4 @@ class ServerDashboard(MainScreen):
             self.action_back()
 
     def action_back(self) -> None:
-        self.app.leave_server()
+        self.fleet_app.leave_server()
