@@ -190,10 +190,10 @@ def _fix_for(kind: ErrorKind, text: str, err: EngineError | None, preset: Preset
             cur = preset.kv_cache_memory_bytes or 0
             if est is not None:
                 need = kv_bytes_needed(est.max_model_len, est.block_size, est.kv_bytes_per_token)
-                new = max(cur * 2, round_up_mib(need))
+                new_bytes = max(cur * 2, round_up_mib(need))
             else:
-                new = max(cur * 4, CPU_KV_FLOOR_BYTES)
-            return {"kv_cache_memory_bytes": format_size(new)}, "a larger KV cache"
+                new_bytes = max(cur * 4, CPU_KV_FLOOR_BYTES)
+            return {"kv_cache_memory_bytes": format_size(new_bytes)}, "a larger KV cache"
         return {"gpu_memory_utilization": round(min(0.95, _util(preset) + 0.05), 2)}, "a larger share of the GPU"
 
     if kind == ErrorKind.NO_CACHE_MEMORY:
@@ -204,8 +204,8 @@ def _fix_for(kind: ErrorKind, text: str, err: EngineError | None, preset: Preset
         new = DEFAULT_UTIL
         est = _estimate(preset, model_info, machine)
         if machine is not None and machine.gpu_total_bytes and machine.gpu_free_bytes is not None:
-            free = machine.gpu_free_bytes - CUDA_CONTEXT_BYTES
-            new = min(new, math.floor(free / machine.gpu_total_bytes * 100) / 100 - 0.01)
+            free_bytes = machine.gpu_free_bytes - CUDA_CONTEXT_BYTES
+            new = min(new, math.floor(free_bytes / machine.gpu_total_bytes * 100) / 100 - 0.01)
         if est is not None and machine is not None and machine.gpu_total_bytes:
             floor_need = (est.weights_bytes + est.activation_bytes + est.non_torch_bytes) / machine.gpu_total_bytes
             if new <= floor_need:
@@ -216,8 +216,8 @@ def _fix_for(kind: ErrorKind, text: str, err: EngineError | None, preset: Preset
         return {"gpu_memory_utilization": round(new, 2)}, "vLLM's default share" if new == DEFAULT_UTIL else ""
 
     if kind == ErrorKind.INSUFFICIENT_FREE_MEMORY:
-        free = detail.get("free_gib")
-        total = detail.get("total_gib")
+        free: float | None = detail.get("free_gib")  # GiB
+        total: float | None = detail.get("total_gib")
         if machine is not None:
             if platform == "cuda" and machine.gpu_free_bytes is not None and machine.gpu_total_bytes:
                 # NVML's free, less the CUDA context vLLM creates before it measures

@@ -295,18 +295,18 @@ def estimate_capacity(preset: Preset, info: ModelInfo, machine: Machine,
             source = "kv_cache_memory_bytes (vLLM skips memory profiling)"
         else:
             util = float(preset.get("gpu_memory_utilization", DEFAULT_GPU_MEMORY_UTILIZATION))
-            total = machine.gpu_total_bytes
-            if total is None:
+            gpu_total = machine.gpu_total_bytes
+            if gpu_total is None:
                 kv = 0
                 source = "unknown: GPU memory not known (pass --gpu-memory-gib)"
                 notes.append("GPU total memory unknown; KV cache not estimated")
             else:
-                requested = int(total * util)
-                tokens = int(preset.get("max_num_batched_tokens") or default_batched_tokens("cuda", total))
+                requested = int(gpu_total * util)
+                tokens = int(preset.get("max_num_batched_tokens") or default_batched_tokens("cuda", gpu_total))
                 act = activation_bytes(info, tokens, dtype, tp)
                 non_torch = NON_TORCH_BYTES
                 kv = requested - weights - act - non_torch
-                source = f"gpu_memory_utilization {util} x {total / GiB:.1f} GiB"
+                source = f"gpu_memory_utilization {util} x {gpu_total / GiB:.1f} GiB"
                 if tp > 1 or pp > 1:
                     notes.append("activation and non-torch memory are calibrated on one GPU; "
                                  "NCCL buffers at TP/PP > 1 are not counted")
