@@ -171,7 +171,8 @@ class _Window:
         self.points: deque[_Point] = deque()
 
     def add(self, snap: MetricsSnapshot) -> tuple[float | None, float | None, float | None]:
-        point = _Point(float(snap.mono), snap.generation_tokens, snap.histogram(TTFT), snap.histogram(ITL))
+        mono = snap.mono if snap.mono is not None else snap.timestamp  # as MetricsSnapshot fills it in
+        point = _Point(float(mono), snap.generation_tokens, snap.histogram(TTFT), snap.histogram(ITL))
         prev = self.points[-1] if self.points else None
         if prev is not None and _went_back(prev, point):
             self.points.clear()  # the server restarted: nothing spans the restart
@@ -225,7 +226,7 @@ class LocalMemory:
         self.port = parts.port or (443 if parts.scheme == "https" else 80)
         self.local = _is_local_host(parts.hostname or "")
         self._factory = sampler_factory
-        self._sampler = None
+        self._sampler: ResourceSampler | None = None
         self._pid: int | None = None
         self._pid_at = -1e9
         self._tree: list[int] = []
@@ -312,7 +313,7 @@ class ServerPoller:
         self.server = server
         self.timeout = timeout
         self._client_factory = client_factory or MetricsClient
-        self._client = None
+        self._client: MetricsClient | None = None
         self.memory = memory
         self.clock = clock
         self._windows: dict[str | None, _Window] = {}

@@ -35,7 +35,7 @@ import time
 from dataclasses import dataclass, replace
 from enum import Enum
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Generator
 
 import httpx
 import psutil
@@ -198,7 +198,8 @@ class _Watcher:
         self._version = 0
         self._snapshot = ReportSnapshot.of(self._parser.report, 0, 0)
         self._ready_seen: float | None = None  # monotonic time the parser first said "serving"
-        self._opening = None  # sections of an existing log still to read (logopen.read_existing)
+        # sections of an existing log still to read (logopen.read_existing)
+        self._opening: Generator[Section, None, None] | None = None
         self._line_no = 0  # the file's number of the last line read
         self._index = LineIndex()  # where lines begin, for the pane's earlier lines
         self._index_lock = threading.Lock()
@@ -317,7 +318,7 @@ class _Watcher:
             self._publish()
         self._opening = self._sections(path)
 
-    def _sections(self, path: Path) -> Iterator[Section]:
+    def _sections(self, path: Path) -> Generator[Section, None, None]:
         """The existing log's sections (then the follower is set up)."""
         try:
             fd = os.open(path, os.O_RDONLY)
@@ -367,7 +368,8 @@ class _Watcher:
         if self._tailer is None:
             return False
         tailer = self._tailer
-        begin, moved = tailer.next_line_offset, tailer.rotations + tailer.truncations
+        begin: int | None = tailer.next_line_offset
+        moved = tailer.rotations + tailer.truncations
         lines = tailer.read_new()
         if tailer.rotations + tailer.truncations != moved:
             with self._index_lock:  # another file now: earlier lines are no longer where we noted them
@@ -759,12 +761,16 @@ class LogReplay(_Watcher):
         with self._lock:
             final = self._publish()  # the whole log's report, its line count included
         self._emit(ReportPublished(final))
-        self._emit(LogRead(self.status.log_path, self._line_no))
+        path = self.status.log_path  # a replay always has one (set in __init__)
+        assert path is not None
+        self._emit(LogRead(path, self._line_no))
 
     def _drain(self) -> bool:
         """Read the rest after the sections; its unfinished last line is a
         line too. True once the end is reached."""
         tailer = self._tailer
+        if tailer is None:  # nothing left to follow
+            return True
         lines = tailer.read_new()
         if lines:
             self._take(lines, self._line_no + 1, None)
