@@ -16,17 +16,6 @@ from hypothesis import strategies as st
 
 from ernie_tui.cli import main as cli_main
 from ernie_tui.engine_ctl.logs.errors import ErrorKind, classify_error
-from ernie_tui.engine_ctl.logs.events import (
-    ErrorEvent,
-    FieldEvent,
-    PhaseEvent,
-    PidEvent,
-    ProgressEvent,
-    ReadyEvent,
-    ShutdownEvent,
-    StatsEvent,
-    VersionEvent,
-)
 from ernie_tui.engine_ctl.logs.logparse import LogParser, parse_file, parse_lines
 from ernie_tui.engine_ctl.logs.report import PHASES
 
@@ -217,39 +206,46 @@ def test_json_keys_of_the_report(fixtures_dir):
     json.dumps(d)
 
 
-# --------------------------------------------------------------------------- events
+# --------------------------------------------------------------------------- what feed() returns
 
 
-def test_events_of_a_gpu_startup(fixtures_dir):
+def test_feed_counts_the_report_changes_of_a_gpu_startup(fixtures_dir):
+    """feed() returns how many report changes a line made: the server
+    publishes the report only after lines that changed it."""
     parser = LogParser()
-    events = []
+    phases_seen, changed_lines, quiet_lines = [], 0, 0
     for line in read_lines(fixtures_dir / GPU / "ok_block16_len4096.log"):
-        events += parser.feed(line)
-    started = [e.phase for e in events if isinstance(e, PhaseEvent) and not e.done]
-    assert started == list(PHASES)
-    done = {e.phase: e.seconds for e in events if isinstance(e, PhaseEvent) and e.done}
-    assert done["compile"] == 17.25 and done["cuda_graphs"] == 3.0
-    ready = [e for e in events if isinstance(e, ReadyEvent)]
-    assert len(ready) == 1 and ready[0].url == "http://127.0.0.1:8000"
-    assert [e.version for e in events if isinstance(e, VersionEvent)] == ["0.26.0"]
-    assert {(e.role, e.pid) for e in events if isinstance(e, PidEvent)} == {("APIServer", 1938),
-                                                                            ("EngineCore", 2040)}
-    fields = {e.name: e.value for e in events if isinstance(e, FieldEvent)}
-    assert fields["kv_cache_tokens"] == 7_421_344 and fields["platform"] == "cuda"
-    progress = [e for e in events if isinstance(e, ProgressEvent) and e.phase == "cuda_graphs"]
-    assert progress and progress[-1].done == progress[-1].total == 51
-    assert [e.sample.prompt_tps for e in events if isinstance(e, StatsEvent)] == [3024.1]
-    assert any(isinstance(e, ShutdownEvent) for e in events)
-    assert not any(isinstance(e, ErrorEvent) for e in events)
-    # every event knows its line
-    assert all(isinstance(e.line_no, int) and e.line_no > 0 for e in events)
+        before = (parser.report.phase, parser.report.ready, len(parser.report.stats), parser.report.kv_cache_tokens)
+        changes = parser.feed(line)
+        after = (parser.report.phase, parser.report.ready, len(parser.report.stats), parser.report.kv_cache_tokens)
+        if after != before:
+            assert changes > 0, f"a report change not counted: {line!r}"
+        if changes:
+            changed_lines += 1
+        else:
+            quiet_lines += 1
+        if parser.report.phase and parser.report.phase not in phases_seen:
+            phases_seen.append(parser.report.phase)
+    r = parser.report
+    assert phases_seen == list(PHASES)
+    assert r.phases["compile"] == 17.25 and r.phases["cuda_graphs"] == 3.0
+    assert r.ready and r.server_url == "http://127.0.0.1:8000"
+    assert r.vllm_version == "0.26.0"
+    assert {("APIServer", 1938), ("EngineCore", 2040)} <= set(r.pids.items())
+    assert r.kv_cache_tokens == 7_421_344 and r.platform == "cuda"
+    assert [s.prompt_tps for s in r.stats] == [3024.1]
+    assert r.error is None
+    # most lines of a log change nothing: those publish nothing
+    assert changed_lines > 10 and quiet_lines > changed_lines
 
 
-def test_error_event_and_root_cause_upgrade(fixtures_dir):
+def test_error_root_cause_upgrade(fixtures_dir):
     parser = LogParser()
     errors = []
     for line in read_lines(fixtures_dir / CPU / "fail_block16.log"):
-        errors += [e.error for e in parser.feed(line) if isinstance(e, ErrorEvent)]
+        before = parser.report.error
+        if parser.feed(line) and parser.report.error is not before:
+            errors.append(parser.report.error)
     # "WorkerProc hit an exception." comes first; the ValueError below it replaces it
     assert [e.kind for e in errors] == [ErrorKind.ENGINE_DEAD, ErrorKind.BLOCK_SIZE_UNSUPPORTED]
     assert parser.report.error.kind is ErrorKind.BLOCK_SIZE_UNSUPPORTED
@@ -832,7 +828,7 @@ def test_peek_moves_the_phase_without_consuming_the_line(fixtures_dir):
         parser.feed(ln)
     before = parser.report.phase
     assert before != "cuda_graphs" and parser.report.lines == at
-    events = parser.peek("Capturing CUDA graphs (PIECEWISE):  12%|█▏        | 6/51 [00:00<00:01, 23.97it/s]")
+    changes = parser.peek("Capturing CUDA graphs (PIECEWISE):  12%|█▏        | 6/51 [00:00<00:01, 23.97it/s]")
     assert parser.report.phase == "cuda_graphs" and parser.report.lines == at
-    assert any(getattr(e, "done", None) == 6 and getattr(e, "total", None) == 51 for e in events)
-    assert parser.peek("INFO something else") == [] and parser.report.lines == at
+    assert changes > 0  # the phase moved on: the report is published
+    assert parser.peek("INFO something else") == 0 and parser.report.lines == at

@@ -18,17 +18,15 @@ import pkgutil
 import sys
 
 from ernie_tui import __version__
+from ernie_tui.cli.dashboard import run_dashboard
+from ernie_tui.cli.errors import CliError
 from ernie_tui.cli.shared_options import SubcommandsAction, shared_options
 
-
-class CliError(Exception):
-    """An error whose message is the whole story for the user."""
+__all__ = ["CliError", "build_parser", "main"]
 
 
 def _command_modules() -> list[str]:
-    import ernie_tui.cli as pkg
-
-    return sorted(m.name for m in pkgutil.iter_modules(pkg.__path__) if m.name.startswith("cmd_"))
+    return sorted(m.name for m in pkgutil.iter_modules(__path__) if m.name.startswith("cmd_"))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -66,14 +64,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from ernie_tui.presets import PresetError
+    from ernie_tui.presets import PresetError  # lazy: presets pull in pydantic; --help stays fast
 
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
         if args.command is None:
-            from ernie_tui.cli.dashboard import run_dashboard
-
             return run_dashboard(args)
         return int(args.run(args) or 0)
     except (CliError, PresetError) as exc:

@@ -6,6 +6,8 @@ import argparse
 from dataclasses import dataclass
 from typing import Any
 
+from ernie_tui.cli.errors import CliError
+
 
 def add_capacity_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group(
@@ -50,8 +52,7 @@ class CapacityOptions:
 
 def capacity_options(args: argparse.Namespace) -> CapacityOptions:
     """Parse and check the capacity options; CliError with a plain message."""
-    from ernie_tui.cli import CliError
-    from ernie_tui.engine_ctl.load import make_search
+    from ernie_tui.engine_ctl.load import make_search  # lazy: --help start-up
 
     try:
         slo, search, rules = make_search(args.slo, start=args.start_concurrency,
@@ -67,8 +68,7 @@ def load_workload(path: str | None, default_max_tokens: int):
     """The JSONL workload, or None for built prompts."""
     if not path:
         return None
-    from ernie_tui.cli import CliError
-    from ernie_tui.engine_ctl.load import load_jsonl
+    from ernie_tui.engine_ctl.load import load_jsonl  # lazy: --help start-up
 
     try:
         return load_jsonl(path, default_max_tokens)
@@ -79,7 +79,7 @@ def load_workload(path: str | None, default_max_tokens: int):
 def capacity_sweep(args: argparse.Namespace):
     """The sweep's CapacitySweep from the capacity options (the CLI's sweep and
     bench/parallel_sweep.py share it)."""
-    from ernie_tui.engine_ctl.control import CapacitySweep
+    from ernie_tui.engine_ctl.control import CapacitySweep  # lazy: --help start-up
 
     opts = capacity_options(args)
     workload = load_workload(args.workload, args.max_tokens)

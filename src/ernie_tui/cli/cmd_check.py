@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 
+from ernie_tui.cli.errors import CliError
 from ernie_tui.cli.shared_options import shared_options
 
 
@@ -28,8 +29,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _run(args) -> int:
-    from ernie_tui.cli import CliError
-    from ernie_tui.engine_ctl.launch import describe_changes, detect_machine, run_preflight
+    from ernie_tui.engine_ctl.launch import describe_changes, detect_machine, run_preflight  # lazy: --help start-up
     from ernie_tui.engine_ctl.units import GiB
     from ernie_tui.presets import load_presets
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from ernie_tui import paths
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("demo-model", help="write a random-weight ERNIE-4.5 stand-in model",
@@ -24,7 +26,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _demo_model(args) -> int:
-    from ernie_tui.demo_model import write_demo_model
+    from ernie_tui.demo_model import write_demo_model  # lazy: --help start-up
 
     s = write_demo_model(args.dir, args.shape, args.seed)
     print(f"wrote {s['name']} model to {s['path']}: {s['parameters']:,} parameters, "
@@ -35,8 +37,7 @@ def _demo_model(args) -> int:
 
 
 def ensure_demo_model() -> str:
-    from ernie_tui import paths
-    from ernie_tui.demo_model import write_demo_model
+    from ernie_tui.demo_model import write_demo_model  # lazy: --help start-up
 
     target = paths.demo_model_dir()
     if not (target / "model.safetensors").is_file():
@@ -57,6 +58,6 @@ def demo_args(args):
 
 
 def _demo(args) -> int:
-    from ernie_tui.cli.dashboard import run_dashboard
+    from ernie_tui.cli.dashboard import run_dashboard  # lazy: --help start-up
 
     return run_dashboard(demo_args(args))

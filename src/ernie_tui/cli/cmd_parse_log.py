@@ -6,6 +6,8 @@ import argparse
 import json
 from typing import Any
 
+from ernie_tui.cli.errors import CliError
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("parse-log", help="read a vLLM server log and print its startup report",
@@ -20,8 +22,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _run(args) -> int:
-    from ernie_tui.cli import CliError
-    from ernie_tui.engine_ctl.logs import parse_file
+    from ernie_tui.engine_ctl.logs import parse_file  # lazy: --help start-up
 
     try:
         report = parse_file(args.file)
@@ -56,7 +57,7 @@ def _num(value: Any, unit: str = "", digits: int = 2) -> str:
 
 def format_report(report, source: str = "") -> str:
     """A plain-text report for a terminal (no colours: it is also pasted into issues)."""
-    from ernie_tui.engine_ctl.logs import PHASES, parallel_ranks
+    from ernie_tui.engine_ctl.logs import PHASES, parallel_ranks, parser_error_notice  # lazy: --help start-up
 
     r = report
     out: list[str] = []
@@ -96,7 +97,7 @@ def format_report(report, source: str = "") -> str:
     if r.pids:
         out.append("  pids            " + "  ".join(f"{role}={pid}" for role, pid in r.pids.items()))
     if parallel_ranks(r.ranks):  # a parallel server: every rank with its own figures
-        from ernie_tui.engine_ctl.logs import describe_rank
+        from ernie_tui.engine_ctl.logs import describe_rank  # lazy: --help start-up
 
         for i, rank in enumerate(r.ranks):
             out.append(f"  {'ranks' if i == 0 else '':<16}{describe_rank(rank)}")
@@ -111,4 +112,9 @@ def format_report(report, source: str = "") -> str:
                    f"KV {s.kv_usage_pct:.1f}%{hit}  ({len(r.stats)} samples)")
     for note in r.notes:
         out.append(f"  note            {note}")
+    notice = parser_error_notice(r)
+    if notice:  # the parser's own bug: said, never only counted
+        out.append(f"  PARSER ERROR    {notice}")
+        for err in r.parser_errors[1:]:
+            out.append(f"                  {err}")
     return "\n".join(out)

@@ -10,6 +10,8 @@ import shutil
 import sys
 import textwrap
 
+from ernie_tui import paths
+from ernie_tui.cli.errors import CliError
 from ernie_tui.cli.shared_options import shared_options
 
 # Words that make an environment variable's value a secret: HF_TOKEN,
@@ -58,7 +60,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _book(args):
-    from ernie_tui.presets import load_presets
+    from ernie_tui.presets import load_presets  # lazy: --help start-up
 
     return load_presets(args.presets)
 
@@ -66,7 +68,7 @@ def _book(args):
 def _typo_warnings(presets) -> list[str]:
     """One line per engine-arg key the preset's vLLM does not have, with the
     nearest argument it does have (the same "did you mean" as `check`)."""
-    from ernie_tui.engine_ctl.launch import launcher_python, unknown_arguments, vllm_args
+    from ernie_tui.engine_ctl.launch import launcher_python, unknown_arguments, vllm_args  # lazy: --help start-up
 
     lines = []
     for p in presets:
@@ -129,16 +131,12 @@ def _show(args) -> int:
 
 
 def _path(args) -> int:
-    from ernie_tui import paths
-
     print(paths.user_presets_file())
     return 0
 
 
 def _delete(args) -> int:
-    from ernie_tui import paths
-    from ernie_tui.cli import CliError
-    from ernie_tui.presets.store import delete_preset
+    from ernie_tui.presets.store import delete_preset  # lazy: --help start-up
 
     if not delete_preset(args.name):
         raise CliError(f"{paths.user_presets_file()}: has no preset {args.name!r}")

@@ -19,6 +19,8 @@ import os
 import sys
 
 from ernie_tui.cli.capacity_args import add_capacity_args
+from ernie_tui.cli.cmd_report import check_out, write_from_refs
+from ernie_tui.cli.errors import CliError
 from ernie_tui.cli.interruptible import run_interruptible
 
 
@@ -77,8 +79,6 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _stop_ids(text: str | None) -> list[int] | None:
-    from ernie_tui.cli import CliError
-
     if not text:
         return None
     try:
@@ -93,8 +93,6 @@ def _api_key(var: str) -> str | None:
 
 def _run(args) -> int:
     if args.report:
-        from ernie_tui.cli import CliError
-        from ernie_tui.cli.cmd_report import check_out
 
         if not args.capacity:
             raise CliError("--report belongs to --capacity (for a burst: ernie-tui report RUN --out FILE)")
@@ -104,8 +102,6 @@ def _run(args) -> int:
     if args.capacity:
         return _run_capacity(args)
     if args.slo or args.workload:
-        from ernie_tui.cli import CliError
-
         raise CliError("--slo and --workload belong to --capacity")
     if args.burst is not None:
         return _run_burst(args)
@@ -113,8 +109,7 @@ def _run(args) -> int:
 
 
 def _run_probe(args) -> int:
-    from ernie_tui.cli import CliError
-    from ernie_tui.engine_ctl.load import (
+    from ernie_tui.engine_ctl.load import (  # lazy: --help start-up
         DEFAULT_MAX_TOKENS,
         DEFAULT_READ_TIMEOUT_S,
         SHORT_PROMPT,
@@ -161,7 +156,7 @@ def _run_probe(args) -> int:
 def _preset_for(name: str | None, extra_files: list[str]):
     if not name:
         return None
-    from ernie_tui.presets import PresetError, load_presets
+    from ernie_tui.presets import PresetError, load_presets  # lazy: --help start-up
 
     try:
         return load_presets(extra_files).get(name)
@@ -173,8 +168,13 @@ def _preset_for(name: str | None, extra_files: list[str]):
 def _run_burst(args) -> int:
     import threading
 
-    from ernie_tui.cli import CliError
-    from ernie_tui.engine_ctl.load import BurstConfig, ProbeFailure, find_tokenizer, format_burst, run_burst
+    from ernie_tui.engine_ctl.load import (  # lazy: --help start-up
+        BurstConfig,
+        ProbeFailure,
+        find_tokenizer,
+        format_burst,
+        run_burst,
+    )
 
     cfg = BurstConfig(
         n=args.burst, min_tokens=args.min_tokens, max_tokens_in=args.max_tokens_in,
@@ -220,7 +220,7 @@ def _run_burst(args) -> int:
 def _save_and_print(args, result, format_result, *, measured: bool):
     """Save a burst's or a search's run record (unless --no-save, or nothing
     was measured) and print the result: text, or JSON naming the record."""
-    from ernie_tui.engine_ctl.load import RunStoreError
+    from ernie_tui.engine_ctl.load import RunStoreError  # lazy: --help start-up
 
     record = None
     if not args.no_save and measured:
@@ -249,8 +249,7 @@ def _save_and_print(args, result, format_result, *, measured: bool):
 def _run_capacity(args) -> int:
     import threading
 
-    from ernie_tui.cli import CliError
-    from ernie_tui.cli.capacity_args import capacity_options, load_workload
+    from ernie_tui.cli.capacity_args import capacity_options, load_workload  # lazy: --help start-up
     from ernie_tui.engine_ctl.load import (
         CapacityResult,
         ProbeFailure,
@@ -298,7 +297,6 @@ def _run_capacity(args) -> int:
         cancel, name="capacity", on_interrupt="ending the running level, keeping the levels measured ...")
     record = _save_and_print(args, result, format_capacity, measured=bool(result.levels))
     if args.report and record is not None:
-        from ernie_tui.cli.cmd_report import write_from_refs
 
         written = write_from_refs([str(record.path)], args.report)
         print(f"wrote {', '.join(written)}", file=sys.stderr)

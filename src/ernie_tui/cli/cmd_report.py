@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from ernie_tui.cli.errors import CliError
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
@@ -32,8 +34,7 @@ def check_out(paths: list[str]) -> None:
     """Refuse a bad suffix before anything runs (CliError)."""
     from pathlib import Path
 
-    from ernie_tui.cli import CliError
-    from ernie_tui.engine_ctl.report import FORMATS
+    from ernie_tui.engine_ctl.report import FORMATS  # lazy: --help start-up
 
     for out in paths:
         if Path(out).suffix.lower() not in FORMATS:
@@ -42,7 +43,7 @@ def check_out(paths: list[str]) -> None:
         try:
             import matplotlib  # noqa: F401
         except ImportError:
-            from ernie_tui.engine_ctl.report import INSTALL_HINT
+            from ernie_tui.engine_ctl.report import INSTALL_HINT  # lazy: --help start-up
 
             raise CliError(INSTALL_HINT) from None
 
@@ -50,8 +51,7 @@ def check_out(paths: list[str]) -> None:
 def write_from_refs(refs: list[str], outs: list[str], csv_path: str | None = None, title: str | None = None,
                     runs_dir: str | None = None) -> list[str]:
     """Load the runs and write each file; the paths written. CliError on failure."""
-    from ernie_tui.cli import CliError
-    from ernie_tui.engine_ctl.report import ReportError, load_report_data, write_csv, write_report
+    from ernie_tui.engine_ctl.report import ReportError, load_report_data, write_csv, write_report  # lazy: --help start-up
 
     try:
         data = load_report_data(refs, runs_dir)
@@ -64,7 +64,6 @@ def write_from_refs(refs: list[str], outs: list[str], csv_path: str | None = Non
 
 
 def _report(args) -> int:
-    from ernie_tui.cli import CliError
 
     if not args.out and not args.csv:
         raise CliError("say where: --out FILE.html (or .png/.svg) and/or --csv FILE.csv")

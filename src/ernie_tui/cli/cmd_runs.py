@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import json
 
+from ernie_tui.cli.errors import CliError
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("runs", help="list and show saved run records (what `report` draws)",
@@ -25,7 +27,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _list(args) -> int:
-    from ernie_tui.engine_ctl.load import list_runs
+    from ernie_tui.engine_ctl.load import list_runs  # lazy: --help start-up
     from ernie_tui.engine_ctl.report import list_line
 
     runs = list_runs(kind=args.kind, preset=args.preset, directory=args.runs_dir)
@@ -42,8 +44,7 @@ def _list(args) -> int:
 
 
 def _show(args) -> int:
-    from ernie_tui.cli import CliError
-    from ernie_tui.engine_ctl.load import RunStoreError, load_run
+    from ernie_tui.engine_ctl.load import RunStoreError, load_run  # lazy: --help start-up
     from ernie_tui.engine_ctl.report import describe
 
     try:

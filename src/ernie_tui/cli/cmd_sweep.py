@@ -8,6 +8,8 @@ import threading
 import time
 
 from ernie_tui.cli.capacity_args import add_capacity_args
+from ernie_tui.cli.cmd_report import check_out, write_from_refs
+from ernie_tui.cli.errors import CliError
 from ernie_tui.cli.interruptible import run_interruptible
 from ernie_tui.cli.shared_options import shared_options
 
@@ -65,8 +67,7 @@ def _per_trial(text: str) -> int | str:
 
 def _gpu_plan(args) -> list[str] | None:
     """The GPU ids for --gpus-per-trial, decided (and refused) before anything starts."""
-    from ernie_tui.cli import CliError
-    from ernie_tui.engine_ctl.control import GpuIdsError, detect_gpu_ids
+    from ernie_tui.engine_ctl.control import GpuIdsError, detect_gpu_ids  # lazy: --help start-up
 
     if args.gpus_per_trial is None:
         if args.gpu_list:
@@ -82,8 +83,7 @@ def _gpu_plan(args) -> list[str] | None:
 def _sweep(args) -> int:
     from pathlib import Path
 
-    from ernie_tui.cli import CliError
-    from ernie_tui.engine_ctl.control import (
+    from ernie_tui.engine_ctl.control import (  # lazy: --help start-up
         SweepOptions,
         SweepPlan,
         export_sweep,
@@ -92,7 +92,7 @@ def _sweep(args) -> int:
         sweep_meta,
         to_markdown,
     )
-    from ernie_tui.engine_ctl.load import BurstConfig, save_run
+    from ernie_tui.engine_ctl.load import BurstConfig, save_run  # lazy: --help start-up
     from ernie_tui.presets import load_presets
 
     for out in args.out:
@@ -101,7 +101,6 @@ def _sweep(args) -> int:
     if args.repeat < 1:
         raise CliError("--repeat must be at least 1")
     if args.report:
-        from ernie_tui.cli.cmd_report import check_out
 
         check_out(args.report)
     book = load_presets(args.presets)
@@ -117,7 +116,7 @@ def _sweep(args) -> int:
         raise CliError(str(exc)) from None
     capacity = None
     if args.capacity:
-        from ernie_tui.cli.capacity_args import capacity_sweep
+        from ernie_tui.cli.capacity_args import capacity_sweep  # lazy: --help start-up
 
         capacity = capacity_sweep(args)
     elif args.slo or args.workload:
@@ -184,7 +183,6 @@ def _sweep(args) -> int:
     record = save_run("sweep", {"meta": meta, "runs": runs}, notes=" ".join(args.names))
     print(to_markdown(rows))
     if args.report:
-        from ernie_tui.cli.cmd_report import write_from_refs
 
         args.out += write_from_refs([str(record.path)], args.report)
     overheads = [r.overhead_s for r in runs if r.overhead_s is not None]

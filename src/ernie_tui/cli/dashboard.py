@@ -17,6 +17,9 @@ import sys
 import threading
 from pathlib import Path
 
+from ernie_tui.cli.errors import CliError
+from ernie_tui.cli.fleet import run_fleet
+
 
 def _say(text: str) -> None:
     try:
@@ -26,16 +29,13 @@ def _say(text: str) -> None:
 
 
 def run_dashboard(args) -> int:
-    from ernie_tui.cli import CliError
-    from ernie_tui.tui.app import make_app
+    from ernie_tui.tui.app import make_app  # lazy: --help start-up
 
     attach = getattr(args, "attach", None)
     replay = getattr(args, "replay", None)
     log = getattr(args, "log", None)
     attach_all = [attach] if isinstance(attach, str) else list(attach or [])
     if getattr(args, "fleet", None) or len(attach_all) > 1:
-        from ernie_tui.cli.fleet import run_fleet
-
         return run_fleet(args, attach_all)
     attach = attach_all[0] if attach_all else None
     if attach and replay:
@@ -124,7 +124,7 @@ def _finish_once(app) -> int:
 def _detached_log_for(url: str) -> str | None:
     """--attach to the server a previous session left running: find its log."""
     try:
-        from ernie_tui.engine_ctl.control import find_detached
+        from ernie_tui.engine_ctl.control import find_detached  # lazy: --help start-up
     except ImportError:
         return None
     info = find_detached()

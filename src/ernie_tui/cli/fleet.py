@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ernie_tui.cli.errors import CliError
+
 
 def fleet_servers(fleet_file: str | None, urls: list[str]) -> list:
     """The fleet file's servers, then each --attach URL (named host:port).
@@ -15,8 +17,7 @@ def fleet_servers(fleet_file: str | None, urls: list[str]) -> list:
     preset from the record it left."""
     from dataclasses import replace
 
-    from ernie_tui.cli import CliError
-    from ernie_tui.engine_ctl.control import FleetError, load_fleet, servers_from_urls
+    from ernie_tui.engine_ctl.control import FleetError, load_fleet, servers_from_urls  # lazy: --help start-up
 
     servers = []
     if fleet_file:
@@ -39,15 +40,14 @@ def fleet_servers(fleet_file: str | None, urls: list[str]) -> list:
 
 def _detached_record() -> dict | None:
     try:
-        from ernie_tui.engine_ctl.control import find_detached
+        from ernie_tui.engine_ctl.control import find_detached  # lazy: --help start-up
     except ImportError:
         return None
     return find_detached()
 
 
 def run_fleet(args, urls: list[str]) -> int:
-    from ernie_tui.cli import CliError
-    from ernie_tui.tui.fleet_app import make_fleet_app
+    from ernie_tui.tui.fleet_app import make_fleet_app  # lazy: --help start-up
 
     if getattr(args, "replay", None):
         raise CliError("--replay opens one log; it does not go with the fleet view")

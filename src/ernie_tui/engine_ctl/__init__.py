@@ -18,7 +18,7 @@ class _SkipHttpxCli(importlib.abc.MetaPathFinder):
     (it catches the ImportError), and keeps a headless engine_ctl free of
     terminal-UI libraries."""
 
-    def find_spec(self, name, path=None, target=None):
+    def find_spec(self, name: str, path: object = None, target: object = None) -> None:
         if name == "httpx._main":
             raise ImportError("httpx's CLI is not used by ernie_tui.engine_ctl")
         return None

@@ -11,7 +11,7 @@ import tomllib
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Iterator
 
 from ernie_tui import paths
 from ernie_tui.presets import locate
@@ -93,7 +93,7 @@ class PresetBook:
     def __contains__(self, name: str) -> bool:
         return name in self.presets
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[Preset]:
         return iter(self.presets.values())
 
     def __len__(self) -> int:

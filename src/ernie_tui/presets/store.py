@@ -211,7 +211,7 @@ def save_preset(preset: Preset, path: str | Path | None = None, name: str | None
         raise PresetError("cannot save a preset without a name")
     table = _checked_table(preset, name)
 
-    def change(doc, expected) -> bool:
+    def change(doc: tomlkit.TOMLDocument, expected: dict[str, Any]) -> bool:
         _set_preset(doc, name, table, note)
         expected.setdefault("presets", {})[name] = table
         return True
@@ -227,7 +227,7 @@ def ensure_preset(preset: Preset, path: str | Path | None = None, *, note: str |
     path = _target(path)
     table = _checked_table(preset, preset.name)
 
-    def change(doc, expected) -> bool:
+    def change(doc: tomlkit.TOMLDocument, expected: dict[str, Any]) -> bool:
         if preset.name in expected.get("presets", {}):
             return False
         _set_preset(doc, preset.name, table, note)
@@ -244,7 +244,7 @@ def delete_preset(name: str, path: str | Path | None = None) -> bool:
     if not path.is_file():
         return False
 
-    def change(doc, expected) -> bool:
+    def change(doc: tomlkit.TOMLDocument, expected: dict[str, Any]) -> bool:
         if name not in expected.get("presets", {}):
             return False
         del _presets_container(doc)[name]

@@ -32,11 +32,11 @@ from textual.screen import Screen
 from textual.worker import get_current_worker
 
 from ernie_tui import paths
-from ernie_tui.engine_ctl.control import ServerError
+from ernie_tui.engine_ctl.control import AttachedServer, EngineServer, LogReplay, ServerError, ServerState, ServerStatus
 from ernie_tui.engine_ctl.launch import apply_fix, diagnose_failure, run_preflight
 from ernie_tui.engine_ctl.logs import ErrorKind, Severity
-from ernie_tui.presets import PresetBook, PresetError, load_presets
-from ernie_tui.presets.store import save_preset
+from ernie_tui.presets import Preset, PresetBook, PresetError, load_presets
+from ernie_tui.presets.store import ensure_preset, save_preset
 from ernie_tui.tui.failures import Failure, ShowsWorkerFailures, last_line, log, show_failure
 from ernie_tui.tui.lifecycle import tearing_down
 from ernie_tui.tui.messages import (
@@ -59,6 +59,8 @@ from ernie_tui.tui.screens.dialogs import (
 )
 from ernie_tui.tui.screens.help import HelpScreen
 from ernie_tui.tui.screens.main import MainScreen
+from ernie_tui.tui.strip_cycles import stop_strip_self_cycles
+from ernie_tui.tui.workers import Sampler, ServerBridge, read_earlier, report_loop
 
 ServerFactory = Callable[..., object]
 
@@ -88,8 +90,6 @@ class DashboardConfig:
 
 
 def default_server_factory(spec, *, preset_name: str, log_path: str | None = None):
-    from ernie_tui.engine_ctl.control import EngineServer
-
     return EngineServer(spec, preset_name=preset_name, log_path=log_path)
 
 
@@ -152,8 +152,6 @@ class ErnieApp(ShowsWorkerFailures, App[int]):
             self.sub_title = f"replay {path}"
             self._replay(path)
         elif self.mode == "attach":
-            from ernie_tui.engine_ctl.control import AttachedServer
-
             self.server = AttachedServer(self.config.attach_url or "", log_path=self.config.log_path,
                                          api_key=self.config.api_key)
             if self.config.log_path:
@@ -185,8 +183,6 @@ class ErnieApp(ShowsWorkerFailures, App[int]):
         gen0, gen1, _ = gc.get_threshold()
         gc.set_threshold(gen0, gen1, 100)
         # Most of that garbage was strips caching themselves: no longer (strip_cycles).
-        from ernie_tui.tui.strip_cycles import stop_strip_self_cycles
-
         stop_strip_self_cycles()
 
     def _install_signal_handlers(self) -> None:
@@ -227,23 +223,17 @@ class ErnieApp(ShowsWorkerFailures, App[int]):
 
     # -- wiring a server ----------------------------------------------------------------
     def _connect(self, server) -> None:
-        from ernie_tui.tui.workers import ServerBridge
-
         self.bridge = ServerBridge(self.post_message, server)
         if self.config.live or self.mode == "replay":
             self._report_pump(self.bridge)
 
     @work(thread=True, group="report", exit_on_error=False)
     def _report_pump(self, bridge) -> None:
-        from ernie_tui.tui.workers import report_loop
-
         worker = get_current_worker()
         report_loop(self.post_message, bridge, lambda: worker.is_cancelled, self.config.report_interval)
 
     @work(thread=True, group="sampler", exit_on_error=False)
     def _sample(self) -> None:
-        from ernie_tui.tui.workers import Sampler
-
         worker = get_current_worker()
         sampler = Sampler(self.post_message, lambda: self.server, self.clock, self.config.sample_interval,
                           self.config.resource_factory, self.config.metrics_factory, self.config.api_key)
@@ -251,8 +241,6 @@ class ErnieApp(ShowsWorkerFailures, App[int]):
 
     def _replay(self, path: Path) -> None:
         """A replayed log is read by the same monitor as a live one, without a process."""
-        from ernie_tui.engine_ctl.control import LogReplay
-
         self.server = LogReplay(path)
         self._connect(self.server)
         try:
@@ -270,8 +258,6 @@ class ErnieApp(ShowsWorkerFailures, App[int]):
 
     @work(thread=True, group="earlier", exit_on_error=False)
     def _read_earlier(self, server, run, line_no: int) -> None:
-        from ernie_tui.tui.workers import read_earlier
-
         try:
             read_earlier(self.post_message, server, run, line_no)
         except OSError:
@@ -358,7 +344,6 @@ class ErnieApp(ShowsWorkerFailures, App[int]):
         if report is not None and report.error is not None:
             self.main.show_replay_error(report.error)
             self._diagnose(report.error)
-        from ernie_tui.engine_ctl.control import ServerState, ServerStatus
 
         state = (ServerState.CRASHED if report is not None and report.error is not None
                  else ServerState.READY if report is not None and report.ready else ServerState.STOPPED)
@@ -720,7 +705,7 @@ class ErnieApp(ShowsWorkerFailures, App[int]):
         if self.mode == "replay" or not url:
             self.notify("the probe needs a running server", timeout=3)
             return
-        from ernie_tui.tui.screens.probe import ProbeScreen  # here: it and httpx cost ~50 ms of start-up
+        from ernie_tui.tui.screens.probe import ProbeScreen  # lazy: it and httpx cost ~50 ms of start-up
 
         preset = None
         name = self.status.preset_name if self.status is not None else None
@@ -735,7 +720,7 @@ class ErnieApp(ShowsWorkerFailures, App[int]):
         if self.mode != "control":
             self.notify("the sweep starts its own servers: control mode only", timeout=3)
             return
-        from ernie_tui.tui.screens.sweep import SweepScreen  # here, as the probe screen: ~30 ms of start-up
+        from ernie_tui.tui.screens.sweep import SweepScreen  # lazy: as the probe screen, ~30 ms of start-up
 
         self.push_screen(SweepScreen(self.book, model=self.config.model, api_key=self.config.api_key,
                                      is_serving=lambda: self.serving))
@@ -807,8 +792,6 @@ _NOT_ENGINE_ARGS = {"host", "port", "model", "served_model_name", "api_key"}
 
 def _preset_from_report(report):
     """The preset a replayed log was started with, as far as its args tell."""
-    from ernie_tui.presets import Preset
-
     args = {k: (v[0] if isinstance(v, list) and len(v) == 1 else v)
             for k, v in (report.non_default_args or {}).items() if k not in _NOT_ENGINE_ARGS}
     port = report.non_default_args.get("port") if report.non_default_args else None
@@ -819,8 +802,6 @@ def _preset_from_report(report):
 def _ensure_preset_copy(target: Path, preset) -> None:
     """Make sure the user file has a table for `preset`, so that editing it
     overrides the built-in (presets/store.py: the one write path)."""
-    from ernie_tui.presets.store import ensure_preset
-
     try:
         ensure_preset(preset, target, note=f"copied from the {preset.source} preset {preset.name!r}; edit and save")
     except PresetError:

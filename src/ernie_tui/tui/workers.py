@@ -21,6 +21,8 @@ from typing import Callable
 
 import psutil
 
+from ernie_tui.engine_ctl.control import LogLines, LogRead, ReportPublished, ResourceSampler, StatusChanged
+from ernie_tui.engine_ctl.load import MetricsClient, MetricsError, MetricsSnapshot, derive_sample
 from ernie_tui.tui.messages import (
     LogBatch,
     LogEarlier,
@@ -46,8 +48,6 @@ class ServerBridge:
         server.add_listener(self._on_event)
 
     def _on_event(self, event) -> None:
-        from ernie_tui.engine_ctl.control import LogLines, LogRead, ReportPublished, StatusChanged
-
         if isinstance(event, ReportPublished):
             self.report_dirty.set()
         elif isinstance(event, LogLines):
@@ -111,9 +111,6 @@ class Sampler:
         self.points: deque[ChartPoint] = deque(maxlen=int(MAX_WINDOW / max(interval, 0.05)) + 10)
 
     def run(self, cancelled: Cancelled) -> None:
-        from ernie_tui.engine_ctl.control import ResourceSampler
-        from ernie_tui.engine_ctl.load import MetricsClient, MetricsError, derive_sample
-
         cache: dict = {"key": None, "pids": [], "at": 0.0}
 
         def pids() -> list[int]:
@@ -225,8 +222,6 @@ def _fetch_needed(client):
     Raises MetricsError when the server does not answer, answers with an
     error, or answers with something that holds none of vLLM's metrics (the
     parser skips lines it cannot read, so garbage parses to nothing)."""
-    from ernie_tui.engine_ctl.load import MetricsError, MetricsSnapshot
-
     before = time.monotonic()
     text = client.fetch_text()
     mono = (before + time.monotonic()) / 2

@@ -31,14 +31,29 @@ from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import Any, Callable, Iterable
 from urllib.parse import urlsplit
 
-from ernie_tui.engine_ctl.load import metrics as m
+from ernie_tui.engine_ctl.control.resources import ResourceSampler
+from ernie_tui.engine_ctl.control.server import process_tree
+from ernie_tui.engine_ctl.load import (
+    GENERATION_TOKENS,
+    ITL,
+    KV_USAGE,
+    METRICS_TIMEOUT_S,
+    RUNNING,
+    TTFT,
+    WAITING,
+    Histogram,
+    MetricsClient,
+    MetricsError,
+    MetricsSnapshot,
+    only_metrics,
+)
 
 # The figures a row shows. Parsing only these families keeps eight servers
 # at 1 Hz cheap (a real scrape is ~50 KB, mostly other histograms).
-FLEET_METRICS = (*m.GENERATION_TOKENS, *m.RUNNING, *m.WAITING, *m.KV_USAGE, *m.TTFT, *m.ITL)
+FLEET_METRICS = (*GENERATION_TOKENS, *RUNNING, *WAITING, *KV_USAGE, *TTFT, *ITL)
 # Latency percentiles are over this window: long enough to hold some
 # requests at low load, short enough to show a change within a minute.
 LATENCY_WINDOW_S = 60.0
@@ -145,8 +160,8 @@ class FleetRow:
 class _Point:
     mono: float
     gen_tokens: float | None
-    ttft: m.Histogram | None
-    itl: m.Histogram | None
+    ttft: Histogram | None
+    itl: Histogram | None
 
 
 class _Window:
@@ -156,8 +171,9 @@ class _Window:
     def __init__(self) -> None:
         self.points: deque[_Point] = deque()
 
-    def add(self, snap: m.MetricsSnapshot) -> tuple[float | None, float | None, float | None]:
-        point = _Point(float(snap.mono), snap.generation_tokens, snap.histogram(m.TTFT), snap.histogram(m.ITL))
+    def add(self, snap: MetricsSnapshot) -> tuple[float | None, float | None, float | None]:
+        mono = snap.mono if snap.mono is not None else snap.timestamp  # as MetricsSnapshot fills it in
+        point = _Point(float(mono), snap.generation_tokens, snap.histogram(TTFT), snap.histogram(ITL))
         prev = self.points[-1] if self.points else None
         if prev is not None and _went_back(prev, point):
             self.points.clear()  # the server restarted: nothing spans the restart
@@ -183,15 +199,15 @@ def _rate(delta: float, seconds: float) -> float | None:
     return delta / seconds if seconds > 0 and delta >= 0 else None
 
 
-def _p99(now: m.Histogram | None, then: m.Histogram | None, same: bool) -> float | None:
+def _p99(now: Histogram | None, then: Histogram | None, same: bool) -> float | None:
     if now is None or same:
         return None  # one scrape is no window
     window = now.delta(then)
     return None if window is None else window.quantile(0.99)
 
 
-def _model_of(snap: m.MetricsSnapshot) -> str | None:
-    for name in (*m.RUNNING, *m.GENERATION_TOKENS, *m.KV_USAGE):
+def _model_of(snap: MetricsSnapshot) -> str | None:
+    for name in (*RUNNING, *GENERATION_TOKENS, *KV_USAGE):
         for labels, _ in snap.samples(name):
             if labels.get("model_name"):
                 return labels["model_name"]
@@ -211,7 +227,7 @@ class LocalMemory:
         self.port = parts.port or (443 if parts.scheme == "https" else 80)
         self.local = _is_local_host(parts.hostname or "")
         self._factory = sampler_factory
-        self._sampler = None
+        self._sampler: ResourceSampler | None = None
         self._pid: int | None = None
         self._pid_at = -1e9
         self._tree: list[int] = []
@@ -224,8 +240,6 @@ class LocalMemory:
         if not pids:
             return None, None
         if self._sampler is None:
-            from ernie_tui.engine_ctl.control.resources import ResourceSampler
-
             self._sampler = (self._factory or ResourceSampler)(pids=lambda: self._tree)
         import psutil
 
@@ -239,8 +253,6 @@ class LocalMemory:
 
     def _pids(self) -> list[int]:
         import psutil
-
-        from ernie_tui.engine_ctl.control.server import process_tree
 
         now = time.monotonic()
         if self._pid is not None and not psutil.pid_exists(self._pid):
@@ -296,13 +308,13 @@ class ServerPoller:
     """Polls one server and turns each scrape into rows. `ingest` and
     `failed` are the pure halves (tests feed them captured texts)."""
 
-    def __init__(self, server: FleetServer, *, timeout: float = m.DEFAULT_TIMEOUT_S,
+    def __init__(self, server: FleetServer, *, timeout: float = METRICS_TIMEOUT_S,
                  client_factory: Callable | None = None, memory: LocalMemory | None = None,
                  clock: Callable[[], float] = time.time):
         self.server = server
         self.timeout = timeout
-        self._client_factory = client_factory or m.MetricsClient
-        self._client = None
+        self._client_factory = client_factory or MetricsClient
+        self._client: MetricsClient | None = None
         self.memory = memory
         self.clock = clock
         self._windows: dict[str | None, _Window] = {}
@@ -310,7 +322,7 @@ class ServerPoller:
         self._good: list[FleetRow] = []  # the rows of the last good scrape
         self._down_since: float | None = None
         self._last_kept: str | None = None  # the last scrape's figures, as text
-        self._last_snap: m.MetricsSnapshot | None = None  # ... and parsed
+        self._last_snap: MetricsSnapshot | None = None  # ... and parsed
 
     def poll(self) -> list[FleetRow]:
         if self._client is None:
@@ -318,7 +330,7 @@ class ServerPoller:
         before = time.monotonic()
         try:
             text = self._client.fetch_text()
-        except m.MetricsError as exc:
+        except MetricsError as exc:
             return self.failed(str(exc), reason=exc.reason)
         mono = (before + time.monotonic()) / 2
         return self.ingest(text, mono=mono)
@@ -326,14 +338,14 @@ class ServerPoller:
     def ingest(self, text: str, mono: float | None = None, now: float | None = None) -> list[FleetRow]:
         now = self.clock() if now is None else now
         mono = time.monotonic() if mono is None else mono
-        kept = m.only_metrics(text, FLEET_METRICS)
+        kept = only_metrics(text, FLEET_METRICS)
         if kept == self._last_kept and self._last_snap is not None:
             # An idle server answers the same figures every poll: parsing
             # them again (~1 ms, mostly histogram buckets) would be the
             # fleet's main idle cost. Same samples, this poll's time.
             snap = replace(self._last_snap, timestamp=now, mono=mono)
         else:
-            snap = m.MetricsSnapshot.parse(kept, timestamp=now, mono=mono)
+            snap = MetricsSnapshot.parse(kept, timestamp=now, mono=mono)
             self._last_kept, self._last_snap = kept, snap
         engines = snap.label_values("engine")
         mem, source = self.memory.sample() if self.memory is not None else (None, None)
@@ -349,7 +361,7 @@ class ServerPoller:
         self._good = self.rows = rows
         return rows
 
-    def _figures(self, row: FleetRow, snap: m.MetricsSnapshot, engine: str | None, **extra) -> FleetRow:
+    def _figures(self, row: FleetRow, snap: MetricsSnapshot, engine: str | None, **extra: Any) -> FleetRow:
         gen_tps, ttft, itl = self._windows.setdefault(engine, _Window()).add(snap)
         return replace(row, kv_pct=snap.kv_cache_usage_pct, running=snap.running, waiting=snap.waiting,
                        gen_tps=gen_tps, ttft_p99_s=ttft, itl_p99_s=itl, **extra)
@@ -391,7 +403,7 @@ class FleetPoller:
         self.interval = interval
         # Never wait longer than the polling period allows, nor give up on a
         # busy server too soon: vLLM answers /metrics in milliseconds.
-        self.timeout = timeout if timeout is not None else max(1.0, min(m.DEFAULT_TIMEOUT_S, 2 * interval))
+        self.timeout = timeout if timeout is not None else max(1.0, min(METRICS_TIMEOUT_S, 2 * interval))
         self.pollers = [ServerPoller(s, timeout=self.timeout, client_factory=client_factory, clock=clock,
                                      memory=LocalMemory(s.url) if memory else None) for s in self.servers]
 
@@ -415,7 +427,8 @@ class FleetPoller:
         finally:
             self.close()
 
-    def _loop(self, poller: ServerPoller, on_rows, cancelled: Callable[[], bool]) -> None:
+    def _loop(self, poller: ServerPoller, on_rows: Callable[[str, list[FleetRow]], None],
+              cancelled: Callable[[], bool]) -> None:
         next_at = time.monotonic()
         while not cancelled():
             try:

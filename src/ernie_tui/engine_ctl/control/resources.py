@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable
 
 import psutil
 
@@ -64,7 +64,7 @@ def _visible_indices(count: int) -> list[int]:
     return out
 
 
-def _memory_info(handle):
+def _memory_info(handle: Any) -> Any:
     """Memory as nvidia-smi reports it. NVML's v1 'used' also counts the
     driver's reserved memory (0.6 GiB on an H200, measured against
     nvidia-smi), so prefer v2, whose 'used' leaves that out."""
@@ -159,7 +159,7 @@ class ResourceSampler:
             self.nvml = False
 
 
-def used_on(sample, gpus: set[int] | None) -> int | None:
+def used_on(sample: MemorySample, gpus: set[int] | None) -> int | None:
     """A sample's memory figure, with NVML limited to the GPUs `gpus` (None: all)."""
     if sample.source != "nvml" or gpus is None:
         return sample.shown_bytes

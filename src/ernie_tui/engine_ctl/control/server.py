@@ -35,18 +35,24 @@ import time
 from dataclasses import dataclass, replace
 from enum import Enum
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable, Generator
 
 import httpx
 import psutil
 
 from ernie_tui import paths
-from ernie_tui.engine_ctl.launch.ports import port_is_free
-from ernie_tui.engine_ctl.logs.errors import ErrorKind
-from ernie_tui.engine_ctl.logs.logopen import LineIndex, Section, read_existing
-from ernie_tui.engine_ctl.logs.logparse import LogParser
-from ernie_tui.engine_ctl.logs.logtail import LogTailer
-from ernie_tui.engine_ctl.logs.report import EngineError, EngineReport, ReportSnapshot
+from ernie_tui.engine_ctl.launch import port_is_free
+from ernie_tui.engine_ctl.logs import (
+    EngineError,
+    EngineReport,
+    ErrorKind,
+    LineIndex,
+    LogParser,
+    LogTailer,
+    ReportSnapshot,
+    Section,
+    read_existing,
+)
 from ernie_tui.presets.model import LaunchSpec
 
 log = logging.getLogger(__name__)
@@ -192,7 +198,8 @@ class _Watcher:
         self._version = 0
         self._snapshot = ReportSnapshot.of(self._parser.report, 0, 0)
         self._ready_seen: float | None = None  # monotonic time the parser first said "serving"
-        self._opening = None  # sections of an existing log still to read (logopen.read_existing)
+        # sections of an existing log still to read (logopen.read_existing)
+        self._opening: Generator[Section, None, None] | None = None
         self._line_no = 0  # the file's number of the last line read
         self._index = LineIndex()  # where lines begin, for the pane's earlier lines
         self._index_lock = threading.Lock()
@@ -280,7 +287,7 @@ class _Watcher:
             except Exception:  # noqa: BLE001  a broken listener must not kill the monitor thread
                 log.exception("server event listener failed")
 
-    def _set_status(self, **changes) -> None:
+    def _set_status(self, **changes: Any) -> None:
         with self._lock:
             new = replace(self._status, **changes)
             if new == self._status:
@@ -311,7 +318,7 @@ class _Watcher:
             self._publish()
         self._opening = self._sections(path)
 
-    def _sections(self, path: Path):
+    def _sections(self, path: Path) -> Generator[Section, None, None]:
         """The existing log's sections (then the follower is set up)."""
         try:
             fd = os.open(path, os.O_RDONLY)
@@ -361,7 +368,8 @@ class _Watcher:
         if self._tailer is None:
             return False
         tailer = self._tailer
-        begin, moved = tailer.next_line_offset, tailer.rotations + tailer.truncations
+        begin: int | None = tailer.next_line_offset
+        moved = tailer.rotations + tailer.truncations
         lines = tailer.read_new()
         if tailer.rotations + tailer.truncations != moved:
             with self._index_lock:  # another file now: earlier lines are no longer where we noted them
@@ -382,16 +390,16 @@ class _Watcher:
         """Lines `first`.. of the log: to the parser and/or the listeners."""
         published = None
         with self._lock:
-            events = []
+            changes = 0  # how many report changes the lines made
             if to_parser and lines:
                 # The file's numbering: a skipped stretch was counted, not parsed.
                 self._parser.report.lines = first - 1
-                events = self._parser.feed_many(lines)
+                changes = self._parser.feed_many(lines)
             if partial:
-                events += self._parser.peek(partial)
+                changes += self._parser.peek(partial)
             if lines:
                 self._line_no = first - 1 + len(lines)
-            if events:
+            if changes:
                 published = self._publish()
             if self._ready_seen is None and self._parser.report.ready:
                 self._ready_seen = time.monotonic()
@@ -753,12 +761,16 @@ class LogReplay(_Watcher):
         with self._lock:
             final = self._publish()  # the whole log's report, its line count included
         self._emit(ReportPublished(final))
-        self._emit(LogRead(self.status.log_path, self._line_no))
+        path = self.status.log_path  # a replay always has one (set in __init__)
+        assert path is not None
+        self._emit(LogRead(path, self._line_no))
 
     def _drain(self) -> bool:
         """Read the rest after the sections; its unfinished last line is a
         line too. True once the end is reached."""
         tailer = self._tailer
+        if tailer is None:  # nothing left to follow
+            return True
         lines = tailer.read_new()
         if lines:
             self._take(lines, self._line_no + 1, None)

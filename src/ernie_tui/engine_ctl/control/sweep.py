@@ -37,7 +37,14 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ernie_tui import paths
-from ernie_tui.presets.model import Preset
+from ernie_tui.engine_ctl.control.resources import EngineMemory, ResourceSampler, used_on
+from ernie_tui.engine_ctl.control.server import EngineServer, ServerState
+from ernie_tui.engine_ctl.control.trial_load import LoadJob, LoadProcess, PeakMemory, run_load
+from ernie_tui.engine_ctl.control.trial_schedule import Trial, TrialScheduler, detect_gpu_ids
+from ernie_tui.engine_ctl.launch import next_free_port, port_is_free, run_preflight
+from ernie_tui.engine_ctl.load import BurstConfig, save_run
+from ernie_tui.engine_ctl.logs import EngineReport
+from ernie_tui.presets.model import LaunchSpec, Preset
 
 log = logging.getLogger(__name__)
 
@@ -362,7 +369,7 @@ class CapacitySweep:
     workload_items: list | None = None  # workload.WorkItem; None: built prompts (burst_config)
 
 
-def sweep_meta(names: list[str], repeat: int, burst_config, runs: list[SweepRun], *,
+def sweep_meta(names: list[str], repeat: int, burst_config: BurstConfig | None, runs: list[SweepRun], *,
                capacity: CapacitySweep | None = None, workload: str | None = None,
                seconds: float | None = None, parallel: str | None = None) -> dict[str, Any]:
     """What the exports and the sweep's run record say about how it was
@@ -410,16 +417,13 @@ def _emit(progress: Progress | None, **event: Any) -> None:
             log.exception("sweep progress callback failed")
 
 
-def run_sweep(plan: SweepPlan, burst_config=None, options: SweepOptions | None = None,
+def run_sweep(plan: SweepPlan, burst_config: BurstConfig | None = None, options: SweepOptions | None = None,
               progress: Progress | None = None, cancel: threading.Event | None = None,
               capacity: CapacitySweep | None = None) -> list[SweepRun]:
     """Measure every preset of the plan; returns the runs done (all of them
     unless cancelled). Never leaves a server running, even on errors. With
     `capacity`, each preset gets a capacity search (phase "capacity", with
     the search's own events under "capacity_event") instead of a burst."""
-    from ernie_tui.engine_ctl.control.resources import ResourceSampler
-    from ernie_tui.engine_ctl.load.burst import BurstConfig
-
     options = options or SweepOptions()
     burst_config = burst_config or BurstConfig()
     cancel = cancel or threading.Event()
@@ -452,14 +456,11 @@ def run_sweep(plan: SweepPlan, burst_config=None, options: SweepOptions | None =
     return runs
 
 
-def _run_one(preset: Preset, repeat: int, burst_config, options: SweepOptions, log_dir: Path, sampler,
+def _run_one(preset: Preset, repeat: int, burst_config: BurstConfig, options: SweepOptions, log_dir: Path,
+             sampler: ResourceSampler,
              baseline: int | None, progress: Progress | None, cancel: threading.Event,
              index: int, total: int, capacity: CapacitySweep | None = None,
              trial: _TrialEnv | None = None) -> SweepRun:
-    from ernie_tui.engine_ctl.control.resources import EngineMemory, ResourceSampler
-    from ernie_tui.engine_ctl.control.server import EngineServer, ServerState
-    from ernie_tui.engine_ctl.launch.preflight import preflight
-
     t_begin = time.monotonic()
     run = SweepRun(preset=preset.name, repeat=repeat, status="ok", key_args=preset.key_args(),
                    mode="capacity" if capacity is not None else "burst")
@@ -477,7 +478,7 @@ def _run_one(preset: Preset, repeat: int, burst_config, options: SweepOptions, l
                          port=trial.port)
         run.gpus, run.port = ",".join(trial.gpus), trial.port
     model = preset.resolve_model(options.model)
-    result = preflight(preset, model)
+    result = run_preflight(preset, model)
     if not result.ok:
         problem = result.first_error()
         run.status = f"skipped: {problem.kind.value}"
@@ -501,8 +502,6 @@ def _run_one(preset: Preset, repeat: int, burst_config, options: SweepOptions, l
         run.started_at = time.time()
         if trial is not None:
             # The trial's load process, spawned now so its start-up overlaps the server's.
-            from ernie_tui.engine_ctl.control.trial_load import LoadProcess
-
             loader = LoadProcess(f"ernie-tui load {preset.name} r{repeat}").start()
         server.start()
         deadline = time.monotonic() + options.ready_timeout_s
@@ -571,8 +570,6 @@ def _run_one(preset: Preset, repeat: int, burst_config, options: SweepOptions, l
             run.status = "failed: burst"
             run.message = "; ".join(burst.errors.get("first", [])[:1]) or "no request succeeded"
         if options.save_records:
-            from ernie_tui.engine_ctl.load.runstore import save_run
-
             record = save_run("burst", burst.to_dict(with_requests=False), preset=preset,
                               engine_report=report.to_dict(), url=spec.url, model=spec.served_model_name,
                               notes=f"sweep repeat {repeat}")
@@ -596,9 +593,10 @@ def _run_one(preset: Preset, repeat: int, burst_config, options: SweepOptions, l
         run.overhead_s = max(0.0, (time.monotonic() - t_begin) - ready_wait - burst_s - stop_s)
 
 
-def _measure_capacity(run: SweepRun, capacity: CapacitySweep, burst_config, spec, preset: Preset, report,
+def _measure_capacity(run: SweepRun, capacity: CapacitySweep, burst_config: BurstConfig, spec: LaunchSpec,
+                      preset: Preset, report: EngineReport,
                       options: SweepOptions, progress: Progress | None, ev: dict[str, Any],
-                      cancel: threading.Event, log_dir: Path, loader=None) -> None:
+                      cancel: threading.Event, log_dir: Path, loader: LoadProcess | None = None) -> None:
     """One preset's capacity search; fills the run's capacity columns."""
     run.mode = "capacity"
     job = _load_job("capacity", spec, preset, burst_config, log_dir, run.repeat, capacity)
@@ -627,18 +625,14 @@ def _measure_capacity(run: SweepRun, capacity: CapacitySweep, burst_config, spec
     elif result.stop_reason == "server_down":
         run.status, run.message = "failed: capacity", result.stop_message
     if options.save_records:
-        from ernie_tui.engine_ctl.load.runstore import save_run
-
         record = save_run("capacity", result.to_dict(), preset=preset, engine_report=report.to_dict(),
                           url=spec.url, model=spec.served_model_name, notes=f"sweep repeat {run.repeat}")
         run.record_id = record.id
 
 
-def _load_job(kind: str, spec, preset: Preset, burst_config, log_dir: Path, repeat: int,
-              capacity: CapacitySweep | None = None):
+def _load_job(kind: str, spec: LaunchSpec, preset: Preset, burst_config: BurstConfig, log_dir: Path, repeat: int,
+              capacity: CapacitySweep | None = None) -> LoadJob:
     """The trial's load as a picklable job (trial_load.py runs it here or in a child)."""
-    from ernie_tui.engine_ctl.control.trial_load import LoadJob
-
     job = LoadJob(kind, spec.url, spec.served_model_name, spec.model, preset.api_key(), burst_config,
                   label=f"ernie-tui load {preset.name} r{repeat}",
                   log_path=log_dir / f"{preset.name}-r{repeat}.load.log")
@@ -648,8 +642,9 @@ def _load_job(kind: str, spec, preset: Preset, burst_config, log_dir: Path, repe
     return job
 
 
-def _load(run: SweepRun, job, on_progress: Callable[..., None], cancel: threading.Event, ev: dict[str, Any],
-          loader=None, *, memory=None, sample_interval_s: float = 0.5):
+def _load(run: SweepRun, job: LoadJob, on_progress: Callable[..., None], cancel: threading.Event, ev: dict[str, Any],
+          loader: LoadProcess | None = None, *, memory: EngineMemory | None = None,
+          sample_interval_s: float = 0.5) -> Any:
     """Run the trial's load: in this process for a sequential sweep (the
     burst samples `memory` itself), in `loader` (a parallel trial's
     trial_load.LoadProcess) for a parallel one, so neighbouring trials'
@@ -658,8 +653,6 @@ def _load(run: SweepRun, job, on_progress: Callable[..., None], cancel: threadin
     the trial's events from then on). None when the child died or raised:
     the run then says so, as 'failed: error' (or 'cancelled' when the sweep
     was)."""
-    from ernie_tui.engine_ctl.control.trial_load import PeakMemory, run_load
-
     if loader is None:
         run.load_pid = os.getpid()
         return run_load(job, on_progress, cancel, memory_sampler=memory)
@@ -685,7 +678,7 @@ def _ms(seconds: float | None) -> float | None:
     return None if seconds is None else seconds * 1000.0
 
 
-def _wait_baseline(sampler, baseline: int | None, options: SweepOptions) -> None:
+def _wait_baseline(sampler: ResourceSampler, baseline: int | None, options: SweepOptions) -> None:
     """GPU memory back to where it was before the sweep (NVML only: without
     it the engine's processes are already gone, which stop() guarantees)."""
     if baseline is None or not sampler.nvml:
@@ -703,8 +696,6 @@ def _wait_baseline(sampler, baseline: int | None, options: SweepOptions) -> None
 def _trial_port(preset: Preset, taken: set[int]) -> int:
     """The preset's own port when it is free and no running trial holds it,
     else the next free one after it."""
-    from ernie_tui.engine_ctl.launch.ports import next_free_port, port_is_free
-
     port = preset.port
     while port in taken or not port_is_free(preset.host, port)[0]:
         nxt = next_free_port(preset.host, port)
@@ -714,15 +705,12 @@ def _trial_port(preset: Preset, taken: set[int]) -> int:
     return port
 
 
-def _run_parallel(plan: SweepPlan, burst_config, options: SweepOptions, log_dir: Path,
+def _run_parallel(plan: SweepPlan, burst_config: BurstConfig, options: SweepOptions, log_dir: Path,
                   progress: Progress | None, cancel: threading.Event,
                   capacity: CapacitySweep | None) -> list[SweepRun]:
     """Run the plan's trials side by side on disjoint GPU sets; returns the
     runs in plan order (the same runs a sequential sweep would give)."""
     from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
-
-    from ernie_tui.engine_ctl.control.resources import ResourceSampler, used_on
-    from ernie_tui.engine_ctl.control.trial_schedule import Trial, TrialScheduler, detect_gpu_ids
 
     gpu_ids = list(options.gpu_ids) if options.gpu_ids else detect_gpu_ids()
     per = None if options.gpus_per_trial == "auto" else int(options.gpus_per_trial)

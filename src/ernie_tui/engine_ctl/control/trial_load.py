@@ -43,6 +43,10 @@ from typing import Any, Callable
 
 import psutil
 
+# The load district is imported with this module: in the spawned child that
+# is while the trial's server starts, not on the load's clock.
+from ernie_tui.engine_ctl.load import ProbeFailure, Workload, find_tokenizer, run_burst, run_capacity
+
 log = logging.getLogger(__name__)
 
 # After the sweep is cancelled, how long the child may take to wind its load
@@ -88,16 +92,9 @@ def run_load(job: LoadJob, progress: Callable[..., None] | None, cancel: threadi
     CapacityResult. `progress` gets what the load's own callback gets:
     (done, total) for a burst, the search's event dict for a capacity search."""
     if job.kind == "burst":
-        from ernie_tui.engine_ctl.load.burst import run_burst
-
         return run_burst(job.url, job.burst_config, model=job.model, model_dir=job.model_dir, api_key=job.api_key,
                          cancel=cancel, memory_sampler=memory_sampler, progress=progress)
     if job.kind == "capacity":
-        from ernie_tui.engine_ctl.load.capacity_run import run_capacity
-        from ernie_tui.engine_ctl.load.http_errors import ProbeFailure
-        from ernie_tui.engine_ctl.load.prompts import find_tokenizer
-        from ernie_tui.engine_ctl.load.workload import Workload
-
         # Every trial replays the same requests from the first: a fresh cursor.
         workload = Workload(list(job.workload_items), "file") if job.workload_items else None
         tokenizer = None
@@ -123,10 +120,6 @@ def child_main(conn: Any, cancel: Any) -> None:
     # and still sends what it measured instead of dying mid-burst.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     _cancel_when_orphaned(cancel)
-    # Imported while the trial's server starts, not on the load's clock.
-    import ernie_tui.engine_ctl.load.burst
-    import ernie_tui.engine_ctl.load.capacity_run  # noqa: F401
-
     try:
         conn.send(("ready",))
         job = conn.recv()

@@ -19,7 +19,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Mapping
 
-from ernie_tui.engine_ctl.launch.parallel_layout import gpus_needed, layout_of
+from ernie_tui.engine_ctl.launch import gpus_needed, layout_of, nvml_gpus
 from ernie_tui.presets.model import Preset
 
 
@@ -51,9 +51,8 @@ def detect_gpu_ids(explicit: str | None = None, env: Mapping[str, str] | None = 
             raise GpuIdsError(f"CUDA_VISIBLE_DEVICES={visible!r} hides every GPU: there is nothing to spread "
                               "trials over; pass --gpus 0,1 (or unset it)")
         return parse_gpu_ids(visible)
-    from ernie_tui.engine_ctl.launch.machine import _nvml_gpus
 
-    found, why = _nvml_gpus()
+    found, why = nvml_gpus()
     if not found:
         why = why if found is None else "NVML found no GPU"
         raise GpuIdsError(f"--gpus-per-trial needs to know the GPUs, and this machine does not say ({why}); "

@@ -12,8 +12,8 @@ May read logs (a diagnosis reads a report); never load or control.
 # the file (by import-linter, or by a reader).
 from ernie_tui.engine_ctl.launch.diagnose import apply_fix, describe_changes
 from ernie_tui.engine_ctl.launch.diagnose import diagnose as diagnose_failure
-from ernie_tui.engine_ctl.launch.machine import detect_machine
-from ernie_tui.engine_ctl.launch.parallel_layout import gpus_needed
+from ernie_tui.engine_ctl.launch.machine import detect_machine, nvml_gpus
+from ernie_tui.engine_ctl.launch.parallel_layout import gpus_needed, layout_of
 from ernie_tui.engine_ctl.launch.ports import free_port, next_free_port, port_is_free
 from ernie_tui.engine_ctl.launch.preflight import launcher_python, unknown_arguments, vllm_args
 from ernie_tui.engine_ctl.launch.preflight import preflight as run_preflight
@@ -22,6 +22,8 @@ __all__ = [
     "apply_fix",
     "describe_changes",
     "detect_machine",
+    "gpus_needed",
+    "layout_of",
     "diagnose_failure",
     "free_port",
     "gpus_needed",
@@ -31,4 +33,5 @@ __all__ = [
     "run_preflight",
     "unknown_arguments",
     "vllm_args",
+    "nvml_gpus",
 ]

@@ -19,9 +19,27 @@ import re
 from dataclasses import dataclass, replace
 from typing import Any
 
+from ernie_tui.engine_ctl.launch.estimate import (
+    CPU_KV_FLOOR_BYTES,
+    MIB,
+    Estimate,
+    block_size_fix,
+    cpu_kv_fix_bytes,
+    default_block_size,
+    estimate_capacity,
+    kv_bytes_needed,
+    round_up_mib,
+)
 from ernie_tui.engine_ctl.launch.machine import CUDA_CONTEXT_BYTES, Machine
-from ernie_tui.engine_ctl.logs.errors import ErrorKind, classify_error
-from ernie_tui.engine_ctl.logs.report import EngineError
+from ernie_tui.engine_ctl.launch.preflight import (
+    PAGED_ATTN_MYTH_KEYS,
+    largest_valid_tp,
+    launcher_python,
+    nearest_argument,
+    next_free_port,
+    vllm_args,
+)
+from ernie_tui.engine_ctl.logs import EngineError, ErrorKind, classify_error
 from ernie_tui.engine_ctl.units import GiB
 from ernie_tui.presets.model import Preset, format_size, parse_size
 
@@ -150,8 +168,6 @@ def _flag_to_key(flag: str) -> str:
 def _rename_typos(preset: Preset, keys: list[str]) -> dict[str, Any]:
     """Remove the keys vLLM refused; one that is a typo of a real argument
     (blok_size) is renamed instead, keeping its value."""
-    from ernie_tui.engine_ctl.launch.preflight import PAGED_ATTN_MYTH_KEYS, launcher_python, nearest_argument, vllm_args
-
     changes: dict[str, Any] = {k: None for k in keys}
     if len(keys) == 1 and keys[0] not in PAGED_ATTN_MYTH_KEYS:
         try:
@@ -179,10 +195,9 @@ def describe_changes(changes: dict[str, Any], set_word: str = "set ") -> str:
                      else f"{set_word}{k} = {v}" for k, v in changes.items())
 
 
-def _estimate(preset: Preset, model_info: Any, machine: Machine | None):
+def _estimate(preset: Preset, model_info: Any, machine: Machine | None) -> Estimate | None:
     if model_info is None or machine is None:
         return None
-    from ernie_tui.engine_ctl.launch.estimate import estimate_capacity
 
     try:
         return estimate_capacity(preset, model_info, machine)
@@ -195,7 +210,7 @@ def _fix_for(kind: ErrorKind, text: str, err: EngineError | None, preset: Preset
     """(changes, extra words for the summary)."""
     est_len, detail = _figures(err, text)
     if kind == ErrorKind.KV_CACHE_TOO_SMALL:
-        block = preset.block_size or (16 if platform == "cuda" else 128)
+        block = preset.block_size or default_block_size(platform)
         if est_len and est_len > 0:
             fit = int(est_len) // block * block or int(est_len)
             return {"max_model_len": fit}, f"vLLM estimated that {fit} tokens fit"
@@ -203,23 +218,23 @@ def _fix_for(kind: ErrorKind, text: str, err: EngineError | None, preset: Preset
         if platform == "cpu" or preset.kv_cache_memory_bytes is not None:
             cur = preset.kv_cache_memory_bytes or 0
             if est is not None:
-                need = (-(-est.max_model_len // est.block_size) + 1) * est.block_size * est.kv_bytes_per_token
-                new = max(cur * 2, -(-need // (1 << 20)) * (1 << 20))
+                need = kv_bytes_needed(est.max_model_len, est.block_size, est.kv_bytes_per_token)
+                new_bytes = max(cur * 2, round_up_mib(need))
             else:
-                new = max(cur * 4, 64 << 20)
-            return {"kv_cache_memory_bytes": format_size(new)}, "a larger KV cache"
+                new_bytes = max(cur * 4, CPU_KV_FLOOR_BYTES)
+            return {"kv_cache_memory_bytes": format_size(new_bytes)}, "a larger KV cache"
         return {"gpu_memory_utilization": round(min(0.95, _util(preset) + 0.05), 2)}, "a larger share of the GPU"
 
     if kind == ErrorKind.NO_CACHE_MEMORY:
         if platform == "cpu":
             cur = preset.kv_cache_memory_bytes or 0
-            return {"kv_cache_memory_bytes": format_size(max(cur * 4, 64 << 20))}, ""
+            return {"kv_cache_memory_bytes": format_size(max(cur * 4, CPU_KV_FLOOR_BYTES))}, ""
         util = _util(preset)
         new = DEFAULT_UTIL
         est = _estimate(preset, model_info, machine)
         if machine is not None and machine.gpu_total_bytes and machine.gpu_free_bytes is not None:
-            free = machine.gpu_free_bytes - CUDA_CONTEXT_BYTES
-            new = min(new, math.floor(free / machine.gpu_total_bytes * 100) / 100 - 0.01)
+            free_bytes = machine.gpu_free_bytes - CUDA_CONTEXT_BYTES
+            new = min(new, math.floor(free_bytes / machine.gpu_total_bytes * 100) / 100 - 0.01)
         if est is not None and machine is not None and machine.gpu_total_bytes:
             floor_need = (est.weights_bytes + est.activation_bytes + est.non_torch_bytes) / machine.gpu_total_bytes
             if new <= floor_need:
@@ -230,8 +245,8 @@ def _fix_for(kind: ErrorKind, text: str, err: EngineError | None, preset: Preset
         return {"gpu_memory_utilization": round(new, 2)}, "vLLM's default share" if new == DEFAULT_UTIL else ""
 
     if kind == ErrorKind.INSUFFICIENT_FREE_MEMORY:
-        free = detail.get("free_gib")
-        total = detail.get("total_gib")
+        free: float | None = detail.get("free_gib")  # GiB
+        total: float | None = detail.get("total_gib")
         if machine is not None:
             if platform == "cuda" and machine.gpu_free_bytes is not None and machine.gpu_total_bytes:
                 # NVML's free, less the CUDA context vLLM creates before it measures
@@ -243,13 +258,12 @@ def _fix_for(kind: ErrorKind, text: str, err: EngineError | None, preset: Preset
             # On CPU the clean fix is an explicit KV size: vLLM then skips the
             # utilization check and allocates exactly that.
             est = _estimate(preset, model_info, machine)
-            want = 1 << 30
+            available = free * GiB if free else None
             if est is not None:
-                want = (8 * -(-est.max_model_len // est.block_size) + 1) * est.block_size * est.kv_bytes_per_token
-                want = max(-(-want // (1 << 20)) * (1 << 20), 64 << 20)
-            if free:
-                want = min(want, int(free * GiB / 2) // (1 << 20) * (1 << 20))
-            fix = {"kv_cache_memory_bytes": format_size(max(want, 1 << 20))}
+                want = cpu_kv_fix_bytes(est, available)
+            else:  # no model shapes: 1 GiB, or half of what is free
+                want = max(min(1 << 30, int(available // 2) // MIB * MIB), MIB) if available else 1 << 30
+            fix = {"kv_cache_memory_bytes": format_size(want)}
             return fix, "an explicit KV cache that fits what is free"
         if free and total:
             new = math.floor(free / total * 100) / 100 - 0.01
@@ -278,8 +292,6 @@ def _fix_for(kind: ErrorKind, text: str, err: EngineError | None, preset: Preset
             gpus = int(n) if n is not None else 1
         limit = max(1, gpus // max(1, pp))
         if model_info is not None:
-            from ernie_tui.engine_ctl.launch.preflight import largest_valid_tp
-
             new = largest_valid_tp(model_info, limit)
         else:
             new = _largest_divisor_at_most(tp, limit)  # divisors of a valid TP stay valid
@@ -292,19 +304,15 @@ def _fix_for(kind: ErrorKind, text: str, err: EngineError | None, preset: Preset
         if machine is not None and machine.platform == "cuda" and machine.gpu_count:
             limit = min(tp, machine.gpu_count)
         if model_info is not None:
-            from ernie_tui.engine_ctl.launch.preflight import largest_valid_tp
-
             return {"tensor_parallel_size": largest_valid_tp(model_info, limit)}, ""
         if heads:
             return {"tensor_parallel_size": _largest_divisor_at_most(int(heads), limit)}, f"{int(heads)} heads"
         return {"tensor_parallel_size": 1}, ""
 
     if kind == ErrorKind.BLOCK_SIZE_UNSUPPORTED:
-        return {"block_size": 16 if platform == "cuda" else 32}, ""
+        return {"block_size": block_size_fix(platform)}, ""
 
     if kind == ErrorKind.PORT_IN_USE:
-        from ernie_tui.engine_ctl.launch.preflight import next_free_port
-
         port = int(detail.get("port") or preset.port)
         nxt = next_free_port(preset.host, max(port, preset.port))
         return ({"port": nxt}, "the next free port") if nxt else (None, "no free port found nearby")

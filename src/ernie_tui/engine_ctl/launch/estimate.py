@@ -76,6 +76,57 @@ def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+# -- the KV block rules: their one home (preflight, estimate and diagnose read them) ---------
+
+# Block sizes the attention backends take (vLLM's get_supported_kernel_block_sizes):
+# FlashAttention / Triton on CUDA take multiples of 16; the CPU backend MultipleOf(32).
+BLOCK_MULTIPLE = {"cuda": 16, "cpu": 32}
+MIB = 1 << 20
+CPU_KV_FLOOR_BYTES = 64 * MIB  # the cpu-demo preset's size: a sane floor for a proposed CPU KV cache
+
+
+def _platform_key(platform: str) -> str:
+    return "cuda" if platform == "cuda" else "cpu"
+
+
+def default_block_size(platform: str) -> int:
+    """vLLM's block size when the preset sets none: 16 on CUDA, 128 on CPU."""
+    return DEFAULT_BLOCK_SIZE[_platform_key(platform)]
+
+
+def block_size_fix(platform: str) -> int:
+    """The block size a fix proposes for one the backend refuses: the
+    smallest it takes, 16 on CUDA, 32 on CPU."""
+    return BLOCK_MULTIPLE[_platform_key(platform)]
+
+
+def kv_blocks_needed(max_model_len: int, block_size: int, requests: int = 1) -> int:
+    """KV blocks for `requests` requests of max_model_len tokens each, plus
+    vLLM's null block (held back from every cache)."""
+    return requests * cdiv(max_model_len, block_size) + 1
+
+
+def kv_bytes_needed(max_model_len: int, block_size: int, bytes_per_token: int, requests: int = 1) -> int:
+    """(ceil(len / block) x requests + 1) x block x bytes per token: the KV
+    cache `requests` full-length requests need."""
+    return kv_blocks_needed(max_model_len, block_size, requests) * block_size * bytes_per_token
+
+
+def round_up_mib(n: float) -> int:
+    return int(cdiv(int(math.ceil(n)), MIB) * MIB)
+
+
+def cpu_kv_fix_bytes(est: "Estimate", available_bytes: float | None, requests: int = 8) -> int:
+    """A CPU KV size to propose: room for a few full-length requests plus the
+    null block, never less than CPU_KV_FLOOR_BYTES nor more than half of what
+    the node has free (`available_bytes`, when known)."""
+    need = kv_bytes_needed(est.max_model_len, est.block_size, est.kv_bytes_per_token, requests)
+    need = max(round_up_mib(need), CPU_KV_FLOOR_BYTES)
+    if available_bytes:
+        need = min(need, int(available_bytes // 2) // MIB * MIB)
+    return max(need, MIB)
+
+
 def kv_heads_per_rank(kv_heads: int, tp: int) -> int:
     """vLLM shards KV heads over TP ranks and replicates them once TP exceeds
     their number (ModelConfig.get_num_kv_heads): max(1, kv_heads // tp)."""
@@ -204,7 +255,7 @@ def estimate_capacity(preset: Preset, info: ModelInfo, machine: Machine,
     platform = machine.platform
     tp = preset.tensor_parallel_size
     pp = int(preset.get("pipeline_parallel_size", 1))
-    block = int(preset.block_size or DEFAULT_BLOCK_SIZE[platform])
+    block = int(preset.block_size or default_block_size(platform))
     max_len = int(preset.max_model_len or info.derived_max_model_len)
     dtype = serving_dtype(preset, info)
     per_token = kv_bytes_per_token(info, tp, pp, kv_cache_dtype_bytes(preset, info))
@@ -244,18 +295,18 @@ def estimate_capacity(preset: Preset, info: ModelInfo, machine: Machine,
             source = "kv_cache_memory_bytes (vLLM skips memory profiling)"
         else:
             util = float(preset.get("gpu_memory_utilization", DEFAULT_GPU_MEMORY_UTILIZATION))
-            total = machine.gpu_total_bytes
-            if total is None:
+            gpu_total = machine.gpu_total_bytes
+            if gpu_total is None:
                 kv = 0
                 source = "unknown: GPU memory not known (pass --gpu-memory-gib)"
                 notes.append("GPU total memory unknown; KV cache not estimated")
             else:
-                requested = int(total * util)
-                tokens = int(preset.get("max_num_batched_tokens") or default_batched_tokens("cuda", total))
+                requested = int(gpu_total * util)
+                tokens = int(preset.get("max_num_batched_tokens") or default_batched_tokens("cuda", gpu_total))
                 act = activation_bytes(info, tokens, dtype, tp)
                 non_torch = NON_TORCH_BYTES
                 kv = requested - weights - act - non_torch
-                source = f"gpu_memory_utilization {util} x {total / GiB:.1f} GiB"
+                source = f"gpu_memory_utilization {util} x {gpu_total / GiB:.1f} GiB"
                 if tp > 1 or pp > 1:
                     notes.append("activation and non-torch memory are calibrated on one GPU; "
                                  "NCCL buffers at TP/PP > 1 are not counted")

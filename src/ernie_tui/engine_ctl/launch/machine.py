@@ -74,6 +74,12 @@ class Machine:
 
 # -- NVML ----------------------------------------------------------------------
 
+def nvml_gpus() -> tuple[list[GpuInfo] | None, str]:
+    """All GPUs NVML sees, or (None, why not). Never raises. (The front
+    door's name for _nvml_gpus, looked up when called: tests replace it.)"""
+    return _nvml_gpus()
+
+
 def _nvml_gpus() -> tuple[list[GpuInfo] | None, str]:
     """All GPUs NVML sees, or (None, why not). Never raises."""
     try:

@@ -81,7 +81,7 @@ def _ip(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
 
 
 def _local_interfaces() -> dict[ipaddress.IPv4Address | ipaddress.IPv6Address, str]:
-    out = {}
+    out: dict[ipaddress.IPv4Address | ipaddress.IPv6Address, str] = {}
     for name, addrs in psutil.net_if_addrs().items():
         for a in addrs:
             if a.family in (socket.AF_INET, socket.AF_INET6):

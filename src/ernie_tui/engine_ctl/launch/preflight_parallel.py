@@ -20,21 +20,18 @@ vllm/entrypoints/cli/serve.py), each with the preset change that fixes it:
 - the Ray executor needs `ray` importable in the launcher's Python (found
   with importlib's find_spec in a short subprocess, never imported here).
 
-These run as part of preflight.CHECKS; they take its check context.
+These run as part of preflight.CHECKS; they take its CheckContext (preflight_check.py).
 """
 
 from __future__ import annotations
 
 import socket
 import subprocess
-from typing import TYPE_CHECKING
 
 from ernie_tui.engine_ctl.launch.parallel_layout import ParallelLayout, layout_of
 from ernie_tui.engine_ctl.launch.ports import bind_exposure, next_free_port, port_is_free
-from ernie_tui.engine_ctl.logs.report import ErrorKind
-
-if TYPE_CHECKING:
-    from ernie_tui.engine_ctl.launch.preflight import _Ctx
+from ernie_tui.engine_ctl.launch.preflight_check import CheckContext, launcher_python
+from ernie_tui.engine_ctl.logs import ErrorKind
 
 API_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 REACH_TIMEOUT_S = 1.0
@@ -76,12 +73,12 @@ def _reachable(host: str, port: int, timeout: float = REACH_TIMEOUT_S) -> str | 
         return exc.strerror or str(exc)
 
 
-def _launcher_is_api_server_module(c: "_Ctx") -> bool:
+def _launcher_is_api_server_module(c: CheckContext) -> bool:
     launcher = c.preset.launcher
     return launcher is None or any(API_SERVER_MODULE in str(part) for part in launcher)
 
 
-def check_data_parallel(c: "_Ctx") -> None:
+def check_data_parallel(c: CheckContext) -> None:
     lay = layout_of(c.preset)
     if lay.dp_local_set and lay.dp_local > lay.dp:
         c.add(ErrorKind.OTHER, "error",
@@ -102,7 +99,7 @@ def check_data_parallel(c: "_Ctx") -> None:
         _check_head(c, lay)
 
 
-def _check_gpus_here(c: "_Ctx", lay: ParallelLayout) -> None:
+def _check_gpus_here(c: CheckContext, lay: ParallelLayout) -> None:
     if c.machine.platform != "cuda":
         return
     n = c.machine.gpu_count
@@ -127,7 +124,7 @@ def _check_gpus_here(c: "_Ctx", lay: ParallelLayout) -> None:
           f"the number of available GPUs')", fix)
 
 
-def _check_headless(c: "_Ctx", lay: ParallelLayout) -> None:
+def _check_headless(c: CheckContext, lay: ParallelLayout) -> None:
     if _launcher_is_api_server_module(c):
         c.add(ErrorKind.OTHER, "error",
               f"headless = true with `python -m {API_SERVER_MODULE}` as the launcher: that module accepts "
@@ -159,7 +156,7 @@ def _check_headless(c: "_Ctx", lay: ParallelLayout) -> None:
               "any firewall between the nodes")
 
 
-def _check_head(c: "_Ctx", lay: ParallelLayout) -> None:
+def _check_head(c: CheckContext, lay: ParallelLayout) -> None:
     """This node is the head of a DP server with engines elsewhere: it binds
     data_parallel_rpc_port on data_parallel_address for them."""
     address = lay.address or ""
@@ -188,12 +185,10 @@ def _check_head(c: "_Ctx", lay: ParallelLayout) -> None:
               "nodes must use the same port", {"data_parallel_rpc_port": nxt} if nxt else None)
 
 
-def check_ray(c: "_Ctx") -> None:
+def check_ray(c: CheckContext) -> None:
     lay = layout_of(c.preset)
     if not lay.uses_ray:
         return
-    from ernie_tui.engine_ctl.launch.preflight import launcher_python
-
     python = launcher_python(c.preset)
     found = module_available(python, "ray", env=dict(c.env))
     key = "distributed_executor_backend" if lay.backend == "ray" else "data_parallel_backend"

@@ -13,17 +13,24 @@ from ernie_tui.engine_ctl.load.capacity import CapacityResult, LevelResult, form
 from ernie_tui.engine_ctl.load.capacity_run import request_setup, run_capacity
 from ernie_tui.engine_ctl.load.http_client import DEFAULT_READ_TIMEOUT_S, ServedModel, resolve_model
 from ernie_tui.engine_ctl.load.http_errors import ProbeError, ProbeErrorKind, ProbeFailure
+from ernie_tui.engine_ctl.load.metrics import DEFAULT_TIMEOUT_S as METRICS_TIMEOUT_S
 from ernie_tui.engine_ctl.load.metrics import (
     GENERATION_TOKENS,
+    ITL,
+    KV_USAGE,
     PREFIX_HITS,
     REQUEST_SUCCESS,
+    RUNNING,
     TTFT,
+    WAITING,
+    Histogram,
     MetricsClient,
     MetricsError,
     MetricsSnapshot,
     counter_delta,
     derive_sample,
     histogram_delta,
+    only_metrics,
 )
 from ernie_tui.engine_ctl.load.pareto import front_of_rows
 from ernie_tui.engine_ctl.load.probe import format_probe, run_probe
@@ -46,7 +53,7 @@ from ernie_tui.engine_ctl.load.stream_timing import (
     ProbeRequest,
     ProbeResult,
 )
-from ernie_tui.engine_ctl.load.workload import burst_workload, load_jsonl
+from ernie_tui.engine_ctl.load.workload import Workload, burst_workload, load_jsonl
 
 __all__ = [
     "BurstConfig",
@@ -58,6 +65,10 @@ __all__ = [
     "DEFAULT_TEMPERATURE",
     "DEFAULT_TOP_P",
     "GENERATION_TOKENS",
+    "Histogram",
+    "ITL",
+    "KV_USAGE",
+    "METRICS_TIMEOUT_S",
     "LONG_PROMPT_TOKENS",
     "LevelResult",
     "MetricsClient",
@@ -73,10 +84,13 @@ __all__ = [
     "REQUEST_SUCCESS",
     "RUN_KINDS",
     "RunRecord",
+    "RUNNING",
     "RunStoreError",
     "SHORT_PROMPT",
     "ServedModel",
     "TTFT",
+    "WAITING",
+    "Workload",
     "burst_workload",
     "counter_delta",
     "derive_sample",
@@ -92,6 +106,7 @@ __all__ = [
     "load_run",
     "long_prompt",
     "make_search",
+    "only_metrics",
     "parse_slo",
     "rate",
     "ready_prompt",

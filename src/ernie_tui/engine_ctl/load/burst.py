@@ -40,7 +40,7 @@ from typing import Any
 import psutil
 
 from ernie_tui.engine_ctl.load import metrics as M
-from ernie_tui.engine_ctl.load import stats
+from ernie_tui.engine_ctl.load import runstore, stats
 from ernie_tui.engine_ctl.load.http_client import (
     ServedModel,
     base_url,
@@ -206,8 +206,6 @@ class BurstResult:
     def save(self, preset: Any = None, engine_report: Any = None, notes: str | None = None):
         """Store as a 'burst' run record (runstore), tagged with the preset
         (a Preset, a dict or a name) and the engine's startup report."""
-        from ernie_tui.engine_ctl.load import runstore
-
         return runstore.save_run("burst", self.to_dict(), preset=preset, engine_report=engine_report,
                                  url=self.url, model=self.model, notes=notes)
 

@@ -30,8 +30,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from ernie_tui.engine_ctl.load import runstore, stats
 from ernie_tui.engine_ctl.load import slo as S
-from ernie_tui.engine_ctl.load import stats
 
 log = logging.getLogger(__name__)
 
@@ -288,8 +288,6 @@ class CapacityResult:
 
     def save(self, preset: Any = None, engine_report: Any = None, notes: str | None = None):
         """Store as a 'capacity' run record."""
-        from ernie_tui.engine_ctl.load import runstore
-
         return runstore.save_run("capacity", self.to_dict(), preset=preset, engine_report=engine_report,
                                  url=self.url, model=self.model, notes=notes)
 

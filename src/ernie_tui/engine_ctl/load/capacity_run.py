@@ -27,6 +27,7 @@ from typing import Any, Callable
 from ernie_tui.engine_ctl.load import capacity as C
 from ernie_tui.engine_ctl.load import metrics as M
 from ernie_tui.engine_ctl.load import slo as S
+from ernie_tui.engine_ctl.load.burst import BurstConfig
 from ernie_tui.engine_ctl.load.http_client import ServedModel, base_url, new_async_client, resolve_model
 from ernie_tui.engine_ctl.load.http_errors import TRANSPORT_KINDS, ProbeFailure
 from ernie_tui.engine_ctl.load.probe import stream_request
@@ -151,8 +152,6 @@ def request_setup(*, min_tokens: int = 30, max_tokens_in: int = 300, max_tokens:
     """The shape of the built prompts (a BurstConfig) and the request
     settings of a search, from the one set of options both come from (the
     command line's, the dashboard's fields). ValueError in plain words."""
-    from ernie_tui.engine_ctl.load.burst import BurstConfig
-
     cfg = BurstConfig(n=1, min_tokens=min_tokens, max_tokens_in=max_tokens_in, max_tokens=max_tokens,
                       ignore_eos=ignore_eos, temperature=temperature, top_p=top_p, seed=seed,
                       word_seed=word_seed, chat=chat)
@@ -357,8 +356,6 @@ def run_capacity(url: str, slo: list[S.Objective], *, search_config: C.SearchCon
     except ProbeFailure as exc:
         return failed(f"the search did not start: {exc.error.message}")
     if workload is None:
-        from ernie_tui.engine_ctl.load.burst import BurstConfig
-
         cfg = burst_config or BurstConfig()
         try:
             tok = tokenizer or find_tokenizer(None, None, url, served.id, api_key)

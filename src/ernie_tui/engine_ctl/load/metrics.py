@@ -22,13 +22,18 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
+
+if TYPE_CHECKING:  # httpx itself is imported where a scrape needs it
+    import httpx
 
 from prometheus_client.parser import text_string_to_metric_families
 
 from ernie_tui.engine_ctl.load import stats
+from ernie_tui.engine_ctl.load.http_client import auth_headers
+from ernie_tui.engine_ctl.load.http_errors import connection_refused
 
 # Candidate metric names, newest vLLM first. Sample names, so counters end in
 # _total and histograms are the base name (the _bucket/_sum/_count suffixes
@@ -455,7 +460,7 @@ def metrics_url(url: str) -> str:
     return u + "/metrics"
 
 
-def _deadline_transport(total: float):
+def _deadline_transport(total: float) -> httpx.BaseTransport:
     """An httpx transport whose responses must arrive whole within `total`
     seconds. httpx's timeouts bound each read, not the request: a server
     that drips a few bytes every 0.2 s never trips them, and the poller
@@ -470,7 +475,7 @@ def _deadline_transport(total: float):
         def __init__(self, inner: httpx.SyncByteStream, deadline: float):
             self._inner, self._deadline = inner, deadline
 
-        def __iter__(self):
+        def __iter__(self) -> Iterator[bytes]:
             for chunk in self._inner:
                 if time.monotonic() > self._deadline:
                     raise httpx.ReadTimeout(f"the response took longer than {total:g} s")
@@ -501,8 +506,6 @@ class MetricsClient:
                  model_name: str | None = None) -> None:
         import httpx  # deferred: importing this module for parsing alone stays cheap
 
-        from ernie_tui.engine_ctl.load.http_client import auth_headers
-
         self.url = metrics_url(url)
         self.model_name = model_name
         self._client = httpx.Client(timeout=httpx.Timeout(timeout), headers=auth_headers(api_key),
@@ -514,8 +517,6 @@ class MetricsClient:
         try:
             r = self._client.get(self.url)
         except httpx.ConnectError as exc:
-            from ernie_tui.engine_ctl.load.http_errors import connection_refused
-
             raise MetricsError(f"cannot connect to {self.url}: {exc}",
                                "connection refused" if connection_refused(exc) else f"cannot connect ({exc})") from exc
         except httpx.TimeoutException as exc:

@@ -104,7 +104,7 @@ class SSEParser:
             if ev is not None:
                 events.append(ev)
         if len(rest) > self.max_line:
-            rest = b""
+            rest = bytearray()
             self._skip_to_eol = True
             self.oversized_lines += 1
         self._buf = bytearray(rest)

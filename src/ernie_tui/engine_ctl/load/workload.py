@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from ernie_tui.engine_ctl.load.burst import build_prompts, new_word_seed
+
 
 @dataclass(frozen=True)
 class WorkItem:
@@ -141,8 +143,6 @@ def burst_workload(config: Any, tokenizer: Any, size: int) -> Workload:
     from config.word_seed, new ones when it is None), and more on demand,
     each batch with the next seeds, so no prompt is ever sent twice."""
     from dataclasses import replace
-
-    from ernie_tui.engine_ctl.load.burst import build_prompts, new_word_seed
 
     words = config.word_seed if config.word_seed is not None else new_word_seed()
 

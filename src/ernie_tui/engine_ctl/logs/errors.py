@@ -81,9 +81,9 @@ def classify_error(message: str, notes: list[str] | None = None,
     if "Worker failed with error '" in text:
         # EngineCore's wrapper quotes the worker's message: classify that.
         inner = text.split("Worker failed with error '", 1)[1].rsplit("'", 1)[0]
-        kind, est, detail = classify_error(inner, notes, line_no)
-        if kind is not ErrorKind.OTHER and kind is not ErrorKind.ENGINE_DEAD:
-            return kind, est, detail
+        inner_kind, inner_est, inner_detail = classify_error(inner, notes, line_no)
+        if inner_kind is not ErrorKind.OTHER and inner_kind is not ErrorKind.ENGINE_DEAD:
+            return inner_kind, inner_est, inner_detail
     kind = ErrorKind.OTHER
     for rx, k in _CLASSIFIERS:
         if rx.search(text):
@@ -101,7 +101,8 @@ def classify_error(message: str, notes: list[str] | None = None,
         m = re.search(r"estimated maximum model length is (\d+)", text)
         if not m:  # V0 wording states how many tokens fit; that is the usable max length
             m = re.search(r"stored in KV cache \((\d+)\)", text)
-        est = _figure(m.group(1), "tokens", "estimated max model len", notes, line_no) if m else None
+        fits = _figure(m.group(1), "tokens", "estimated max model len", notes, line_no) if m else None
+        est = int(fits) if fits is not None else None
         m = re.search(r"max seq len \((\d+)\)", text)
         if m:
             put("max_model_len", m.group(1), "tokens")

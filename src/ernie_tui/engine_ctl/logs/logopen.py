@@ -33,6 +33,7 @@ from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass
 from datetime import datetime
 
+from ernie_tui.engine_ctl.logs.logparse import LogParser
 from ernie_tui.engine_ctl.logs.logtail import split_block
 
 __all__ = ["LineIndex", "Section", "count_newlines", "find_last_start", "last_start", "read_existing"]
@@ -100,10 +101,9 @@ def _blocks_back(fd: int, lo: int, hi: int, block: int = BLOCK) -> Iterator[tupl
 
 
 def _is_start(line: bytes) -> bool:
-    from ernie_tui.engine_ctl.logs.logparse import LogParser, VersionEvent
-
-    text = line.decode("utf-8", "replace")
-    return any(isinstance(e, VersionEvent) for e in LogParser().feed(text))
+    parser = LogParser()
+    parser.feed(line.decode("utf-8", "replace"))
+    return parser.report.vllm_version is not None  # a version line: where a server start begins
 
 
 def find_last_start(fd: int, size: int, is_start: Callable[[bytes], bool] = _is_start) -> int:

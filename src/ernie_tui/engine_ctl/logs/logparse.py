@@ -1,10 +1,8 @@
-"""Turn vLLM server log lines into typed events and a live EngineReport.
+"""Turn vLLM server log lines into a live EngineReport.
 
     parser = LogParser()
-    for line in tailer.read_new():
-        for event in parser.feed(line):
-            ...                       # PhaseEvent, StatsEvent, ReadyEvent, ErrorEvent, ...
-    parser.report                     # the EngineReport filled so far
+    if parser.feed_many(tailer.read_new()):  # how many report changes the lines made
+        publish(parser.report)                # the EngineReport filled so far
 
     parse_file("llm.log")             # -> EngineReport (fast path for whole files)
 
@@ -14,12 +12,11 @@ tests/fixtures/vllm-logs, plus older wording: `# GPU blocks: N`, separate
 (`Running/Swapped/Pending`), `torch.compile takes`, `Loading model weights
 took N GB`, un-prefixed lines from before the `(APIServer pid=N)` era.
 
-Events (all carry line_no): VersionEvent, ArgsEvent, FieldEvent (a report
-field got a value), PhaseEvent (phase started / finished with seconds),
-ProgressEvent (tqdm bars: weights, CUDA graphs), StatsEvent, ReadyEvent,
-ErrorEvent (set or replaced by a better root cause), PidEvent,
-ShutdownEvent, NewRunEvent (a second server start in one log resets the
-report).
+A change is a report field that got a value, a phase started or finished,
+a rank's pid, the shutdown, the version, the args, a stats sample, ready,
+an error (set or replaced by a better root cause), or a second server start
+in one log (which resets the report). (Typed events per change were built
+here once; nothing read them: logs/events.py is gone.)
 
 Speed. Most lines in a vLLM log are access-log lines, route listings,
 traceback frames and warnings. Each line gets a cheap prefilter with no
@@ -30,8 +27,11 @@ indentation, other lines by a few substring checks. Only the few lines that
 pass reach the detailed regexes (bench/parse_speed.py measures it).
 
 Robustness. feed() and the parse_* functions never raise on log content:
-every detailed handler runs under a try/except that counts and drops
-surprises (see `LogParser.internal_errors`).
+every detailed handler runs under a try/except. What one raises is the
+parser's own bug, never silent: logged (logger "ernie_tui.engine_ctl.logs.logparse",
+with the line number and text), counted (`LogParser.internal_errors`) and
+put in the report (`parser_errors`, `parser_error_count`), which parse-log
+and the dashboard show.
 
 Errors. The report keeps the FIRST fatal error with its ROOT CAUSE: vLLM
 prints the real exception (e.g. `ValueError: No common block size ...`) and
@@ -45,37 +45,25 @@ port in use), so a rejected request does not mark the server as crashed.
 from __future__ import annotations
 
 import ast
+import logging
 import os
 import re
 from collections.abc import Iterable
 from typing import Any
 
 from ernie_tui.engine_ctl.logs.errors import _HANDLER_TEXT_CAP, ErrorKind, classify_error
-from ernie_tui.engine_ctl.logs.events import (
-    ArgsEvent,
-    ErrorEvent,
-    Event,
-    FieldEvent,
-    NewRunEvent,
-    PhaseEvent,
-    PidEvent,
-    ProgressEvent,
-    ReadyEvent,
-    ShutdownEvent,
-    StatsEvent,
-    VersionEvent,
-)
 from ernie_tui.engine_ctl.logs.figures import _figure, _finite, _note
 from ernie_tui.engine_ctl.logs.logtail import strip_ansi as _strip_ansi
 from ernie_tui.engine_ctl.logs.ranks import is_rank, note_rank
-from ernie_tui.engine_ctl.logs.report import PHASES, EngineError, EngineReport, StatsSample
+from ernie_tui.engine_ctl.logs.report import PARSER_ERRORS_KEPT, PHASES, EngineError, EngineReport, StatsSample
 
 __all__ = [
-    "ArgsEvent", "ErrorEvent", "Event", "FieldEvent", "LogParser", "NewRunEvent", "PhaseEvent", "PidEvent",
-    "ProgressEvent", "ReadyEvent", "ShutdownEvent", "StatsEvent", "VersionEvent", "classify_error",
+    "LogParser", "classify_error",
     "parse_file", "parse_lines",
 ]
 
+
+log = logging.getLogger(__name__)
 
 # Periodic stats samples kept in a report (see _m_stats).
 MAX_STATS = 5000
@@ -154,7 +142,7 @@ _ROLE_NORM = re.compile(r"(EngineCore)_DP0$|(?:VllmWorker[- ]|Worker_TP)(\d+)$")
 _ERROR_MESSAGES = ("EngineCore failed to start", "EngineCore encountered", "Engine core proc ",
                    "WorkerProc hit an exception", "WorkerProc failed to start", "Worker proc ",
                    "AsyncLLM output_handler failed")
-_PHASE_INDEX = {p: i for i, p in enumerate(PHASES)}
+_PHASE_INDEX: dict[str, int] = {p: i for i, p in enumerate(PHASES)}  # phase name -> its place
 
 
 def _is_wrapper(kind: ErrorKind, message: str) -> bool:
@@ -286,10 +274,9 @@ class LogParser:
 
     def __init__(self) -> None:
         self.report = EngineReport()
-        self.internal_errors = 0  # handler exceptions swallowed (should stay 0)
-        self._collect = True
+        self.internal_errors = 0  # handler exceptions caught (should stay 0; each is logged and reported)
         self._latin1 = False  # parse_file: lines are latin-1 decoded bytes (see _scan)
-        self._events: list[Event] = []
+        self._changes = 0  # report changes made by the lines of the current feed/peek
         self._reset_state()
         self._args_cache: dict[str, dict[str, Any]] = {}
         self._keys = {key: getattr(self, name) for key, name in _KEYS.items()}
@@ -309,43 +296,45 @@ class LogParser:
 
     # -- public API ---------------------------------------------------------
 
-    def peek(self, text: str) -> list[Event]:
+    def peek(self, text: str) -> int:
         """Look at the line being drawn right now (a tailer's `partial`: a live
         tqdm bar) without consuming it. Only the progress it shows is taken,
         so the phase moves on while CUDA graphs are captured; the line itself
         is parsed when it ends, and line numbers are not touched."""
-        self._events = []
+        self._changes = 0
         try:
             if "\x1b" in text or "\r" in text:
                 text = _clean(text)
             head = text[:60]
             if ("Capturing" in head and "raph" in head) or "checkpoint shards" in head:
                 self._progress(text, self.report.lines + 1)
-        except Exception:  # noqa: BLE001  the contract: never raise on log content; counted
-            self.internal_errors += 1
-        return self._events
+        except Exception as exc:  # noqa: BLE001  the contract: never raise on log content; reported
+            self._internal_error(exc, self.report.lines + 1, text)
+        return self._changes
 
-    def feed(self, line: str) -> list[Event]:
-        """Parse one line (a trailing newline is fine); return the events it produced."""
-        self._events = []
+    def feed(self, line: str) -> int:
+        """Parse one line (a trailing newline is fine); return how many report
+        changes it made (0: nothing new for the report's readers)."""
+        self._changes = 0
         try:
             if isinstance(line, bytes):
                 line = line.decode("utf-8", errors="replace")
             if "\x1b" in line:
                 line = _strip_ansi(line)
             self._scan((line,))
-        except Exception:  # noqa: BLE001  the contract: never raise on log content; counted
-            self.internal_errors += 1
-        return self._events
+        except Exception as exc:  # noqa: BLE001  the contract: never raise on log content; reported
+            self._internal_error(exc, self.report.lines, line)
+        return self._changes
 
-    def feed_many(self, lines: Iterable[str]) -> list[Event]:
-        """Parse several lines; return all their events (cheaper than feed() per line)."""
-        self._events = []
+    def feed_many(self, lines: Iterable[str]) -> int:
+        """Parse several lines (cheaper than feed() per line); return how many
+        report changes they made."""
+        self._changes = 0
         try:
             self._scan([_strip_ansi(ln) if "\x1b" in ln else ln for ln in lines])
-        except Exception:  # noqa: BLE001  the contract: never raise on log content; counted
-            self.internal_errors += 1
-        return self._events
+        except Exception as exc:  # noqa: BLE001  the contract: never raise on log content; reported
+            self._internal_error(exc, self.report.lines, "")
+        return self._changes
 
     # -- the hot loop -------------------------------------------------------
 
@@ -385,8 +374,8 @@ class LogParser:
                         rep.lines = n
                         try:
                             self._on_prefix(m.group(1), m.group(2), n)
-                        except Exception:  # noqa: BLE001  never raise on log content; counted
-                            self.internal_errors += 1
+                        except Exception as exc:  # noqa: BLE001  never raise on log content; reported
+                            self._internal_error(exc, n, line)
                 else:
                     pos = 0
                 if line[pos:pos + 1] == "(" and pos:
@@ -400,8 +389,8 @@ class LogParser:
                         pfx = "\x00"  # the next line names its own writer again
                         try:
                             self._on_prefix(inner.group(1), inner.group(2), n)
-                        except Exception:  # noqa: BLE001  never raise on log content; counted
-                            self.internal_errors += 1
+                        except Exception as exc:  # noqa: BLE001  never raise on log content; reported
+                            self._internal_error(exc, n, line)
                 lv = levels.get(line[pos:pos + 5])
                 if lv == 1:  # vLLM INFO/WARNING: dispatch on the message's first 4 chars
                     k = line.find("] ", pos)
@@ -443,8 +432,8 @@ class LogParser:
                         if len(line) != len(raw):  # multi-byte chars: k to a char offset
                             k = len(raw[:k].decode("utf-8", "replace"))
                     h(line, k, n)
-                except Exception:  # noqa: BLE001  never raise on log content; counted
-                    self.internal_errors += 1
+                except Exception as exc:  # noqa: BLE001  never raise on log content; reported
+                    self._internal_error(exc, n, line)
                 rep = self.report  # a handler may have started a new run's report
         finally:
             self.report.lines = n
@@ -456,19 +445,15 @@ class LogParser:
         """A figure from this line, range-checked (see _figure); None when dropped."""
         return _figure(raw, unit, what, self.report.notes, n)
 
-    def _emit(self, cls: type[Event], *args: Any) -> None:
-        if self._collect:  # parse_file() has no listener: skip building events
-            self._events.append(cls(*args))
-
     def _set(self, name: str, value: Any, n: int, override: bool = True) -> None:
-        """Set a report field (if changed) and emit a FieldEvent."""
+        """Set a report field (if changed) and count the change."""
         if value is None:
             return
         old = getattr(self.report, name)
         if old == value or (old is not None and not override):
             return
         setattr(self.report, name, value)
-        self._emit(FieldEvent, name, value, n)
+        self._changes += 1
 
     def _platform(self, value: str, n: int, sure: bool = False) -> None:
         value = value.lower()
@@ -482,20 +467,36 @@ class LogParser:
         cur = self.report.phase
         if cur is None or _PHASE_INDEX[phase] > _PHASE_INDEX[cur]:
             self.report.phase = phase
-            self._emit(PhaseEvent, phase, None, False, n)
+            self._changes += 1
 
     def _phase_done(self, phase: str, seconds: float | None, n: int) -> None:
         if seconds is not None:
             self.report.phases[phase] = seconds
-        self._emit(PhaseEvent, phase, seconds, True, n)
+        self._changes += 1
+
+    def _internal_error(self, exc: BaseException, n: int, text: str) -> None:
+        """A handler raised on line `n`: the parser's own bug. Logged with the
+        line, counted, and kept in the report for the user to see."""
+        self.internal_errors += 1
+        shown = (text if isinstance(text, str) else repr(text)).rstrip("\r\n")
+        if len(shown) > 200:
+            shown = shown[:200] + "…"
+        log.warning("log parser bug on line %d: %s: %s | %s", n, type(exc).__name__, exc, shown, exc_info=exc)
+        rep = self.report
+        rep.parser_error_count += 1
+        if len(rep.parser_errors) < PARSER_ERRORS_KEPT:
+            rep.parser_errors.append(f"line {n}: {type(exc).__name__}: {exc} | {shown}")
+        self._changes += 1
 
     def _new_run(self, n: int) -> None:
         lines = self.report.lines
-        self.report = EngineReport(lines=lines)
+        # the parser's own errors are about the parser, not the run: they stay
+        self.report = EngineReport(lines=lines, parser_errors=self.report.parser_errors,
+                                   parser_error_count=self.report.parser_error_count)
         pfx, plen, rank = self._pfx, self._plen, self._rank
         self._reset_state()
         self._pfx, self._plen, self._rank = pfx, plen, rank
-        self._emit(NewRunEvent, n)
+        self._changes += 1
 
     def _on_prefix(self, role: str, pid_text: str, n: int) -> None:
         """Record the pid of a process role, under the report's keys: "APIServer",
@@ -519,7 +520,7 @@ class LogParser:
         if role == "Worker":
             role = "Worker_0" if "Worker_0" not in pids else f"Worker_{len(pids)}"
         pids[role] = pid
-        self._emit(PidEvent, role, pid, n)
+        self._changes += 1
 
     def _rank_fig(self, line: str, **figures: Any) -> None:
         """Figures a rank logged about itself, kept on that rank (ranks.py)."""
@@ -684,7 +685,7 @@ class LogParser:
     def _m_shutdown(self, text: str, line: str, n: int) -> None:
         if not self._shutting_down:
             self._shutting_down = True
-            self._emit(ShutdownEvent, n)
+            self._changes += 1
 
     def _url(self, url: str, n: int) -> str | None:
         """The server's URL, or None when its port is no port (\"http://inf:-1\")."""
@@ -706,7 +707,7 @@ class LogParser:
             self._new_run(n)
         if self.report.vllm_version != version:
             self.report.vllm_version = version
-            self._emit(VersionEvent, version, n)
+            self._changes += 1
 
     def _m_ver(self, text: str, line: str, n: int) -> None:
         m = _RE_VER.search(text)
@@ -742,7 +743,7 @@ class LogParser:
                                  "number; dropped")
         args = kept
         rep.non_default_args = args
-        self._emit(ArgsEvent, args, n)
+        self._changes += 1
         model = args.get("model") or args.get("model_tag")
         if isinstance(model, str):
             self._set("model", model, n, override=False)
@@ -975,7 +976,7 @@ class LogParser:
             # A server logs a stats line every 10 s, all day: keep the newest
             # MAX_STATS (about 14 h), trimming in halves so appends stay O(1).
             del stats[: len(stats) - MAX_STATS]
-        self._emit(StatsEvent, sample, n)
+        self._changes += 1
 
     def _m_prefixhit(self, text: str, line: str, n: int) -> None:
         # V0 logs the prefix hit rate on its own line right after the stats line.
@@ -1034,20 +1035,10 @@ class LogParser:
     def _progress(self, text: str, n: int) -> None:
         head = text[:40]
         if "Capturing" in head and "raph" in head:  # CUDA graphs / cudagraph shapes
-            phase: str | None = "cuda_graphs"
             self._advance("cuda_graphs", n)
             self._platform("cuda", n)
         elif "checkpoint shards" in head:
-            phase = "load_weights"
             self._advance("load_weights", n)
-        else:
-            phase = None
-        if self._collect:
-            m = _RE_TQDM.match(text)
-            done = self._fig(m.group(3), "count", "progress", n) if m else None
-            total = self._fig(m.group(4), "count", "progress total", n) if m else None
-            if done is not None and total is not None:
-                self._emit(ProgressEvent, m.group(1).strip(), done, total, phase, n)
 
     def _ready(self, n: int) -> None:
         rep = self.report
@@ -1059,7 +1050,7 @@ class LogParser:
             # It started after all: whatever was logged before was not fatal.
             rep.error = None
             self._err_is_wrapper = False
-        self._emit(ReadyEvent, rep.server_url, n)
+        self._changes += 1
 
     # -- errors -------------------------------------------------------------------
 
@@ -1105,7 +1096,7 @@ class LogParser:
             rep.ready = False  # old uvicorn says "startup complete" before it fails to bind
         if rep.platform is None and (kind is ErrorKind.CUDA_OOM or " for cuda " in message):
             self._platform("cuda", n)
-        self._emit(ErrorEvent, rep.error, n)
+        self._changes += 1
 
 
 # --------------------------------------------------------------------------- whole-log helpers
@@ -1116,7 +1107,6 @@ _ANSI_B = re.compile(rb"\x1b(?:\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b\n]*(?:\x07|\x1b\
 def parse_lines(lines: Iterable[str | bytes]) -> EngineReport:
     """Parse an iterable of lines (str or bytes, with or without newlines)."""
     parser = LogParser()
-    parser._collect = False
 
     def as_text(items: Iterable[str | bytes]) -> Iterable[str]:
         for item in items:
@@ -1145,7 +1135,6 @@ def parse_file(path: str | os.PathLike[str], max_line: int = 65536, chunk_size: 
     exceptions it swallowed: bench/reliability.py counts them).
     """
     parser = parser if parser is not None else LogParser()
-    parser._collect = False
     parser._latin1 = True
     with open(path, "rb") as f:
         rest = b""
@@ -1182,5 +1171,5 @@ def _feed_block(parser: LogParser, block: bytes) -> None:
         block = _ANSI_B.sub(b"", block)
     try:
         parser._scan(block.decode("latin-1").split("\n"))
-    except Exception:  # noqa: BLE001  the contract: never raise on log content; counted
-        parser.internal_errors += 1
+    except Exception as exc:  # noqa: BLE001  the contract: never raise on log content; reported
+        parser._internal_error(exc, parser.report.lines, "")

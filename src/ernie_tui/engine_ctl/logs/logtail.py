@@ -127,16 +127,19 @@ class LogTailer:
         budget = self.max_read
         if self._fd is None and not self._open(first=True):
             return out
+        fd = self._fd
+        if fd is None:  # not opened after all: nothing to read
+            return out
         # Truncated in place? (size below what we already read)
         try:
-            size = os.fstat(self._fd).st_size
+            size = os.fstat(fd).st_size
         except OSError:
             size = self._pos
         if size < self._pos:
             self.truncations += 1
             self._flush_partial(out)
             self._pos = self._since_term = 0
-            os.lseek(self._fd, 0, os.SEEK_SET)
+            os.lseek(fd, 0, os.SEEK_SET)
         budget = self._drain(out, budget)
         if budget <= 0:
             return out  # more to read; the caller polls again
@@ -207,9 +210,12 @@ class LogTailer:
         self._fd = None
 
     def _drain(self, out: list[str], budget: int) -> int:
+        fd = self._fd
+        if fd is None:
+            return budget
         while budget > 0:
             try:
-                data = os.read(self._fd, min(_READ_CHUNK, budget))
+                data = os.read(fd, min(_READ_CHUNK, budget))
             except OSError:
                 break
             if not data:

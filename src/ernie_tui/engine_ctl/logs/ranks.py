@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import replace
+from typing import Any
 
 from ernie_tui.engine_ctl.logs.report import RankInfo
 
@@ -50,16 +51,16 @@ def _better_name(old: str, new: str) -> str:
 def note_rank(ranks: list[RankInfo], name: str, pid: int, **figures: float | int | None) -> list[RankInfo]:
     """`ranks` with this process recorded and its figures (those not None)
     set; the same list when nothing changed, else a new one."""
-    figures = {k: v for k, v in figures.items() if v is not None}
+    known: dict[str, Any] = {k: v for k, v in figures.items() if v is not None}  # RankInfo's own field types
     for i, r in enumerate(ranks):
         if r.pid == pid:
             better = _better_name(r.name, name)
-            if better == r.name and all(getattr(r, k) == v for k, v in figures.items()):
+            if better == r.name and all(getattr(r, k) == v for k, v in known.items()):
                 return ranks  # the common case: a known rank's next line
             out = list(ranks)
-            out[i] = replace(r, name=better, **figures)
+            out[i] = replace(r, name=better, **known)
             return out
-    return [*ranks, RankInfo(name=name, pid=pid, **figures)]
+    return [*ranks, RankInfo(name=name, pid=pid, **known)]
 
 
 def describe_rank(rank: RankInfo) -> str:

@@ -99,6 +99,11 @@ class EngineReport:
     # Figures the log stated that no machine can have (inf seconds, 10^26 KV
     # tokens, port -1): left out of the fields above, each said here.
     notes: list[str] = field(default_factory=list)
+    # The parser's own bugs: a line one of its handlers raised on (the field
+    # that line carried is missing above). "line N: Error: message | the line",
+    # the first PARSER_ERRORS_KEPT of them; parser_error_count counts them all.
+    parser_errors: list[str] = field(default_factory=list)
+    parser_error_count: int = 0
 
     def to_dict(self, include_stats: bool = False) -> dict[str, Any]:
         d = asdict(self)
@@ -106,6 +111,19 @@ class EngineReport:
         if not include_stats:
             d["stats"] = [asdict(s) for s in self.stats[-1:]]
         return d
+
+
+PARSER_ERRORS_KEPT = 20
+
+
+def parser_error_notice(report: EngineReport) -> str | None:
+    """One line for the user when the parser hit its own bug, else None."""
+    n = report.parser_error_count
+    if not n:
+        return None
+    first = report.parser_errors[0] if report.parser_errors else ""
+    return (f"the log parser failed on {n} line{'s' if n != 1 else ''} (a bug: please report it; "
+            f"fields from those lines are missing). First: {first}")
 
 
 # A snapshot keeps the newest stats samples only: the report panel shows the
@@ -136,5 +154,6 @@ class ReportSnapshot:
         if stats:
             stats[-1] = replace(stats[-1])  # V0 logs fill in its prefix hit rate a line later
         copy = replace(report, stats=stats, phases=dict(report.phases), pids=dict(report.pids),
-                       non_default_args=dict(report.non_default_args), notes=list(report.notes))
+                       non_default_args=dict(report.non_default_args), notes=list(report.notes),
+                       parser_errors=list(report.parser_errors))
         return cls(version, run, copy)

@@ -18,6 +18,12 @@ from ernie_tui.engine_ctl.logs import Severity
 class ConfirmScreen(ModalScreen[bool]):
     """Yes / no. `y`/Enter confirm, `n`/Escape cancel."""
 
+    # The first button takes the focus through Textual's AUTO_FOCUS (applied as
+    # the screen resumes, by a query that may match nothing), not a query_one in
+    # on_mount: a key the app handles can dismiss a dialog before the dialog's
+    # own Mount is handled, and its buttons are gone by then (CI: NoMatches '#fix').
+    AUTO_FOCUS = "#yes"
+
     BINDINGS = [
         Binding("y", "answer(True)", "Yes"),
         Binding("n,escape", "answer(False)", "No"),
@@ -35,9 +41,6 @@ class ConfirmScreen(ModalScreen[bool]):
                 yield Button(f"{self._yes} (y)", variant="warning", id="yes")
                 yield Button(f"{self._no} (n)", id="no")
 
-    def on_mount(self) -> None:
-        self.query_one("#yes", Button).focus()
-
     def action_answer(self, value: bool) -> None:
         self.dismiss(value)
 
@@ -48,6 +51,8 @@ class ConfirmScreen(ModalScreen[bool]):
 
 class QuitScreen(ModalScreen[str]):
     """Quit in control mode with a server running: stop it, leave it, or cancel."""
+
+    AUTO_FOCUS = "#stop"
 
     BINDINGS = [
         Binding("s", "choose('stop')", "Stop server"),
@@ -72,9 +77,6 @@ class QuitScreen(ModalScreen[str]):
                 yield Button("Leave running (l)", variant="primary", id="leave")
                 yield Button("Cancel (esc)", id="cancel")
 
-    def on_mount(self) -> None:
-        self.query_one("#stop", Button).focus()
-
     def action_choose(self, choice: str) -> None:
         self.dismiss(choice)
 
@@ -85,6 +87,8 @@ class QuitScreen(ModalScreen[str]):
 
 class PreflightScreen(ModalScreen[str]):
     """Preflight found errors before launch: apply the fix, launch anyway, or not."""
+
+    AUTO_FOCUS = "#fix, #cancel"  # the first in DOM order: Apply fix when offered, else Cancel
 
     BINDINGS = [
         Binding("f", "choose('fix')", "Apply fix"),
@@ -119,9 +123,6 @@ class PreflightScreen(ModalScreen[str]):
                     yield Button("Apply fix and launch (f)", variant="success", id="fix")
                 yield Button("Launch anyway (y)", variant="warning", id="anyway")
                 yield Button("Cancel (n)", id="cancel")
-
-    def on_mount(self) -> None:
-        self.query_one("#fix" if self._fix else "#cancel", Button).focus()
 
     def action_choose(self, choice: str) -> None:
         if choice == "fix" and not self._fix:

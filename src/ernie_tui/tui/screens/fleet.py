@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import replace
+from typing import TYPE_CHECKING, cast
 
 from rich.text import Text
 from textual import on, work
@@ -21,6 +22,7 @@ from textual.screen import Screen
 from textual.widgets import DataTable, Input, Static
 from textual.worker import get_current_worker
 
+from ernie_tui.engine_ctl.control import FleetPoller, connecting_rows
 from ernie_tui.engine_ctl.units import gib_str
 from ernie_tui.tui.failures import ShowsWorkerFailures
 from ernie_tui.tui.lifecycle import drop_when_torn_down
@@ -28,6 +30,9 @@ from ernie_tui.tui.messages import FleetUpdate
 from ernie_tui.tui.screens.help import HelpScreen
 from ernie_tui.tui.screens.main import MainScreen
 from ernie_tui.tui.widgets.footer import KeyFooter
+
+if TYPE_CHECKING:  # type-only: fleet_app.py imports this screen
+    from ernie_tui.tui.fleet_app import FleetApp
 
 # (column key, header). Keys stay fixed; headers say the unit and the window.
 COLUMNS: tuple[tuple[str, str], ...] = (
@@ -142,6 +147,11 @@ class FleetScreen(ShowsWorkerFailures, Screen):
         Binding("q", "quit", "Quit"),
     ]
 
+    @property
+    def fleet_app(self) -> FleetApp:
+        """self.app, typed: the fleet's App, whose methods this screen calls."""
+        return cast("FleetApp", self.app)
+
     def __init__(self, servers, *, interval: float = 1.0, live: bool = True, poller_factory=None):
         super().__init__()
         self.servers = list(servers)
@@ -160,8 +170,6 @@ class FleetScreen(ShowsWorkerFailures, Screen):
         yield KeyFooter()
 
     def on_mount(self) -> None:
-        from ernie_tui.engine_ctl.control import connecting_rows
-
         n = len(self.servers)
         self.query_one("#fleet-title", Static).update(
             f"Fleet · {n} server{'s' if n != 1 else ''} · /metrics every {self.interval:g} s · "
@@ -180,8 +188,6 @@ class FleetScreen(ShowsWorkerFailures, Screen):
 
     @work(thread=True, group="fleet-poll", exit_on_error=False)
     def _poll(self) -> None:
-        from ernie_tui.engine_ctl.control import FleetPoller
-
         worker = get_current_worker()
         poller = (self._poller_factory or FleetPoller)(self.servers, interval=self.interval)
         shown: dict[str, list] = {}
@@ -306,7 +312,7 @@ class FleetScreen(ShowsWorkerFailures, Screen):
     def action_open(self) -> None:
         row = self.selected_row()
         if row is not None:
-            self.app.open_server(row.server)
+            self.fleet_app.open_server(row.server)
 
     def action_help(self) -> None:
         # Installed once, like the dashboard's: composing it afresh on every
@@ -316,13 +322,18 @@ class FleetScreen(ShowsWorkerFailures, Screen):
         self.app.push_screen("fleet-help")
 
     def action_quit(self) -> None:
-        self.app.request_quit()
+        self.fleet_app.request_quit()
 
 
 class ServerDashboard(MainScreen):
     """The full attach dashboard of one fleet server; escape or b goes back."""
 
     BINDINGS = [Binding("b", "back", "Fleet")]
+
+    @property
+    def fleet_app(self) -> FleetApp:
+        """self.app, typed: the fleet's App, whose methods this screen calls."""
+        return cast("FleetApp", self.app)
 
     def __init__(self) -> None:
         super().__init__("attach")
@@ -334,4 +345,4 @@ class ServerDashboard(MainScreen):
             self.action_back()
 
     def action_back(self) -> None:
-        self.app.leave_server()
+        self.fleet_app.leave_server()

@@ -5,6 +5,8 @@ to the app, which runs them in workers."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, cast
+
 from textual import on
 from textual.app import ComposeResult
 from textual.binding import Binding
@@ -15,6 +17,7 @@ from textual.widgets import Input
 
 from ernie_tui.tui.format import since
 from ernie_tui.tui.lifecycle import drop_when_torn_down
+from ernie_tui.tui.messages import SeriesUpdate
 from ernie_tui.tui.series import WINDOWS
 from ernie_tui.tui.widgets.charts import KVChart, MemoryChart, ThroughputChart
 from ernie_tui.tui.widgets.error_panel import ErrorPanel
@@ -23,6 +26,9 @@ from ernie_tui.tui.widgets.log_view import LogView
 from ernie_tui.tui.widgets.presets_panel import PresetsPanel
 from ernie_tui.tui.widgets.report_panel import ReportPanel
 from ernie_tui.tui.widgets.status_bar import StatusBar
+
+if TYPE_CHECKING:  # type-only: app.py imports this screen
+    from ernie_tui.tui.app import ErnieApp
 
 COMPACT_HEIGHT = 32  # below this many rows the charts swap with the log
 
@@ -57,6 +63,12 @@ class MainScreen(Screen):
         Binding("q", "quit", "Quit"),
     ]
 
+    @property
+    def ernie_app(self) -> ErnieApp:
+        """self.app, typed: this screen runs in the dashboard's App (ErnieApp
+        or the fleet's subclass of it), whose methods it calls."""
+        return cast("ErnieApp", self.app)
+
     def __init__(self, mode: str):
         super().__init__()
         self.mode = mode
@@ -85,8 +97,6 @@ class MainScreen(Screen):
         yield KeyFooter(optional=NARROW_OPTIONAL)
 
     def on_mount(self) -> None:
-        from ernie_tui.tui.messages import SeriesUpdate
-
         self.query_one("#presets").border_title = "Presets · 1-9 switch"
         self.query_one("#report").border_title = "Startup report"
         self.query_one("#error-panel").border_title = "Server crashed"
@@ -95,7 +105,7 @@ class MainScreen(Screen):
         self.show_series(SeriesUpdate(()))  # empty charts that say why they are empty
         if self._unreachable is not None:
             self._show_unreachable()
-        self.app.main_mounted()
+        self.ernie_app.main_mounted()
 
     def on_resize(self, event: Resize) -> None:
         self.set_class(event.size.height < COMPACT_HEIGHT, "-compact")
@@ -353,13 +363,13 @@ class MainScreen(Screen):
         return True
 
     def action_start(self) -> None:
-        self.app.request_start()
+        self.ernie_app.request_start()
 
     def action_stop(self) -> None:
-        self.app.request_stop()
+        self.ernie_app.request_stop()
 
     def action_restart(self) -> None:
-        self.app.request_restart()
+        self.ernie_app.request_restart()
 
     def action_switch(self, number: int) -> None:
         names = self.preset_names
@@ -367,30 +377,30 @@ class MainScreen(Screen):
             self.notify(f"no preset {number}: there are {len(names)}", severity="warning", timeout=3)
             return
         self.query_one(PresetsPanel).highlight(names[number - 1])
-        self.app.request_switch(names[number - 1])
+        self.ernie_app.request_switch(names[number - 1])
 
     @on(PresetsPanel.Chosen)
     def _chosen(self, event: PresetsPanel.Chosen) -> None:
         if self.mode == "control":
-            self.app.request_switch(event.name)
+            self.ernie_app.request_switch(event.name)
 
     def action_edit(self) -> None:
-        self.app.request_edit(self.highlighted_preset)
+        self.ernie_app.request_edit(self.highlighted_preset)
 
     def action_command(self) -> None:
-        self.app.show_command_line(self.highlighted_preset)
+        self.ernie_app.show_command_line(self.highlighted_preset)
 
     def action_fix(self) -> None:
-        self.app.request_fix()
+        self.ernie_app.request_fix()
 
     def action_probe(self) -> None:
-        self.app.open_probe()
+        self.ernie_app.open_probe()
 
     def action_sweep(self) -> None:
-        self.app.open_sweep()
+        self.ernie_app.open_sweep()
 
     def action_help(self) -> None:
-        self.app.open_help()
+        self.ernie_app.open_help()
 
     def action_quit(self) -> None:
-        self.app.request_quit()
+        self.ernie_app.request_quit()

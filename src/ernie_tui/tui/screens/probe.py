@@ -21,7 +21,7 @@ from textual.css.query import NoMatches
 from textual.screen import Screen
 from textual.widgets import Button, Static, TabbedContent, TabPane
 
-from ernie_tui.engine_ctl.load import BurstResult, ProbeResult, ServedModel
+from ernie_tui.engine_ctl.load import BurstResult, ProbeFailure, ProbeResult, ServedModel, resolve_model
 from ernie_tui.presets import PresetError
 from ernie_tui.tui.failures import ShowsWorkerFailures
 from ernie_tui.tui.lifecycle import drop_when_torn_down
@@ -125,8 +125,6 @@ class ProbeScreen(ShowsWorkerFailures, Screen[None]):
     # -- model info ------------------------------------------------------------------
     @work(thread=True, group="pf-model", exit_on_error=False)
     def _fetch_model(self) -> None:
-        from ernie_tui.engine_ctl.load import ProbeFailure, resolve_model
-
         try:
             served = resolve_model(self.url, None, self.api_key)
         except ProbeFailure as exc:

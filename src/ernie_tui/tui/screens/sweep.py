@@ -41,6 +41,7 @@ from textual.screen import Screen
 from textual.widgets import Button, Checkbox, DataTable, Input, Label, ProgressBar, SelectionList, Static
 from textual.widgets.selection_list import Selection
 
+from ernie_tui import paths
 from ernie_tui.engine_ctl.control import (
     CAPACITY_COLUMNS,
     COLUMNS,
@@ -50,10 +51,13 @@ from ernie_tui.engine_ctl.control import (
     SweepRow,
     SweepRun,
     cell,
+    export_sweep,
     fold,
+    run_sweep,
     sweep_meta,
 )
-from ernie_tui.engine_ctl.load import BurstConfig, RunStoreError
+from ernie_tui.engine_ctl.launch import detect_machine, gpus_needed
+from ernie_tui.engine_ctl.load import BurstConfig, RunStoreError, front_of_rows, limit_ms, make_search, save_run
 from ernie_tui.presets import PresetError
 from ernie_tui.tui.failures import ShowsWorkerFailures
 from ernie_tui.tui.lifecycle import drop_when_torn_down
@@ -122,8 +126,6 @@ def describe_event(ev: dict[str, Any], repeat: int) -> str:
 def cannot_run_here(preset, machine) -> str | None:
     """Why `preset` cannot run on `machine` (preflight's machine facts), in a
     few words, or None: a preset written for more GPUs than there are."""
-    from ernie_tui.engine_ctl.launch import gpus_needed
-
     if machine is None:
         return None
     try:
@@ -265,8 +267,6 @@ class SweepScreen(ShowsWorkerFailures, Screen[None]):
 
     @work(thread=True, group="sweep-machine", exit_on_error=False)
     def _detect_machine(self) -> None:
-        from ernie_tui.engine_ctl.launch import detect_machine
-
         self.post_message(MachineFacts(detect_machine()))
 
     @on(MachineFacts)
@@ -357,7 +357,6 @@ class SweepScreen(ShowsWorkerFailures, Screen[None]):
         checked as `sweep --capacity` checks its options (ValueError)."""
         if not self.query_one("#sw-capacity", Checkbox).value:
             return None
-        from ernie_tui.engine_ctl.load import make_search
 
         q = self.query_one
         slo, search, rules = make_search(
@@ -462,9 +461,6 @@ class SweepScreen(ShowsWorkerFailures, Screen[None]):
     @work(thread=True, group="sweep", exit_on_error=False)
     def _worker(self, plan: SweepPlan, config: BurstConfig, cancel: threading.Event,
                 capacity: CapacitySweep | None = None) -> None:
-        from ernie_tui import paths
-        from ernie_tui.engine_ctl.control import run_sweep
-
         log_dir = paths.state_dir() / "sweep-logs" / time.strftime("%Y%m%d-%H%M%S")
         done: list[SweepRun] = []
 
@@ -488,8 +484,6 @@ class SweepScreen(ShowsWorkerFailures, Screen[None]):
         record = None
         if runs:
             try:
-                from ernie_tui.engine_ctl.load import save_run
-
                 rec = save_run("sweep", {"meta": sweep_meta([p.name for p in plan.presets], plan.repeat, config, runs,
                                                              capacity=capacity), "runs": runs},
                                notes=" ".join(p.name for p in plan.presets))
@@ -528,8 +522,6 @@ class SweepScreen(ShowsWorkerFailures, Screen[None]):
 
     def _redraw_chart(self) -> None:
         """Every preset's curve (one per repeat), the Pareto front's marked."""
-        from ernie_tui.engine_ctl.load import limit_ms
-
         capacity_at = {(r.preset, r.repeat): int(r.capacity_concurrency) for r in self.runs
                        if r.capacity_concurrency}
         curves = [CapacityCurve(name if self.repeat == 1 else f"{name} r{repeat + 1}", levels,
@@ -588,8 +580,6 @@ class SweepScreen(ShowsWorkerFailures, Screen[None]):
         self._say(text)
 
     def _refresh_table(self) -> None:
-        from ernie_tui.engine_ctl.load import front_of_rows
-
         self.rows = fold(self.runs, self.names or [r.preset for r in self.runs])
         capacity = self._table_capacity
         self.front = front_of_rows(self.rows) if capacity else set()
@@ -614,8 +604,6 @@ class SweepScreen(ShowsWorkerFailures, Screen[None]):
 
     # -- export -----------------------------------------------------------------------------------
     def export(self, path: str | None = None) -> Path | None:
-        from ernie_tui.engine_ctl.control import export_sweep
-
         raw = (path or self.query_one("#sw-path", Input).value).strip()
         if not self.rows:
             self.notify("nothing to export yet: run a sweep first", severity="warning", timeout=4)

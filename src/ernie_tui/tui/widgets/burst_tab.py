@@ -26,7 +26,17 @@ from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.content import Content
 from textual.widgets import Button, Checkbox, Input, ProgressBar, Static
 
-from ernie_tui.engine_ctl.load import BurstConfig, BurstResult, RunStoreError
+from ernie_tui.engine_ctl.control import EngineMemory
+from ernie_tui.engine_ctl.load import (
+    BurstConfig,
+    BurstResult,
+    RunStoreError,
+    format_burst,
+    make_search,
+    request_setup,
+    run_burst,
+    run_capacity,
+)
 from ernie_tui.tui.failures import ShowsWorkerFailures
 from ernie_tui.tui.lifecycle import drop_when_torn_down
 from ernie_tui.tui.messages import (
@@ -46,8 +56,6 @@ DEFAULT_SLO = "ttft_p99=500ms itl_p99=50ms"
 
 def describe_burst(r: BurstResult) -> Content:
     """The figures of a finished burst, the CLI's wording."""
-    from ernie_tui.engine_ctl.load import format_burst
-
     head = f"{r.completed} of {r.total} ok · {r.failed} failed · {r.not_sent} not sent"
     if r.cancelled:
         head += " · cancelled"
@@ -228,9 +236,6 @@ class BurstTab(ShowsWorkerFailures, Vertical):
     @work(thread=True, group="pf-burst", exit_on_error=False)
     def _burst_worker(self, run: int, config: BurstConfig, cancel: threading.Event,
                       pids: Callable[[], list[int]] | None, preset: Any, report: Any) -> None:
-        from ernie_tui.engine_ctl.control import EngineMemory
-        from ernie_tui.engine_ctl.load import run_burst
-
         counts = {"ok": 0, "failed": 0}
 
         def on_request(rec) -> None:
@@ -310,8 +315,6 @@ class BurstTab(ShowsWorkerFailures, Vertical):
         """(objectives, SearchConfig, LevelRules, prompt shape, RequestSettings)
         from the fields, checked by the same functions as the command line's
         options. ValueError in plain words."""
-        from ernie_tui.engine_ctl.load import make_search, request_setup
-
         q = self.query_one
         slo, search, rules = make_search(
             q("#pf-cap-slo", Input).value, start=read_int(q("#pf-cap-start", Input), "start C"),
@@ -348,8 +351,6 @@ class BurstTab(ShowsWorkerFailures, Vertical):
     @work(thread=True, group="pf-capacity", exit_on_error=False)
     def _capacity_worker(self, run: int, slo: list, search: Any, rules: Any, cfg: BurstConfig, settings: Any,
                          cancel: threading.Event, preset: Any, report: Any) -> None:
-        from ernie_tui.engine_ctl.load import run_capacity
-
         def progress(ev: dict[str, Any]) -> None:
             kind = ev.get("event")
             if kind == "level_start":

@@ -38,9 +38,13 @@ from ernie_tui.engine_ctl.load import (
     SHORT_PROMPT,
     ProbeError,
     ProbeErrorKind,
+    ProbeFailure,
     ProbeRequest,
     ProbeResult,
     ServedModel,
+    find_tokenizer,
+    long_prompt,
+    run_probe,
 )
 from ernie_tui.tui.failures import ShowsWorkerFailures
 from ernie_tui.tui.lifecycle import drop_when_torn_down
@@ -226,8 +230,6 @@ class ProbeTab(ShowsWorkerFailures, Vertical):
 
     @work(thread=True, group="pf-long", exit_on_error=False)
     def _build_long(self) -> None:
-        from ernie_tui.engine_ctl.load import ProbeFailure, find_tokenizer, long_prompt
-
         t = self.target
         try:
             if t.tokenizer is None:
@@ -320,8 +322,6 @@ class ProbeTab(ShowsWorkerFailures, Vertical):
 
     @work(thread=True, group="pf-probe", exit_on_error=False)
     def _worker(self, run: int, request: ProbeRequest, cancel: threading.Event) -> None:
-        from ernie_tui.engine_ctl.load import run_probe
-
         pump = _TextPump(self.post_message, run)
         try:
             result = run_probe(self.target.url, request=request, api_key=self.target.api_key, on_text=pump,

@@ -9,7 +9,7 @@ from textual.containers import Horizontal, Vertical
 from textual.content import Content
 from textual.widgets import Label, ProgressBar, Static
 
-from ernie_tui.engine_ctl.logs import PHASES, parallel_ranks
+from ernie_tui.engine_ctl.logs import PHASES, parallel_ranks, parser_error_notice
 from ernie_tui.tui import format as fmt
 
 PHASE_LABEL = {
@@ -160,6 +160,9 @@ class ReportPanel(Vertical):
                 parts.append((f"  {err:+.1f}% vs the log", "$success" if abs(err) <= 10 else "bold $warning"))
             parts.append(("  (preflight)", "dim"))
             rows.append(_row("estimate", *parts))
+        notice = parser_error_notice(r)
+        if notice:  # the log parser's own bug: a field may be missing above
+            rows.append(_row("parser", (notice, "bold $error")))
         # No layout pass: the body has a fixed height (1fr of the panel, the
         # stylesheet), so more or fewer rows never move anything else. With
         # height auto, a log flood that keeps changing the report (4 times a
