@@ -51,7 +51,12 @@ def check_out(paths: list[str]) -> None:
 def write_from_refs(refs: list[str], outs: list[str], csv_path: str | None = None, title: str | None = None,
                     runs_dir: str | None = None) -> list[str]:
     """Load the runs and write each file; the paths written. CliError on failure."""
-    from ernie_tui.engine_ctl.report import ReportError, load_report_data, write_csv, write_report  # lazy: --help start-up
+    from ernie_tui.engine_ctl.report import (  # lazy: --help start-up
+        ReportError,
+        load_report_data,
+        write_csv,
+        write_report,
+    )
 
     try:
         data = load_report_data(refs, runs_dir)
