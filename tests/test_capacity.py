@@ -4,6 +4,7 @@ stand-in (tests/paced_server.py), and one short search on real vLLM (CPU)."""
 
 from __future__ import annotations
 
+import heapq
 import json
 import random
 import subprocess
@@ -46,8 +47,9 @@ class SimServer:
             mon = C.LevelMonitor(c, slo, rules)
             service = self.ttft + (self.tokens - 1) * self.itl
             overload = max(0.0, c / self.slots - 1.0)
-            elapsed = 0.0
-            while True:
+            heap: list = []
+
+            def launch(t: float) -> None:
                 ttft = self.ttft * (1 + 0.2 * rng.random())
                 if overload:
                     # Past its slots every request queues for about half a request or more.
@@ -55,17 +57,27 @@ class SimServer:
                 if rng.random() < self.edge.get(c, 0.0):
                     ttft = 10 * self.ttft
                 itls = [self.itl * (1 + 0.2 * rng.random()) for _ in range(self.tokens - 1)]
-                mon.add(S.RequestOutcome(ok=True, ttft_s=ttft, itls=itls, latency_s=ttft + sum(itls),
-                                         completion_tokens=self.tokens))
-                elapsed += service / min(c, self.slots)
-                reason = mon.stop_reason(elapsed)
+                # Wall time of a request: c in flight share min(c, slots) slots.
+                wall = service * max(1.0, c / self.slots) * (0.9 + 0.2 * rng.random())
+                mon.started(t)
+                heapq.heappush(heap, (t + wall, t, S.RequestOutcome(
+                    ok=True, ttft_s=ttft, itls=itls, latency_s=ttft + sum(itls), completion_tokens=self.tokens,
+                    start_s=t, end_s=t + wall)))
+
+            for _ in range(c):
+                launch(0.0)
+            while True:
+                end, _start, outcome = heapq.heappop(heap)
+                mon.add(outcome)
+                reason = mon.stop_reason(end)
                 if reason:
                     break
+                launch(end)
             server = {}
             if self.metrics:
                 server = {"waiting_mean": float(max(0, c - self.slots)), "waiting_peak": float(max(0, c - self.slots)),
                           "kv_cache_peak_pct": 100.0 * min(c, self.slots) / self.slots}
-            return mon.result(elapsed, reason, server)
+            return mon.result(end, reason, server)
         return run
 
 
@@ -126,11 +138,14 @@ def test_levels_stop_early_when_decided():
     sim = SimServer(4)
     res = C.search(sim.runner(SLO, RULES), SLO, C.SearchConfig())
     failing = res.level(8)
-    # Clearly failing: decided at the minimum (20 requests, or 2 x concurrency).
+    # Grossly failing (even the lower bound past twice the limit): decided at
+    # the minimum, before its windows (20 requests).
     assert failing.stop == "decided" and failing.requests == 20 and not failing.passed
-    # Passing a p90 needs ~29 requests for its upper bound at 95 %.
+    # Passing needs its steady state: the warm-up, then min_windows windows
+    # that agree, every request of them counted.
     passing = res.level(4)
-    assert passing.stop == "decided" and 29 <= passing.requests < 40
+    assert passing.stop == "decided" and passing.windows == C.DEFAULT_MIN_WINDOWS and passing.stable
+    assert passing.warmup_s > 0 and passing.seconds == pytest.approx(passing.windows * passing.window_s)
 
 
 def test_undecided_level_is_marked_and_goes_by_its_estimate():
@@ -140,7 +155,8 @@ def test_undecided_level_is_marked_and_goes_by_its_estimate():
     rules = C.LevelRules(min_requests=20, max_requests=60, time_cap_s=600)
     res = C.search(sim.runner(SLO, rules), SLO, C.SearchConfig())
     lv = res.level(8)
-    assert lv.verdict == S.UNDECIDED and not lv.decided and lv.stop == "max_requests" and lv.requests == 60
+    # (max requests counts only from the third window on: a level is never shorter than its windows)
+    assert lv.verdict == S.UNDECIDED and not lv.decided and lv.stop == "max_requests" and lv.requests >= 60
     assert lv.passed == (lv.objectives[0]["value_ms"] <= 40.0 and lv.objectives[1]["value_ms"] <= 20.0)
     assert any(o["verdict"] == S.UNDECIDED for o in lv.objectives)
     assert res.capacity is not None  # the search went on past it
