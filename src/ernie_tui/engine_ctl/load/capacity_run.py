@@ -260,7 +260,8 @@ class HttpLevelRunner:
         reason: list[str] = []
         in_row = 0  # transport failures in a row
         t0 = 0.0
-        late = [0, 0.0]  # sends behind schedule, the worst lag (s)
+        late_n = 0  # sends behind schedule
+        late_max = 0.0  # the worst lag (s)
         tasks: set[asyncio.Future] = set()
         key = "rate" if rate else "concurrency"
 
@@ -295,6 +296,7 @@ class HttpLevelRunner:
                 await one(client)
 
         async def sender(client) -> None:  # open loop: on schedule
+            nonlocal late_n, late_max
             for due in arrival_times(float(load), self.arrivals, self.seed * 1009 + self._levels):
                 if stop.is_set():
                     return
@@ -307,8 +309,8 @@ class HttpLevelRunner:
                         pass
                 lag = (time.perf_counter() - t0) - due
                 if lag > C.LATE_SEND_S:
-                    late[0] += 1
-                    late[1] = max(late[1], lag)
+                    late_n += 1
+                    late_max = max(late_max, lag)
                 t = asyncio.ensure_future(one(client))
                 tasks.add(t)
                 t.add_done_callback(tasks.discard)
@@ -370,9 +372,9 @@ class HttpLevelRunner:
                 # counted: cancel it (vLLM aborts it) instead of draining it
                 # at a lighter load.
                 stop.set()
-                pending = list(tasks) + ([feeder] if feeder is not None else [])
-                for t in pending:
-                    t.cancel()
+                pending: list[asyncio.Future] = list(tasks) + ([feeder] if feeder is not None else [])
+                for fut in pending:
+                    fut.cancel()
                 await asyncio.gather(*pending, return_exceptions=True)
         elapsed = max(time.perf_counter() - t0, 1e-9)
         if sampler is not None:
@@ -395,10 +397,10 @@ class HttpLevelRunner:
             stop_reason = "server_down"
         res = monitor.result(elapsed, stop_reason, server)
         if rate:
-            res.late_sends, res.late_send_max_ms = late[0], round(late[1] * 1000.0, 3)
-            if late[0]:
-                res.warnings.append(f"{late[0]} requests were sent more than {C.LATE_SEND_S * 1000:.0f} ms after "
-                                    f"their time (up to {late[1] * 1000:.0f} ms): the client could not keep up")
+            res.late_sends, res.late_send_max_ms = late_n, round(late_max * 1000.0, 3)
+            if late_n:
+                res.warnings.append(f"{late_n} requests were sent more than {C.LATE_SEND_S * 1000:.0f} ms after "
+                                    f"their time (up to {late_max * 1000:.0f} ms): the client could not keep up")
         return res
 
 

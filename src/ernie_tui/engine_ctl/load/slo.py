@@ -396,7 +396,7 @@ def share_bounds(hits: Sequence[int], counts: Sequence[int], confidence: float
     from the spread between blocks (batch means, Student-t with blocks - 1
     degrees of freedom). Blocks with no values are left out; with fewer than
     two blocks the bounds are (0, 1)."""
-    pairs = [(h, n) for h, n in zip(hits, counts) if n > 0]
+    pairs = [(h, n) for h, n in zip(hits, counts, strict=True) if n > 0]
     total = sum(n for _, n in pairs)
     if not total:
         return None, None, None
@@ -470,7 +470,7 @@ def evaluate_blocks(blocks: Sequence[Sequence[RequestOutcome]], slo: Sequence[Ob
             att_verdict = FAIL
         elif lo is not None and lo >= attainment_target:
             att_verdict = PASS
-        elif met_per and all(m == n for m, n in zip(met_per, n_per)):
+        elif met_per and all(m == n for m, n in zip(met_per, n_per, strict=True)):
             att_verdict = PASS  # every request met the SLO in every window
         else:
             att_verdict = UNDECIDED
