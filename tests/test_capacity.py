@@ -256,7 +256,8 @@ def test_cli_capacity_finds_the_paced_servers_slots(paced, capsys):
     assert out["capacity"]["goodput_rps"] == pytest.approx(at3["goodput_rps"])
     assert 6 < out["capacity"]["goodput_rps"] < 11  # 3 slots / ~0.32 s
     assert out["capacity"]["goodput_output_tps"] == pytest.approx(16 * out["capacity"]["goodput_rps"], rel=0.01)
-    assert at3["kv_cache_peak_pct"] == 100.0 and at3["vllm"]["requests_finished"] == at3["requests"]
+    # (vLLM's window spans the whole level: its warm-up and the window not counted too)
+    assert at3["kv_cache_peak_pct"] == 100.0 and at3["vllm"]["requests_finished"] >= at3["requests"]
     assert 15 < at3["itl_p50_ms"] < 30 and 15 < at3["vllm"]["itl_p50_ms"] < 30
     at4 = out["levels"][2]
     assert at4["waiting_peak"] >= 1 and at4["ttft_p99_ms"] > 250 and at4["vllm"]["ttft_p99_ms"] > 250

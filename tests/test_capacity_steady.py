@@ -11,6 +11,7 @@ treat requests as independent) all three passed a level that fails.
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import threading
@@ -94,3 +95,107 @@ def test_correlated_slow_seconds_are_not_averaged_away_by_independent_bounds(pac
                 "--stall-ms", "400")
     lv = one_level(url, "ttft_p90=300ms", 8)
     assert not lv.passed, lv
+
+
+# -- open loop: the request rate ------------------------------------------------------
+
+def test_arrival_schedules():
+    from itertools import islice
+
+    even = list(islice(R.arrival_times(4.0, "constant"), 5))
+    assert even == pytest.approx([0.0, 0.25, 0.5, 0.75, 1.0])
+    poisson = list(islice(R.arrival_times(10.0, "poisson", seed=3), 2001))
+    gaps = [b - a for a, b in zip(poisson, poisson[1:], strict=False)]
+    assert sum(gaps) / len(gaps) == pytest.approx(0.1, rel=0.1)
+    assert max(gaps) > 3 * min(gaps)  # bursts and lulls, not a metronome
+    assert list(islice(R.arrival_times(10.0, "poisson", seed=3), 5)) == poisson[:5]  # seeded
+
+
+def test_rate_search_on_a_simulated_open_loop():
+    # Pure: a server that keeps up to 20 req/s; past it the queue (and TTFT) grows.
+    slo = S.parse_slo(["ttft_p90=100ms"])
+    rules = C.LevelRules(min_requests=10, max_requests=300, time_cap_s=60)
+    calls = []
+
+    def run(rate: float) -> C.LevelResult:
+        calls.append(rate)
+        mon = C.LevelMonitor(rate, slo, rules, rate=True)
+        t, backlog, k = 0.0, 0.0, 0
+        while True:
+            k += 1
+            t = k / rate
+            backlog = max(0.0, backlog + 1.0 / 20.0 - 1.0 / rate)
+            ttft = 0.02 + backlog
+            mon.started(t)
+            mon.add(S.RequestOutcome(ok=True, ttft_s=ttft, latency_s=ttft + 0.15, itls=[0.01] * 15,
+                                     completion_tokens=16, start_s=t, end_s=t + ttft + 0.15))
+            r = mon.stop_reason(t + ttft + 0.15)
+            if r:
+                return mon.result(t, r)
+
+    res = C.search(run, slo, C.SearchConfig(mode="rate", start_rate=2.0, max_rate=200.0, tolerance=0.1))
+    assert res.mode == "rate" and res.stop_reason == "bracketed"
+    assert calls[:5] == [2.0, 4.0, 8.0, 16.0, 32.0]
+    assert 18.0 <= res.capacity["rate"] <= 20.0 and res.capacity_load == res.capacity["rate"]
+    assert all(lv.rate == c and lv.concurrency is None for lv, c in zip(res.levels, calls, strict=True))
+    assert "capacity: rate " in C.format_capacity(res) and "req/s" in C.format_capacity(res)
+    back = C.capacity_from_dict(json.loads(json.dumps(res.to_dict())))
+    assert back.mode == "rate" and back.level(res.capacity["rate"]).passed
+
+
+def test_cli_rate_capacity_on_the_paced_stand_in(paced, capsys):
+    # 4 slots, ~170 ms a request: it keeps up with ~23 req/s; past that the
+    # queue grows with every second and TTFT with it.
+    from ernie_tui.cli import main
+
+    url = paced("--slots", "4", "--ttft-ms", "20", "--itl-ms", "10")
+    code = main(["probe", "--url", url, "--capacity", "--rate", "--start-rate", "8", "--slo", "ttft_p90=150ms",
+                 "--max-tokens", "16", "--min-tokens", "10", "--max-tokens-in", "40", "--level-time", "15",
+                 "--tolerance", "0.3", "--json", "--no-save"])
+    out = json.loads(capsys.readouterr().out)
+    assert code == 0, out
+    assert out["mode"] == "rate" and out["config"]["search"]["mode"] == "rate"
+    assert [lv["rate"] for lv in out["levels"]][:2] == [8.0, 16.0]
+    assert 12.0 <= out["capacity"]["rate"] <= 24.0, out["capacity"]
+    for lv in out["levels"]:
+        assert lv["concurrency"] is None and lv["late_sends"] is not None and lv["windows"] is not None
+    assert out["capacity"]["attainment"] >= out["config"]["level"]["attainment_target"]
+
+
+def test_old_capacity_records_still_load():
+    old = {"slo": ["ttft_p99=1s"], "capacity": {"concurrency": 4, "goodput_rps": 3.0, "goodput_output_tps": 48.0,
+                                                 "ttft_p99_ms": 50.0, "itl_p99_ms": 10.0, "attainment": 1.0,
+                                                 "decided": True},
+           "levels": [{"concurrency": 4, "requests": 40, "passed": True, "ttft_p99_ms": 50.0}],
+           "stop_reason": "bracketed", "stop_message": "", "seconds": 9.0, "config": {}}
+    r = C.capacity_from_dict(old)
+    assert r.mode == "concurrency" and r.capacity_load == 4.0 and r.level(4).requests == 40
+    assert "capacity: concurrency 4" in C.format_capacity(r)
+
+
+def test_each_capacity_default_has_one_home():
+    # The literals live in load/capacity.py only; the CLI and both forms read them.
+    import argparse
+    import re
+
+    src = HERE.parent / "src" / "ernie_tui"
+    homes = [p for p in src.rglob("*.py") if re.search(r"^\s*DEFAULT_SLO\s*=", p.read_text(), re.M)]
+    assert homes == [src / "engine_ctl" / "load" / "capacity.py"]
+    assert not [p for p in src.rglob("*.py") if re.search(r'Input\(\s*"ttft_', p.read_text())]
+    for form in ("tui/widgets/burst_tab.py", "tui/screens/sweep.py"):
+        text = (src / form).read_text()
+        for field_id in ("cap-start", "cap-maxc", "cap-tol", "cap-minr", "cap-maxr", "cap-time"):
+            m = re.search(rf'"(?:pf|sw)-{field_id}", ([^)]*)\)', text)
+            assert m and "DEFAULT_" in m.group(1), (form, field_id)
+    from ernie_tui.cli.capacity_args import add_capacity_args
+
+    p = argparse.ArgumentParser()
+    add_capacity_args(p)
+    d = p.parse_args([])
+    rules, search = C.LevelRules(), C.SearchConfig()
+    assert (d.start_concurrency, d.max_concurrency, d.tolerance) == (search.start, search.max_concurrency,
+                                                                     search.tolerance)
+    assert (d.min_requests, d.max_requests, d.level_time, d.attainment, d.stability, d.min_windows) == (
+        rules.min_requests, rules.max_requests, rules.time_cap_s, rules.attainment_target, rules.stability,
+        rules.min_windows)
+    assert (d.start_rate, d.max_rate, d.arrivals) == (search.start_rate, search.max_rate, search.arrivals)
