@@ -115,7 +115,8 @@ def describe_event(ev: dict[str, Any], repeat: int) -> str:
         ce = ev["capacity_event"]
         if ce.get("event") == "level_done":
             lv = ce["level"]
-            phase = (f"capacity search: concurrency {lv.concurrency} {'pass' if lv.passed else 'fail'}"
+            load = f"rate {lv.rate:g} req/s" if lv.rate is not None else f"concurrency {lv.concurrency}"
+            phase = (f"capacity search: {load} {'pass' if lv.passed else 'fail'}"
                      f"{'' if lv.decided else ' (undecided)'}, {lv.requests} requests")
         elif ce.get("event") == "level_progress":
             phase = (f"capacity search: concurrency {ce.get('concurrency')}, {ce.get('requests')} requests in "

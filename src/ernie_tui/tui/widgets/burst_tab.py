@@ -355,10 +355,11 @@ class BurstTab(ShowsWorkerFailures, Vertical):
 
         def progress(ev: dict[str, Any]) -> None:
             kind = ev.get("event")
+            load: Any = ev.get("concurrency") if ev.get("rate") is None else ev["rate"]  # (open loop: a rate)
             if kind == "level_start":
-                self.post_message(CapacityLevelStart(run, ev["concurrency"], ev["index"]))
+                self.post_message(CapacityLevelStart(run, load, ev["index"]))
             elif kind == "level_progress":
-                self.post_message(CapacityLevelProgress(run, ev["concurrency"], ev["requests"], ev["elapsed_s"]))
+                self.post_message(CapacityLevelProgress(run, load, ev["requests"], ev["elapsed_s"]))
             elif kind == "level_done":
                 self.post_message(CapacityLevelDone(run, ev["level"], ev.get("low_pass"), ev.get("high_fail")))
 

@@ -36,7 +36,8 @@ def level_cells(lv: Any) -> list[Any]:
     """One row of the level table."""
     att = "–" if lv.attainment is None else f"{lv.attainment * 100:.1f}%"
     verdict = Text(level_verdict(lv), style="bold green" if lv.passed else "bold red")
-    return [str(lv.concurrency), str(lv.requests), _num(lv.requests_per_s, ".2f"), _num(lv.output_tps),
+    load = f"{lv.rate:g}/s" if getattr(lv, "rate", None) is not None else str(lv.concurrency)
+    return [load, str(lv.requests), _num(lv.requests_per_s, ".2f"), _num(lv.output_tps),
             _num(lv.ttft_p50_ms), _num(lv.ttft_p99_ms), _num(lv.itl_p50_ms), _num(lv.itl_p99_ms), att, verdict]
 
 
@@ -45,8 +46,10 @@ def describe_capacity(result: Any) -> Content:
     it stopped, and its warnings."""
     c = result.capacity
     if c:
+        rate = c.get("rate") if getattr(result, "mode", "concurrency") == "rate" else None
         head = Content.assemble(
-            ("capacity: concurrency ", "dim"), (str(c["concurrency"]), "bold $success"),
+            ("capacity: rate " if rate is not None else "capacity: concurrency ", "dim"),
+            (f"{rate:g} req/s" if rate is not None else str(c["concurrency"]), "bold $success"),
             ("" if c.get("decided", True) else " (its level was undecided at a cap)", "$warning"),
             ("  · goodput ", "dim"), (f"{_num(c['goodput_rps'], '.2f')} req/s", "bold"),
             (", ", "dim"), (f"{_num(c['goodput_output_tps'])} output tok/s", "bold"),
