@@ -44,12 +44,16 @@ def paced():
         p.wait(10)
 
 
+EVENTS: list[dict] = []
+
+
 def one_level(url: str, slo: str, concurrency: int, *, min_tokens: int = 10, max_tokens_in: int = 40,
               max_tokens: int = 16, rules: C.LevelRules | None = None) -> C.LevelResult:
     cfg, settings = R.request_setup(min_tokens=min_tokens, max_tokens_in=max_tokens_in, max_tokens=max_tokens)
     cancel = threading.Event()
 
     def progress(ev: dict) -> None:  # one level only: a failed one would bisect down
+        EVENTS.append(ev)
         if ev["event"] == "level_done":
             cancel.set()
 
@@ -82,8 +86,14 @@ def test_slow_requests_that_come_back_last_are_counted(paced):
     # A level that stops on the first ~60 requests to come back sees only
     # fast ones: the slow are still out.
     url = paced("--ttft-ms", "20", "--itl-ms", "10", "--slow-every", "16", "--slow-ms", "4000")
+    EVENTS.clear()
     lv = one_level(url, "ttft_p95=300ms", 8, rules=C.LevelRules(max_requests=200, time_cap_s=30))
     assert not lv.passed, lv
+    # Progress while the level runs: requests done, in flight, elapsed, provisional figures.
+    live = [e for e in EVENTS if e["event"] == "level_progress"]
+    assert live and live[0]["phase"] == "warm-up" and live[0]["concurrency"] == 8
+    assert {"requests", "in_flight", "elapsed_s", "windows", "ttft_p99_ms", "itl_p99_ms", "attainment"} <= set(live[0])
+    assert [e["elapsed_s"] for e in live] == sorted(e["elapsed_s"] for e in live)
 
 
 def test_correlated_slow_seconds_are_not_averaged_away_by_independent_bounds(paced):

@@ -32,7 +32,7 @@ def add_capacity_args(p: argparse.ArgumentParser) -> None:
         "level is measured in its steady state: a warm-up, not counted, until every request sent before the "
         "first answer came back has ended; then windows of time (each as long as the warm-up, at least 1 s), "
         "every request counted in the window it was sent in, to its end. A verdict needs --min-windows "
-        "windows whose mean latencies agree within --stability, and confidence from batch means over the "
+        "windows whose median latencies agree within --stability, and confidence from batch means over the "
         "windows (requests of one window share its batches, so they are not independent); a grossly "
         "failing level stops at once. A level still open at --max-requests or --level-time goes by its "
         "point estimates and is marked undecided. "
@@ -76,7 +76,7 @@ def add_capacity_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--min-windows", type=int, default=DEFAULT_MIN_WINDOWS, metavar="N",
                    help=f"windows that must agree before a verdict (default {DEFAULT_MIN_WINDOWS})")
     g.add_argument("--stability", type=float, default=DEFAULT_STABILITY, metavar="F",
-                   help=f"the windows' mean latencies each within F of their average (default {DEFAULT_STABILITY:g})")
+                   help=f"the windows' median E2E each within F of their average (default {DEFAULT_STABILITY:g})")
     g.add_argument("--confidence", type=float, default=DEFAULT_CONFIDENCE, metavar="P",
                    help=f"confidence of each bound (default {DEFAULT_CONFIDENCE:g})")
 

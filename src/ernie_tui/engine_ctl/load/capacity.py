@@ -99,7 +99,7 @@ class LevelRules:
     attainment_target: float = DEFAULT_ATTAINMENT
     # Steady state: windows before a verdict, the shortest window (a window
     # is as long as the warm-up, one request's life under this load, within
-    # [window_s, time_cap_s / 8]), and how far the windows' mean latencies
+    # [window_s, time_cap_s / 8]), and how far the windows' median latencies
     # may stray from their average for the level to count as stable.
     min_windows: int = DEFAULT_MIN_WINDOWS
     window_s: float = DEFAULT_WINDOW_S
@@ -240,7 +240,7 @@ class LevelResult:
     window_s: float | None = None
     windows: int | None = None
     stable: bool | None = None
-    window_e2e_ms: list[float] | None = None  # each window's mean E2E (the stability check's figures)
+    window_e2e_ms: list[float] | None = None  # each window's median E2E (the stability check's figures)
     late_sends: int | None = None  # open loop: requests sent more than 10 ms after their time
     late_send_max_ms: float | None = None
 
@@ -347,15 +347,17 @@ class LevelMonitor:
         return [o for blk in self.blocks() for o in blk]
 
     def window_means(self, blocks: list[list[S.RequestOutcome]] | None = None) -> list[float | None]:
+        """Each window's median E2E (a median: one request held up by a busy
+        client must not make a steady level look unstable)."""
         blocks = self.blocks() if blocks is None else blocks
         out: list[float | None] = []
         for blk in blocks:
             lat = [o.latency_s for o in blk if o.ok and o.latency_s is not None]
-            out.append(sum(lat) / len(lat) if lat else None)
+            out.append(stats.percentile(lat, 50) if lat else None)
         return out
 
     def _stable(self, blocks: list[list[S.RequestOutcome]]) -> bool:
-        """The last min_windows windows' mean E2E each within `stability` of their average."""
+        """The last min_windows windows' median E2E each within `stability` of their average."""
         k = self.rules.min_windows
         means = self.window_means(blocks[-k:])
         if len(means) < k or any(m is None for m in means):
