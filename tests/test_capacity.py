@@ -138,9 +138,10 @@ def test_levels_stop_early_when_decided():
     sim = SimServer(4)
     res = C.search(sim.runner(SLO, RULES), SLO, C.SearchConfig())
     failing = res.level(8)
-    # Grossly failing (even the lower bound past twice the limit): decided at
-    # the minimum, before its windows (20 requests).
-    assert failing.stop == "decided" and failing.requests == 20 and not failing.passed
+    # Grossly failing (even the lower bound past twice the limit): decided on
+    # the minimum (20) sent after the warm-up, before its windows.
+    assert failing.stop == "decided" and failing.windows == 0 and not failing.passed
+    assert failing.requests == failing.warmup_requests + 20
     # Passing needs its steady state: the warm-up, then min_windows windows
     # that agree, every request of them counted.
     passing = res.level(4)

@@ -283,6 +283,7 @@ class LevelMonitor:
         self.windows = 0  # complete windows
         self.stable = False
         self._gross_checked = 0
+        self.gross = False  # decided failed on everything answered after the warm-up
         self._failed = 0
 
     # -- feeding
@@ -372,15 +373,23 @@ class LevelMonitor:
         if n >= self.min_requests and self._failed > self.rules.max_error_share * n:
             return "errors"
         # Grossly over (even the independent-sample lower bound is past twice a
-        # limit, over everything answered so far): no need to wait for windows.
-        if n >= max(self.min_requests, 10) and n - self._gross_checked >= max(1, n // 10):
-            self._gross_checked = n
-            quick = S.evaluate(self.outcomes, self.slo, self.rules.confidence, 0.0)
-            if any(o.verdict == S.FAIL and o.low_ms is not None and o.low_ms > 2 * o.limit_ms
-                   for o in quick.objectives):
-                self.evaluation = quick
-                return "decided"
-        if self._advance(now):
+        # limit, over every request sent after the warm-up and answered so
+        # far): no need to wait for the windows. Not over the warm-up's: a
+        # level's opening (a client held up on a busy box, a cold server) is
+        # no verdict on its steady state.
+        closed = self._advance(now)
+        if self.warmup_end is not None:
+            after = [o for o in self.outcomes if o.start_s is not None and o.start_s >= self.warmup_end]
+            m = len(after)
+            if m >= max(self.min_requests, 10) and m - self._gross_checked >= max(1, m // 10):
+                self._gross_checked = m
+                quick = S.evaluate(after, self.slo, self.rules.confidence, 0.0)
+                if any(o.verdict == S.FAIL and o.low_ms is not None and o.low_ms > 2 * o.limit_ms
+                       for o in quick.objectives):
+                    self.evaluation = quick
+                    self.gross = True
+                    return "decided"
+        if closed:
             blocks = self.blocks()
             counted = sum(len(b) for b in blocks)
             if self.windows >= self.rules.min_windows and counted >= self.min_requests:
@@ -420,13 +429,15 @@ class LevelMonitor:
         if counted and self.window_s is not None:
             span = self.windows * self.window_s
             ev = S.evaluate_blocks(blocks, self.slo, self.rules.confidence, self.rules.attainment_target)
-            if self.evaluation is not None and stop == "decided" and self.evaluation.verdict == S.FAIL:
-                ev.verdict = S.FAIL  # decided on everything answered (grossly over)
+            if self.gross and stop == "decided":
+                ev.verdict = S.FAIL  # decided on everything answered after the warm-up (grossly over)
             outcomes = counted
             self.stable = self._stable(blocks)
         else:
             span = seconds
             ev = S.evaluate(self.outcomes, self.slo, self.rules.confidence, self.rules.precision)
+            if self.gross and stop == "decided":
+                ev.verdict = S.FAIL
             if self.rules.attainment_target and ev.attainment is not None \
                     and ev.attainment < self.rules.attainment_target and ev.verdict == S.PASS:
                 ev.verdict = S.UNDECIDED
