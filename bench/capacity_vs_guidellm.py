@@ -223,9 +223,10 @@ def run_ours(url: str, args: argparse.Namespace, workload: Path, log: Path) -> d
     argv = [sys.executable, "-m", "ernie_tui", "probe", "--url", url, "--capacity", "--json", "--no-save",
             "--workload", str(workload), "--max-tokens", str(args.max_tokens),
             "--start-concurrency", str(args.start_concurrency), "--max-concurrency", str(args.max_concurrency),
-            "--tolerance", str(args.tolerance), "--min-requests", str(args.min_requests),
-            "--max-requests", str(args.max_requests), "--level-time", str(args.level_time),
-            "--confidence", str(args.confidence)]
+            "--tolerance", str(args.tolerance), "--confidence", str(args.confidence)]
+    if not args.defaults:
+        argv += ["--min-requests", str(args.min_requests), "--max-requests", str(args.max_requests),
+                 "--level-time", str(args.level_time)]
     for o in args.slo:
         argv += ["--slo", o]
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
@@ -389,6 +390,11 @@ def main(argv: list[str] | None = None) -> int:
                    help="GuideLLM's command (default: guidellm on PATH); it conflicts with vLLM's pins, "
                         "so install it in a venv of its own and pass VENV/bin/guidellm")
     p.add_argument("--rounds", type=int, default=2, help="rounds; the tool going first alternates")
+    p.add_argument("--ours-only", action="store_true",
+                   help="run only our search (where GuideLLM cannot be installed); its figures stand alone")
+    p.add_argument("--defaults", action="store_true",
+                   help="ours with its own defaults for the level options (no --min/--max-requests, "
+                        "--level-time): the default search the goal is about")
     p.add_argument("--first", choices=("ours", "guidellm"), default="ours", help="who goes first in round 1")
     p.add_argument("--slo", action="append", default=None,
                    help="objective, ours' syntax (default ttft_p95=100ms); one percentile for all")
@@ -409,8 +415,10 @@ def main(argv: list[str] | None = None) -> int:
     args.objectives = parse_slo(args.slo)
     _, _, notes = guidellm_objectives(args.objectives)
 
-    binary = args.guidellm or shutil.which("guidellm")
-    if not binary or not Path(binary).exists() and not shutil.which(binary):
+    binary = args.guidellm or shutil.which("guidellm") or ""
+    if args.ours_only:
+        binary = ""
+    elif not binary or not Path(binary).exists() and not shutil.which(binary):
         raise SystemExit("GuideLLM not found: install it in a venv of its own (it conflicts with vLLM's pins) "
                          "and pass --guidellm VENV/bin/guidellm")
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="capacity-vs-guidellm-"))
@@ -434,7 +442,7 @@ def main(argv: list[str] | None = None) -> int:
         rounds = []
         run_no = 0
         for rnd in range(1, args.rounds + 1):
-            order = ["ours", "guidellm"]
+            order = ["ours"] if args.ours_only else ["ours", "guidellm"]
             if (args.first == "guidellm") != (rnd % 2 == 0):
                 order.reverse()
             row = {"round": rnd, "first": order[0]}
@@ -456,6 +464,17 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if proc is not None:
             stop_server(proc)
+    if args.ours_only:
+        out = [{"round": r["round"], "capacity": r["ours"]["capacity"], "wall_s": round(r["ours"]["wall_s"], 1),
+                "levels": r["ours"]["levels"], "requests": r["ours"]["requests"],
+                "goodput_output_tps": r["ours"]["goodput_output_tps"]} for r in rounds]
+        if args.json:
+            print(json.dumps({"slo": args.slo, "rounds": out}, indent=1))
+        else:
+            for r in out:
+                print(f"round {r['round']}: ours capacity {r['capacity']} in {r['wall_s']} s, levels {r['levels']}, "
+                      f"{r['requests']} requests counted")
+        return 0
     verdict = summarise(rounds, args.tolerance)
     setup = {"url": args.url, "server": args.server, "model": model, "slo": args.slo, "notes": notes,
              "prompt_tokens": args.prompt_tokens, "max_tokens": args.max_tokens,

@@ -17,6 +17,22 @@ For testing timing and the capacity search over real HTTP without vLLM:
 - GET /v1/models, /health; POST /tokenize and /detokenize with a word-level
   vocabulary (one word = one token), so prompts of exact lengths can be built.
 
+Load-shaped pacing, each off unless asked for (the capacity search's tests):
+- --prefill-ms-per-token: prefill takes this long per prompt token (TTFT
+  grows with the prompt; prompts of different lengths break up waves);
+- --interference-ms: prefill competes with decodes, as a batch that mixes
+  them does: each request's TTFT grows by this much for every other request
+  already decoding when it arrives and still decoding when its prefill
+  would end. A wave of requests that
+  all start together sees none; the steady state, where requests come and
+  go at random times, sees most of them;
+- --slow-every K --slow-ms X: every K-th decoding request waits X ms more
+  for its first token (slow requests that come back last);
+- --stall-period-s P --stall-s S --stall-ms X: correlated latency. The clock
+  starts at the first request that decodes more than one token; every
+  request arriving in the last S seconds of each P-second period waits X ms
+  more for its first token (a slow second slows every request in it).
+
     python tests/paced_server.py --slots 4 --ttft-ms 20 --itl-ms 10 [--port 0]
 
 As a preset's `launcher` it takes vLLM's command line (its engine arguments
@@ -120,6 +136,12 @@ class Server:
         self.c_prefix_q = Counter("vllm:prefix_cache_queries", "prefix cache queries", lbl, registry=r)
         self.c_prefix_hits = Counter("vllm:prefix_cache_hits", "prefix cache hits", lbl, registry=r)
         self.seen_prompts: set[str] = set()
+        # Load-shaped pacing (see the module's docstring).
+        self.pace_lock = threading.Lock()
+        # request -> when its first and its last token are due
+        self.decode_ends: dict[int, tuple[float, float]] = {}
+        self.decoding_requests = 0  # requests that asked for more than one token
+        self.stall_t0: float | None = None
         self.seen_lock = threading.Lock()
         self.h_ttft = Histogram("vllm:time_to_first_token_seconds", "TTFT", lbl, buckets=TTFT_BUCKETS, registry=r)
         self.h_itl = Histogram("vllm:inter_token_latency_seconds", "ITL", lbl, buckets=ITL_BUCKETS, registry=r)
@@ -138,6 +160,36 @@ class Server:
                 return 0.0
             self.cold_left -= 1
         return self.args.cold_ms / 1000.0
+
+    def paced_ttft_s(self, key: int, n_prompt: int, n_out: int, now: float) -> float:
+        """This request's time to first token, with the load-shaped pacing;
+        registers when its decoding ends (for --interference-ms)."""
+        a = self.args
+        base = a.ttft_ms / 1000.0 + a.prefill_ms_per_token * n_prompt / 1000.0
+        extra = 0.0
+        with self.pace_lock:
+            if n_out > 1:
+                self.decoding_requests += 1
+                if self.stall_t0 is None:
+                    self.stall_t0 = now
+                if a.slow_every and self.decoding_requests % a.slow_every == 0:
+                    extra += a.slow_ms / 1000.0
+                if a.stall_period_s and a.stall_s:
+                    phase = (now - self.stall_t0) % a.stall_period_s
+                    if phase >= a.stall_period_s - a.stall_s:
+                        extra += a.stall_ms / 1000.0
+            if a.interference_ms:
+                done_at = now + base
+                competing = sum(1 for k, (first, end) in self.decode_ends.items()
+                                if k != key and first <= now and end > done_at)
+                extra += competing * a.interference_ms / 1000.0
+            ttft = base + extra
+            self.decode_ends[key] = (now + ttft, now + ttft + max(0, n_out - 1) * a.itl_ms / 1000.0)
+        return ttft
+
+    def done(self, key: int) -> None:
+        with self.pace_lock:
+            self.decode_ends.pop(key, None)
 
     def gauges(self) -> None:
         running, waiting = self.slots.counts()
@@ -261,7 +313,8 @@ def make_handler(srv: Server):
                     self._chunk(json.dumps({"id": rid, "object": obj, "model": model, "choices": [
                         {"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]}))
                 # Pace against deadlines, not sleeps in a row, so delays do not add up.
-                t_first = time.perf_counter() + args.ttft_ms / 1000.0 + srv.cold_delay_s(n_out)
+                t_slot = time.perf_counter()
+                t_first = t_slot + srv.paced_ttft_s(id(self), n_prompt, n_out, t_slot) + srv.cold_delay_s(n_out)
                 prev = None
                 for k in range(1, n_out + 1):
                     due = t_first + (k - 1) * args.itl_ms / 1000.0
@@ -286,6 +339,7 @@ def make_handler(srv: Server):
             except (BrokenPipeError, ConnectionResetError):
                 self.close_connection = True  # the client went away: vLLM aborts the request
             finally:
+                srv.done(id(self))
                 srv.slots.release()
                 srv.gauges()
 
@@ -314,6 +368,18 @@ def main(argv: list[str] | None = None) -> int:
                    help="extra time to first token of a cold request (env PACED_COLD_MS)")
     p.add_argument("--metrics-delay-ms", type=float, default=float(env("PACED_METRICS_DELAY_MS", "0")),
                    help="/metrics answers this late, as a busy vLLM CPU server does (env PACED_METRICS_DELAY_MS)")
+    p.add_argument("--prefill-ms-per-token", type=float, default=float(env("PACED_PREFILL_MS_PER_TOKEN", "0")),
+                   help="prefill time per prompt token, added to the TTFT (env PACED_PREFILL_MS_PER_TOKEN)")
+    p.add_argument("--interference-ms", type=float, default=float(env("PACED_INTERFERENCE_MS", "0")),
+                   help="TTFT added per other request still decoding when this one's prefill ends")
+    p.add_argument("--slow-every", type=int, default=0, metavar="K",
+                   help="every K-th decoding request waits --slow-ms more for its first token")
+    p.add_argument("--slow-ms", type=float, default=0.0)
+    p.add_argument("--stall-period-s", type=float, default=0.0,
+                   help="correlated latency: requests arriving in the last --stall-s of each period "
+                        "wait --stall-ms more for their first token")
+    p.add_argument("--stall-s", type=float, default=0.0)
+    p.add_argument("--stall-ms", type=float, default=0.0)
     p.add_argument("--model-name", default="paced")
     p.add_argument("--max-model-len", type=int, default=4096)
     # Launched as a preset's `launcher` it gets vLLM's command line: take the

@@ -71,14 +71,20 @@ def ok(ttft, itls=(0.01,) * 9, latency=None):
                             completion_tokens=len(itls) + 1)
 
 
-def test_request_meets_uses_its_own_itl_percentile_and_failures_miss():
+def test_request_meets_is_vllms_goodput_ttft_tpot_e2el_and_failures_miss():
     slo = S.parse_slo(["ttft_p99=100ms", "itl_p50=20ms"])
+    assert S.goodput_limits(slo) == {"ttft": 0.1, "tpot": 0.02}
     assert S.request_meets(ok(0.05), slo)
     assert not S.request_meets(ok(0.15), slo)
-    # One slow gap among nine does not move this request's median gap ...
-    assert S.request_meets(ok(0.05, [0.01] * 8 + [0.5]), slo)
-    # ... five slow ones do.
-    assert not S.request_meets(ok(0.05, [0.01] * 4 + [0.5] * 5), slo)
+    # TPOT is the mean gap after the first token, (e2e - ttft) / (tokens - 1),
+    # as vLLM's --goodput: one slow gap of 0.5 s among nine makes it 64 ms.
+    assert ok(0.05, [0.01] * 8 + [0.5]).tpot_s == pytest.approx(0.58 / 9)
+    assert not S.request_meets(ok(0.05, [0.01] * 8 + [0.5]), slo)
+    assert S.request_meets(ok(0.05, [0.01] * 8 + [0.05]), slo)  # 14 ms
+    # e2e limits the whole request; the tightest limit of a metric counts.
+    slo2 = S.parse_slo(["e2e_p50=1s", "e2e_p99=500ms"])
+    assert S.goodput_limits(slo2) == {"e2el": 0.5}
+    assert not S.request_meets(ok(0.05, [0.1] * 5), slo2) and S.request_meets(ok(0.05, [0.05] * 5), slo2)
     assert S.request_meets(ok(0.05, []), slo)  # one token: no gap to miss
     assert not S.request_meets(S.RequestOutcome(ok=False, error_kind="timeout"), slo)
 
@@ -139,3 +145,39 @@ def test_itl_objective_with_no_gap_seen_is_met_not_a_failure():
     # With no request answered there is nothing to call met.
     failed = [S.RequestOutcome(ok=False, error_kind="server_error")] * 10
     assert S.evaluate(failed, slo).objectives[1].verdict == S.UNDECIDED
+
+
+def test_batch_means_bound_is_wider_for_correlated_windows_than_for_independent_requests():
+    # 300 requests in 6 windows; in one window (one slow second) 30 of 50 miss.
+    lim = S.parse_slo(["ttft_p90=100ms"])[0]
+    fast = [ok(0.05) for _ in range(50)]
+    slow = [ok(0.5) for _ in range(30)] + [ok(0.05) for _ in range(20)]
+    blocks = [fast, fast, fast, slow, fast, fast]
+    flat = [o for b in blocks for o in b]
+    # As independent samples: 270 of 300 within (90 %), the order-statistic bound is tight.
+    share, low, high = S.share_bounds([sum(o.ttft_s <= 0.1 for o in b) for b in blocks], [50] * 6, 0.95)
+    assert share == pytest.approx(0.9)
+    assert high - low > 0.15  # one window's luck moves it: wide
+    r = S.judge_blocks(lim, blocks, 0.95)
+    assert r.verdict == S.UNDECIDED and r.how == "estimate" and r.blocks == 6
+    # The same values as six windows that agree: decided.
+    even = [[ok(0.5)] * 3 + [ok(0.05)] * 47 for _ in range(6)]
+    assert S.judge_blocks(lim, even, 0.95).verdict == S.PASS
+    bad = [[ok(0.5)] * 10 + [ok(0.05)] * 40 for _ in range(6)]
+    assert S.judge_blocks(lim, bad, 0.95).verdict == S.FAIL
+    assert S.evaluate(flat, [lim]).objectives[0].samples == 300
+
+
+def test_attainment_target_fails_a_level_whose_objectives_pass():
+    # The percentile objective holds (p50 of ttft), but a third of the requests miss.
+    slo = S.parse_slo(["ttft_p50=100ms"])
+    blocks = [[ok(0.05)] * 6 + [ok(0.2)] * 3 for _ in range(4)]
+    ev = S.evaluate_blocks(blocks, slo, 0.95, attainment_target=0.9)
+    assert ev.objectives[0].verdict == S.PASS
+    assert ev.attainment == pytest.approx(2 / 3) and ev.attainment_verdict == S.FAIL and ev.verdict == S.FAIL
+    assert S.evaluate_blocks(blocks, slo, 0.95, attainment_target=0.5).verdict == S.PASS
+
+
+def test_t_quantile_is_close_to_students():
+    for df, exact in ((2, 2.920), (3, 2.353), (5, 2.015), (10, 1.812), (30, 1.697)):
+        assert S.t_quantile(0.95, df) == pytest.approx(exact, rel=0.015)

@@ -7,17 +7,41 @@ from dataclasses import dataclass
 from typing import Any
 
 from ernie_tui.cli.errors import CliError
+from ernie_tui.engine_ctl.load import (
+    ARRIVALS,
+    DEFAULT_ARRIVALS,
+    DEFAULT_ATTAINMENT,
+    DEFAULT_CONFIDENCE,
+    DEFAULT_LEVEL_TIME_S,
+    DEFAULT_MAX_CONCURRENCY,
+    DEFAULT_MAX_RATE,
+    DEFAULT_MAX_REQUESTS,
+    DEFAULT_MIN_REQUESTS,
+    DEFAULT_MIN_WINDOWS,
+    DEFAULT_STABILITY,
+    DEFAULT_START,
+    DEFAULT_START_RATE,
+    DEFAULT_TOLERANCE,
+)
 
 
 def add_capacity_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group(
         "capacity search (--capacity)",
-        "Concurrency doubles from --start-concurrency until a level misses the SLO, then bisects between the "
-        "highest pass and the lowest fail until they are within --tolerance. Each level stops as soon as a "
-        "distribution-free confidence bound puts every percentile on one side of its limit (or pins it "
-        "within 5 % of it), after --min-requests and at most --max-requests or --level-time seconds; a level "
-        "still open then is marked undecided and goes by its sample percentiles. p99 objectives need about "
-        "300 requests per level to pass with confidence.")
+        "Concurrency (or, with --rate, the request rate) doubles from its start until a level misses the SLO, "
+        "then bisects between the highest pass and the lowest fail until they are within --tolerance. Each "
+        "level is measured in its steady state: a warm-up, not counted, until every request sent before the "
+        "first answer came back has ended; then windows of time (each as long as the warm-up, at least 1 s), "
+        "every request counted in the window it was sent in, to its end. A verdict needs --min-windows "
+        "windows whose median latencies agree within --stability, and confidence from batch means over the "
+        "windows (requests of one window share its batches, so they are not independent); a grossly "
+        "failing level stops at once. A level still open at --max-requests or --level-time goes by its "
+        "point estimates and is marked undecided. "
+        "The SLO, as vLLM's bench client reports it: ttft and e2e percentiles over requests (a failed request "
+        "counts as infinitely slow), itl percentiles over every token gap of every request. A level passes "
+        "when every objective holds and its attainment - the share of good requests, as vLLM's --goodput "
+        "and DistServe count them (TTFT <= the ttft limit, TPOT = mean gap after the first token <= the itl "
+        "limit, E2E <= the e2e limit) - is at least --attainment; the capacity is never a level below it.")
     g.add_argument("--slo", action="append", default=[], metavar="METRIC_pNN=LIMIT",
                    help="an objective, e.g. ttft_p99=500ms or itl_p99=50ms or e2e_p90=2s (metric ttft, itl or "
                         "e2e; p50, p90, p95 or p99); repeat for several")
@@ -25,16 +49,37 @@ def add_capacity_args(p: argparse.ArgumentParser) -> None:
                    help='replay real prompts: one JSON object a line, {"prompt": "...", "max_tokens": 128} '
                         "(max_tokens optional, else --max-tokens); default: built prompts of "
                         "--min-tokens..--max-tokens-in tokens")
-    g.add_argument("--start-concurrency", type=int, default=1, metavar="C", help="first level (default 1)")
-    g.add_argument("--max-concurrency", type=int, default=256, metavar="C", help="highest level tried (default 256)")
-    g.add_argument("--tolerance", type=float, default=0.10, metavar="F",
-                   help="stop when (lowest fail - highest pass) / highest pass <= F (default 0.10)")
-    g.add_argument("--min-requests", type=int, default=20, metavar="N",
-                   help="requests per level before a verdict (default 20; at least 2 x concurrency)")
-    g.add_argument("--max-requests", type=int, default=400, metavar="N", help="requests per level at most (400)")
-    g.add_argument("--level-time", type=float, default=60.0, metavar="S", help="seconds per level at most (60)")
-    g.add_argument("--confidence", type=float, default=0.95, metavar="P",
-                   help="confidence of each percentile bound and of the attainment interval (default 0.95)")
+    g.add_argument("--start-concurrency", type=int, default=DEFAULT_START, metavar="C",
+                   help=f"first level (default {DEFAULT_START})")
+    g.add_argument("--max-concurrency", type=int, default=DEFAULT_MAX_CONCURRENCY, metavar="C",
+                   help=f"highest level tried (default {DEFAULT_MAX_CONCURRENCY})")
+    g.add_argument("--rate", action="store_true",
+                   help="open loop: search the highest request rate (req/s) meeting the SLO, requests sent on "
+                        "schedule whether or not earlier ones finished (late sends are counted)")
+    g.add_argument("--start-rate", type=float, default=DEFAULT_START_RATE, metavar="R",
+                   help=f"--rate: first level in req/s (default {DEFAULT_START_RATE:g})")
+    g.add_argument("--max-rate", type=float, default=DEFAULT_MAX_RATE, metavar="R",
+                   help=f"--rate: highest rate tried (default {DEFAULT_MAX_RATE:g})")
+    g.add_argument("--arrivals", choices=ARRIVALS, default=DEFAULT_ARRIVALS,
+                   help=f"--rate: arrival schedule (default {DEFAULT_ARRIVALS})")
+    g.add_argument("--tolerance", type=float, default=DEFAULT_TOLERANCE, metavar="F",
+                   help=f"stop when (lowest fail - highest pass) / highest pass <= F (default {DEFAULT_TOLERANCE:g})")
+    g.add_argument("--attainment", type=float, default=DEFAULT_ATTAINMENT, metavar="F",
+                   help=f"share of requests that must meet the SLO one by one (vLLM's goodput) for a level to pass "
+                        f"(default {DEFAULT_ATTAINMENT:g}; 0 turns it off)")
+    g.add_argument("--min-requests", type=int, default=DEFAULT_MIN_REQUESTS, metavar="N",
+                   help=f"counted requests per level before a verdict (default {DEFAULT_MIN_REQUESTS})")
+    g.add_argument("--max-requests", type=int, default=DEFAULT_MAX_REQUESTS, metavar="N",
+                   help=f"counted requests per level at most, once its windows are in (default "
+                        f"{DEFAULT_MAX_REQUESTS}; a closed loop at least 8 x concurrency)")
+    g.add_argument("--level-time", type=float, default=DEFAULT_LEVEL_TIME_S, metavar="S",
+                   help=f"seconds per level at most (default {DEFAULT_LEVEL_TIME_S:g})")
+    g.add_argument("--min-windows", type=int, default=DEFAULT_MIN_WINDOWS, metavar="N",
+                   help=f"windows that must agree before a verdict (default {DEFAULT_MIN_WINDOWS})")
+    g.add_argument("--stability", type=float, default=DEFAULT_STABILITY, metavar="F",
+                   help=f"the windows' median E2E each within F of their average (default {DEFAULT_STABILITY:g})")
+    g.add_argument("--confidence", type=float, default=DEFAULT_CONFIDENCE, metavar="P",
+                   help=f"confidence of each bound (default {DEFAULT_CONFIDENCE:g})")
 
 
 @dataclass
@@ -58,7 +103,10 @@ def capacity_options(args: argparse.Namespace) -> CapacityOptions:
         slo, search, rules = make_search(args.slo, start=args.start_concurrency,
                                          max_concurrency=args.max_concurrency, tolerance=args.tolerance,
                                          min_requests=args.min_requests, max_requests=args.max_requests,
-                                         level_time_s=args.level_time, confidence=args.confidence)
+                                         level_time_s=args.level_time, confidence=args.confidence,
+                                         attainment=args.attainment, rate=args.rate, start_rate=args.start_rate,
+                                         max_rate=args.max_rate, arrivals=args.arrivals,
+                                         stability=args.stability, min_windows=args.min_windows)
     except ValueError as exc:
         raise CliError(str(exc)) from None
     return CapacityOptions(slo, search, rules, args.workload)

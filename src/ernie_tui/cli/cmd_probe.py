@@ -30,8 +30,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="Send one streaming prompt and show TTFT, inter-token latency, tok/s and the server's "
                     "token usage; or, with --burst N, send N prompts of exact token lengths at a given "
                     "concurrency and show throughput and latency percentiles beside vLLM's own figures "
-                    "from /metrics; or, with --capacity, find the highest concurrency whose requests meet "
-                    "the --slo objectives, with the goodput there and the curve of every level measured. "
+                    "from /metrics; or, with --capacity, find the highest concurrency (with --rate: request "
+                    "rate) whose requests meet the --slo objectives, with the goodput there and the curve of "
+                    "every level measured. "
                     "Bursts and searches are saved as run records.")
     p.add_argument("--url", required=True, help="server base URL, e.g. http://127.0.0.1:8000")
     what = p.add_mutually_exclusive_group()
@@ -277,14 +278,30 @@ def _run_capacity(args) -> int:
         except ProbeFailure as exc:
             raise CliError(str(exc)) from exc
 
+    live = sys.stderr.isatty()
+
     def progress(ev: dict) -> None:
         # The curve as it grows, on stderr: stdout keeps the result (or the JSON).
-        if ev.get("event") == "level_start":
-            print(f"level {ev['index'] + 1}: concurrency {ev['concurrency']} ...", file=sys.stderr, flush=True)
-        elif ev.get("event") == "level_done":
+        kind = ev.get("event")
+        load = f"rate {ev['rate']:g} req/s" if ev.get("rate") is not None else f"concurrency {ev.get('concurrency')}"
+        if kind == "level_start":
+            print(f"level {ev['index'] + 1}: {load} ...", file=sys.stderr, flush=True)
+        elif kind == "level_progress" and live:
+            # One line rewritten in place, only on a terminal (a log keeps the level lines).
+            def f(v, fmt=".0f"):
+                return "-" if v is None else format(v, fmt)
+
+            att = "-" if ev.get("attainment") is None else f"{ev['attainment'] * 100:.0f}%"
+            line = (f"  {ev.get('phase')}: {ev.get('requests')} done, {ev.get('in_flight')} in flight, "
+                    f"{ev.get('elapsed_s', 0):.0f} s, {ev.get('windows')} windows; TTFT p99 "
+                    f"{f(ev.get('ttft_p99_ms'))} ms, ITL p99 {f(ev.get('itl_p99_ms'), '.1f')} ms, attainment {att}")
+            print("\r\033[K" + line, end="", file=sys.stderr, flush=True)
+        elif kind == "level_done":
             lv = ev["level"]
             att = "-" if lv.attainment is None else f"{lv.attainment * 100:.1f}%"
-            print(f"  {lv.requests} requests in {lv.seconds:.1f} s, attainment {att}: "
+            print(("\r\033[K" if live else "")
+                  + f"  {lv.requests} requests counted in {lv.seconds:.1f} s of {lv.windows or 0} windows "
+                  f"(level {lv.elapsed_s or lv.seconds:.1f} s), attainment {att}: "
                   f"{'pass' if lv.passed else 'fail'}{'' if lv.decided else ' (undecided)'} ({lv.stop})",
                   file=sys.stderr, flush=True)
 

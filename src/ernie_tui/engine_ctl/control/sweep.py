@@ -51,7 +51,7 @@ log = logging.getLogger(__name__)
 # Columns that are measured per run and aggregated across repeats.
 MEASURED = ("ready_s", "output_tps", "total_tps", "ttft_p50_ms", "ttft_p90_ms", "itl_p50_ms",
             "peak_memory_gib", "kv_usage_peak_pct", "capacity_concurrency", "goodput_rps", "goodput_output_tps",
-            "ttft_p99_ms", "itl_p99_ms")
+            "ttft_p99_ms", "itl_p99_ms", "capacity_rate")
 
 
 @dataclass
@@ -87,6 +87,7 @@ class SweepRun:
     # the figures at that concurrency.
     mode: str = "burst"  # burst | capacity
     capacity_concurrency: float | None = None
+    capacity_rate: float | None = None  # open-loop searches (--rate): req/s
     goodput_rps: float | None = None
     goodput_output_tps: float | None = None
     ttft_p99_ms: float | None = None
@@ -235,8 +236,15 @@ CAPACITY_COLUMNS = [
 ]
 
 
+# Open-loop capacity (--rate): the request rate in place of the concurrency.
+RATE_CAPACITY_COLUMNS = [("capacity_rate", "capacity (req/s)") if c == "capacity_concurrency" else (c, h)
+                         for c, h in CAPACITY_COLUMNS]
+
+
 def columns_for(rows: list[SweepRow]) -> list[tuple[str, str]]:
     capacity = any(x.mode == "capacity" for r in rows for x in r.runs)
+    if capacity and any(x.capacity_rate is not None for r in rows for x in r.runs):
+        return RATE_CAPACITY_COLUMNS
     return CAPACITY_COLUMNS if capacity else COLUMNS
 
 
@@ -247,7 +255,7 @@ def _fmt(value: Any, col: str) -> str:
         return f"{int(value):,}"
     if col == "max_concurrency":
         return f"{value:.2f}x"
-    if col == "capacity_concurrency":
+    if col in ("capacity_concurrency", "capacity_rate"):
         return f"{value:g}"
     if isinstance(value, float):
         return f"{value:,.0f}" if abs(value) >= 100 else f"{value:.2f}"
@@ -609,17 +617,25 @@ def _measure_capacity(run: SweepRun, capacity: CapacitySweep, burst_config: Burs
     run.levels = len(result.levels)
     run.requests = sum(lv.requests for lv in result.levels)
     run.errors = sum(lv.failed for lv in result.levels)
-    if result.capacity is not None:
-        at = result.level(result.capacity["concurrency"])
-        run.capacity_concurrency = float(at.concurrency)
+    load = result.capacity_load
+    at = result.level(load) if load is not None else None
+    if at is not None:
+        if at.rate is not None:
+            run.capacity_rate = at.rate
+        else:
+            run.capacity_concurrency = float(at.concurrency or 0)
         run.goodput_rps, run.goodput_output_tps = at.goodput_rps, at.goodput_output_tps
         run.output_tps = at.output_tps
         run.ttft_p50_ms, run.ttft_p99_ms = at.ttft_p50_ms, at.ttft_p99_ms
         run.itl_p50_ms, run.itl_p99_ms = at.itl_p50_ms, at.itl_p99_ms
         run.kv_usage_peak_pct = at.kv_cache_peak_pct
     elif result.stop_reason == "first_level_failed":
-        # A real answer: not even the lowest concurrency meets the SLO.
-        run.capacity_concurrency, run.goodput_rps, run.goodput_output_tps = 0.0, 0.0, 0.0
+        # A real answer: not even the lowest load meets the SLO.
+        if result.mode == "rate":
+            run.capacity_rate = 0.0
+        else:
+            run.capacity_concurrency = 0.0
+        run.goodput_rps, run.goodput_output_tps = 0.0, 0.0
     if result.stop_reason == "cancelled" or cancel.is_set():
         run.status, run.message = "cancelled", "cancelled during the capacity search"
     elif result.stop_reason == "server_down":

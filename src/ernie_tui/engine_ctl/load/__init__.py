@@ -9,8 +9,29 @@ Never imports launch, logs or control: a load can be aimed at any URL.
 """
 
 from ernie_tui.engine_ctl.load.burst import BurstConfig, BurstResult, format_burst, run_burst
-from ernie_tui.engine_ctl.load.capacity import CapacityResult, LevelResult, format_capacity, make_search
-from ernie_tui.engine_ctl.load.capacity_run import request_setup, run_capacity
+from ernie_tui.engine_ctl.load.capacity import (
+    ARRIVALS,
+    DEFAULT_ARRIVALS,
+    DEFAULT_ATTAINMENT,
+    DEFAULT_CONFIDENCE,
+    DEFAULT_LEVEL_TIME_S,
+    DEFAULT_MAX_CONCURRENCY,
+    DEFAULT_MAX_RATE,
+    DEFAULT_MAX_REQUESTS,
+    DEFAULT_MIN_REQUESTS,
+    DEFAULT_MIN_WINDOWS,
+    DEFAULT_SLO,
+    DEFAULT_STABILITY,
+    DEFAULT_START,
+    DEFAULT_START_RATE,
+    DEFAULT_TOLERANCE,
+    CapacityResult,
+    LevelResult,
+    capacity_from_dict,
+    format_capacity,
+    make_search,
+)
+from ernie_tui.engine_ctl.load.capacity_run import arrival_times, request_setup, run_capacity
 from ernie_tui.engine_ctl.load.http_client import DEFAULT_READ_TIMEOUT_S, ServedModel, resolve_model
 from ernie_tui.engine_ctl.load.http_errors import ProbeError, ProbeErrorKind, ProbeFailure
 from ernie_tui.engine_ctl.load.metrics import DEFAULT_TIMEOUT_S as METRICS_TIMEOUT_S
@@ -56,6 +77,23 @@ from ernie_tui.engine_ctl.load.stream_timing import (
 from ernie_tui.engine_ctl.load.workload import Workload, burst_workload, load_jsonl
 
 __all__ = [
+    "ARRIVALS",
+    "DEFAULT_ARRIVALS",
+    "DEFAULT_ATTAINMENT",
+    "DEFAULT_CONFIDENCE",
+    "DEFAULT_LEVEL_TIME_S",
+    "DEFAULT_MAX_CONCURRENCY",
+    "DEFAULT_MAX_RATE",
+    "DEFAULT_MAX_REQUESTS",
+    "DEFAULT_MIN_REQUESTS",
+    "DEFAULT_MIN_WINDOWS",
+    "DEFAULT_SLO",
+    "DEFAULT_STABILITY",
+    "DEFAULT_START",
+    "DEFAULT_START_RATE",
+    "DEFAULT_TOLERANCE",
+    "arrival_times",
+    "capacity_from_dict",
     "BurstConfig",
     "BurstResult",
     "CHINESE_PROMPT",

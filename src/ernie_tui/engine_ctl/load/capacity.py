@@ -1,29 +1,44 @@
-"""Capacity under an SLO: the highest concurrency whose requests still meet
-every objective, found by doubling then bisection.
+"""Capacity under an SLO: the highest concurrency (or, open loop, request
+rate) whose requests still meet every objective, found by doubling then
+bisection.
 
-The search is pure: it calls a level runner, a function concurrency ->
-LevelResult, and never touches the network itself. The HTTP runner lives in
-capacity_run.py; tests drive the search with a simulated server.
+The search is pure: it calls a level runner, a function load -> LevelResult
+(load: a concurrency, or a rate in req/s), and never touches the network
+itself. The HTTP runners live in capacity_run.py; tests drive the search with
+a simulated server.
 
 - Doubling from `start` until a level fails (or the cap, or saturation),
   then bisection between the highest pass and the lowest fail until
-  (fail - pass) / pass <= tolerance or they are neighbours.
-- Each level stops as soon as its verdict is known (LevelMonitor, with
-  slo.evaluate's order-statistic bounds), between a minimum and a maximum
-  request count and a time cap. A level still undecided at a cap is marked
-  `decided: false` and goes by its sample percentiles.
+  (fail - pass) / pass <= tolerance (or, for concurrency, they are neighbours).
+- Each level is measured in its steady state (LevelMonitor): a warm-up,
+  discarded, until every request sent before the first answer came back has
+  ended (the in-flight set has turned over); then back-to-back windows of
+  time, each request counted in the window it was sent in and only once it
+  and all of its window have ended (nothing cut off, nothing measured while
+  the load drains); a verdict only after `min_windows` windows whose mean
+  latencies agree within `stability` (as perf_analyzer's
+  --stability-percentage), with confidence from batch means over the
+  windows (slo.evaluate_blocks: requests of one window share its batches).
+  A level still undecided at a cap is marked `decided: false` and goes by
+  its point estimates.
+- A level passes only when its objectives pass and its attainment (share of
+  good requests, vLLM's --goodput) is at least `attainment_target`: no
+  capacity is reported whose attainment is below it.
 - The search stops early when a passing level shows the server past
   saturation: requests queue in vLLM, output throughput no longer grows and
   TTFT climbs. More concurrency past that point only adds waiting.
 
-Progress: `progress(event)` gets dicts as levels start and finish (the
-finished LevelResult rides along), so a UI can draw the curve as it grows;
-`cancel` (a threading.Event) ends the search after the running level.
+Progress: `progress(event)` gets dicts as levels start, run (the runner's
+"level_progress") and finish (the finished LevelResult rides along), so a UI
+can draw the curve as it grows; `cancel` (a threading.Event) ends the search
+after the running level.
 """
 
 from __future__ import annotations
 
+import bisect
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -35,10 +50,31 @@ from ernie_tui.engine_ctl.load import slo as S
 
 log = logging.getLogger(__name__)
 
+# -- the defaults: their one home (the CLI flags, the dashboard's forms and the
+#    run record read them from here) ------------------------------------------------
+DEFAULT_SLO = "ttft_p99=500ms itl_p99=50ms"
+DEFAULT_START = 1
+DEFAULT_MAX_CONCURRENCY = 256
+DEFAULT_START_RATE = 1.0
+DEFAULT_MAX_RATE = 256.0
+DEFAULT_TOLERANCE = 0.10
+DEFAULT_MIN_REQUESTS = 10
+DEFAULT_MAX_REQUESTS = 400
+DEFAULT_LEVEL_TIME_S = 60.0
+DEFAULT_CONFIDENCE = 0.95
+DEFAULT_ATTAINMENT = 0.90
+DEFAULT_MIN_WINDOWS = 3
+DEFAULT_WINDOW_S = 1.0
+DEFAULT_STABILITY = 0.15
+DEFAULT_ARRIVALS = "poisson"
+ARRIVALS = ("poisson", "constant")
+MODES = ("concurrency", "rate")
+
 STOP_REASONS = {
     "bracketed": "the highest pass and the lowest fail are within the tolerance",
-    "first_level_failed": "even the lowest concurrency misses the SLO",
+    "first_level_failed": "even the lowest load misses the SLO",
     "max_concurrency": "the highest concurrency allowed still meets the SLO",
+    "max_rate": "the highest request rate allowed still meets the SLO",
     "saturated": "the server is past saturation: requests queue, throughput is flat and TTFT climbs",
     "server_down": "no request got through (is the server running?)",
     "cancelled": "cancelled",
@@ -49,15 +85,25 @@ STOP_REASONS = {
 class LevelRules:
     """When one level has seen enough."""
 
-    min_requests: int = 20
-    max_requests: int = 400
-    time_cap_s: float = 60.0
-    confidence: float = 0.95
-    # An interval narrower than this share of the limit decides by the sample
-    # percentile: the true value is that close to the limit either way.
+    min_requests: int = DEFAULT_MIN_REQUESTS  # measured (counted) requests before a verdict
+    # Counted requests at most; a closed loop gets at least 8 per slot (the
+    # bench client's 8 waves).
+    max_requests: int = DEFAULT_MAX_REQUESTS
+    time_cap_s: float = DEFAULT_LEVEL_TIME_S
+    confidence: float = DEFAULT_CONFIDENCE
+    # Kept for older records and slo.evaluate's order-statistic judge.
     precision: float = 0.05
     # A level whose requests fail more often than this is failed at once.
     max_error_share: float = 0.5
+    # The share of good requests (vLLM's --goodput) a passing level needs.
+    attainment_target: float = DEFAULT_ATTAINMENT
+    # Steady state: windows before a verdict, the shortest window (a window
+    # is as long as the warm-up, one request's life under this load, within
+    # [window_s, time_cap_s / 8]), and how far the windows' median latencies
+    # may stray from their average for the level to count as stable.
+    min_windows: int = DEFAULT_MIN_WINDOWS
+    window_s: float = DEFAULT_WINDOW_S
+    stability: float = DEFAULT_STABILITY
 
     def validate(self) -> None:
         if self.min_requests < 1 or self.max_requests < self.min_requests:
@@ -68,54 +114,94 @@ class LevelRules:
             raise ValueError("confidence must be within [0.5, 1)")
         if self.precision < 0:
             raise ValueError("precision must not be negative")
+        if not 0.0 <= self.attainment_target <= 1.0:
+            raise ValueError("the attainment target is a share between 0 and 1, e.g. 0.9")
+        if self.min_windows < 2:
+            raise ValueError("a verdict needs at least 2 windows")
+        if self.window_s <= 0:
+            raise ValueError("the window must be more than zero seconds")
+        if not 0 < self.stability < 1:
+            raise ValueError("the stability is a share between 0 and 1, e.g. 0.15")
 
 
 @dataclass
 class SearchConfig:
-    start: int = 1
-    max_concurrency: int = 256
-    tolerance: float = 0.10
+    start: int = DEFAULT_START
+    max_concurrency: int = DEFAULT_MAX_CONCURRENCY
+    tolerance: float = DEFAULT_TOLERANCE
     # Saturation (see saturated()): queue share of concurrency, throughput
     # gain below which it counts as flat, TTFT growth that counts as climbing.
     saturation_waiting_share: float = 0.25
     saturation_tps_gain: float = 0.10
     saturation_ttft_ratio: float = 1.5
+    # Open loop: search the request rate (req/s) instead of the concurrency.
+    mode: str = "concurrency"
+    start_rate: float = DEFAULT_START_RATE
+    max_rate: float = DEFAULT_MAX_RATE
+    arrivals: str = DEFAULT_ARRIVALS  # poisson | constant
 
     def validate(self) -> None:
+        if self.mode not in MODES:
+            raise ValueError(f"the search mode is one of {', '.join(MODES)}")
         if self.start < 1:
             raise ValueError("the start concurrency must be at least 1")
         if self.max_concurrency < self.start:
             raise ValueError("the highest concurrency must be at least the start")
         if not 0 < self.tolerance < 1:
             raise ValueError("the tolerance is a share between 0 and 1, e.g. 0.1")
+        if self.start_rate <= 0:
+            raise ValueError("the start rate must be more than zero")
+        if self.max_rate < self.start_rate:
+            raise ValueError("the highest rate must be at least the start rate")
+        if self.arrivals not in ARRIVALS:
+            raise ValueError(f"arrivals are one of {', '.join(ARRIVALS)}")
+
+    @property
+    def rate(self) -> bool:
+        return self.mode == "rate"
 
 
-def make_search(slo: Sequence[str] | str, *, start: int = 1, max_concurrency: int = 256,
-                tolerance: float = 0.10, min_requests: int = 20, max_requests: int = 400,
-                level_time_s: float = 60.0, confidence: float = 0.95,
+def make_search(slo: Sequence[str] | str, *, start: int = DEFAULT_START,
+                max_concurrency: int = DEFAULT_MAX_CONCURRENCY, tolerance: float = DEFAULT_TOLERANCE,
+                min_requests: int = DEFAULT_MIN_REQUESTS, max_requests: int = DEFAULT_MAX_REQUESTS,
+                level_time_s: float = DEFAULT_LEVEL_TIME_S, confidence: float = DEFAULT_CONFIDENCE,
+                attainment: float = DEFAULT_ATTAINMENT, rate: bool = False,
+                start_rate: float = DEFAULT_START_RATE, max_rate: float = DEFAULT_MAX_RATE,
+                arrivals: str = DEFAULT_ARRIVALS, stability: float = DEFAULT_STABILITY,
+                min_windows: int = DEFAULT_MIN_WINDOWS,
                 ) -> tuple[list[S.Objective], SearchConfig, LevelRules]:
     """The objectives, the search and the level rules from what a person
     typed (the command line's options, the dashboard's fields), checked:
     ValueError with a plain message. `slo` is a list of objectives or one
     line of them ('ttft_p99=500ms itl_p99=50ms')."""
     objectives = S.parse_slo_text(slo) if isinstance(slo, str) else S.parse_slo(slo)
-    search = SearchConfig(start=start, max_concurrency=max_concurrency, tolerance=tolerance)
+    search = SearchConfig(start=start, max_concurrency=max_concurrency, tolerance=tolerance,
+                          mode="rate" if rate else "concurrency", start_rate=start_rate, max_rate=max_rate,
+                          arrivals=arrivals)
     search.validate()
     rules = LevelRules(min_requests=min_requests, max_requests=max_requests, time_cap_s=level_time_s,
-                       confidence=confidence)
+                       confidence=confidence, attainment_target=attainment, stability=stability,
+                       min_windows=min_windows)
     rules.validate()
     return objectives, search, rules
 
 
 @dataclass
 class LevelResult:
-    """One concurrency level: our figures, the verdict, and the server's."""
+    """One level (a concurrency, or open loop a rate): our figures, the verdict, and the server's.
 
-    concurrency: int
-    requests: int  # finished (ok or failed)
+    The figures are over the level's measured windows (its steady state):
+    `requests` counted there, `warmup_requests` sent before and discarded,
+    `dropped` sent in a window not finished when the level stopped (not
+    counted). ttft_p99_ms etc. are as vLLM's bench client shows them (over
+    answered requests); the judged percentiles are the objectives'
+    `value_ms` (a failed request counts as infinitely slow)."""
+
+    concurrency: int | None
+    requests: int  # counted (ok or failed)
     ok: int = 0
     failed: int = 0
-    seconds: float = 0.0
+    seconds: float = 0.0  # the measured windows' span
     requests_per_s: float | None = None
     output_tps: float | None = None
     ttft_p50_ms: float | None = None
@@ -124,9 +210,12 @@ class LevelResult:
     itl_p99_ms: float | None = None
     e2e_p50_ms: float | None = None
     e2e_p99_ms: float | None = None
+    tpot_p50_ms: float | None = None
+    tpot_p99_ms: float | None = None
     attainment: float | None = None
     attainment_low: float | None = None
     attainment_high: float | None = None
+    attainment_target: float | None = None
     goodput_rps: float | None = None
     goodput_output_tps: float | None = None
     passed: bool = False
@@ -142,72 +231,237 @@ class LevelResult:
     preemptions: float | None = None
     vllm: dict[str, float | None] | None = None  # the server's histograms over the level's window
     warnings: list[str] = field(default_factory=list)
+    # Steady state (absent from records made before it: None).
+    rate: float | None = None  # open loop: the offered request rate, req/s
+    elapsed_s: float | None = None  # the whole level, warm-up and the unfinished window included
+    warmup_s: float | None = None
+    warmup_requests: int | None = None
+    dropped: int | None = None
+    window_s: float | None = None
+    windows: int | None = None
+    stable: bool | None = None
+    window_e2e_ms: list[float] | None = None  # each window's median E2E (the stability check's figures)
+    late_sends: int | None = None  # open loop: requests sent more than 10 ms after their time
+    late_send_max_ms: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
+    @property
+    def load(self) -> float:
+        """The level's load: its rate (open loop) or its concurrency."""
+        return float(self.rate if self.rate is not None else (self.concurrency or 0))
 
-def _ms(x: float | None) -> float | None:
-    return None if x is None else x * 1000.0
+
+LATE_SEND_S = 0.010
 
 
 class LevelMonitor:
-    """Collects one level's request outcomes and says when to stop.
+    """One level's requests, its warm-up, its windows, and when to stop.
 
-    Pure apart from the clock it is handed: the HTTP runner feeds it as
-    responses finish, a simulated runner feeds it in a loop.
+    Pure apart from the clock it is handed: the runner calls started(t) as
+    it sends a request and add(outcome) as one ends (outcome.start_s and
+    end_s in seconds from the level's start), then stop_reason(now). A
+    simulated runner does the same in a loop.
     """
 
-    def __init__(self, concurrency: int, slo: Sequence[S.Objective], rules: LevelRules) -> None:
-        self.concurrency = concurrency
+    def __init__(self, load: float, slo: Sequence[S.Objective], rules: LevelRules, *, rate: bool = False) -> None:
+        self.load = load
+        self.rate = rate
+        self.concurrency = None if rate else int(load)
         self.slo = list(slo)
         self.rules = rules
         self.outcomes: list[S.RequestOutcome] = []
         self.evaluation: S.Evaluation | None = None
-        # The first requests of a level all start together; before every
-        # worker has been through at least two requests the mix is not yet
-        # the level's steady state (and the first to finish are the fastest).
-        self.min_requests = max(rules.min_requests, 2 * concurrency)
-        self.max_requests = max(rules.max_requests, self.min_requests)
-        self._check_every = max(1, concurrency // 4)
-        self._since_check = 0
+        self.min_requests = rules.min_requests
+        self.max_requests = rules.max_requests if rate else max(rules.max_requests, 8 * int(load))
+        self._inflight: list[float] = []  # start times of requests in flight, sorted
+        self.sent = 0
+        self.first_end: float | None = None
+        self.warmup_end: float | None = None
+        self.window_s: float | None = None
+        self.windows = 0  # complete windows
+        self.stable = False
+        self._gross_checked = 0
+        self.gross = False  # decided failed on everything answered after the warm-up
+        self._failed = 0
+
+    # -- feeding
+    def started(self, t: float) -> None:
+        bisect.insort(self._inflight, t)
+        self.sent += 1
 
     def add(self, outcome: S.RequestOutcome) -> None:
+        if outcome.start_s is not None:
+            i = bisect.bisect_left(self._inflight, outcome.start_s)
+            if i < len(self._inflight) and self._inflight[i] == outcome.start_s:
+                self._inflight.pop(i)
+            if outcome.end_s is not None and self.first_end is None:
+                self.first_end = outcome.end_s
         self.outcomes.append(outcome)
-        self._since_check += 1
+        if not outcome.ok:
+            self._failed += 1
 
     @property
     def count(self) -> int:
         return len(self.outcomes)
 
-    def stop_reason(self, elapsed_s: float) -> str | None:
+    @property
+    def inflight(self) -> int:
+        return len(self._inflight)
+
+    # -- the windows
+    def _advance(self, now: float) -> bool:
+        """Close the warm-up and every window that is over; True when a new window closed."""
+        if self.warmup_end is None:
+            if self.first_end is None:
+                return False
+            if self._inflight and self._inflight[0] < self.first_end:
+                return False  # a request sent before the first answer is still out
+            self.warmup_end = max((o.end_s or 0.0) for o in self.outcomes
+                                  if o.start_s is not None and o.start_s < self.first_end)
+            self.window_s = min(max(self.rules.window_s, self.warmup_end), max(self.rules.window_s,
+                                                                              self.rules.time_cap_s / 8))
+        closed = False
+        assert self.window_s is not None
+        while True:
+            end = self.warmup_end + (self.windows + 1) * self.window_s
+            if now < end or (self._inflight and self._inflight[0] < end):
+                return closed
+            self.windows += 1
+            closed = True
+
+    def blocks(self) -> list[list[S.RequestOutcome]]:
+        """The complete windows' requests, by the window each was sent in."""
+        if self.warmup_end is None or not self.windows or self.window_s is None:
+            return []
+        out: list[list[S.RequestOutcome]] = [[] for _ in range(self.windows)]
+        for o in self.outcomes:
+            if o.start_s is None or o.start_s < self.warmup_end:
+                continue
+            k = int((o.start_s - self.warmup_end) // self.window_s)
+            if k < self.windows:
+                out[k].append(o)
+        return out
+
+    def counted(self) -> list[S.RequestOutcome]:
+        return [o for blk in self.blocks() for o in blk]
+
+    def window_means(self, blocks: list[list[S.RequestOutcome]] | None = None) -> list[float | None]:
+        """Each window's median E2E (a median: one request held up by a busy
+        client must not make a steady level look unstable)."""
+        blocks = self.blocks() if blocks is None else blocks
+        out: list[float | None] = []
+        for blk in blocks:
+            lat = [o.latency_s for o in blk if o.ok and o.latency_s is not None]
+            out.append(stats.percentile(lat, 50) if lat else None)
+        return out
+
+    def _stable(self, blocks: list[list[S.RequestOutcome]]) -> bool:
+        """The last min_windows windows' median E2E each within `stability` of their average."""
+        k = self.rules.min_windows
+        means = self.window_means(blocks[-k:])
+        if len(means) < k or any(m is None for m in means):
+            return False
+        vals = [m for m in means if m is not None]
+        avg = sum(vals) / len(vals)
+        return all(abs(v - avg) <= self.rules.stability * avg for v in vals)
+
+    def stop_reason(self, now: float) -> str | None:
         """None while the level should go on, else why it stops."""
         n = self.count
-        failed = sum(1 for o in self.outcomes if not o.ok)
-        if n >= self.min_requests and failed > self.rules.max_error_share * n:
+        if n >= self.min_requests and self._failed > self.rules.max_error_share * n:
             return "errors"
-        if n >= self.min_requests and (self._since_check >= self._check_every or n >= self.max_requests):
-            self._since_check = 0
-            self.evaluation = S.evaluate(self.outcomes, self.slo, self.rules.confidence, self.rules.precision)
-            if self.evaluation.verdict != S.UNDECIDED:
-                return "decided"
-        if n >= self.max_requests:
-            return "max_requests"
-        if elapsed_s >= self.rules.time_cap_s:
+        # Grossly over (even the independent-sample lower bound is past twice a
+        # limit, over every request sent after the warm-up and answered so
+        # far): no need to wait for the windows. Not over the warm-up's: a
+        # level's opening (a client held up on a busy box, a cold server) is
+        # no verdict on its steady state.
+        closed = self._advance(now)
+        if self.warmup_end is not None:
+            after = [o for o in self.outcomes if o.start_s is not None and o.start_s >= self.warmup_end]
+            m = len(after)
+            if m >= max(self.min_requests, 10) and m - self._gross_checked >= max(1, m // 10):
+                self._gross_checked = m
+                quick = S.evaluate(after, self.slo, self.rules.confidence, 0.0)
+                if any(o.verdict == S.FAIL and o.low_ms is not None and o.low_ms > 2 * o.limit_ms
+                       for o in quick.objectives):
+                    self.evaluation = quick
+                    self.gross = True
+                    return "decided"
+        if closed:
+            blocks = self.blocks()
+            counted = sum(len(b) for b in blocks)
+            if self.windows >= self.rules.min_windows and counted >= self.min_requests:
+                self.stable = self._stable(blocks)
+                ev = S.evaluate_blocks(blocks, self.slo, self.rules.confidence, self.rules.attainment_target)
+                self.evaluation = ev
+                if ev.verdict == S.FAIL or (ev.verdict == S.PASS and self.stable):
+                    return "decided"
+            if counted >= self.max_requests and self.windows >= self.rules.min_windows:
+                return "max_requests"  # (never before min_windows: a level no shorter than its windows)
+        if now >= self.rules.time_cap_s:
             return "time_cap"
         return None
 
+    def progress(self, now: float) -> dict[str, Any]:
+        """A provisional view of the level for a progress display."""
+        blocks = self.blocks()
+        counted = [o for b in blocks for o in b]
+        ok = [o for o in counted if o.ok]
+        ev = self.evaluation
+        return {
+            "phase": "warm-up" if self.warmup_end is None else "measuring",
+            "requests": self.count, "counted": len(counted), "in_flight": self.inflight, "sent": self.sent,
+            "elapsed_s": now, "windows": self.windows, "window_s": self.window_s,
+            "ttft_p99_ms": S.ms(stats.percentile([o.ttft_s for o in ok if o.ttft_s is not None], 99)),
+            "itl_p99_ms": S.ms(stats.percentile(S.itl_gaps(ok), 99)),
+            "attainment": ev.attainment if ev is not None else None,
+            "verdict": ev.verdict if ev is not None else None,
+        }
+
     def result(self, seconds: float, stop: str, server: dict[str, Any] | None = None) -> LevelResult:
-        """The level's figures over every finished request (also those that
-        finished after the stop decision: dropping them would favour the
-        fast ones)."""
-        ev = S.evaluate(self.outcomes, self.slo, self.rules.confidence, self.rules.precision)
-        return level_result(self.concurrency, self.outcomes, self.slo, ev, seconds, stop, server)
+        """The level's figures over its measured windows; where none closed (a
+        level failed in its warm-up, or cut short), over every answered
+        request, marked not stable."""
+        blocks = self.blocks()
+        counted = [o for b in blocks for o in b]
+        if counted and self.window_s is not None:
+            span = self.windows * self.window_s
+            ev = S.evaluate_blocks(blocks, self.slo, self.rules.confidence, self.rules.attainment_target)
+            if self.gross and stop == "decided":
+                ev.verdict = S.FAIL  # decided on everything answered after the warm-up (grossly over)
+            outcomes = counted
+            self.stable = self._stable(blocks)
+        else:
+            span = seconds
+            ev = S.evaluate(self.outcomes, self.slo, self.rules.confidence, self.rules.precision)
+            if self.gross and stop == "decided":
+                ev.verdict = S.FAIL
+            if self.rules.attainment_target and ev.attainment is not None \
+                    and ev.attainment < self.rules.attainment_target and ev.verdict == S.PASS:
+                ev.verdict = S.UNDECIDED
+            outcomes = self.outcomes
+        if stop in ("max_requests", "time_cap") and ev.verdict == S.PASS and not self.stable:
+            ev.verdict = S.UNDECIDED  # the bounds passed but the windows never agreed
+        res = level_result(self.concurrency, outcomes, self.slo, ev, span, stop, server,
+                           attainment_target=self.rules.attainment_target)
+        res.rate = self.load if self.rate else None
+        res.elapsed_s = seconds
+        res.warmup_s = self.warmup_end
+        res.warmup_requests = sum(1 for o in self.outcomes if o.start_s is not None and self.warmup_end is not None
+                                  and o.start_s < self.warmup_end)
+        res.dropped = max(0, self.sent - len(counted) - (res.warmup_requests or 0)) if counted else None
+        res.window_s = self.window_s
+        res.windows = self.windows
+        res.stable = self.stable
+        res.window_e2e_ms = [round(m * 1000.0, 3) if m is not None else math.nan for m in self.window_means(blocks)]
+        return res
 
 
-def level_result(concurrency: int, outcomes: Sequence[S.RequestOutcome], slo: Sequence[S.Objective],
+def level_result(concurrency: int | None, outcomes: Sequence[S.RequestOutcome], slo: Sequence[S.Objective],
                  ev: S.Evaluation, seconds: float, stop: str,
-                 server: dict[str, Any] | None = None) -> LevelResult:
+                 server: dict[str, Any] | None = None, *, attainment_target: float = 0.0) -> LevelResult:
     ok = [o for o in outcomes if o.ok]
     errors: dict[str, int] = {}
     for o in outcomes:
@@ -217,25 +471,30 @@ def level_result(concurrency: int, outcomes: Sequence[S.RequestOutcome], slo: Se
     good = [o for o in outcomes if S.request_meets(o, slo)]
     out_tokens = sum(o.completion_tokens or 0 for o in ok)
     good_tokens = sum(o.completion_tokens or 0 for o in good)
-    gaps = [g for o in ok for g in o.itls]
+    gaps = S.itl_gaps(ok)
+    tpots = [t for t in (o.tpot_s for o in ok) if t is not None]
     if stop in ("errors", "server_down", "cancelled") and ev.verdict != S.FAIL:
         verdict = S.FAIL if stop != "cancelled" else S.UNDECIDED
     else:
         verdict = ev.verdict
     decided = verdict != S.UNDECIDED
-    passed = verdict == S.PASS or (verdict == S.UNDECIDED and stop != "cancelled" and ev.point_pass)
+    attained = ev.attainment is None or not attainment_target or ev.attainment >= attainment_target
+    passed = verdict == S.PASS or (verdict == S.UNDECIDED and stop != "cancelled" and ev.point_pass and attained)
     res = LevelResult(
         concurrency=concurrency, requests=len(outcomes), ok=len(ok), failed=len(outcomes) - len(ok),
         seconds=seconds,
         requests_per_s=stats.rate(len(ok), seconds) if ok else None,
         output_tps=stats.rate(out_tokens, seconds) if ok else None,
-        ttft_p50_ms=_ms(stats.percentile([o.ttft_s for o in ok], 50)),
-        ttft_p99_ms=_ms(stats.percentile([o.ttft_s for o in ok], 99)),
-        itl_p50_ms=_ms(stats.percentile(gaps, 50)),
-        itl_p99_ms=_ms(stats.percentile(gaps, 99)),
-        e2e_p50_ms=_ms(stats.percentile([o.latency_s for o in ok], 50)),
-        e2e_p99_ms=_ms(stats.percentile([o.latency_s for o in ok], 99)),
+        ttft_p50_ms=S.ms(stats.percentile([o.ttft_s for o in ok if o.ttft_s is not None], 50)),
+        ttft_p99_ms=S.ms(stats.percentile([o.ttft_s for o in ok if o.ttft_s is not None], 99)),
+        itl_p50_ms=S.ms(stats.percentile(gaps, 50)),
+        itl_p99_ms=S.ms(stats.percentile(gaps, 99)),
+        e2e_p50_ms=S.ms(stats.percentile([o.latency_s for o in ok if o.latency_s is not None], 50)),
+        e2e_p99_ms=S.ms(stats.percentile([o.latency_s for o in ok if o.latency_s is not None], 99)),
+        tpot_p50_ms=S.ms(stats.percentile(tpots, 50)),
+        tpot_p99_ms=S.ms(stats.percentile(tpots, 99)),
         attainment=ev.attainment, attainment_low=ev.attainment_low, attainment_high=ev.attainment_high,
+        attainment_target=attainment_target or None,
         goodput_rps=stats.rate(len(good), seconds) if outcomes else None,
         goodput_output_tps=stats.rate(good_tokens, seconds) if outcomes else None,
         passed=passed, decided=decided, verdict=verdict, stop=stop,
@@ -251,7 +510,10 @@ def saturated(prev: LevelResult, cur: LevelResult, config: SearchConfig) -> bool
     vLLM keeps requests waiting (a queue of at least a quarter of the
     concurrency, on average), output throughput grew by less than 10 % and
     TTFT grew by half or more. vLLM's own TTFT is preferred (it is what the
-    queue does to requests), ours where /metrics had none."""
+    queue does to requests), ours where /metrics had none. Closed loop only:
+    an open loop past its capacity fails its TTFT objective by itself."""
+    if cur.concurrency is None or cur.rate is not None:
+        return False
     if cur.waiting_mean is None or prev.output_tps is None or cur.output_tps is None:
         return False
     queued = cur.waiting_mean >= max(1.0, config.saturation_waiting_share * cur.concurrency)
@@ -279,12 +541,22 @@ class CapacityResult:
     model: str | None = None
     workload: dict[str, Any] | None = None
     warnings: list[str] = field(default_factory=list)
+    mode: str = "concurrency"  # concurrency | rate (records made before rate: concurrency)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
-    def level(self, concurrency: int) -> LevelResult | None:
-        return next((lv for lv in self.levels if lv.concurrency == concurrency), None)
+    def level(self, load: float) -> LevelResult | None:
+        """The level at that concurrency (or rate)."""
+        return next((lv for lv in self.levels if lv.load == float(load)), None)
+
+    @property
+    def capacity_load(self) -> float | None:
+        """The capacity as a number: its rate (open loop) or its concurrency."""
+        if not self.capacity:
+            return None
+        v = self.capacity.get("rate") if self.mode == "rate" else self.capacity.get("concurrency")
+        return None if v is None else float(v)
 
     def save(self, preset: Any = None, engine_report: Any = None, notes: str | None = None):
         """Store as a 'capacity' run record."""
@@ -292,20 +564,34 @@ class CapacityResult:
                                  url=self.url, model=self.model, notes=notes)
 
 
+def capacity_from_dict(d: dict[str, Any]) -> CapacityResult:
+    """A CapacityResult from its JSON (a run record's results), older records too."""
+    import dataclasses
+
+    names = {f.name for f in dataclasses.fields(LevelResult)}
+    levels = [LevelResult(**{k: v for k, v in lv.items() if k in names}) for lv in d.get("levels") or []]
+    top = {f.name for f in dataclasses.fields(CapacityResult)} - {"levels"}
+    return CapacityResult(levels=levels, **{k: v for k, v in d.items() if k in top})
+
+
 def capacity_summary(level: LevelResult) -> dict[str, Any]:
-    return {
+    out: dict[str, Any] = {
         "concurrency": level.concurrency,
         "goodput_rps": level.goodput_rps,
         "goodput_output_tps": level.goodput_output_tps,
         "ttft_p99_ms": level.ttft_p99_ms,
         "itl_p99_ms": level.itl_p99_ms,
         "attainment": level.attainment,
+        "attainment_target": level.attainment_target,
         "decided": level.decided,
     }
+    if level.rate is not None:
+        out["rate"] = level.rate
+    return out
 
 
 Progress = Callable[[dict[str, Any]], None]
-LevelRunner = Callable[[int], LevelResult]
+LevelRunner = Callable[[Any], LevelResult]
 
 
 def emit(progress: Progress | None, **event: Any) -> None:
@@ -316,38 +602,52 @@ def emit(progress: Progress | None, **event: Any) -> None:
             log.exception("capacity progress callback failed")
 
 
+def _round_rate(x: float) -> float:
+    """A rate to 3 significant digits (levels read 1.5, 12.3, 187)."""
+    if x <= 0:
+        return x
+    digits = 2 - int(math.floor(math.log10(x)))
+    return round(x, max(0, digits))
+
+
 def search(run_level: LevelRunner, slo: Sequence[S.Objective], config: SearchConfig | None = None, *,
            progress: Progress | None = None, cancel: threading.Event | None = None,
            clock: Callable[[], float] = time.monotonic) -> CapacityResult:
-    """Find the capacity. run_level(concurrency) measures one level (it is
-    called at most once per concurrency); progress gets
-    {"event": "level_start", "concurrency", "index"} and
-    {"event": "level_done", "level": LevelResult, "index", "low_pass", "high_fail"}."""
+    """Find the capacity. run_level(load) measures one level (it is called
+    at most once per load; load is an int concurrency, or in rate mode a
+    float req/s); progress gets
+    {"event": "level_start", "concurrency" (or "rate"), "index"} and
+    {"event": "level_done", "level": LevelResult, "index", "low_pass", "high_fail"}
+    (the runner adds "level_progress" events while a level runs)."""
     config = config or SearchConfig()
     config.validate()
+    rate = config.rate
+    key = "rate" if rate else "concurrency"
     t0 = clock()
     levels: list[LevelResult] = []
-    seen: dict[int, LevelResult] = {}
+    seen: dict[float, LevelResult] = {}
     best: LevelResult | None = None  # highest passing level
-    fail_at: int | None = None  # lowest failing concurrency
+    fail_at: float | None = None  # lowest failing load
     reason: str | None = None
 
-    def measure(c: int) -> LevelResult:
-        emit(progress, event="level_start", concurrency=c, index=len(levels))
-        lv = run_level(c)
+    def measure(x: float) -> LevelResult:
+        load: Any = _round_rate(x) if rate else int(x)
+        emit(progress, event="level_start", index=len(levels), **{key: load})
+        lv = run_level(load)
         levels.append(lv)
-        seen[c] = lv
+        seen[float(load)] = lv
         return lv
 
     def record(lv: LevelResult) -> None:
         nonlocal best, fail_at
         if lv.passed and lv.stop != "cancelled":
-            if best is None or lv.concurrency > best.concurrency:
+            if best is None or lv.load > best.load:
                 best = lv
         elif lv.stop != "cancelled":
-            fail_at = lv.concurrency if fail_at is None else min(fail_at, lv.concurrency)
+            fail_at = lv.load if fail_at is None else min(fail_at, lv.load)
         emit(progress, event="level_done", level=lv, index=len(levels) - 1,
-              low_pass=best.concurrency if best else None, high_fail=fail_at)
+              low_pass=(best.load if rate else best.concurrency) if best else None,
+              high_fail=(fail_at if rate or fail_at is None else int(fail_at)))
 
     def interrupted(lv: LevelResult) -> str | None:
         if lv.stop == "cancelled" or (cancel is not None and cancel.is_set()):
@@ -357,13 +657,14 @@ def search(run_level: LevelRunner, slo: Sequence[S.Objective], config: SearchCon
         return None
 
     # Doubling.
-    c = config.start
+    x: float = config.start_rate if rate else config.start
+    top: float = config.max_rate if rate else config.max_concurrency
     prev: LevelResult | None = None
     while reason is None:
         if cancel is not None and cancel.is_set():
             reason = "cancelled"
             break
-        lv = measure(c)
+        lv = measure(x)
         record(lv)
         reason = interrupted(lv)
         if reason is not None:
@@ -373,25 +674,30 @@ def search(run_level: LevelRunner, slo: Sequence[S.Objective], config: SearchCon
         if prev is not None and saturated(prev, lv, config):
             reason = "saturated"
             break
-        if c >= config.max_concurrency:
-            reason = "max_concurrency"
+        if x >= top:
+            reason = "max_rate" if rate else "max_concurrency"
             break
         prev = lv
-        c = min(2 * c, config.max_concurrency)
+        x = min(2 * x, top)
 
     # Bisection between the highest pass (0 when none: the start itself may
     # be above the capacity) and the lowest fail.
+    floor = (config.start_rate / 8.0) if rate else 1.0
     while reason is None:
-        lo = best.concurrency if best else 0
+        lo = best.load if best else 0.0
         hi = fail_at if fail_at is not None else lo + 1
-        if hi - lo <= 1 or (lo > 0 and (hi - lo) / lo <= config.tolerance):
+        if rate:
+            done = (lo > 0 and (hi - lo) / lo <= config.tolerance) or (lo == 0 and hi <= floor)
+        else:
+            done = hi - lo <= 1 or (lo > 0 and (hi - lo) / lo <= config.tolerance)
+        if done:
             reason = "bracketed" if best else "first_level_failed"
             break
         if cancel is not None and cancel.is_set():
             reason = "cancelled"
             break
-        mid = (lo + hi) // 2
-        if mid in seen:  # cannot happen with integer bisection; guards against a loop
+        mid = _round_rate((lo + hi) / 2.0) if rate else float((int(lo) + int(hi)) // 2)
+        if mid in seen or mid <= lo or mid >= hi:  # rounding met a measured level: as close as it gets
             reason = "bracketed" if best else "first_level_failed"
             break
         lv = measure(mid)
@@ -401,7 +707,7 @@ def search(run_level: LevelRunner, slo: Sequence[S.Objective], config: SearchCon
     capacity = capacity_summary(best) if best else None
     return CapacityResult(slo=S.describe(slo), capacity=capacity, levels=levels, stop_reason=reason,
                           stop_message=STOP_REASONS.get(reason, reason), seconds=clock() - t0,
-                          config=asdict(config))
+                          config=asdict(config), mode=config.mode)
 
 
 def format_capacity(r: CapacityResult) -> str:
@@ -409,27 +715,41 @@ def format_capacity(r: CapacityResult) -> str:
     def f(v: float | None, fmt: str = ".1f") -> str:
         return "-" if v is None else format(v, fmt)
 
-    head = (f"{'conc':>5} {'reqs':>5} {'req/s':>7} {'out tok/s':>9} {'TTFT p50':>9} {'p99':>8} "
+    rate = r.mode == "rate"
+    col = "req/s in" if rate else "conc"
+    head = (f"{col:>8} {'reqs':>5} {'req/s':>7} {'out tok/s':>9} {'TTFT p50':>9} {'p99':>8} "
             f"{'ITL p50':>8} {'p99':>7} {'attain':>7} {'KV pk%':>6} {'wait pk':>7} {'preempt':>7}  verdict")
-    lines = [f"capacity search, SLO {' '.join(r.slo)}", head]
-    for lv in sorted(r.levels, key=lambda x: x.concurrency):
+    lines = [f"capacity search ({'open loop, request rate' if rate else 'closed loop, concurrency'}), "
+             f"SLO {' '.join(r.slo)}", head]
+    for lv in sorted(r.levels, key=lambda x: x.load):
         verdict = ("pass" if lv.passed else "fail") + ("" if lv.decided else " (undecided)")
         att = "-" if lv.attainment is None else f"{lv.attainment * 100:.1f}%"
-        lines.append(f"{lv.concurrency:>5} {lv.requests:>5} {f(lv.requests_per_s, '.2f'):>7} "
+        load = f"{lv.rate:g}" if lv.rate is not None else str(lv.concurrency)
+        extra = ""
+        if lv.windows is not None:
+            extra = f", {lv.windows} windows" + ("" if lv.stable else " (not stable)")
+        if lv.late_sends:
+            extra += f", {lv.late_sends} sent late (up to {f(lv.late_send_max_ms)} ms)"
+        lines.append(f"{load:>8} {lv.requests:>5} {f(lv.requests_per_s, '.2f'):>7} "
                      f"{f(lv.output_tps):>9} {f(lv.ttft_p50_ms):>9} {f(lv.ttft_p99_ms):>8} "
                      f"{f(lv.itl_p50_ms):>8} {f(lv.itl_p99_ms):>7} {att:>7} {f(lv.kv_cache_peak_pct):>6} "
-                     f"{f(lv.waiting_peak, 'g'):>7} {f(lv.preemptions, 'g'):>7}  {verdict}, {lv.stop}")
+                     f"{f(lv.waiting_peak, 'g'):>7} {f(lv.preemptions, 'g'):>7}  {verdict}, {lv.stop}{extra}")
         v = lv.vllm
         if v:
-            lines.append(f"{'':>5} vLLM's histograms: TTFT p50 {f(v.get('ttft_p50_ms'))} p99 "
+            lines.append(f"{'':>8} vLLM's histograms: TTFT p50 {f(v.get('ttft_p50_ms'))} p99 "
                          f"{f(v.get('ttft_p99_ms'))} ms, ITL p50 {f(v.get('itl_p50_ms'))} p99 "
                          f"{f(v.get('itl_p99_ms'))} ms, {f(v.get('requests_finished'), 'g')} requests")
     if r.capacity:
         c = r.capacity
-        lines.append(f"capacity: concurrency {c['concurrency']}"
+        what = f"rate {c.get('rate'):g} req/s" if rate and c.get("rate") is not None else \
+            f"concurrency {c['concurrency']}"
+        target = c.get("attainment_target")
+        lines.append(f"capacity: {what}"
                      + ("" if c.get("decided", True) else " (its level was undecided at a cap)")
                      + f", goodput {f(c['goodput_rps'], '.2f')} req/s, {f(c['goodput_output_tps'])} output tok/s, "
-                     f"TTFT p99 {f(c['ttft_p99_ms'])} ms, ITL p99 {f(c['itl_p99_ms'])} ms")
+                     f"TTFT p99 {f(c['ttft_p99_ms'])} ms, ITL p99 {f(c['itl_p99_ms'])} ms"
+                     + (f", attainment {c['attainment'] * 100:.1f}% (target {target * 100:.0f}%)"
+                        if c.get("attainment") is not None and target else ""))
     else:
         lines.append("capacity: none (no level met the SLO)")
     lines.append(f"stopped: {r.stop_reason} ({r.stop_message}), {r.seconds:.1f} s")

@@ -1,13 +1,20 @@
-"""The capacity search against a live server: the HTTP level runner and run_capacity.
+"""The capacity search against a live server: the HTTP level runners and run_capacity.
 
-One level = a closed loop at concurrency C: C workers, each sends its next
-request as soon as its previous one ends, through the probe's streaming
-client (probe.stream_request: per-token timing). A LevelMonitor (capacity.py)
-says when the level has seen enough; then nothing new is sent, the requests
-in flight are let finish (dropping them would keep only the fast ones), and
-vLLM's /metrics is read for the same window: histogram deltas (TTFT, ITL,
-e2e) as the burst's VllmView does, and, sampled while the level ran, the
-KV-cache peak, running/waiting peaks and the mean waiting queue.
+One level is either
+- a closed loop at concurrency C (HttpLevelRunner): C workers, each sends
+  its next request as soon as its previous one ends; or
+- an open loop at a rate R req/s (HttpRateRunner): requests sent on a
+  schedule (arrival_times: Poisson or evenly spaced), whether or not earlier
+  ones have finished; a send more than 10 ms behind its time is counted late,
+  as production traffic does not wait for the server,
+each request through the probe's streaming client (probe.stream_request:
+per-token timing). A LevelMonitor (capacity.py) discards the warm-up, cuts
+the rest into windows and says when the level has seen enough; the requests
+still in flight then belong to a window that is not counted, and are
+cancelled (vLLM aborts them) rather than drained at a lighter load. vLLM's
+/metrics is read for the level: histogram deltas (TTFT, ITL, e2e) as the
+burst's VllmView does, and, sampled while the level ran, the KV-cache peak,
+running/waiting peaks and the mean waiting queue.
 
 Prompts come from a Workload (workload.py): built exact-length prompts that
 never repeat, or a JSONL file of real prompts.
@@ -19,8 +26,11 @@ waiting-queue mean, and the settled closing scrape (burst keeps both private).
 from __future__ import annotations
 
 import asyncio
+import math
+import random
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -140,8 +150,6 @@ class RequestSettings:
     # starts only after the opening scrape).
     metrics_timeout_s: float = 15.0
     settle_timeout_s: float = 5.0
-    # After the stop decision, how long in-flight requests may take to finish.
-    drain_timeout_s: float = 30.0
 
 
 def request_setup(*, min_tokens: int = 30, max_tokens_in: int = 300, max_tokens: int = 128,
@@ -164,13 +172,29 @@ def request_setup(*, min_tokens: int = 30, max_tokens_in: int = 300, max_tokens:
 Progress = Callable[[dict[str, Any]], None]
 
 
+def arrival_times(rate: float, kind: str = "poisson", seed: int = 0) -> Iterator[float]:
+    """Send times, seconds from the level's start, of an open loop at `rate`
+    req/s: Poisson arrivals (exponential gaps, as vLLM's bench client's
+    --request-rate with burstiness 1) or evenly spaced ("constant"). Endless;
+    the runner takes as many as the level needs."""
+    rng = random.Random(seed)
+    t = 0.0
+    while True:
+        yield t
+        t += rng.expovariate(rate) if kind == "poisson" else 1.0 / rate
+
+
 class HttpLevelRunner:
-    """A LevelRunner (concurrency -> LevelResult) against a live server."""
+    """A LevelRunner (concurrency -> LevelResult) against a live server:
+    closed loop. HttpRateRunner is its open-loop twin (rate -> LevelResult)."""
+
+    open_loop = False
 
     def __init__(self, url: str, model: str, workload: Workload, slo: list[S.Objective],
                  rules: C.LevelRules | None = None, settings: RequestSettings | None = None, *,
                  api_key: str | None = None, use_metrics: bool = True,
-                 cancel: threading.Event | None = None, progress: Progress | None = None) -> None:
+                 cancel: threading.Event | None = None, progress: Progress | None = None,
+                 arrivals: str = C.DEFAULT_ARRIVALS, seed: int = 0) -> None:
         self.url = url
         self.model = model
         self.workload = workload
@@ -181,11 +205,14 @@ class HttpLevelRunner:
         self.use_metrics = use_metrics
         self.cancel = cancel
         self.progress = progress
+        self.arrivals = arrivals
+        self.seed = seed
         self.metrics_missing = False
         self.server_warmed = False
+        self._levels = 0
 
-    def __call__(self, concurrency: int) -> C.LevelResult:
-        return asyncio.run(self.run_async(concurrency))
+    def __call__(self, load: Any) -> C.LevelResult:
+        return asyncio.run(self.run_async(load))
 
     def _request(self, item: WorkItem, max_tokens: int | None = None) -> ProbeRequest:
         s = self.settings
@@ -216,57 +243,90 @@ class HttpLevelRunner:
         if not dropped:
             task.result()  # a bug in the batch still shows
 
-    async def run_async(self, concurrency: int) -> C.LevelResult:
+    def _expected_requests(self, load: float) -> int:
+        """Prompts to build before the level: the most it may send."""
+        if self.open_loop:  # (past this, take() builds more as it goes)
+            return int(load * min(self.rules.time_cap_s, 15.0)) + 16
+        return max(self.rules.max_requests, 8 * int(load)) + 3 * int(load)
+
+    async def run_async(self, load: Any) -> C.LevelResult:
         s = self.settings
-        monitor = C.LevelMonitor(concurrency, self.slo, self.rules)
+        rate = self.open_loop
+        width = max(1, int(math.ceil(load)))  # warm-up batch and connections
+        monitor = C.LevelMonitor(load, self.slo, self.rules, rate=rate)
         mclient = M.MetricsClient(self.url, self.api_key, timeout=s.metrics_timeout_s) if self.use_metrics else None
         stop = asyncio.Event()
         reason: list[str] = []
         in_row = 0  # transport failures in a row
-        t0 = t_last = 0.0
-        last_progress = 0.0
+        t0 = 0.0
+        late_n = 0  # sends behind schedule
+        late_max = 0.0  # the worst lag (s)
+        tasks: set[asyncio.Future] = set()
+        key = "rate" if rate else "concurrency"
 
         def decide(r: str) -> None:
             if not reason:
                 reason.append(r)
             stop.set()
 
-        async def worker(client) -> None:
-            nonlocal in_row, t_last, last_progress
+        async def one(client) -> None:
+            nonlocal in_row
+            item = self.workload.take()
+            t_s = time.perf_counter() - t0
+            monitor.started(t_s)
+            res = await stream_request(client, self.url, self._request(item), self.model,
+                                       read_timeout=s.read_timeout_s, total_timeout=s.request_timeout_s)
+            t_e = time.perf_counter() - t0
+            kind = res.error.kind if res.error else None
+            monitor.add(S.RequestOutcome(ok=res.ok, ttft_s=res.ttft_s, latency_s=res.latency_s,
+                                         itls=list(res.itls), completion_tokens=res.completion_tokens,
+                                         prompt_tokens=res.prompt_tokens, error_kind=kind,
+                                         start_s=t_s, end_s=t_e))
+            in_row = in_row + 1 if kind in TRANSPORT_KINDS else 0
+            if in_row >= max(4, 2 * width):
+                decide("server_down")
+            if not stop.is_set():
+                r = monitor.stop_reason(t_e)
+                if r is not None:
+                    decide(r)
+
+        async def worker(client) -> None:  # closed loop: one slot
             while not stop.is_set():
-                res = await stream_request(client, self.url, self._request(self.workload.take()), self.model,
-                                           read_timeout=s.read_timeout_s, total_timeout=s.request_timeout_s)
-                now = time.perf_counter()
-                t_last = max(t_last, now)
-                kind = res.error.kind if res.error else None
-                monitor.add(S.RequestOutcome(ok=res.ok, ttft_s=res.ttft_s, latency_s=res.latency_s,
-                                             itls=list(res.itls), completion_tokens=res.completion_tokens,
-                                             prompt_tokens=res.prompt_tokens, error_kind=kind))
-                in_row = in_row + 1 if kind in TRANSPORT_KINDS else 0
-                if in_row >= max(4, 2 * concurrency):
-                    decide("server_down")
-                if not stop.is_set():
-                    r = monitor.stop_reason(now - t0)
-                    if r is not None:
-                        decide(r)
-                if self.progress is not None and now - last_progress >= 0.5:
-                    last_progress = now
-                    C.emit(self.progress, event="level_progress", concurrency=concurrency,
-                            requests=monitor.count, elapsed_s=now - t0)
+                await one(client)
+
+        async def sender(client) -> None:  # open loop: on schedule
+            nonlocal late_n, late_max
+            for due in arrival_times(float(load), self.arrivals, self.seed * 1009 + self._levels):
+                if stop.is_set():
+                    return
+                delay = due - (time.perf_counter() - t0)
+                if delay > 0:
+                    try:
+                        await asyncio.wait_for(stop.wait(), delay)
+                        return
+                    except asyncio.TimeoutError:
+                        pass
+                lag = (time.perf_counter() - t0) - due
+                if lag > C.LATE_SEND_S:
+                    late_n += 1
+                    late_max = max(late_max, lag)
+                t = asyncio.ensure_future(one(client))
+                tasks.add(t)
+                t.add_done_callback(tasks.discard)
 
         before = None
         sampler = None
-        # Enough new prompts for the most this level can send (its cap, one
-        # more per worker in flight when it stops, the first warm-up batch),
-        # built now, before anything is timed.
-        self.workload.ensure(self.rules.max_requests + 2 * concurrency)
-        async with new_async_client(self.api_key, s.read_timeout_s, max_connections=concurrency + 2) as client:
+        self._levels += 1
+        # New prompts for the most this level can send, built now, before anything is timed.
+        self.workload.ensure(self._expected_requests(float(load)))
+        conns = width + 2 if not rate else max(64, int(float(load) * 30) + 16)
+        async with new_async_client(self.api_key, s.read_timeout_s, max_connections=conns) as client:
             if s.warmup:
                 if not self.server_warmed:
                     self.server_warmed = True
-                    batch = [self._request(self.workload.take()) for _ in range(concurrency)]
+                    batch = [self._request(self.workload.take()) for _ in range(width)]
                 else:
-                    batch = [self._request(self.workload.warm_item, max_tokens=1)] * concurrency
+                    batch = [self._request(self.workload.warm_item, max_tokens=1)] * min(width, 64)
                 await self._unless_cancelled(asyncio.gather(*(
                     stream_request(client, self.url, req, self.model, read_timeout=s.read_timeout_s,
                                    total_timeout=s.request_timeout_s) for req in batch)))
@@ -279,32 +339,43 @@ class HttpLevelRunner:
                     # sample lost to a slow answer is only a sample.
                     sampler = _MetricsSampler(M.MetricsClient(self.url, self.api_key), s.sample_interval_s)
                     sampler.start()
-            t0 = t_last = time.perf_counter()
-            tasks = [asyncio.ensure_future(worker(client)) for _ in range(concurrency)]
+            t0 = time.perf_counter()
+            if rate:
+                feeder = asyncio.ensure_future(sender(client))
+            else:
+                feeder = None
+                for _ in range(int(load)):
+                    t = asyncio.ensure_future(worker(client))
+                    tasks.add(t)
+            last_progress = 0.0
             try:
                 while not stop.is_set():
                     if self._cancelled():
                         decide("cancelled")
                         break
-                    r = monitor.stop_reason(time.perf_counter() - t0)
+                    now = time.perf_counter() - t0
+                    r = monitor.stop_reason(now)
                     if r is not None:
                         decide(r)
                         break
+                    if self.progress is not None and now - last_progress >= 0.5:
+                        last_progress = now
+                        C.emit(self.progress, event="level_progress", **{key: load},
+                               **monitor.progress(now))
                     try:
                         await asyncio.wait_for(stop.wait(), 0.1)
                     except asyncio.TimeoutError:
                         pass
-                # Let what is in flight finish, unless cancelled or the server is gone.
-                if reason and reason[0] not in ("cancelled", "server_down"):
-                    deadline = time.monotonic() + s.drain_timeout_s
-                    while not all(t.done() for t in tasks) and time.monotonic() < deadline \
-                            and not self._cancelled():
-                        await asyncio.wait(tasks, timeout=0.1)
             finally:
-                for t in tasks:
-                    t.cancel()
-                await asyncio.gather(*tasks, return_exceptions=True)
-        seconds = max(t_last - t0, 1e-9)
+                # What is still in flight belongs to a window that is not
+                # counted: cancel it (vLLM aborts it) instead of draining it
+                # at a lighter load.
+                stop.set()
+                pending: list[asyncio.Future] = list(tasks) + ([feeder] if feeder is not None else [])
+                for fut in pending:
+                    fut.cancel()
+                await asyncio.gather(*pending, return_exceptions=True)
+        elapsed = max(time.perf_counter() - t0, 1e-9)
         if sampler is not None:
             sampler.halt.set()
         server: dict[str, Any] = {}
@@ -323,7 +394,20 @@ class HttpLevelRunner:
         if stop_reason != "cancelled" and monitor.outcomes and not any(o.ok for o in monitor.outcomes) and all(
                 o.error_kind in TRANSPORT_KINDS for o in monitor.outcomes):
             stop_reason = "server_down"
-        return monitor.result(seconds, stop_reason, server)
+        res = monitor.result(elapsed, stop_reason, server)
+        if rate:
+            res.late_sends, res.late_send_max_ms = late_n, round(late_max * 1000.0, 3)
+            if late_n:
+                res.warnings.append(f"{late_n} requests were sent more than {C.LATE_SEND_S * 1000:.0f} ms after "
+                                    f"their time (up to {late_max * 1000:.0f} ms): the client could not keep up")
+        return res
+
+
+class HttpRateRunner(HttpLevelRunner):
+    """A LevelRunner (rate in req/s -> LevelResult): open loop, requests sent
+    on the arrival schedule whether or not earlier ones have finished."""
+
+    open_loop = True
 
 
 # -- the whole search -------------------------------------------------------------
@@ -367,8 +451,9 @@ def run_capacity(url: str, slo: list[S.Objective], *, search_config: C.SearchCon
     if served.max_model_len and longest > served.max_model_len:
         warnings.append(f"the longest prompt plus max_tokens exceeds the model's max_model_len "
                         f"({served.max_model_len}): such requests fail and count as misses")
-    runner = HttpLevelRunner(url, served.id, workload, slo, rules, settings, api_key=api_key,
-                             use_metrics=use_metrics, cancel=cancel, progress=progress)
+    kind = HttpRateRunner if search_config.rate else HttpLevelRunner
+    runner = kind(url, served.id, workload, slo, rules, settings, api_key=api_key, use_metrics=use_metrics,
+                  cancel=cancel, progress=progress, arrivals=search_config.arrivals)
     result = C.search(runner, slo, search_config, progress=progress, cancel=cancel)
     result.seconds = time.monotonic() - t0
     result.config = _config_dict(search_config, rules, settings)

@@ -21,6 +21,21 @@ A request that failed (error, timeout) never got its tokens in time: it
 counts as infinitely slow for ttft and e2e and as missing every objective
 for attainment.
 
+Two meanings, one each (as vLLM's bench client and its `--goodput` use them):
+- the percentile objectives: TTFT and E2E one value per request, ITL over
+  every token gap of every request (vLLM's "ITL" percentiles);
+- goodput and attainment, per request, as vLLM's `--goodput` and DistServe:
+  a request is good when its TTFT, its TPOT (mean gap after the first token,
+  (e2e - ttft) / (tokens - 1)) and its E2E are each within the limit given
+  for that metric (the tightest, when several percentiles name one metric;
+  the itl limit stands for tpot). Attainment = good requests / requests.
+
+Confidence over a level measured in time windows (evaluate_blocks): latency
+of requests running together is correlated (they share a batch), so the
+bound comes from batch means: the share of values within the limit, taken
+per window, and a Student-t interval over the windows. The order-statistic
+bound above, which treats samples as independent, is only a floor.
+
 All pure functions: no clocks, no I/O. Times are seconds.
 """
 
@@ -100,6 +115,32 @@ class RequestOutcome:
     completion_tokens: int | None = None
     prompt_tokens: int | None = None
     error_kind: str | None = None
+    # When it was sent and when it ended, seconds from the level's start
+    # (the windows of a steady-state level; None where nobody timed it).
+    start_s: float | None = None
+    end_s: float | None = None
+
+    @property
+    def tpot_s(self) -> float | None:
+        """Time per output token after the first (vLLM's TPOT); None for one token."""
+        if not self.ok or self.latency_s is None or self.ttft_s is None:
+            return None
+        n = self.completion_tokens if self.completion_tokens is not None else len(self.itls) + 1
+        if n <= 1:
+            return None
+        return max(0.0, self.latency_s - self.ttft_s) / (n - 1)
+
+
+def itl_gaps(outcomes: Sequence[RequestOutcome]) -> list[float]:
+    """Every token gap of every answered request: what an itl percentile is over."""
+    return [g for o in outcomes if o.ok for g in o.itls]
+
+
+def ms(x: float | None) -> float | None:
+    """Seconds to ms; None for none, infinite or NaN (nothing to show)."""
+    if x is None or math.isinf(x) or math.isnan(x):
+        return None
+    return x * 1000.0
 
 
 # -- order statistics ---------------------------------------------------------
@@ -180,12 +221,22 @@ class ObjectiveResult:
     metric: str
     percentile: int
     limit_ms: float
-    value_ms: float | None  # the sample's percentile (None: no samples)
+    # The judged percentile: over every request, a failed one counted as
+    # infinitely slow (None: no samples, or infinite). LevelResult's
+    # ttft_p99_ms etc. are the displayed ones, over answered requests only,
+    # as vLLM's bench client reports them.
+    value_ms: float | None
     low_ms: float | None  # bounds at the confidence (None: unbounded on that side)
     high_ms: float | None
     samples: int
     verdict: str  # pass | fail | undecided
-    how: str  # "bounds" (interval on one side), "precision" (narrow interval), "estimate" (neither)
+    how: str  # "bounds" (interval on one side), "precision" (narrow interval), "estimate" (neither),
+    #          "batch means" (the share within the limit, bounded over time windows)
+    # Over windows (evaluate_blocks): the share of values within the limit and its bounds.
+    share_within: float | None = None
+    share_low: float | None = None
+    share_high: float | None = None
+    blocks: int | None = None
 
 
 @dataclass
@@ -197,6 +248,8 @@ class Evaluation:
     attainment: float | None = None
     attainment_low: float | None = None
     attainment_high: float | None = None
+    attainment_target: float | None = None
+    attainment_verdict: str | None = None
 
     @property
     def point_pass(self) -> bool:
@@ -208,17 +261,11 @@ class Evaluation:
         return asdict(self)
 
 
-def _ms(x: float | None) -> float | None:
-    if x is None or math.isinf(x) or math.isnan(x):
-        return None
-    return x * 1000.0
-
-
 def metric_values(objective: Objective, outcomes: Sequence[RequestOutcome]) -> tuple[list[float], int]:
     """The values an objective's percentile is taken over, and how many
     independent units they come from."""
     if objective.metric == "itl":
-        gaps = [g for o in outcomes if o.ok for g in o.itls]
+        gaps = itl_gaps(outcomes)
         return gaps, sum(1 for o in outcomes if o.ok and o.itls)
     attr = "ttft_s" if objective.metric == "ttft" else "latency_s"
     vals = []
@@ -261,26 +308,37 @@ def judge(objective: Objective, outcomes: Sequence[RequestOutcome], confidence: 
     else:
         verdict, how = UNDECIDED, "estimate"
     return ObjectiveResult(objective=str(objective), metric=objective.metric, percentile=objective.percentile,
-                           limit_ms=limit * 1000.0, value_ms=_ms(value) if value is not None else None,
-                           low_ms=_ms(lo), high_ms=_ms(hi), samples=len(values), verdict=verdict, how=how)
+                           limit_ms=limit * 1000.0, value_ms=ms(value) if value is not None else None,
+                           low_ms=ms(lo), high_ms=ms(hi), samples=len(values), verdict=verdict, how=how)
+
+
+def goodput_limits(slo: Sequence[Objective]) -> dict[str, float]:
+    """The per-request limits of goodput (vLLM's --goodput ttft:MS tpot:MS
+    e2el:MS): one per metric, the tightest where several percentiles name it;
+    the itl objective's limit is the tpot limit."""
+    out: dict[str, float] = {}
+    for o in slo:
+        key = {"ttft": "ttft", "itl": "tpot", "e2e": "e2el"}[o.metric]
+        out[key] = min(out.get(key, math.inf), o.limit_s)
+    return out
 
 
 def request_meets(outcome: RequestOutcome, slo: Sequence[Objective]) -> bool:
-    """One request against every objective: ttft and e2e by its own value,
-    itl by its own gaps' percentile (a one-token answer has no gaps and
-    cannot miss an itl objective)."""
+    """One request is good (vLLM's --goodput, DistServe): its TTFT, its TPOT
+    and its E2E each within that metric's limit. A failed request is not; a
+    one-token answer has no TPOT and cannot miss a tpot limit."""
     if not outcome.ok:
         return False
-    for o in slo:
-        if o.metric == "ttft":
+    for key, limit in goodput_limits(slo).items():
+        if key == "ttft":
             v = outcome.ttft_s
-        elif o.metric == "e2e":
+        elif key == "e2el":
             v = outcome.latency_s
         else:
-            if not outcome.itls:
+            v = outcome.tpot_s
+            if v is None:
                 continue
-            v = stats.percentile(outcome.itls, o.percentile)
-        if v is None or v > o.limit_s:
+        if v is None or v > limit:
             return False
     return True
 
@@ -316,3 +374,108 @@ def limit_ms(slo: Sequence[Objective], metric: str, percentile: int) -> float | 
 
 def describe(slo: Sequence[Objective]) -> list[str]:
     return [str(o) for o in slo]
+
+
+# -- batch means over time windows -------------------------------------------------
+
+def t_quantile(p: float, df: int) -> float:
+    """Student-t quantile (Cornish-Fisher expansion of the normal one: within
+    about 1 % of the exact value from 2 degrees of freedom on)."""
+    z = NormalDist().inv_cdf(p)
+    if df <= 0:
+        return math.inf
+    v = float(df)
+    return (z + (z ** 3 + z) / (4 * v) + (5 * z ** 5 + 16 * z ** 3 + 3 * z) / (96 * v * v)
+            + (3 * z ** 7 + 19 * z ** 5 + 17 * z ** 3 - 15 * z) / (384 * v ** 3))
+
+
+def share_bounds(hits: Sequence[int], counts: Sequence[int], confidence: float
+                 ) -> tuple[float | None, float | None, float | None]:
+    """(share, low, high) of a proportion measured in blocks: the ratio
+    estimator sum(hits) / sum(counts), its one-sided bounds at `confidence`
+    from the spread between blocks (batch means, Student-t with blocks - 1
+    degrees of freedom). Blocks with no values are left out; with fewer than
+    two blocks the bounds are (0, 1)."""
+    pairs = [(h, n) for h, n in zip(hits, counts, strict=True) if n > 0]
+    total = sum(n for _, n in pairs)
+    if not total:
+        return None, None, None
+    share = sum(h for h, _ in pairs) / total
+    b = len(pairs)
+    if b < 2:
+        return share, 0.0, 1.0
+    nbar = total / b
+    var = sum((h - share * n) ** 2 for h, n in pairs) / ((b - 1) * b * nbar * nbar)
+    half = t_quantile(confidence, b - 1) * math.sqrt(var)
+    return share, max(0.0, share - half), min(1.0, share + half)
+
+
+def _block_values(objective: Objective, block: Sequence[RequestOutcome]) -> list[float]:
+    return metric_values(objective, block)[0]
+
+
+def judge_blocks(objective: Objective, blocks: Sequence[Sequence[RequestOutcome]], confidence: float
+                 ) -> ObjectiveResult:
+    """One objective over a level measured in windows. "pNN within the limit"
+    is "at least NN % of values within it": that share is bounded by batch
+    means over the windows (valid when requests of one window are
+    correlated). Pass: the share's lower bound reaches NN % and the sample
+    percentile is within the limit (windows in which every value is within
+    it have no spread: the level passes once its windows are in, as a level
+    far below its limit should). Fail: the share's upper bound is below
+    NN %, or even the order-statistic lower bound is past twice the limit."""
+    q = objective.percentile / 100.0
+    limit = objective.limit_s
+    flat = [o for blk in blocks for o in blk]
+    base = judge(objective, flat, confidence, 0.0)
+    per = [_block_values(objective, blk) for blk in blocks]
+    hits = [sum(1 for v in vals if v <= limit) for vals in per]
+    counts = [len(vals) for vals in per]
+    share, low, high = share_bounds(hits, counts, confidence)
+    if base.how == "no gaps":
+        return base
+    if share is None:
+        verdict, how = UNDECIDED, "estimate"
+    elif high is not None and high < q:
+        verdict, how = FAIL, "batch means"
+    elif base.verdict == FAIL and base.low_ms is not None and base.low_ms > 2 * base.limit_ms:
+        verdict, how = FAIL, "bounds"
+    elif low is not None and low >= q and base.value_ms is not None and base.value_ms <= base.limit_ms:
+        verdict, how = PASS, "batch means"
+    else:
+        verdict, how = UNDECIDED, "estimate"
+    base.verdict, base.how = verdict, how
+    base.share_within, base.share_low, base.share_high = share, low, high
+    base.blocks = sum(1 for n in counts if n)
+    return base
+
+
+def evaluate_blocks(blocks: Sequence[Sequence[RequestOutcome]], slo: Sequence[Objective],
+                    confidence: float = 0.95, attainment_target: float = 0.0) -> Evaluation:
+    """evaluate() for a level measured in windows (see judge_blocks), with
+    attainment bounded the same way and judged against `attainment_target`:
+    the level fails once attainment is surely below it, passes only when
+    every objective passes and attainment is surely at or above it."""
+    results = [judge_blocks(o, blocks, confidence) for o in slo]
+    flat = [o for blk in blocks for o in blk]
+    met_per = [sum(1 for o in blk if request_meets(o, slo)) for blk in blocks]
+    n_per = [len(blk) for blk in blocks]
+    att, lo, hi = share_bounds(met_per, n_per, confidence)
+    verdicts = {r.verdict for r in results}
+    att_verdict = PASS
+    if attainment_target > 0 and att is not None:
+        if hi is not None and hi < attainment_target:
+            att_verdict = FAIL
+        elif lo is not None and lo >= attainment_target:
+            att_verdict = PASS
+        elif met_per and all(m == n for m, n in zip(met_per, n_per, strict=True)):
+            att_verdict = PASS  # every request met the SLO in every window
+        else:
+            att_verdict = UNDECIDED
+    verdicts.add(att_verdict)
+    verdict = FAIL if FAIL in verdicts else (PASS if verdicts == {PASS} else UNDECIDED)
+    met = sum(met_per)
+    n = len(flat)
+    return Evaluation(verdict=verdict, objectives=results, requests=n, met=met,
+                      attainment=(met / n) if n else None, attainment_low=lo, attainment_high=hi,
+                      attainment_target=attainment_target or None, attainment_verdict=att_verdict)

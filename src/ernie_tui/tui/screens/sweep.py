@@ -57,7 +57,21 @@ from ernie_tui.engine_ctl.control import (
     sweep_meta,
 )
 from ernie_tui.engine_ctl.launch import detect_machine, gpus_needed
-from ernie_tui.engine_ctl.load import BurstConfig, RunStoreError, front_of_rows, limit_ms, make_search, save_run
+from ernie_tui.engine_ctl.load import (
+    DEFAULT_LEVEL_TIME_S,
+    DEFAULT_MAX_CONCURRENCY,
+    DEFAULT_MAX_REQUESTS,
+    DEFAULT_MIN_REQUESTS,
+    DEFAULT_SLO,
+    DEFAULT_START,
+    DEFAULT_TOLERANCE,
+    BurstConfig,
+    RunStoreError,
+    front_of_rows,
+    limit_ms,
+    make_search,
+    save_run,
+)
 from ernie_tui.presets import PresetError
 from ernie_tui.tui.failures import ShowsWorkerFailures
 from ernie_tui.tui.lifecycle import drop_when_torn_down
@@ -81,7 +95,6 @@ _CAP_FIRST = ("preset", "status", "capacity_concurrency", "goodput_output_tps", 
 CAPACITY_TABLE_COLUMNS = ([c for key in _CAP_FIRST for c in CAPACITY_COLUMNS if c[0] == key] + [("front", "Pareto")]
                           + [c for c in CAPACITY_COLUMNS if c[0] not in _CAP_FIRST])
 
-DEFAULT_SLO = "ttft_p99=500ms itl_p99=50ms"
 
 
 # -- pure helpers ----------------------------------------------------------------------
@@ -111,7 +124,8 @@ def describe_event(ev: dict[str, Any], repeat: int) -> str:
         ce = ev["capacity_event"]
         if ce.get("event") == "level_done":
             lv = ce["level"]
-            phase = (f"capacity search: concurrency {lv.concurrency} {'pass' if lv.passed else 'fail'}"
+            load = f"rate {lv.rate:g} req/s" if lv.rate is not None else f"concurrency {lv.concurrency}"
+            phase = (f"capacity search: {load} {'pass' if lv.passed else 'fail'}"
                      f"{'' if lv.decided else ' (undecided)'}, {lv.requests} requests")
         elif ce.get("event") == "level_progress":
             phase = (f"capacity search: concurrency {ce.get('concurrency')}, {ce.get('requests')} requests in "
@@ -221,13 +235,13 @@ class SweepScreen(ShowsWorkerFailures, Screen[None]):
                 with Horizontal(classes="sw-row -capacity-only", id="sw-cap-form"):
                     yield Vertical(Label("SLO (METRIC_pNN=LIMIT ...)"), Input(DEFAULT_SLO, id="sw-slo", compact=True),
                                    classes="sw-field -slo")
-                    yield self._field("start C", "sw-cap-start", "1")
-                    yield self._field("max C", "sw-cap-maxc", "256")
+                    yield self._field("start C", "sw-cap-start", str(DEFAULT_START))
+                    yield self._field("max C", "sw-cap-maxc", str(DEFAULT_MAX_CONCURRENCY))
                 with Horizontal(classes="sw-row -capacity-only"):
-                    yield self._field("tolerance", "sw-cap-tol", "0.10", kind="number")
-                    yield self._field("min reqs", "sw-cap-minr", "20")
-                    yield self._field("max reqs", "sw-cap-maxr", "400")
-                    yield self._field("level s", "sw-cap-time", "60", kind="number")
+                    yield self._field("tolerance", "sw-cap-tol", f"{DEFAULT_TOLERANCE:.2f}", kind="number")
+                    yield self._field("min reqs", "sw-cap-minr", str(DEFAULT_MIN_REQUESTS))
+                    yield self._field("max reqs", "sw-cap-maxr", str(DEFAULT_MAX_REQUESTS))
+                    yield self._field("level s", "sw-cap-time", f"{DEFAULT_LEVEL_TIME_S:g}", kind="number")
                 yield Checkbox("capacity search (SLO) per preset, ranked by goodput", False, id="sw-capacity",
                                compact=True)
                 with Horizontal(classes="sw-buttons"):

@@ -28,6 +28,13 @@ from textual.widgets import Button, Checkbox, Input, ProgressBar, Static
 
 from ernie_tui.engine_ctl.control import EngineMemory
 from ernie_tui.engine_ctl.load import (
+    DEFAULT_LEVEL_TIME_S,
+    DEFAULT_MAX_CONCURRENCY,
+    DEFAULT_MAX_REQUESTS,
+    DEFAULT_MIN_REQUESTS,
+    DEFAULT_SLO,
+    DEFAULT_START,
+    DEFAULT_TOLERANCE,
     BurstConfig,
     BurstResult,
     RunStoreError,
@@ -50,8 +57,6 @@ from ernie_tui.tui.messages import (
 from ernie_tui.tui.widgets.capacity_view import GAP_FACTOR, GAP_WHY, CapacityView, describe_capacity, ratio
 from ernie_tui.tui.widgets.form import labelled, read_float, read_int
 from ernie_tui.tui.widgets.probe_tab import ProbeTarget
-
-DEFAULT_SLO = "ttft_p99=500ms itl_p99=50ms"
 
 
 def describe_burst(r: BurstResult) -> Content:
@@ -114,12 +119,12 @@ class BurstTab(ShowsWorkerFailures, Vertical):
         with Horizontal(classes="pf-row -capacity-only", id="pf-cap-form"):
             yield labelled("SLO (METRIC_pNN=LIMIT ...)", Input(DEFAULT_SLO, id="pf-cap-slo", compact=True,
                                                                 classes="-slo"))
-            yield _int_field("start C", "pf-cap-start", "1")
-            yield _int_field("max C", "pf-cap-maxc", "256")
-            yield _num_field("tolerance", "pf-cap-tol", "0.10")
-            yield _int_field("min reqs", "pf-cap-minr", "20")
-            yield _int_field("max reqs", "pf-cap-maxr", "400")
-            yield _num_field("level s", "pf-cap-time", "60")
+            yield _int_field("start C", "pf-cap-start", str(DEFAULT_START))
+            yield _int_field("max C", "pf-cap-maxc", str(DEFAULT_MAX_CONCURRENCY))
+            yield _num_field("tolerance", "pf-cap-tol", f"{DEFAULT_TOLERANCE:.2f}")
+            yield _int_field("min reqs", "pf-cap-minr", str(DEFAULT_MIN_REQUESTS))
+            yield _int_field("max reqs", "pf-cap-maxr", str(DEFAULT_MAX_REQUESTS))
+            yield _num_field("level s", "pf-cap-time", f"{DEFAULT_LEVEL_TIME_S:g}")
         with Horizontal(classes="pf-row"):
             yield Checkbox("ignore_eos", True, id="pf-b-ignore-eos", compact=True)
             yield Checkbox("chat endpoint", False, id="pf-b-chat", compact=True)
@@ -353,10 +358,11 @@ class BurstTab(ShowsWorkerFailures, Vertical):
                          cancel: threading.Event, preset: Any, report: Any) -> None:
         def progress(ev: dict[str, Any]) -> None:
             kind = ev.get("event")
+            load: Any = ev.get("concurrency") if ev.get("rate") is None else ev["rate"]  # (open loop: a rate)
             if kind == "level_start":
-                self.post_message(CapacityLevelStart(run, ev["concurrency"], ev["index"]))
+                self.post_message(CapacityLevelStart(run, load, ev["index"]))
             elif kind == "level_progress":
-                self.post_message(CapacityLevelProgress(run, ev["concurrency"], ev["requests"], ev["elapsed_s"]))
+                self.post_message(CapacityLevelProgress(run, load, ev["requests"], ev["elapsed_s"]))
             elif kind == "level_done":
                 self.post_message(CapacityLevelDone(run, ev["level"], ev.get("low_pass"), ev.get("high_fail")))
 

@@ -68,6 +68,7 @@ def level_cells(lv: Any) -> list[Any]:
     att = "–" if lv.attainment is None else f"{lv.attainment * 100:.1f}%"
     verdict = Text(level_verdict(lv), style="bold green" if lv.passed else "bold red")
     v = lv.vllm or {}
+    load = f"{lv.rate:g}/s" if getattr(lv, "rate", None) is not None else str(lv.concurrency)
     gaps = {metric: r for metric, _, _, r in level_gaps(lv)}
 
     def theirs(value: float | None, metric: str) -> Text:
@@ -76,7 +77,7 @@ def level_cells(lv: Any) -> list[Any]:
             return Text(_num(value))
         return Text(f"{_num(value)} ({r:.1f}×)", style="bold yellow")  # ours is r times vLLM's
 
-    return [str(lv.concurrency), _num(lv.ttft_p99_ms), theirs(v.get("ttft_p99_ms"), "TTFT p99"),
+    return [load, _num(lv.ttft_p99_ms), theirs(v.get("ttft_p99_ms"), "TTFT p99"),
             _num(lv.itl_p99_ms), theirs(v.get("itl_p99_ms"), "ITL p99"), att, verdict, str(lv.requests),
             _num(lv.requests_per_s, ".2f"), _num(lv.output_tps), _num(lv.ttft_p50_ms), _num(lv.itl_p50_ms)]
 
@@ -84,10 +85,11 @@ def level_cells(lv: Any) -> list[Any]:
 def describe_gaps(levels: Sequence[Any]) -> Content | None:
     """Where our p99s and vLLM's differ by more than GAP_FACTOR, and why
     that can happen; None when they agree (or vLLM's are not there)."""
-    found = [(lv.concurrency, gap) for lv in levels for gap in level_gaps(lv)]
+    found = [(f"rate {lv.rate:g}/s" if getattr(lv, "rate", None) is not None else f"conc. {lv.concurrency}", gap)
+             for lv in levels for gap in level_gaps(lv)]
     if not found:
         return None
-    where = "; ".join(f"conc. {c}: {metric} ours {ours:.0f} ms, vLLM's {theirs:.0f} ms ({r:.1f}×)"
+    where = "; ".join(f"{c}: {metric} ours {ours:.0f} ms, vLLM's {theirs:.0f} ms ({r:.1f}×)"
                       for c, (metric, ours, theirs, r) in found[:3]) + ("; …" if len(found) > 3 else "")
     return Content.assemble((f"ours and vLLM's differ by more than {GAP_FACTOR:g}× · ", "bold $warning"),
                             (where, "$warning"), "\n", (GAP_WHY, "dim"))
@@ -98,8 +100,10 @@ def describe_capacity(result: Any) -> Content:
     it stopped, and its warnings."""
     c = result.capacity
     if c:
+        rate = c.get("rate") if getattr(result, "mode", "concurrency") == "rate" else None
         head = Content.assemble(
-            ("capacity: concurrency ", "dim"), (str(c["concurrency"]), "bold $success"),
+            ("capacity: rate " if rate is not None else "capacity: concurrency ", "dim"),
+            (f"{rate:g} req/s" if rate is not None else str(c["concurrency"]), "bold $success"),
             ("" if c.get("decided", True) else " (its level was undecided at a cap)", "$warning"),
             ("  · goodput ", "dim"), (f"{_num(c['goodput_rps'], '.2f')} req/s", "bold"),
             (", ", "dim"), (f"{_num(c['goodput_output_tps'])} output tok/s", "bold"),
