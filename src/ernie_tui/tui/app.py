@@ -360,9 +360,10 @@ class ErnieApp(ShowsWorkerFailures, App[int]):
             self._diagnose(report.error)
         from ernie_tui.engine_ctl.control import ServerState, ServerStatus
 
-        state = (ServerState.CRASHED if report is not None and report.error is not None
-                 else ServerState.READY if report is not None and report.ready else ServerState.STOPPED)
-        phase = report.phase if report is not None else None
+        word = report.state if report is not None else "starting"
+        state = {"failed": ServerState.CRASHED, "ready": ServerState.READY}.get(word, ServerState.STOPPED)
+        # A log whose last lines are a shutdown reads stopped, not ready (#18, 4).
+        phase = "shutdown" if word == "stopped" else report.phase if report is not None else None
         status = ServerStatus(state=state, phase=phase, preset_name=None,
                               url=(report.server_url if report is not None else None) or "",
                               pid=report.pids.get("APIServer") if report is not None else None,

@@ -702,13 +702,15 @@ class AttachedServer(_Watcher):
                 with self._lock:
                     pid = self._parser.report.pids.get("APIServer")
                     error = self._parser.report.error
+                    shut = self._parser.report.shutdown_line is not None
                 if self._health_ok():
                     if self.status.state != ServerState.READY:
                         self._set_status(state=ServerState.READY, phase="ready", ready_at=time.time(), pid=pid)
                 elif error is not None:
                     self._set_status(state=ServerState.CRASHED, phase=None, error=error)
                 else:
-                    self._set_status(state=ServerState.STOPPED, phase="unreachable")
+                    # The log's last lines say why it does not answer: shut down, or not known.
+                    self._set_status(state=ServerState.STOPPED, phase="shutdown" if shut else "unreachable")
             if not busy:
                 time.sleep(0.1)
 
