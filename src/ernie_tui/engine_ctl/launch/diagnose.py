@@ -279,9 +279,13 @@ def _fix_for(kind: ErrorKind, text: str, err: EngineError | None, preset: Preset
         return {"block_size": 16 if platform == "cuda" else 32}, ""
 
     if kind == ErrorKind.PORT_IN_USE:
+        from ernie_tui.engine_ctl.launch.ports import left_running_on
         from ernie_tui.engine_ctl.launch.preflight import next_free_port
 
         port = int(detail.get("port") or preset.port)
+        if left_running_on(preset.port) is not None:
+            # Ours: a second server on another port is no fix (#18, 2).
+            return None, "your left-running server holds it: press x (or run `ernie-tui stop`)"
         nxt = next_free_port(preset.host, max(port, preset.port))
         return ({"port": nxt}, "the next free port") if nxt else (None, "no free port found nearby")
 
