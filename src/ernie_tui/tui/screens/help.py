@@ -25,7 +25,8 @@ KEYS: tuple[tuple[str, str], ...] = (
     ("v", "log: whole vLLM prefixes (pid, date, file:line) or the short form"),
     ("g", "small terminals: show charts instead of the log"),
     ("ctrl+p", "command palette: start, stop, restart, switch preset, quit"),
-    ("q", "quit (control mode asks: stop the server or leave it running)"),
+    ("q", "quit (control mode asks: stop the server or leave it running; plain `ernie-tui` takes a "
+          "left-running server back, `ernie-tui stop` stops it)"),
 )
 
 FIGURES: tuple[tuple[str, str], ...] = (
