@@ -451,7 +451,7 @@ class EngineServer(_Watcher):
     """A vLLM server that this tool starts and owns."""
 
     def __init__(self, spec: LaunchSpec, *, preset_name: str | None = None, log_path: str | Path | None = None,
-                 health_interval: float = 0.25):
+                 health_interval: float = 0.25, own_session: bool = True):
         log = Path(log_path) if log_path else paths.state_dir() / "llm.log"
         super().__init__(spec.url, log, preset_name, attached=False)
         self.spec = spec
@@ -461,6 +461,9 @@ class EngineServer(_Watcher):
         self._health_trusted = True
         self._stopping = False
         self.adopted = False  # a server a previous dashboard left running, taken back
+        # True: setsid (a session of its own); False: only a process group of
+        # its own in our session. Either way its pid is its group id.
+        self.own_session = own_session
 
     @classmethod
     def adopt(cls, record: dict, spec: LaunchSpec | None = None) -> EngineServer:
@@ -520,7 +523,8 @@ class EngineServer(_Watcher):
             try:
                 self._proc = subprocess.Popen(
                     self.spec.argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                    env=env, start_new_session=True, close_fds=True,
+                    env=env, close_fds=True,
+                    **({"start_new_session": True} if self.own_session else {"process_group": 0}),
                 )
             except OSError as exc:
                 raise ServerError(f"cannot run {self.spec.argv[0]}: {exc.strerror or exc}") from None
