@@ -1,9 +1,11 @@
 """What a server in its own session (setsid) costs the client on a small box.
 
 Linux's autogroup scheduler (kernel.sched_autogroup_enabled=1) shares the CPU
-between sessions first and threads second. EngineServer starts vLLM with
-start_new_session (hang-up safety), so vLLM gets a session, and an autogroup,
-of its own; the dashboard and its load client stay in the terminal's. This
+between sessions first and threads second. EngineServer used to start vLLM
+with start_new_session (hang-up safety), which gave vLLM a session, and an
+autogroup, of its own, the dashboard and its load client staying in the
+terminal's; it now starts it in a process group of its own in our session
+(own_session=False), which keeps it out of the terminal's SIGHUP too. This
 starts the cpu-demo preset on the tiny model twice, in its own session and in
 ours (own process group only), prints both autogroups, and runs the same
 bursts against each: client TTFT beside vLLM's own (/metrics).

@@ -1,7 +1,9 @@
 """Process control for one vLLM server: start, watch, stop, restart, attach.
 
-The server runs in its own session (so a lost SSH terminal's SIGHUP never
-reaches it, and we can signal the whole process group). Its stdout+stderr go
+The server runs in a process group of its own, in our session (a lost SSH
+terminal's SIGHUP goes to the session leader and the foreground group, never
+to it, and we can signal the whole group; see EngineServer.own_session for
+why not a session of its own). Its stdout+stderr go
 to llm.log; the previous log is kept as llm.log.1. A monitor thread tails
 the log into the server's one LogParser, polls /health at 4 Hz while
 starting, and turns all of that into a state machine:
@@ -146,8 +148,8 @@ def process_tree(pid: int) -> list[psutil.Process]:
 
 
 def group_members(pgid: int) -> list[psutil.Process]:
-    """Live processes in process group `pgid`. The server runs in its own
-    session (start_new_session), so its group holds every engine process,
+    """Live processes in process group `pgid`. The server runs in a process
+    group of its own (its pid is the group id), which holds every engine process,
     including a child the launcher forked just before it died: such an
     orphan is re-parented to init and no longer shows in process_tree()."""
     members = []
@@ -451,7 +453,7 @@ class EngineServer(_Watcher):
     """A vLLM server that this tool starts and owns."""
 
     def __init__(self, spec: LaunchSpec, *, preset_name: str | None = None, log_path: str | Path | None = None,
-                 health_interval: float = 0.25, own_session: bool = True):
+                 health_interval: float = 0.25, own_session: bool = False):
         log = Path(log_path) if log_path else paths.state_dir() / "llm.log"
         super().__init__(spec.url, log, preset_name, attached=False)
         self.spec = spec
@@ -461,8 +463,13 @@ class EngineServer(_Watcher):
         self._health_trusted = True
         self._stopping = False
         self.adopted = False  # a server a previous dashboard left running, taken back
-        # True: setsid (a session of its own); False: only a process group of
-        # its own in our session. Either way its pid is its group id.
+        # False (default): a process group of its own in our session; True:
+        # setsid, a session of its own. Either way its pid is its group id and
+        # the terminal's SIGHUP never reaches it (only the session leader and
+        # the foreground group get one). A session of its own also puts it in
+        # an autogroup of its own, and on a 2-core box the client's TTFT p99
+        # then stood apart from vLLM's (583 ms against 59 ms; in our session
+        # 93 against 96 ms: bench/autogroup.py, docs/benchmarks.md).
         self.own_session = own_session
 
     @classmethod
@@ -604,7 +611,7 @@ class EngineServer(_Watcher):
         except psutil.Error:
             create_time = None
         spec = self.spec
-        # The pid is also the process group (start_new_session); its start
+        # The pid is also the process group (process_group=0 / setsid); its start
         # time tells a reused pid from ours. No env: it may hold the API key.
         return paths.write_private_text(paths.state_dir() / DETACHED_FILE, json.dumps(
             {"pid": st.pid, "pgid": st.pid, "create_time": create_time, "url": st.url, "preset": st.preset_name,
@@ -639,7 +646,7 @@ class EngineServer(_Watcher):
     @staticmethod
     def _signal_group(pid: int, sig: int) -> None:
         try:
-            os.killpg(pid, sig)  # start_new_session made pid the group id
+            os.killpg(pid, sig)  # process_group=0 (or setsid) made pid the group id
         except (ProcessLookupError, PermissionError):
             pass
 
