@@ -714,7 +714,9 @@ def test_ten_megabyte_line(tmp_path):
 def test_cli_parse_log_text(fixtures_dir, capsys):
     assert cli_main(["parse-log", str(fixtures_dir / GPU / "ok_block16_len4096.log")]) == 0
     out = capsys.readouterr().out
-    assert "READY at http://127.0.0.1:8000" in out
+    # The capture ends with the server's SIGINT shutdown: it was ready, and is stopped now (#18, 4).
+    assert "STOPPED: shut down cleanly at line 389 after serving at http://127.0.0.1:8000" in out
+    assert "READY" not in out
     assert "7,421,344 tokens" in out and "127.4 GiB" in out and "1,811.85x" in out and "FLASH_ATTN" in out
 
 
@@ -832,3 +834,27 @@ def test_peek_moves_the_phase_without_consuming_the_line(fixtures_dir):
     assert parser.report.phase == "cuda_graphs" and parser.report.lines == at
     assert changes > 0  # the phase moved on: the report is published
     assert parser.peek("INFO something else") == 0 and parser.report.lines == at
+
+
+def test_report_state_from_the_last_lines(fixtures_dir, tmp_path, capsys):
+    """A cleanly stopped server's log reads STOPPED, not READY (issue #18, 4): the
+    same capture cut before its shutdown is READY, cut inside it 'shutdown began'."""
+    full = (fixtures_dir / "cpu-vllm0.32.0" / "ok_block32_len2048.log").read_text().splitlines(keepends=True)
+    first = next(i for i, line in enumerate(full) if "[shutdown]" in line)
+    done = next(i for i, line in enumerate(full) if "Application shutdown complete" in line)
+    cases = {"serving.log": full[:first], "stopping.log": full[:first + 3], "stopped.log": full}
+    for name, lines in cases.items():
+        (tmp_path / name).write_text("".join(lines))
+    serving, stopping, stopped = (parse_file(tmp_path / n) for n in cases)
+    assert serving.state == "ready" and serving.shutdown_line is None
+    assert stopping.state == "stopped" and stopping.shutdown_line == first + 1 and not stopping.shutdown_complete
+    assert stopped.state == "stopped" and stopped.shutdown_complete and stopped.ready
+    assert done > first
+    assert cli_main(["parse-log", str(tmp_path / "stopped.log")]) == 0
+    assert "STOPPED: shut down cleanly at line" in capsys.readouterr().out
+    assert cli_main(["parse-log", str(tmp_path / "stopping.log")]) == 0
+    assert "the log ends before it finished" in capsys.readouterr().out
+    assert cli_main(["parse-log", str(tmp_path / "serving.log")]) == 0
+    assert "state           READY at http://127.0.0.1:18001" in capsys.readouterr().out
+    assert cli_main(["parse-log", "--json", str(tmp_path / "stopped.log")]) == 0
+    assert '"state": "stopped"' in capsys.readouterr().out

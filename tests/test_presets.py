@@ -52,11 +52,37 @@ def test_argv_is_exact_and_has_no_secret(tmp_path, monkeypatch):
     assert spec.argv == [
         "/opt/venv/bin/python", "-m", "vllm.entrypoints.openai.api_server",
         "--model", "/m/x", "--served-model-name", "x", "--host", "127.0.0.1", "--port", "8000",
+        "--disable-access-log-for-endpoints", "/metrics,/health",
         "--block-size", "32", "--no-enable-prefix-caching", "--kv-cache-memory-bytes", str(1 << 30),
     ]
     assert "sekret" not in " ".join(spec.argv)
     assert spec.env == {"OMP_NUM_THREADS": "2", "VLLM_API_KEY": "sekret"}
     assert spec.display_env()["VLLM_API_KEY"] == "***"
+
+
+def test_own_polling_left_out_of_the_access_log(tmp_path):
+    """Our 1 s /metrics poll and /health checks never flood llm.log (#18, 1): by
+    default a server we start leaves those two paths out of uvicorn's access log
+    (a real client's requests are still logged); a preset can decide otherwise."""
+    f = write(tmp_path, """
+        [presets.plain]
+        model = "/m/x"
+        [presets.all-access]
+        model = "/m/x"
+        disable_access_log_for_endpoints = ""
+        [presets.no-access]
+        model = "/m/x"
+        disable_uvicorn_access_log = true
+    """)
+    book = load_presets([f], include_user=False)
+    argv = book.get("plain").launch_spec().argv
+    i = argv.index("--disable-access-log-for-endpoints")
+    assert argv[i + 1].split(",") == ["/metrics", "/health"]
+    all_access = book.get("all-access").launch_spec().argv
+    assert all_access[all_access.index("--disable-access-log-for-endpoints") + 1] == ""
+    assert all_access.count("--disable-access-log-for-endpoints") == 1
+    no_access = book.get("no-access").launch_spec().argv
+    assert "--disable-uvicorn-access-log" in no_access and "--disable-access-log-for-endpoints" not in no_access
 
 
 def test_user_file_overrides_builtin(monkeypatch):

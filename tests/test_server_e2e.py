@@ -58,6 +58,14 @@ def test_lifecycle_start_restart_crash_stop(tmp_path):
         assert report.block_size == 64
         assert report.kv_cache_tokens == kv_tokens_from_metrics(st.url) == 262144
         assert (tmp_path / "llm.log.1").is_file()  # the previous run's log is kept
+        # That run was stopped by the switch (SIGINT): its log reads stopped, not
+        # ready (#18, 4), and holds none of our /health and /metrics polls (#18, 1).
+        from ernie_tui.engine_ctl.logs import parse_file
+
+        previous = parse_file(tmp_path / "llm.log.1")
+        assert previous.ready and previous.state == "stopped" and previous.shutdown_line is not None
+        text = (tmp_path / "llm.log.1").read_text(errors="replace")
+        assert '"GET /metrics' not in text and '"GET /health' not in text
 
         bad = book.get("cpu-demo").with_changes(name="bad-block16", block_size=16)
         server.restart(bad.launch_spec(str(tiny_model_dir()), port_override=free_port()), preset_name=bad.name)

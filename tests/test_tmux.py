@@ -198,3 +198,96 @@ def metrics_kv_tokens_or_none(url: str) -> int | None:
 
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(pytest.main([__file__, "-v"]))
+
+
+def _demo_home(tmp_path: Path) -> tuple[Path, dict, str]:
+    """ERNIE_TUI_HOME with the tiny model written and cpu-demo moved to a free port."""
+    home = tmp_path / "home"
+    env = {**os.environ, "ERNIE_TUI_HOME": str(home)}
+    model = home / "data" / "models" / "tiny-ernie"
+    subprocess.run([str(ERNIE_TUI), "demo-model", str(model)], env=env, check=True, capture_output=True)
+    import tomli_w
+
+    from ernie_tui.presets import load_presets
+
+    demo = load_presets(include_user=False).get("cpu-demo")
+    port = free_port()
+    (home / "config").mkdir(parents=True)
+    table = {"description": f"cpu-demo on port {port}", "model": demo.model, "port": port, **demo.engine_args}
+    (home / "config" / "presets.toml").write_text(tomli_w.dumps({"presets": {"cpu-demo": table}}))
+    return home, env, f"http://127.0.0.1:{port}"
+
+
+def _health(url: str) -> bool:
+    import httpx
+
+    try:
+        return httpx.get(f"{url}/health", timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+@pytest.mark.parametrize("cols, rows, stop_with", [(80, 24, "x"), (160, 48, "cli")])
+def test_new_user_path_leave_come_back_stop(tmp_path, cols, rows, stop_with):
+    """The README's path for a new user (issue #18): `ernie-tui demo`, READY and
+    its report, a probe, quit -> leave; plain `ernie-tui` takes the server back
+    (ours, with its log); x (or `ernie-tui stop`) stops it. Content, not
+    positions: the layout at 80x24 is allowed to change."""
+    if shutil.which("tmux") is None:
+        pytest.fail("tmux is not installed")
+    home, env, url = _demo_home(tmp_path)
+    record = home / "state" / "server.json"
+    tmux = Tmux(f"ernie-tui-path-{os.getpid()}-{cols}")
+    run = f"cd {ROOT} && exec env -u COLUMNS -u LINES ERNIE_TUI_HOME={home} {ERNIE_TUI}"
+    server_pid = None
+    try:
+        tmux.start(f"{run} demo", cols, rows)
+        screen = tmux.wait_for(lambda s: "READY" in s and "cpu-demo" in s, START_TIMEOUT, "the demo to be ready")
+        screen = tmux.wait_for(lambda s: re.search(r"[\d,]+ tokens", s), 30, "the report's KV tokens")
+        if cols >= 160:  # 80x24's footer is operator-ui's (issue #18, 7): it ended at "/ Sea" on main
+            assert "q Quit" in screen and "x Stop" in screen
+
+        tmux.keys("p")
+        tmux.wait_for(lambda s: "Send" in s or "Probe" in s, 15, "the probe pane")
+        tmux.keys("C-r")
+        tmux.wait_for(lambda s: re.search(r"TTFT\s+[\d.,]+\s*ms", s), 120, "the probe's TTFT")
+        tmux.keys("Escape")
+        tmux.wait_for(lambda s: "READY" in s, 15, "back on the dashboard")
+
+        tmux.keys("q")
+        tmux.wait_for(lambda s: "Quit ernie-tui" in s, 15, "the quit dialog")
+        tmux.keys("l")
+        deadline = time.monotonic() + 30
+        while tmux.alive() and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert not tmux.alive(), "ernie-tui did not exit after leave"
+        assert _health(url), "the server left running answers"
+        import json
+
+        server_pid = json.loads(record.read_text())["pid"]
+
+        # Plain `ernie-tui`: the server is taken back, shown as ours with its log.
+        tmux.start(run, cols, rows)
+        screen = tmux.wait_for(lambda s: "READY" in s and "cpu-demo" in s, 60, "the left-running server taken back")
+        assert "STOPPED" not in screen
+        tmux.wait_for(lambda s: "took back" in s or "Uvicorn" in s or "startup complete" in s.lower(), 30,
+                      "its log (or the note that it was taken back)")
+        if stop_with == "x":
+            tmux.keys("x")
+            tmux.wait_for(lambda s: "STOPPED" in s, 90, "x to stop it")
+        else:
+            out = subprocess.run([str(ERNIE_TUI), "stop"], env=env, capture_output=True, text=True, timeout=120)
+            assert out.returncode == 0 and "stopped cpu-demo" in out.stdout, out
+            tmux.wait_for(lambda s: "STOPPED" in s, 60, "the dashboard to see it stopped")
+        assert not _health(url), "the server still answers"
+        assert not psutil.pid_exists(server_pid) or not alive([psutil.Process(server_pid)])
+        assert not record.exists(), "server.json went with the server"
+        tmux.keys("q")
+        deadline = time.monotonic() + 30
+        while tmux.alive() and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert not tmux.alive(), "ernie-tui did not exit with nothing running"
+    finally:
+        tmux.kill()
+        if server_pid is not None and psutil.pid_exists(server_pid):
+            subprocess.run([str(ERNIE_TUI), "stop"], env=env, capture_output=True, timeout=120)

@@ -278,7 +278,11 @@ async def test_replay_shows_key_values(fixtures_dir, name):
         if failed:
             assert app.status.state.value == "crashed"
         else:
-            assert app.status.state.value == "ready"
+            # Every ok capture ends with its SIGINT shutdown: it was ready, and is
+            # stopped now (#18, 4); never "reached ready" as if it still served.
+            assert app.report.ready
+            assert app.status.state.value == "stopped" and app.status.phase == "shutdown"
+            assert "REPLAY: shut down" in text and "reached ready" not in text
             # Charts come from the log's own stats lines (the tp2-ray capture stopped
             # before its first 10-s stats line, so it has none).
             if "Avg prompt throughput" in path.read_text(errors="replace"):

@@ -40,6 +40,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--max-model-len", type=int, default=2048)
     p.add_argument("--kv-cache-memory-bytes", type=int, default=64 << 20)
     p.add_argument("--data-parallel-size", type=int, default=1)
+    # uvicorn's access log, as vLLM takes it: off, or off for these paths
+    p.add_argument("--disable-uvicorn-access-log", action="store_true")
+    p.add_argument("--disable-access-log-for-endpoints", default="")
     args, _unknown = p.parse_known_args(argv)
     return args
 
@@ -73,9 +76,12 @@ def _word_ids(counters: Counters, text: str) -> list[int]:
 def make_handler(args: argparse.Namespace, tokens: int, counters: Counters):
     served = args.served_model_name or Path(args.model).name
     blocks = tokens // args.block_size
+    quiet = {p.strip() for p in args.disable_access_log_for_endpoints.split(",") if p.strip()}
 
     class Handler(BaseHTTPRequestHandler):
         def log_message(self, *a) -> None:  # uvicorn-style access lines go to the log
+            if args.disable_uvicorn_access_log or self.path in quiet:
+                return
             sys.stdout.write(f'INFO:     {self.client_address[0]}:{self.client_address[1]} - '
                              f'"{self.command} {self.path} HTTP/1.1" 200 OK\n')
             sys.stdout.flush()

@@ -73,6 +73,12 @@ def format_report(report, source: str = "") -> str:
         for key, value in e.detail.items():
             if key != "arguments":
                 out.append(f"    {key:<14}{value}")
+    elif r.shutdown_line is not None:
+        how = "shut down cleanly" if r.shutdown_complete else "shutdown began"
+        was = f"after serving at {r.server_url}" if r.ready and r.server_url else (
+            "after it was ready" if r.ready else f"before it was ready (last phase: {r.phase or 'none'})")
+        end = "" if r.shutdown_complete else "; the log ends before it finished"
+        out.append(f"  state           STOPPED: {how} at line {r.shutdown_line:,} {was}{end}")
     elif r.ready:
         out.append(f"  state           READY{' at ' + r.server_url if r.server_url else ''}")
     else:

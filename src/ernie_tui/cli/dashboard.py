@@ -1,6 +1,7 @@
 """`ernie-tui` with no command: the dashboard.
 
     ernie-tui [--preset NAME] [--presets FILE] [--model DIR] [--start]   control mode
+                                          (takes back a server a previous session left running)
     ernie-tui --attach URL [--log PATH]                                   monitor only
     ernie-tui --attach URL --attach URL ... | --fleet FILE                the fleet view
     ernie-tui --replay LOG                                                offline
@@ -106,7 +107,7 @@ def _finish_once(app) -> int:
                 _say(f"ernie-tui: could not record the detached server: {exc}")
         if status.running:
             _say(f"ernie-tui: left {status.preset_name} running at {status.url} (pid {status.pid}); "
-                 f"re-attach with: ernie-tui --attach {status.url} --log {status.log_path}")
+                 "take it back with plain `ernie-tui` (x stops it there), or stop it with `ernie-tui stop`")
         return 0
     if status.running or app.exit_action == "stop":
         # Quit chose stop and the in-app stop failed, the terminal hung up,

@@ -52,6 +52,16 @@ TOOL_KEYS = frozenset(
 
 DEFAULT_MODULE_LAUNCHER = ["-m", "vllm.entrypoints.openai.api_server"]
 
+# The dashboard polls /metrics every second (and /health while starting);
+# uvicorn's access log would write a line for each, ~86 k lines a day that
+# bury the engine's own (issue #18, 1). Unless a preset says otherwise, a
+# server we start leaves exactly these two paths out of its access log, so a
+# real client's requests are still logged. A preset that sets
+# `disable_access_log_for_endpoints` (e.g. "" to log everything) or
+# `disable_uvicorn_access_log` decides for itself. vLLM 0.26 and 0.32 take it.
+OWN_POLL_PATHS = ("/metrics", "/health")
+ACCESS_LOG_KEYS = ("disable_access_log_for_endpoints", "disable_uvicorn_access_log")
+
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(i?B?)?\s*$", re.IGNORECASE)
 _SIZE_MULT = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 
@@ -247,6 +257,7 @@ class Preset:
             "--served-model-name", served,
             "--host", self.host,
             "--port", str(port),
+            *self._access_log_default(),
             *engine_arg_flags(self.engine_args),
         ]
         env = {k: str(v) for k, v in self.env.items()}
@@ -260,6 +271,11 @@ class Preset:
                 secret = ("VLLM_API_KEY",)
         return LaunchSpec(argv=argv, env=env, host=self.host, port=port, model=model,
                           served_model_name=served, secret_env_keys=secret)
+
+    def _access_log_default(self) -> list[str]:
+        if any(key in self.engine_args for key in ACCESS_LOG_KEYS):
+            return []
+        return [flag_for(ACCESS_LOG_KEYS[0]), ",".join(OWN_POLL_PATHS)]
 
     def api_key(self) -> str | None:
         return os.environ.get(self.api_key_env) if self.api_key_env else None

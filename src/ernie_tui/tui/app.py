@@ -87,6 +87,7 @@ class DashboardConfig:
     metrics_factory: Callable | None = None
     api_key: str | None = None
     server_log_path: str | None = None  # where a started server writes llm.log
+    adopt: bool = True  # control mode: take back a server a previous dashboard left running
 
 
 def default_server_factory(spec, *, preset_name: str, log_path: str | None = None):
@@ -158,6 +159,8 @@ class ErnieApp(ShowsWorkerFailures, App[int]):
                 self.log_name = Path(self.config.log_path).name
             self._connect(self.server)
             self.server.start()
+        elif self.mode == "control" and self._adopt_left_running():
+            pass  # ours again: --start would launch a second server beside it
         elif self.config.start and self.active_preset:
             self.request_switch(self.active_preset, confirm=False)
         if self.config.live and self.mode != "replay":
@@ -220,6 +223,33 @@ class ErnieApp(ShowsWorkerFailures, App[int]):
             self.finisher(self)
         finally:
             os._exit(0)
+
+    def _adopt_left_running(self) -> bool:
+        """A server `q` -> leave left running (server.json) is taken back:
+        shown as ours with its log, and x, r and the preset keys stop or
+        restart it (issue #18, 2). A stale record is cleared on the way."""
+        if not self.config.adopt:
+            return False
+        from ernie_tui.engine_ctl.control import EngineServer, find_detached
+
+        info = find_detached()
+        if info is None:
+            return False
+        try:
+            server = EngineServer.adopt(info)
+        except (ValueError, TypeError, KeyError, OSError) as exc:
+            self.notify(f"cannot take back the server left running: {exc}", severity="error", timeout=8)
+            return False
+        name = info.get("preset")
+        self.server = server
+        self._connect(server)
+        server.watch()
+        if name and name in self.book:
+            self.active_preset = name
+            self.main.set_presets(self.book, name)
+        self.notify(f"took back {name or 'the server'} you left running at {server.status.url} "
+                    f"(pid {server.status.pid}): x stops it, r restarts it", timeout=8)
+        return True
 
     # -- wiring a server ----------------------------------------------------------------
     def _connect(self, server) -> None:
@@ -345,9 +375,10 @@ class ErnieApp(ShowsWorkerFailures, App[int]):
             self.main.show_replay_error(report.error)
             self._diagnose(report.error)
 
-        state = (ServerState.CRASHED if report is not None and report.error is not None
-                 else ServerState.READY if report is not None and report.ready else ServerState.STOPPED)
-        phase = report.phase if report is not None else None
+        word = report.state if report is not None else "starting"
+        state = {"failed": ServerState.CRASHED, "ready": ServerState.READY}.get(word, ServerState.STOPPED)
+        # A log whose last lines are a shutdown reads stopped, not ready (#18, 4).
+        phase = "shutdown" if word == "stopped" else report.phase if report is not None else None
         status = ServerStatus(state=state, phase=phase, preset_name=None,
                               url=(report.server_url if report is not None else None) or "",
                               pid=report.pids.get("APIServer") if report is not None else None,
@@ -829,6 +860,7 @@ def make_app(
     metrics_factory: Callable | None = None,
     api_key: str | None = None,
     server_log_path: str | None = None,
+    adopt: bool = True,
 ) -> ErnieApp:
     """Build the dashboard. The CLI passes its arguments; tests inject a
     server factory, a frozen clock, or `live=False` to feed data themselves."""
@@ -840,5 +872,6 @@ def make_app(
         start=start, on_exit=on_exit, server_factory=server_factory, clock=clock,
         sample_interval=sample_interval, live=live, resource_factory=resource_factory,
         metrics_factory=metrics_factory, api_key=api_key, server_log_path=server_log_path,
+        adopt=adopt,
     )
     return ErnieApp(config)

@@ -20,6 +20,7 @@ from ernie_tui.engine_ctl.control.server import (
     StatusChanged,
     find_detached,
     group_members,
+    stop_detached,
 )
 from ernie_tui.engine_ctl.control.sweep import (
     CAPACITY_COLUMNS,
@@ -77,6 +78,7 @@ __all__ = [
     "run_sweep",
     "score_column",
     "servers_from_urls",
+    "stop_detached",
     "sweep_meta",
     "to_markdown",
 ]

@@ -1,7 +1,9 @@
 """Process control for one vLLM server: start, watch, stop, restart, attach.
 
-The server runs in its own session (so a lost SSH terminal's SIGHUP never
-reaches it, and we can signal the whole process group). Its stdout+stderr go
+The server runs in a process group of its own, in our session (a lost SSH
+terminal's SIGHUP goes to the session leader and the foreground group, never
+to it, and we can signal the whole group; see EngineServer.own_session for
+why not a session of its own). Its stdout+stderr go
 to llm.log; the previous log is kept as llm.log.1. A monitor thread tails
 the log into the server's one LogParser, polls /health at 4 Hz while
 starting, and turns all of that into a state machine:
@@ -41,7 +43,7 @@ import httpx
 import psutil
 
 from ernie_tui import paths
-from ernie_tui.engine_ctl.launch import port_is_free
+from ernie_tui.engine_ctl.launch import DETACHED_FILE, clear_detached, detached_port, port_is_free, read_detached
 from ernie_tui.engine_ctl.logs import (
     EngineError,
     EngineReport,
@@ -134,8 +136,6 @@ SIGINT_GRACE = 15.0
 SIGTERM_GRACE = 5.0
 ORPHAN_GRACE = 3.0  # a crashed server's leftovers get this long after SIGTERM
 
-DETACHED_FILE = "server.json"
-
 # After the parser says the server serves, /health gets this long to confirm
 # it (when /health can be trusted) before the parser's word alone counts.
 READY_CONFIRM_S = 2.0
@@ -154,8 +154,8 @@ def process_tree(pid: int) -> list[psutil.Process]:
 
 
 def group_members(pgid: int) -> list[psutil.Process]:
-    """Live processes in process group `pgid`. The server runs in its own
-    session (start_new_session), so its group holds every engine process,
+    """Live processes in process group `pgid`. The server runs in a process
+    group of its own (its pid is the group id), which holds every engine process,
     including a child the launcher forked just before it died: such an
     orphan is re-parented to init and no longer shows in process_tree()."""
     members = []
@@ -177,6 +177,27 @@ def _alive(procs: list[psutil.Process]) -> list[psutil.Process]:
         except psutil.Error:
             pass
     return alive
+
+
+class _Adopted:
+    """A left-running server's launcher as EngineServer's Popen: not our
+    child, so its liveness comes from its pid (and start time), and its exit
+    code is not ours to read (0 once it is gone; the log says how it ended)."""
+
+    def __init__(self, pid: int, create_time: float | None):
+        self.pid = pid
+        self.returncode: int | None = None
+        try:
+            self._proc: psutil.Process | None = psutil.Process(pid)
+            if create_time is not None and abs(self._proc.create_time() - create_time) > 1.0:
+                self._proc = None
+        except psutil.Error:
+            self._proc = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None and not _alive([self._proc] if self._proc is not None else []):
+            self.returncode = 0
+        return self.returncode
 
 
 class _Watcher:
@@ -440,15 +461,58 @@ class EngineServer(_Watcher):
     """A vLLM server that this tool starts and owns."""
 
     def __init__(self, spec: LaunchSpec, *, preset_name: str | None = None, log_path: str | Path | None = None,
-                 health_interval: float = 0.25):
+                 health_interval: float = 0.25, own_session: bool = False):
         log = Path(log_path) if log_path else paths.state_dir() / "llm.log"
         super().__init__(spec.url, log, preset_name, attached=False)
         self.spec = spec
         self.health_interval = health_interval
-        self._proc: subprocess.Popen | None = None
+        self._proc: subprocess.Popen | _Adopted | None = None
         self._procs_seen: dict[int, psutil.Process] = {}
         self._health_trusted = True
         self._stopping = False
+        self.adopted = False  # a server a previous dashboard left running, taken back
+        # False (default): a process group of its own in our session; True:
+        # setsid, a session of its own. Either way its pid is its group id and
+        # the terminal's SIGHUP never reaches it (only the session leader and
+        # the foreground group get one). A session of its own also puts it in
+        # an autogroup of its own, and on a 2-core box the client's TTFT p99
+        # then stood apart from vLLM's (583 ms against 59 ms; in our session
+        # 93 against 96 ms: bench/autogroup.py, docs/benchmarks.md).
+        self.own_session = own_session
+
+    @classmethod
+    def adopt(cls, record: dict, spec: LaunchSpec | None = None) -> EngineServer:
+        """Take back the server a previous dashboard left running (its
+        server.json `record`): ours again, so stop/restart work on its process
+        group; its log is read as it stands (not rotated) and then followed.
+        `spec` is what a restart without one relaunches (by default the
+        recorded argv, without the preset's env). Call watch() to follow it
+        (after adding listeners); `ernie-tui stop` only calls stop()."""
+        pid = int(record["pid"])
+        if spec is None:
+            argv = [str(a) for a in record.get("argv") or []]
+            spec = LaunchSpec(argv=argv, env={}, host=str(record.get("host") or "127.0.0.1"),
+                              port=detached_port(record) or 0, model=str(record.get("model") or ""),
+                              served_model_name=str(record.get("served_model_name") or ""))
+        log_path = record.get("log_path") or None
+        server = cls(spec, preset_name=record.get("preset"), log_path=log_path)
+        create_time = record.get("create_time")
+        server._proc = _Adopted(pid, float(create_time) if isinstance(create_time, (int, float)) else None)
+        server.adopted = True
+        server._remember_tree()
+        server._set_status(url=str(record.get("url") or spec.url).rstrip("/"), state=ServerState.STARTING,
+                           phase="connecting", pid=pid, started_at=record.get("started_at"))
+        return server
+
+    def watch(self) -> None:
+        """Follow an adopted server: its log from the start, /health, its processes."""
+        if not self.adopted or (self._thread and self._thread.is_alive()):
+            return
+        if self.status.log_path is not None and self.status.log_path.exists():
+            self._begin_log(self.status.log_path)
+        self._stop_monitor = threading.Event()
+        self._thread = threading.Thread(target=self._monitor, name="engine-monitor", daemon=True)
+        self._thread.start()
 
     # -- control ------------------------------------------------------------
     def start(self) -> None:
@@ -474,11 +538,13 @@ class EngineServer(_Watcher):
             try:
                 self._proc = subprocess.Popen(
                     self.spec.argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                    env=env, start_new_session=True, close_fds=True,
+                    env=env, close_fds=True,
+                    **({"start_new_session": True} if self.own_session else {"process_group": 0}),
                 )
             except OSError as exc:
                 raise ServerError(f"cannot run {self.spec.argv[0]}: {exc.strerror or exc}") from None
         self._procs_seen = {}
+        self.adopted = False
         self._remember_tree()
         self._begin_log(log)
         self._stopping = False
@@ -529,6 +595,7 @@ class EngineServer(_Watcher):
         while self._pump_log():
             pass
         self._end_log()  # the server is gone: nothing more will be written
+        clear_detached(proc.pid)  # a left-running server's record goes with it
         final = ServerState.CRASHED if self.status.state == ServerState.CRASHED else ServerState.STOPPED
         self._set_status(state=final, phase=None, exit_code=proc.returncode)
 
@@ -547,9 +614,17 @@ class EngineServer(_Watcher):
         self._stop_monitor.set()
         if not st.running or st.pid is None:
             return None
+        try:
+            create_time: float | None = psutil.Process(st.pid).create_time()
+        except psutil.Error:
+            create_time = None
+        spec = self.spec
+        # The pid is also the process group (process_group=0 / setsid); its start
+        # time tells a reused pid from ours. No env: it may hold the API key.
         return paths.write_private_text(paths.state_dir() / DETACHED_FILE, json.dumps(
-            {"pid": st.pid, "url": st.url, "preset": st.preset_name, "log_path": str(st.log_path),
-             "started_at": st.started_at}))
+            {"pid": st.pid, "pgid": st.pid, "create_time": create_time, "url": st.url, "preset": st.preset_name,
+             "log_path": str(st.log_path), "started_at": st.started_at, "host": spec.host, "port": spec.port,
+             "model": spec.model, "served_model_name": spec.served_model_name, "argv": list(spec.argv)}))
 
     def engine_pids(self) -> list[int]:
         if self._proc is None or self._proc.poll() is not None:
@@ -570,7 +645,7 @@ class EngineServer(_Watcher):
             return
         for p in process_tree(self._proc.pid):
             self._procs_seen.setdefault(p.pid, p)
-        if self._proc.poll() is not None:
+        if self._proc.poll() is not None or self.adopted:
             # The launcher is gone: its children were re-parented away from
             # the tree, but they are still in its process group.
             for p in group_members(self._proc.pid):
@@ -579,7 +654,7 @@ class EngineServer(_Watcher):
     @staticmethod
     def _signal_group(pid: int, sig: int) -> None:
         try:
-            os.killpg(pid, sig)  # start_new_session made pid the group id
+            os.killpg(pid, sig)  # process_group=0 (or setsid) made pid the group id
         except (ProcessLookupError, PermissionError):
             pass
 
@@ -605,6 +680,16 @@ class EngineServer(_Watcher):
                 self._pump_log()
                 if self._stopping:
                     return  # stop() finishes the bookkeeping
+                with self._lock:
+                    report = self._parser.report
+                    clean = report.shutdown_line is not None and report.error is None
+                if clean and code == 0:
+                    # Shut down by someone else (`ernie-tui stop`, a SIGINT): stopped, not crashed.
+                    self._reap_orphans()
+                    clear_detached(proc.pid)
+                    self._end_log()
+                    self._set_status(state=ServerState.STOPPED, phase="shutdown", exit_code=code)
+                    return
                 self._crashed(code)
                 return
             state = self.status.state
@@ -710,13 +795,15 @@ class AttachedServer(_Watcher):
                 with self._lock:
                     pid = self._parser.report.pids.get("APIServer")
                     error = self._parser.report.error
+                    shut = self._parser.report.shutdown_line is not None
                 if self._health_ok():
                     if self.status.state != ServerState.READY:
                         self._set_status(state=ServerState.READY, phase="ready", ready_at=time.time(), pid=pid)
                 elif error is not None:
                     self._set_status(state=ServerState.CRASHED, phase=None, error=error)
                 else:
-                    self._set_status(state=ServerState.STOPPED, phase="unreachable")
+                    # The log's last lines say why it does not answer: shut down, or not known.
+                    self._set_status(state=ServerState.STOPPED, phase="shutdown" if shut else "unreachable")
             if not busy:
                 time.sleep(0.1)
 
@@ -781,13 +868,29 @@ class LogReplay(_Watcher):
         return True
 
 
-def find_detached() -> dict | None:
-    """The record a detached server left, if that server still runs."""
-    record = paths.state_dir() / DETACHED_FILE
+def find_detached(clear_stale: bool = True) -> dict | None:
+    """The record a detached server left (server.json), if that server still
+    runs; a stale record (its pid dead or reused) is removed."""
+    return read_detached(clear_stale)
+
+
+def stop_detached(preset: str | None = None, say: Callable[[str], None] | None = None) -> dict | None:
+    """Stop the server a dashboard left running (`ernie-tui stop`): SIGINT to
+    its process group, then SIGTERM, then SIGKILL, as the dashboard's x does;
+    its record goes with it. None when no left-running server is recorded;
+    ServerError when `preset` names another preset than the one running."""
+    info = read_detached()
+    if info is None:
+        return None
+    if preset is not None and info.get("preset") != preset:
+        raise ServerError(f"the server left running is {info.get('preset') or 'unnamed'} "
+                          f"(pid {info.get('pid')}), not {preset}")
+    server = EngineServer.adopt(info)
+    if say is not None:
+        say(f"stopping {info.get('preset') or 'the server'} (pid {info.get('pid')}, {info.get('url')}) ...")
     try:
-        info = json.loads(record.read_text())
-    except (OSError, ValueError):
-        return None
-    if not psutil.pid_exists(int(info.get("pid", -1))):
-        return None
+        server.stop()
+    finally:
+        server.close()
+    clear_detached(int(info["pid"]))
     return info

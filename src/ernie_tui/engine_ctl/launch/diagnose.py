@@ -31,6 +31,7 @@ from ernie_tui.engine_ctl.launch.estimate import (
     round_up_mib,
 )
 from ernie_tui.engine_ctl.launch.machine import CUDA_CONTEXT_BYTES, Machine
+from ernie_tui.engine_ctl.launch.ports import left_running_on
 from ernie_tui.engine_ctl.launch.preflight import (
     PAGED_ATTN_MYTH_KEYS,
     largest_valid_tp,
@@ -314,6 +315,9 @@ def _fix_for(kind: ErrorKind, text: str, err: EngineError | None, preset: Preset
 
     if kind == ErrorKind.PORT_IN_USE:
         port = int(detail.get("port") or preset.port)
+        if left_running_on(preset.port) is not None:
+            # Ours: a second server on another port is no fix (#18, 2).
+            return None, "your left-running server holds it: press x (or run `ernie-tui stop`)"
         nxt = next_free_port(preset.host, max(port, preset.port))
         return ({"port": nxt}, "the next free port") if nxt else (None, "no free port found nearby")
 

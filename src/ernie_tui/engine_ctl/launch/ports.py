@@ -1,14 +1,85 @@
 """TCP ports and bind addresses: is a port free the way vLLM will bind it,
-which one is next, and who can reach a server bound to a given host."""
+which one is next, who can reach a server bound to a given host, and whether
+the server holding a port is the one a dashboard left running (server.json)."""
 
 from __future__ import annotations
 
 import errno
 import ipaddress
+import json
 import socket
 from dataclasses import dataclass
+from urllib.parse import urlsplit
 
 import psutil
+
+from ernie_tui import paths
+
+# Where `q` -> leave records the server it leaves running (control/server.py
+# writes it; the next dashboard adopts that server, `ernie-tui stop` stops it).
+DETACHED_FILE = "server.json"
+
+
+def read_detached(clear_stale: bool = True) -> dict | None:
+    """The record of the server a dashboard left running, while that server
+    still runs. A record naming a dead pid (or a pid since reused by another
+    process: its start time differs) is stale and, with `clear_stale`, removed."""
+    path = paths.state_dir() / DETACHED_FILE
+    try:
+        info = json.loads(path.read_text())
+        pid = int(info["pid"])
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, KeyError, TypeError):
+        info, pid = None, -1
+    if info is not None and _leader_alive(pid, info.get("create_time")):
+        return info
+    if clear_stale:
+        clear_detached(None)
+    return None
+
+
+def clear_detached(pid: int | None) -> None:
+    """Remove server.json (only when it names `pid`, unless pid is None)."""
+    path = paths.state_dir() / DETACHED_FILE
+    if pid is not None:
+        try:
+            if int(json.loads(path.read_text()).get("pid", -1)) != pid:
+                return
+        except (OSError, ValueError, TypeError, AttributeError):
+            pass
+    try:
+        path.unlink()
+    except FileNotFoundError:
+        pass
+
+
+def _leader_alive(pid: int, create_time: object) -> bool:
+    try:
+        proc = psutil.Process(pid)
+        if proc.status() == psutil.STATUS_ZOMBIE:
+            return False
+        if isinstance(create_time, (int, float)) and abs(proc.create_time() - create_time) > 1.0:
+            return False  # the pid now names another process
+        return True
+    except psutil.Error:
+        return False
+
+
+def detached_port(info: dict) -> int | None:
+    port = info.get("port")
+    if isinstance(port, int):
+        return port
+    try:
+        return urlsplit(str(info.get("url", ""))).port
+    except ValueError:
+        return None
+
+
+def left_running_on(port: int) -> dict | None:
+    """The record of our left-running server when it is the one on `port`."""
+    info = read_detached()
+    return info if info is not None and detached_port(info) == port else None
 
 
 def port_is_free(host: str, port: int) -> tuple[bool, str]:

@@ -53,7 +53,7 @@ from ernie_tui.engine_ctl.launch.estimate import (
 from ernie_tui.engine_ctl.launch.machine import CUDA_CONTEXT_BYTES, Machine, detect_machine
 from ernie_tui.engine_ctl.launch.modelinfo import ModelInfo, ModelInfoError, read_model_info
 from ernie_tui.engine_ctl.launch.parallel_layout import layout_of
-from ernie_tui.engine_ctl.launch.ports import bind_exposure, next_free_port, port_is_free
+from ernie_tui.engine_ctl.launch.ports import bind_exposure, left_running_on, next_free_port, port_is_free
 from ernie_tui.engine_ctl.launch.preflight_check import CheckContext, Problem, VllmArgs, launcher_python
 from ernie_tui.engine_ctl.launch.preflight_parallel import checks as parallel_checks
 from ernie_tui.engine_ctl.logs import ErrorKind, Severity
@@ -522,6 +522,14 @@ def check_port(c: CheckContext) -> None:
         return
     if why != "in use":
         c.add(ErrorKind.PORT_IN_USE, "error", f"cannot bind {c.preset.host}:{c.preset.port}: {why}", None)
+        return
+    ours = left_running_on(c.preset.port)
+    if ours is not None:
+        # Never "fixed" by a second server on another port (#18, 2): it is ours.
+        c.add(ErrorKind.PORT_IN_USE, "error",
+              f"port {c.preset.port} is held by your left-running server ({ours.get('preset') or 'a preset'}, "
+              f"pid {ours.get('pid')}): open the dashboard (plain `ernie-tui`, which takes it back) and press "
+              "x or r, or stop it with `ernie-tui stop`", None)
         return
     nxt = next_free_port(c.preset.host, c.preset.port)
     c.add(ErrorKind.PORT_IN_USE, "error",

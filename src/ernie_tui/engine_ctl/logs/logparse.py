@@ -681,10 +681,13 @@ class LogParser:
                 self._set("server_url", self._url(m.group(1), n), n, override=False)
         elif text.startswith("Shutting down"):
             self._m_shutdown(text, line, n)
+        elif text.startswith("Application shutdown complete") and self._shutting_down:
+            self.report.shutdown_complete = True
 
     def _m_shutdown(self, text: str, line: str, n: int) -> None:
         if not self._shutting_down:
             self._shutting_down = True
+            self.report.shutdown_line = n
             self._changes += 1
 
     def _url(self, url: str, n: int) -> str | None:

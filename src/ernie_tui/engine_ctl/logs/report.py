@@ -96,6 +96,11 @@ class EngineReport:
     # Every rank in order of appearance (copy-on-write: replaced, never mutated).
     ranks: list[RankInfo] = field(default_factory=list)
     lines: int = 0
+    # The server was shut down (SIGINT, a preset switch, `x`): the line its
+    # shutdown began on, and whether uvicorn said it finished. A shut-down
+    # server is no longer READY, whatever it reached before.
+    shutdown_line: int | None = None
+    shutdown_complete: bool = False
     # Figures the log stated that no machine can have (inf seconds, 10^26 KV
     # tokens, port -1): left out of the fields above, each said here.
     notes: list[str] = field(default_factory=list)
@@ -105,8 +110,19 @@ class EngineReport:
     parser_errors: list[str] = field(default_factory=list)
     parser_error_count: int = 0
 
+    @property
+    def state(self) -> str:
+        """What the log's last lines say: "failed", "stopped" (shut down),
+        "ready" or "starting"."""
+        if self.error is not None:
+            return "failed"
+        if self.shutdown_line is not None:
+            return "stopped"
+        return "ready" if self.ready else "starting"
+
     def to_dict(self, include_stats: bool = False) -> dict[str, Any]:
         d = asdict(self)
+        d["state"] = self.state
         d["error"] = self.error.to_dict() if self.error else None
         if not include_stats:
             d["stats"] = [asdict(s) for s in self.stats[-1:]]

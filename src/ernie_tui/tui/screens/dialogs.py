@@ -70,8 +70,8 @@ class QuitScreen(ModalScreen[str]):
             yield Static(Content.assemble(
                 "The server ", (self._preset or "?", "bold"), f" is running at {self._url}",
                 f" (pid {self._pid}).\n" if self._pid else ".\n",
-                "Stop it, or leave it running so that a later ",
-                ("ernie-tui --attach", "bold"), " finds it?"), classes="dialog-body")
+                "Stop it, or leave it running? Plain ", ("ernie-tui", "bold"), " takes it back later; ",
+                ("ernie-tui stop", "bold"), " stops it from the shell."), classes="dialog-body")
             with Horizontal(classes="dialog-buttons"):
                 yield Button("Stop server (s)", variant="error", id="stop")
                 yield Button("Leave running (l)", variant="primary", id="leave")

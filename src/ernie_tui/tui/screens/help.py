@@ -22,9 +22,11 @@ KEYS: tuple[tuple[str, str], ...] = (
     ("l / end", "follow the log again (scrolling up pauses it)"),
     ("j", "jump to the root-cause line of the error"),
     ("v", "log: whole vLLM prefixes (pid, date, file:line) or the short form"),
+    ("a", "log: show or fold the GET /metrics and /health access lines (the title counts them)"),
     ("g", "small terminals: show charts instead of the log"),
     ("ctrl+p", "command palette: start, stop, restart, switch preset, quit"),
-    ("q", "quit (control mode asks: stop the server or leave it running)"),
+    ("q", "quit (control mode asks: stop the server or leave it running; plain `ernie-tui` takes a "
+          "left-running server back, `ernie-tui stop` stops it)"),
 )
 
 FIGURES: tuple[tuple[str, str], ...] = (

@@ -59,6 +59,7 @@ class MainScreen(Screen):
         Binding("j", "jump", "Root cause", show=False),
         Binding("g", "toggle_charts", "Charts/log", show=False),
         Binding("v", "toggle_prefix", "Full prefixes", show=False),
+        Binding("a", "toggle_polling", "Polling lines", show=False),
         Binding("question_mark", "help", "Help"),
         Binding("q", "quit", "Quit"),
     ]
@@ -294,6 +295,10 @@ class MainScreen(Screen):
         if info is not None:
             cur, total = info
             bits.append(f"/{log.search_term} {cur if total else 0} of {total}")
+        folded = log.polling_folded
+        if folded:
+            bits.append(f"{folded:,} /metrics·/health lines " + ("folded · a shows" if log.fold_polling
+                                                                 else "shown · a folds"))
         if log.dropped:
             bits.append(f"{log.dropped:,} lines skipped in a flood")
         elif log.line_count and log._first_no > 1:
@@ -343,6 +348,11 @@ class MainScreen(Screen):
 
     def action_toggle_prefix(self) -> None:
         self.log_view.compact = not self.log_view.compact
+
+    def action_toggle_polling(self) -> None:
+        """Show / fold the /metrics and /health access lines of a server that logs them."""
+        log = self.log_view
+        log.set_fold_polling(not log.fold_polling)
 
     def action_toggle_charts(self) -> None:
         self.toggle_class("-show-charts")

@@ -15,6 +15,7 @@ clamp once read as "the user scrolled up" and froze a flooding pane.
 from __future__ import annotations
 
 import re
+from bisect import bisect_left
 from dataclasses import dataclass
 
 from rich.style import Style
@@ -53,6 +54,16 @@ ROOT_CAUSE = Style(color="white", bgcolor="#8b0000", bold=True)
 MATCH = Style(color="black", bgcolor="yellow")
 CURRENT_MATCH = Style(color="black", bgcolor="bright_yellow", bold=True, underline=True)
 MAX_WIDTH = 1000  # virtual width cap: very long lines are cropped, not measured
+
+# uvicorn's access line for a dashboard's own polling (its 1 s GET /metrics,
+# /health while attached): '(APIServer pid=1) INFO:     127.0.0.1:45254 -
+# "GET /metrics HTTP/1.1" 200 OK'. A server we start does not write them
+# (presets/model.py: --disable-access-log-for-endpoints); one we attach to may.
+_POLLING = re.compile(r'^(?:\([^)]*\)\s+)?INFO:\s+\S+ - "GET /(?:metrics|health)(?:\?[^" ]*)? HTTP/[\d.]+" \d{3}')
+
+
+def is_polling_line(line: str) -> bool:
+    return ('"GET /metrics' in line or '"GET /health' in line) and _POLLING.match(line) is not None
 
 
 class _StripCache:
@@ -133,6 +144,70 @@ class LogView(ScrollView, can_focus=True):
         self.root_cause_no: int | None = None
         self.pending = 0  # lines that arrived while paused
         self.dropped = 0
+        # Folding the polling access lines (issue #18, 1): every line stays
+        # held, under the file's number; `_rows` lists the numbers of the
+        # lines shown (None until a polling line arrives), and the pane's
+        # rows are those while `fold_polling` is on.
+        self.fold_polling = True
+        self._rows: list[int] | None = None
+
+    # -- rows: the lines shown (all, or all but the folded polling lines) ----------
+    @property
+    def _folding(self) -> bool:
+        return self.fold_polling and self._rows is not None
+
+    @property
+    def _row_count(self) -> int:
+        return len(self._rows) if self._folding and self._rows is not None else len(self._lines)
+
+    def _row_line_no(self, row: int) -> int:
+        return self._rows[row] if self._folding and self._rows is not None else row + self._first_no
+
+    def _line_row(self, line_no: int) -> int:
+        """The row showing line `line_no`, or the next shown one when it is folded."""
+        if self._folding and self._rows is not None:
+            return bisect_left(self._rows, line_no)
+        return line_no - self._first_no
+
+    @property
+    def polling_folded(self) -> int:
+        """Polling access lines held (folded while fold_polling is on)."""
+        return len(self._lines) - len(self._rows) if self._rows is not None else 0
+
+    def set_fold_polling(self, fold: bool) -> None:
+        """Show or fold the polling access lines, keeping the line at the top in view."""
+        self.flush()
+        if fold == self.fold_polling:
+            return
+        top = self._row_line_no(int(self.scroll_y)) if self._row_count else self._first_no
+        self.fold_polling = fold
+        self._cache.clear()
+        self._set_virtual_size(Size(self._width + 1, self._row_count))
+        if self.follow:
+            self._scroll_to_end()
+        else:
+            self.scroll_to(y=max(0, min(self._line_row(top), self._row_count - 1)), animate=False, immediate=True)
+        self.refresh()
+        self.post_message(self.StateChanged())
+
+    def _note_rows(self, first_no: int, clean: list[str], front: bool = False) -> None:
+        """Lines numbered from `first_no` joined `_lines` (at its end, or at
+        its front): keep `_rows` in step. Costs a substring test per line."""
+        rows = self._rows
+        if rows is None:
+            if not any(is_polling_line(ln) for ln in clean):
+                return
+            # The first polling line: every line held before it is shown.
+            if front:
+                rows = list(range(first_no + len(clean), first_no + len(self._lines)))
+            else:
+                rows = list(range(self._first_no, first_no))
+            self._rows = rows
+        shown = [first_no + i for i, ln in enumerate(clean) if not is_polling_line(ln)]
+        if front:
+            rows[:0] = shown
+        else:
+            rows.extend(shown)
 
     # -- content ------------------------------------------------------------
     @property
@@ -150,6 +225,7 @@ class LogView(ScrollView, can_focus=True):
 
     def clear(self) -> None:
         self._pending = None
+        self._rows = None
         self._lines.clear()
         self._first_no = 1
         self._width = 0
@@ -201,8 +277,12 @@ class LogView(ScrollView, can_focus=True):
             self.dropped += dropped
             self._first_no += dropped  # numbering continues past the skipped lines
         start_y = len(self._lines)
+        folded = self.polling_folded
         clean = [_CONTROL.sub("", ln.expandtabs()) if _NEEDS_CLEAN(ln) else ln for ln in lines]
         self._lines.extend(clean)
+        self._note_rows(self._first_no + start_y, clean)
+        if self.polling_folded != folded:
+            self.post_message(self.StateChanged())  # the title counts them
         if clean:
             widest = max(map(len, clean))
             if widest > self._width:
@@ -212,20 +292,26 @@ class LogView(ScrollView, can_focus=True):
             pat = self._search.pattern
             self._search.matches.extend(base + start_y + i for i, ln in enumerate(clean) if pat.search(ln))
         overflow = len(self._lines) - self.max_lines
-        cut = 0
+        cut = rows_cut = 0
         if overflow > 0:
             # Prune in chunks so steady-state appends stay O(batch).
             cut = overflow + self.max_lines // 10
+            rows_cut = cut
             del self._lines[:cut]
             self._first_no += cut
+            if self._rows is not None:
+                gone = bisect_left(self._rows, self._first_no)
+                del self._rows[:gone]
+                if self._folding:
+                    rows_cut = gone
             self._cache.clear()
             if self._search is not None:
                 self._search.matches = [n for n in self._search.matches if n >= self._first_no]
                 self._search.current = min(self._search.current, len(self._search.matches) - 1)
-        self._set_virtual_size(Size(self._width + 1, len(self._lines)))
+        self._set_virtual_size(Size(self._width + 1, self._row_count))
         if cut and not self.follow:
-            # Paused: the lines being read moved up by `cut`; keep them in view.
-            self.scroll_to(y=max(0, self.scroll_y - cut), animate=False, immediate=True)
+            # Paused: the lines being read moved up by the rows cut; keep them in view.
+            self.scroll_to(y=max(0, self.scroll_y - rows_cut), animate=False, immediate=True)
         if self.follow:
             self._scroll_to_end()
         else:
@@ -247,8 +333,10 @@ class LogView(ScrollView, can_focus=True):
             lines = lines[-room:]
             first_line_no = self._first_no - room
         clean = [_CONTROL.sub("", ln.expandtabs()) if _NEEDS_CLEAN(ln) else ln for ln in lines]
+        rows_before = self._row_count
         self._lines[:0] = clean
         self._first_no = first_line_no
+        self._note_rows(first_line_no, clean, front=True)
         widest = max(map(len, clean))
         if widest > self._width:
             self._width = min(MAX_WIDTH, widest)
@@ -257,8 +345,8 @@ class LogView(ScrollView, can_focus=True):
             found = [first_line_no + i for i, ln in enumerate(clean) if pat.search(ln)]
             self._search.matches[:0] = found
             self._search.current += len(found)
-        self._set_virtual_size(Size(self._width + 1, len(self._lines)))
-        self.scroll_to(y=self.scroll_y + len(clean), animate=False, immediate=True)
+        self._set_virtual_size(Size(self._width + 1, self._row_count))
+        self.scroll_to(y=self.scroll_y + self._row_count - rows_before, animate=False, immediate=True)
         self.refresh()
         self.post_message(self.StateChanged())
         return len(clean)
@@ -285,7 +373,7 @@ class LogView(ScrollView, can_focus=True):
         update(size)
 
     def _scroll_to_end(self) -> None:
-        self.scroll_to(y=max(0, len(self._lines) - self.scrollable_content_region.height),
+        self.scroll_to(y=max(0, self._row_count - self.scrollable_content_region.height),
                        animate=False, immediate=True)
 
     # -- follow: changed by the user only ------------------------------------------
@@ -409,9 +497,12 @@ class LogView(ScrollView, can_focus=True):
 
     def jump_to_line(self, line_no: int) -> bool:
         self.flush()
-        y = line_no - self._first_no
-        if not 0 <= y < len(self._lines):
+        if not 0 <= line_no - self._first_no < len(self._lines):
             return False
+        if self._folding and self._rows is not None and self._rows[min(self._line_row(line_no),
+                                                                         len(self._rows) - 1)] != line_no:
+            self.set_fold_polling(False)  # the line asked for is a folded one: show them
+        y = self._line_row(line_no)
         self.follow = False  # the user asked for this line (search, root cause): stay on it
         self.scroll_to(y=max(0, y - self.scrollable_content_region.height // 2), animate=False, immediate=True)
         return True
@@ -459,19 +550,20 @@ class LogView(ScrollView, can_focus=True):
     # -- rendering --------------------------------------------------------------
     def render_line(self, y: int) -> Strip:
         scroll_x, scroll_y = self.scroll_offset
-        index = scroll_y + y
+        row = scroll_y + y
         width = self.scrollable_content_region.width
         base_style = self.rich_style
-        if index >= len(self._lines):
+        if row >= self._row_count:
             return Strip.blank(width, base_style)
-        key = (index + self._first_no, self._generation)
+        number = self._row_line_no(row)
+        key = (number, self._generation)
         strip = self._cache.get(key)
         if strip is None:
-            text = self._styled(index)
+            text = self._styled(number - self._first_no)
             text.stylize_before(base_style)
             strip = Strip(text.render(self.app.console), text.cell_len)
             self._cache[key] = strip
-        return strip.crop_extend(scroll_x, scroll_x + width, base_style).apply_offsets(scroll_x, index)
+        return strip.crop_extend(scroll_x, scroll_x + width, base_style).apply_offsets(scroll_x, row)
 
     def _styled(self, index: int) -> Text:
         raw = self._lines[index]

@@ -93,9 +93,12 @@ class StatusBar(Horizontal):
             word = f"CRASHED (exit {st.exit_code})"
         elif state == "stopped" and st.phase == "unreachable":
             word = "UNREACHABLE"
+        elif state == "stopped" and st.phase == "shutdown":
+            word = "STOPPED (shut down)"
         if self.mode == "replay":
             word = {"ready": "REPLAY: reached ready", "crashed": "REPLAY: failed",
-                    "stopped": "REPLAY: never ready"}.get(state, f"REPLAY: {state}")
+                    "stopped": "REPLAY: shut down" if st.phase == "shutdown" else "REPLAY: never ready",
+                    }.get(state, f"REPLAY: {state}")
         return state, word
 
     def _redraw(self) -> None:
