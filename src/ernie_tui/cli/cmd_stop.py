@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from ernie_tui.cli.errors import CliError
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
@@ -20,8 +22,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _run(args) -> int:
-    from ernie_tui.cli import CliError
-    from ernie_tui.engine_ctl.control import ServerError, stop_detached
+    from ernie_tui.engine_ctl.control import ServerError, stop_detached  # lazy: --help start-up
 
     def say(text: str) -> None:
         print(f"ernie-tui: {text}", file=sys.stderr, flush=True)

@@ -32,7 +32,15 @@ from textual.screen import Screen
 from textual.worker import get_current_worker
 
 from ernie_tui import paths
-from ernie_tui.engine_ctl.control import AttachedServer, EngineServer, LogReplay, ServerError, ServerState, ServerStatus
+from ernie_tui.engine_ctl.control import (
+    AttachedServer,
+    EngineServer,
+    LogReplay,
+    ServerError,
+    ServerState,
+    ServerStatus,
+    find_detached,
+)
 from ernie_tui.engine_ctl.launch import apply_fix, diagnose_failure, run_preflight
 from ernie_tui.engine_ctl.logs import ErrorKind, Severity
 from ernie_tui.presets import Preset, PresetBook, PresetError, load_presets
@@ -230,8 +238,6 @@ class ErnieApp(ShowsWorkerFailures, App[int]):
         restart it (issue #18, 2). A stale record is cleared on the way."""
         if not self.config.adopt:
             return False
-        from ernie_tui.engine_ctl.control import EngineServer, find_detached
-
         info = find_detached()
         if info is None:
             return False
