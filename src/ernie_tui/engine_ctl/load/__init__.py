@@ -8,6 +8,7 @@ Pareto front (pareto) and the run records on disk (runstore).
 Never imports launch, logs or control: a load can be aimed at any URL.
 """
 
+from ernie_tui.engine_ctl.load.arrivals import ARRIVALS, arrival_offsets, output_lengths, send_lag, vllm_bench_ranges
 from ernie_tui.engine_ctl.load.burst import BurstConfig, BurstResult, format_burst, run_burst
 from ernie_tui.engine_ctl.load.capacity import CapacityResult, LevelResult, format_capacity, make_search
 from ernie_tui.engine_ctl.load.capacity_run import request_setup, run_capacity
@@ -15,6 +16,7 @@ from ernie_tui.engine_ctl.load.http_client import DEFAULT_READ_TIMEOUT_S, Served
 from ernie_tui.engine_ctl.load.http_errors import ProbeError, ProbeErrorKind, ProbeFailure
 from ernie_tui.engine_ctl.load.metrics import (
     GENERATION_TOKENS,
+    ITL,
     PREFIX_HITS,
     REQUEST_SUCCESS,
     TTFT,
@@ -48,6 +50,12 @@ from ernie_tui.engine_ctl.load.stream_timing import (
 from ernie_tui.engine_ctl.load.workload import burst_workload, load_jsonl
 
 __all__ = [
+    "ARRIVALS",
+    "ITL",
+    "arrival_offsets",
+    "output_lengths",
+    "send_lag",
+    "vllm_bench_ranges",
     "BurstConfig",
     "BurstResult",
     "CHINESE_PROMPT",
