@@ -132,7 +132,10 @@ class Server:
         self.h_ttft = Histogram("vllm:time_to_first_token_seconds", "TTFT", lbl, buckets=TTFT_BUCKETS, registry=r)
         self.h_itl = Histogram("vllm:inter_token_latency_seconds", "ITL", lbl, buckets=ITL_BUCKETS, registry=r)
         self.h_e2e = Histogram("vllm:e2e_request_latency_seconds", "e2e", lbl, buckets=E2E_BUCKETS, registry=r)
-        self.c_preempt.labels(args.model_name).inc(0)
+        # Every series exists from the start, as vLLM's do: a window opened
+        # before the first request still has its counters to subtract from.
+        for c in (self.c_preempt, self.c_gen, self.c_prompt, self.c_ok, self.c_prefix_q, self.c_prefix_hits):
+            c.labels(args.model_name).inc(0)
         self.gauges()
 
     def cold_delay_s(self, n_out: int) -> float:
