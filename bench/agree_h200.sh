@@ -20,9 +20,9 @@ for i in $(seq 1 200); do
   sleep 1
 done
 echo "server ready after ${i} s"; date -u
-timeout ${AGREE_TIMEOUT:-460} python3 "$HERE/bench/agree_vllm_bench.py" --url http://127.0.0.1:8000 --model m03 \
+timeout $(( ${AGREE_DEADLINE_S:-560} - SECONDS )) python3 "$HERE/bench/agree_vllm_bench.py" --url http://127.0.0.1:8000 --model m03 \
     --tokenizer "$M" --concurrency ${AGREE_C:-128 256} --rate ${AGREE_RATE:-80} --rounds 3 --waves 8 \
-    --rate-seconds ${AGREE_RATE_S:-15} --json "$W/agree-h200.json" 2>&1 | tee "$W/agree.log"
+    --rate-seconds ${AGREE_RATE_S:-10} --json "$W/agree-h200.json" 2>&1 | tee "$W/agree.log"
 date -u
 kill $SRV; wait $SRV
 tar czf "$OUT/agree-h200.tgz" -C "$W" $(cd "$W" && ls agree-h200.json agree.log server.log 2>/dev/null)

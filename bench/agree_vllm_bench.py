@@ -25,6 +25,9 @@ the client's duration). Writes everything, runs included, to --json.
     python bench/agree_vllm_bench.py --url http://127.0.0.1:8000 --tokenizer MODEL_DIR \\
         --concurrency 128 256 --rate 60 --rounds 3 --waves 8 --json agree.json
 
+`python bench/agree_vllm_bench.py --report agree.json` prints a saved run's levels as
+Markdown tables.
+
 Needs vllm importable by --bench-python (default: this Python), for its
 bench client; run with PYTHONPATH=src (ernie_tui) as the other bench scripts.
 """
@@ -217,7 +220,7 @@ def _ms(v: float | None) -> float | None:
 
 
 def one_level(srv: Server, shape: Shape, *, concurrency: int | None, rate: float | None, n: int, rounds: int,
-              python: str, env: dict[str, str], timeout_s: float, log=print) -> dict[str, Any]:
+              python: str, env: dict[str, str], timeout_s: float, log=print, checkpoint=None) -> dict[str, Any]:
     metrics = MetricsClient(srv.url, None, model_name=None, timeout=30.0)
     runs: dict[str, list[dict[str, Any]]] = {"ours": [], "theirs": []}
     rng = random.SystemRandom()
@@ -236,6 +239,8 @@ def one_level(srv: Server, shape: Shape, *, concurrency: int | None, rate: float
                 r["round"] = k
                 runs[who].append(r)
                 log(f"  round {k + 1} {who:6s}: {fmt_run(r)}")
+                if checkpoint is not None:  # a run cut short keeps the rounds it finished
+                    checkpoint({"concurrency": concurrency, "rate": rate, "n": n, "partial_runs": runs})
     finally:
         metrics.close()
     figures = {f: summarize_figure([r[f] for r in runs["ours"]], [r[f] for r in runs["theirs"]], GOAL[f])
@@ -276,7 +281,35 @@ def format_level(lv: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def markdown_level(lv: dict[str, Any]) -> str:
+    """One level as a Markdown table (for docs/benchmarks.md)."""
+    name = f"concurrency {lv['concurrency']}" if lv["rate"] is None else f"rate {lv['rate']:g} req/s (Poisson)"
+    out = [f"{name}, {lv['n']} requests a run, {lv['rounds']} rounds:", "",
+           "| figure | ours: median (spread) | bench client: median (spread) | ratio | goal | vLLM /metrics ratio |",
+           "|---|---|---|---|---|---|"]
+    for f in FIGURES:
+        s, ref = lv["figures"][f], lv["referee"][f]
+
+        def n(v: float | None, whole: bool = f == "output_tps") -> str:
+            return "-" if v is None else (f"{v:,.0f}" if whole else f"{v:,.1f}")
+
+        def pct(v: float | None) -> str:
+            return "-" if v is None else f"{v * 100:.1f} %"
+
+        def r(v: float | None) -> str:
+            return "-" if v is None else f"{v:.3f}"
+        ok = {True: "met", False: "**missed**", None: "-"}[s["within_goal"]]
+        out.append(f"| {f} | {n(s['ours_median'])} ({pct(s['ours_spread'])}) | {n(s['theirs_median'])} "
+                   f"({pct(s['theirs_spread'])}) | {r(s['ratio'])} | ±{s['goal'] * 100:.0f} % {ok} "
+                   f"| {r(ref['ratio'])} |")
+    return "\n".join(out)
+
+
 def main(argv: list[str] | None = None) -> int:
+    if argv is None and len(sys.argv) == 3 and sys.argv[1] == "--report":
+        d = json.loads(Path(sys.argv[2]).read_text())  # tables of a saved run, no server needed
+        print("\n\n".join(markdown_level(lv) for lv in d["levels"]))
+        return 0
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--url", required=True)
     p.add_argument("--model", help="served model name (default: the first /v1/models lists)")
@@ -317,8 +350,11 @@ def main(argv: list[str] | None = None) -> int:
     plan += [(None, r, max(1, round(r * args.rate_seconds))) for r in args.rate]
     for c, r, n in plan:
         print(f"{'concurrency ' + str(c) if r is None else f'rate {r:g} req/s'}: {n} requests a run", flush=True)
+        def checkpoint(partial: dict[str, Any]) -> None:
+            if args.json:
+                Path(args.json).write_text(json.dumps({**out, "in_progress": partial}, indent=1))
         lv = one_level(srv, shape, concurrency=c, rate=r, n=n, rounds=args.rounds, python=args.bench_python,
-                       env=env, timeout_s=args.timeout, log=lambda s: print(s, flush=True))
+                       env=env, timeout_s=args.timeout, log=lambda s: print(s, flush=True), checkpoint=checkpoint)
         levels.append(lv)
         print(format_level(lv), flush=True)
         if args.json:  # after every level: a run cut short keeps what it measured
