@@ -253,3 +253,11 @@ def test_cli_burst_rate_and_drawn_output_lengths(paced, capsys):
     asked = [e["max_tokens"] for e in srv.requests(measured_only=False)[-10:]]
     assert min(asked) >= 4 and max(asked) <= 12
     assert all(e["sampling"] == {} for e in srv.requests())
+
+
+def test_cli_rate_belongs_to_a_burst_and_a_probe_keeps_its_sampling(capsys):
+    from ernie_tui.cli import main
+
+    rc = main(["probe", "--url", "http://127.0.0.1:9", "--rate", "5"])
+    assert rc != 0
+    assert "--rate belongs to --burst" in capsys.readouterr().err
