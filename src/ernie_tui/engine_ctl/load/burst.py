@@ -831,7 +831,9 @@ def format_burst(r: BurstResult) -> str:
         f"burst of {r.total} on {r.model or '-'} {shape}: "
         f"{r.completed} ok, {r.failed} failed, {r.not_sent} not sent"
         + (" (cancelled)" if r.cancelled else "") + f", {r.duration_s:.2f} s",
-        f"output {num(r.output_tps)} tok/s   total {num(r.total_tps)} tok/s   "
+        (f"max_tokens {cfg.get('min_output_tokens')}..{cfg.get('max_tokens')} (drawn)   "
+         if cfg.get("min_output_tokens") else "")
+        + f"output {num(r.output_tps)} tok/s   total {num(r.total_tps)} tok/s   "
         f"{num(r.requests_per_s, '.2f')} req/s   ({r.output_tokens} output, {r.prompt_tokens} prompt tokens)",
         f"TTFT ms     p50 {ms(r.ttft['p50'])}  p90 {ms(r.ttft['p90'])}  p99 {ms(r.ttft['p99'])}  "
         f"mean {ms(r.ttft['mean'])}",
