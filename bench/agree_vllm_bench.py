@@ -4,7 +4,8 @@ On one running vLLM server, at each fixed concurrency (closed loop) and each
 fixed rate (open loop, Poisson), run our burst (`ernie-tui probe --burst`)
 and vLLM's bench client (`vllm bench serve`, run from the installed vllm as
 /work/shared/gpu/README.md shows) with the same prompt shape, interleaved
-(round k: ours first when k is even, theirs first when odd), for --rounds
+(who goes first alternates by round and flips from level to level, so
+neither always opens a level; --warmup-run adds an unrecorded run), for --rounds
 rounds; each run at concurrency C sends waves x C requests, so every slot is
 refilled ~waves times. Every run gets fresh prompts (new words for ours, a
 new --seed for theirs): a prompt seen before comes from vLLM's prefix cache.
@@ -219,14 +220,26 @@ def _ms(v: float | None) -> float | None:
     return None if v is None else v * 1000.0
 
 
+def round_order(level_index: int, k: int) -> tuple[str, str]:
+    """Who goes first in round k of the level_index-th level: alternate by
+    round, and flip per level, so neither client always opens a level (the
+    first run at a new batch size on a server pays its first batches)."""
+    return ("ours", "theirs") if (k + level_index) % 2 == 0 else ("theirs", "ours")
+
+
 def one_level(srv: Server, shape: Shape, *, concurrency: int | None, rate: float | None, n: int, rounds: int,
-              python: str, env: dict[str, str], timeout_s: float, log=print, checkpoint=None) -> dict[str, Any]:
+              python: str, env: dict[str, str], timeout_s: float, log=print, checkpoint=None,
+              level_index: int = 0, warmup_run: bool = False) -> dict[str, Any]:
     metrics = MetricsClient(srv.url, None, model_name=None, timeout=30.0)
     runs: dict[str, list[dict[str, Any]]] = {"ours": [], "theirs": []}
     rng = random.SystemRandom()
     try:
+        if warmup_run:  # one unrecorded run of ours at this level first
+            r = run_ours(srv, shape, concurrency=concurrency, rate=rate, n=n, seed=rng.randrange(1, 1 << 30),
+                         python=python, env=env, timeout_s=timeout_s)
+            log(f"  warm-up run (not counted): {r['output_tps'] or 0:.0f} tok/s")
         for k in range(rounds):
-            order = ("ours", "theirs") if k % 2 == 0 else ("theirs", "ours")
+            order = round_order(level_index, k)
             for who in order:
                 seed = rng.randrange(1, 1 << 30)
                 before = metrics.try_fetch()
@@ -325,6 +338,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--range-ratio", type=float, default=0.8182)
     p.add_argument("--bench-python", default=sys.executable, help="Python with vllm for the bench client")
     p.add_argument("--timeout", type=float, default=900.0, help="seconds per client run at most")
+    p.add_argument("--warmup-run", action="store_true",
+                   help="run our burst once, unrecorded, at each level before its rounds")
     p.add_argument("--json", metavar="FILE", help="write the levels, runs included, here")
     args = p.parse_args(argv)
     if not args.concurrency and not args.rate:
@@ -348,13 +363,14 @@ def main(argv: list[str] | None = None) -> int:
                      "ranges": shape.ranges()}, "goal": GOAL, "levels": levels}
     plan: list[tuple[int | None, float | None, int]] = [(c, None, args.waves * c) for c in args.concurrency]
     plan += [(None, r, max(1, round(r * args.rate_seconds))) for r in args.rate]
-    for c, r, n in plan:
+    for li, (c, r, n) in enumerate(plan):
         print(f"{'concurrency ' + str(c) if r is None else f'rate {r:g} req/s'}: {n} requests a run", flush=True)
         def checkpoint(partial: dict[str, Any]) -> None:
             if args.json:
                 Path(args.json).write_text(json.dumps({**out, "in_progress": partial}, indent=1))
         lv = one_level(srv, shape, concurrency=c, rate=r, n=n, rounds=args.rounds, python=args.bench_python,
-                       env=env, timeout_s=args.timeout, log=lambda s: print(s, flush=True), checkpoint=checkpoint)
+                       env=env, timeout_s=args.timeout, log=lambda s: print(s, flush=True), checkpoint=checkpoint,
+                       level_index=li, warmup_run=args.warmup_run)
         levels.append(lv)
         print(format_level(lv), flush=True)
         if args.json:  # after every level: a run cut short keeps what it measured

@@ -46,6 +46,15 @@ def test_figure_summary_medians_spreads_ratio_and_goal():
     assert A.spread([]) is None and A.spread([5.0]) == 0.0
 
 
+def test_neither_client_always_opens_a_level():
+    firsts = [A.round_order(li, 0)[0] for li in range(4)]
+    assert firsts == ["ours", "theirs", "ours", "theirs"]
+    for li in range(3):
+        rounds = [A.round_order(li, k) for k in range(4)]
+        assert all(set(r) == {"ours", "theirs"} for r in rounds)
+        assert [r[0] for r in rounds].count("ours") == 2
+
+
 def test_reading_both_clients_results():
     theirs = {"output_throughput": 15259.0, "p50_ttft_ms": 590.0, "p99_ttft_ms": 1470.0, "median_itl_ms": 20.0,
               "p99_itl_ms": 37.0, "duration": 17.2, "completed": 2048, "total_output_tokens": 262144}
