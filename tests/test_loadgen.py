@@ -245,10 +245,11 @@ def test_cli_burst_rate_and_drawn_output_lengths(paced, capsys):
     srv = paced("--slots", "4", "--ttft-ms", "5", "--itl-ms", "2")
     rc = main(["probe", "--url", srv.url, "--burst", "10", "--rate", "50", "--arrivals", "constant",
                "--min-tokens", "10", "--max-tokens-in", "20", "--max-tokens", "12", "--min-output-tokens", "4",
-               "--no-save", "--json"])
+               "--metrics-interval", "2", "--no-save", "--json"])
     assert rc == 0
     d = json.loads(capsys.readouterr().out)
     assert d["config"]["rate"] == 50 and d["config"]["concurrency"] == 0
+    assert d["config"]["sample_interval_s"] == 2.0
     assert d["send_lag"]["count"] == 10
     asked = [e["max_tokens"] for e in srv.requests(measured_only=False)[-10:]]
     assert min(asked) >= 4 and max(asked) <= 12

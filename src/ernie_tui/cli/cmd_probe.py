@@ -70,6 +70,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="with --rate: Poisson arrivals (exponential gaps, as vLLM's bench client) or evenly "
                         "spaced (default poisson)")
     b.add_argument("--arrival-seed", type=int, default=0, metavar="N", help="seed of the arrival times (default 0)")
+    b.add_argument("--metrics-interval", type=float, default=0.25, metavar="S",
+                   help="seconds between the /metrics samples taken while a burst runs (KV-cache and queue "
+                        "peaks; default 0.25). vLLM's API server renders each one, the process that also "
+                        "streams every token: raise it to load the server less")
     b.add_argument("--min-output-tokens", type=int, metavar="A",
                    help="draw each request's max_tokens uniformly from A..--max-tokens (seeded by --seed), as "
                         "vLLM's bench client --random-range-ratio does; default: all --max-tokens")
@@ -203,6 +207,7 @@ def _run_burst(args) -> int:
         ignore_eos=not args.no_ignore_eos, temperature=args.temperature, top_p=args.top_p, seed=args.seed,
         word_seed=args.word_seed, chat=args.chat, read_timeout_s=args.timeout or 120.0,
         rate=args.rate, arrivals=args.arrivals, arrival_seed=args.arrival_seed,
+        sample_interval_s=args.metrics_interval,
     )
     try:
         cfg.validate()

@@ -146,6 +146,8 @@ class BurstConfig:
     def validate(self) -> None:
         if self.n < 1:
             raise ValueError("a burst needs at least one request")
+        if not self.sample_interval_s > 0:
+            raise ValueError("the /metrics sampling interval must be above 0 s")
         if self.rate is not None:
             if not self.rate > 0:
                 raise ValueError("the rate must be above 0 requests/s")
