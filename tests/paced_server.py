@@ -15,7 +15,13 @@ For testing timing and the capacity search over real HTTP without vLLM:
   measured here, server side; the prefix-cache query/hit counters, where a
   hit is a whole prompt sent before (its every token);
 - GET /v1/models, /health; POST /tokenize and /detokenize with a word-level
-  vocabulary (one word = one token), so prompts of exact lengths can be built.
+  vocabulary (one word = one token), so prompts of exact lengths can be built;
+- GET /requests: the server's log of every completions/chat request, in
+  arrival order: when it arrived, took a slot, sent its first token and
+  ended (time.monotonic(), the clock of time.perf_counter() on Linux, so a
+  test can lay them beside its own), the sampling fields the body held and
+  its max_tokens, so a test can see the load a client put on it (requests
+  in flight over time, send times, what each asked for).
 
 Load-shaped pacing, each off unless asked for (the capacity search's tests):
 - --prefill-ms-per-token: prefill takes this long per prompt token (TTFT
@@ -143,10 +149,15 @@ class Server:
         self.decoding_requests = 0  # requests that asked for more than one token
         self.stall_t0: float | None = None
         self.seen_lock = threading.Lock()
+        self.log: list[dict] = []
+        self.log_lock = threading.Lock()
         self.h_ttft = Histogram("vllm:time_to_first_token_seconds", "TTFT", lbl, buckets=TTFT_BUCKETS, registry=r)
         self.h_itl = Histogram("vllm:inter_token_latency_seconds", "ITL", lbl, buckets=ITL_BUCKETS, registry=r)
         self.h_e2e = Histogram("vllm:e2e_request_latency_seconds", "e2e", lbl, buckets=E2E_BUCKETS, registry=r)
-        self.c_preempt.labels(args.model_name).inc(0)
+        # Every series exists from the start, as vLLM's do: a window opened
+        # before the first request still has its counters to subtract from.
+        for c in (self.c_preempt, self.c_gen, self.c_prompt, self.c_ok, self.c_prefix_q, self.c_prefix_hits):
+            c.labels(args.model_name).inc(0)
         self.gauges()
 
     def cold_delay_s(self, n_out: int) -> float:
@@ -239,6 +250,10 @@ def make_handler(srv: Server):
                     time.sleep(args.metrics_delay_ms / 1000.0)
                 srv.gauges()
                 self._send(200, generate_latest(srv.registry).decode(), "text/plain; version=0.0.4")
+            elif self.path == "/requests":
+                with srv.log_lock:
+                    entries = [dict(e) for e in srv.log]
+                self._send(200, json.dumps(entries))
             elif self.path == "/v1/models":
                 self._send(200, json.dumps({"object": "list", "data": [
                     {"id": model, "object": "model", "root": None, "max_model_len": args.max_model_len}]}))
@@ -264,6 +279,13 @@ def make_handler(srv: Server):
 
         def _stream(self, body: dict, chat: bool) -> None:
             t_arrive = time.perf_counter()
+            entry = {"arrive": time.monotonic(), "slot": None, "first": None, "end": None,
+                     "max_tokens": body.get("max_tokens"), "ignore_eos": body.get("ignore_eos"),
+                     "stream_options": body.get("stream_options"),
+                     "sampling": {k: body[k] for k in ("temperature", "top_p", "top_k", "repetition_penalty")
+                                  if k in body}}
+            with srv.log_lock:
+                srv.log.append(entry)
             if chat:
                 msgs = body.get("messages") or []
                 prompt = " ".join(str(m.get("content", "")) for m in msgs if isinstance(m, dict))
@@ -299,7 +321,9 @@ def make_handler(srv: Server):
                     out["usage"] = usage
                 return json.dumps(out)
 
+            entry["prompt_tokens"] = n_prompt
             srv.slots.acquire()
+            entry["slot"] = time.monotonic()
             srv.gauges()
             m = model
             try:
@@ -324,6 +348,7 @@ def make_handler(srv: Server):
                     self._chunk(event(k, "length" if k == n_out else None))
                     now = time.perf_counter()
                     if prev is None:
+                        entry["first"] = time.monotonic()
                         srv.h_ttft.labels(m).observe(now - t_arrive)
                     else:
                         srv.h_itl.labels(m).observe(now - prev)
@@ -336,6 +361,7 @@ def make_handler(srv: Server):
                 self.wfile.flush()
                 srv.h_e2e.labels(m).observe(time.perf_counter() - t_arrive)
                 srv.c_ok.labels(m).inc()
+                entry["end"] = time.monotonic()
             except (BrokenPipeError, ConnectionResetError):
                 self.close_connection = True  # the client went away: vLLM aborts the request
             finally:

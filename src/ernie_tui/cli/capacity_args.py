@@ -24,6 +24,9 @@ from ernie_tui.engine_ctl.load import (
     DEFAULT_TOLERANCE,
 )
 
+# `--rate` given without a value: search rates (with --capacity). A burst's --rate R is > 0.
+RATE_SEARCH = 0.0
+
 
 def add_capacity_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group(
@@ -53,15 +56,18 @@ def add_capacity_args(p: argparse.ArgumentParser) -> None:
                    help=f"first level (default {DEFAULT_START})")
     g.add_argument("--max-concurrency", type=int, default=DEFAULT_MAX_CONCURRENCY, metavar="C",
                    help=f"highest level tried (default {DEFAULT_MAX_CONCURRENCY})")
-    g.add_argument("--rate", action="store_true",
-                   help="open loop: search the highest request rate (req/s) meeting the SLO, requests sent on "
-                        "schedule whether or not earlier ones finished (late sends are counted)")
+    g.add_argument("--rate", type=float, nargs="?", const=RATE_SEARCH, default=None, metavar="R",
+                   help="open loop, requests sent on schedule whether or not earlier ones finished (late sends "
+                        "are counted): with --capacity (no value) search the highest request rate (req/s) meeting "
+                        "the SLO; with --burst N, --rate R sends the burst at R requests a second (as vLLM's "
+                        "bench client --request-rate)")
     g.add_argument("--start-rate", type=float, default=DEFAULT_START_RATE, metavar="R",
                    help=f"--rate: first level in req/s (default {DEFAULT_START_RATE:g})")
     g.add_argument("--max-rate", type=float, default=DEFAULT_MAX_RATE, metavar="R",
                    help=f"--rate: highest rate tried (default {DEFAULT_MAX_RATE:g})")
     g.add_argument("--arrivals", choices=ARRIVALS, default=DEFAULT_ARRIVALS,
-                   help=f"--rate: arrival schedule (default {DEFAULT_ARRIVALS})")
+                   help=f"with --rate: Poisson arrivals (exponential gaps, as vLLM's bench client) or evenly spaced "
+                        f"(default {DEFAULT_ARRIVALS})")
     g.add_argument("--tolerance", type=float, default=DEFAULT_TOLERANCE, metavar="F",
                    help=f"stop when (lowest fail - highest pass) / highest pass <= F (default {DEFAULT_TOLERANCE:g})")
     g.add_argument("--attainment", type=float, default=DEFAULT_ATTAINMENT, metavar="F",
@@ -99,13 +105,15 @@ def capacity_options(args: argparse.Namespace) -> CapacityOptions:
     """Parse and check the capacity options; CliError with a plain message."""
     from ernie_tui.engine_ctl.load import make_search  # lazy: --help start-up
 
+    if args.rate not in (None, RATE_SEARCH):
+        raise CliError("--capacity --rate takes no value: the first level is --start-rate")
     try:
         slo, search, rules = make_search(args.slo, start=args.start_concurrency,
                                          max_concurrency=args.max_concurrency, tolerance=args.tolerance,
                                          min_requests=args.min_requests, max_requests=args.max_requests,
                                          level_time_s=args.level_time, confidence=args.confidence,
-                                         attainment=args.attainment, rate=args.rate, start_rate=args.start_rate,
-                                         max_rate=args.max_rate, arrivals=args.arrivals,
+                                         attainment=args.attainment, rate=args.rate is not None,
+                                         start_rate=args.start_rate, max_rate=args.max_rate, arrivals=args.arrivals,
                                          stability=args.stability, min_windows=args.min_windows)
     except ValueError as exc:
         raise CliError(str(exc)) from None

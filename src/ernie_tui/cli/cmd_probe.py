@@ -2,7 +2,8 @@
 
     ernie-tui probe --url URL [--prompt TEXT | --ready short|chinese|long]
     ernie-tui probe --url URL --burst N [--concurrency C --min-tokens A
-                    --max-tokens-in B --max-tokens M] [--json]
+                    --max-tokens-in B --max-tokens M --min-output-tokens A] [--json]
+    ernie-tui probe --url URL --burst N --rate R [--arrivals poisson|constant]
     ernie-tui probe --url URL --capacity --slo ttft_p99=500ms [--slo ...]
                     [--workload FILE.jsonl] [--json]
 
@@ -18,10 +19,11 @@ import json
 import os
 import sys
 
-from ernie_tui.cli.capacity_args import add_capacity_args
+from ernie_tui.cli.capacity_args import RATE_SEARCH, add_capacity_args
 from ernie_tui.cli.cmd_report import check_out, write_from_refs
 from ernie_tui.cli.errors import CliError
 from ernie_tui.cli.interruptible import run_interruptible
+from ernie_tui.engine_ctl.load import DEFAULT_TEMPERATURE, DEFAULT_TOP_P
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -30,9 +32,10 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="Send one streaming prompt and show TTFT, inter-token latency, tok/s and the server's "
                     "token usage; or, with --burst N, send N prompts of exact token lengths at a given "
                     "concurrency and show throughput and latency percentiles beside vLLM's own figures "
-                    "from /metrics; or, with --capacity, find the highest concurrency (with --rate: request "
-                    "rate) whose requests meet the --slo objectives, with the goodput there and the curve of "
-                    "every level measured. "
+                    "from /metrics (with --rate R sent instead on a Poisson or constant schedule of R requests "
+                    "a second whether or not earlier ones have finished, late sends counted); or, with "
+                    "--capacity, find the highest concurrency (with --rate: request rate) whose requests meet "
+                    "the --slo objectives, with the goodput there and the curve of every level measured. "
                     "Bursts and searches are saved as run records.")
     p.add_argument("--url", required=True, help="server base URL, e.g. http://127.0.0.1:8000")
     what = p.add_mutually_exclusive_group()
@@ -48,8 +51,12 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="served model name (default: the first one /v1/models lists)")
     p.add_argument("--max-tokens", type=int, metavar="M",
                    help="tokens to generate (default 512 for a probe, 128 per burst request)")
-    p.add_argument("--temperature", type=float, default=0.7, help="default 0.7")
-    p.add_argument("--top-p", type=float, default=0.9, help="default 0.9")
+    p.add_argument("--temperature", type=float, default=None,
+                   help="default 0.7 for a probe and a capacity search; a burst sends none unless given (the "
+                        "server's default, as vLLM's bench client)")
+    p.add_argument("--top-p", type=float, default=None,
+                   help="default 0.9 for a probe and a capacity search; a burst sends none unless given (a "
+                        "top_p below 1 makes vLLM sort the vocabulary at every step: a heavier load)")
     p.add_argument("--stop-token-ids", metavar="IDS", help="comma-separated token ids that end generation")
     p.add_argument("--timeout", type=float, default=None, metavar="S",
                    help="seconds without data before a request fails (default 60 probe, 120 burst)")
@@ -57,7 +64,18 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="environment variable holding the API key (default VLLM_API_KEY)")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     b = p.add_argument_group("burst")
-    b.add_argument("--concurrency", type=int, default=4, metavar="C", help="requests in flight (default 4)")
+    b.add_argument("--concurrency", type=int, default=None, metavar="C",
+                   help="requests in flight (default 4); with --rate, a cap on them (default: none)")
+    # --rate R and --arrivals are declared once, with the capacity options (capacity_args):
+    # --burst N --rate R is an open-loop burst, --capacity --rate an open-loop search.
+    b.add_argument("--arrival-seed", type=int, default=0, metavar="N", help="seed of the arrival times (default 0)")
+    b.add_argument("--metrics-interval", type=float, default=0.25, metavar="S",
+                   help="seconds between the /metrics samples taken while a burst runs (KV-cache and queue "
+                        "peaks; default 0.25). vLLM's API server renders each one, the process that also "
+                        "streams every token: raise it to load the server less")
+    b.add_argument("--min-output-tokens", type=int, metavar="A",
+                   help="draw each request's max_tokens uniformly from A..--max-tokens (seeded by --seed), as "
+                        "vLLM's bench client --random-range-ratio does; default: all --max-tokens")
     b.add_argument("--min-tokens", type=int, default=30, metavar="A", help="shortest prompt in tokens (default 30)")
     b.add_argument("--max-tokens-in", type=int, default=300, metavar="B",
                    help="longest prompt in tokens (default 300)")
@@ -94,14 +112,23 @@ def _api_key(var: str) -> str | None:
 
 def _run(args) -> int:
     if args.report:
-
         if not args.capacity:
             raise CliError("--report belongs to --capacity (for a burst: ernie-tui report RUN --out FILE)")
         if args.no_save:
             raise CliError("--report draws the run record: drop --no-save")
         check_out(args.report)
+    if args.burst is None:
+        # A probe and a capacity search keep the articles' sampling settings.
+        if args.temperature is None:
+            args.temperature = DEFAULT_TEMPERATURE
+        if args.top_p is None:
+            args.top_p = DEFAULT_TOP_P
     if args.capacity:
         return _run_capacity(args)
+    if args.rate is not None and args.burst is None:
+        raise CliError("--rate belongs to --burst (--burst N --rate R) or to --capacity (a search over rates)")
+    if args.rate == RATE_SEARCH:
+        raise CliError("--burst N --rate needs a rate: --rate R, in requests a second")
     if args.slo or args.workload:
         raise CliError("--slo and --workload belong to --capacity")
     if args.burst is not None:
@@ -177,12 +204,16 @@ def _run_burst(args) -> int:
         run_burst,
     )
 
+    concurrency = args.concurrency if args.concurrency is not None else (0 if args.rate is not None else 4)
     cfg = BurstConfig(
         n=args.burst, min_tokens=args.min_tokens, max_tokens_in=args.max_tokens_in,
-        concurrency=args.concurrency,
+        concurrency=concurrency,
         max_tokens=args.max_tokens if args.max_tokens is not None else 128,
+        min_output_tokens=args.min_output_tokens,
         ignore_eos=not args.no_ignore_eos, temperature=args.temperature, top_p=args.top_p, seed=args.seed,
         word_seed=args.word_seed, chat=args.chat, read_timeout_s=args.timeout or 120.0,
+        rate=args.rate, arrivals=args.arrivals, arrival_seed=args.arrival_seed,
+        sample_interval_s=args.metrics_interval,
     )
     try:
         cfg.validate()

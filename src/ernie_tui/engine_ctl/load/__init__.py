@@ -8,9 +8,16 @@ Pareto front (pareto) and the run records on disk (runstore).
 Never imports launch, logs or control: a load can be aimed at any URL.
 """
 
+from ernie_tui.engine_ctl.load.arrivals import (
+    ARRIVALS,
+    arrival_offsets,
+    arrival_stream,
+    output_lengths,
+    send_lag,
+    vllm_bench_ranges,
+)
 from ernie_tui.engine_ctl.load.burst import BurstConfig, BurstResult, format_burst, run_burst
 from ernie_tui.engine_ctl.load.capacity import (
-    ARRIVALS,
     DEFAULT_ARRIVALS,
     DEFAULT_ATTAINMENT,
     DEFAULT_CONFIDENCE,
@@ -31,7 +38,7 @@ from ernie_tui.engine_ctl.load.capacity import (
     format_capacity,
     make_search,
 )
-from ernie_tui.engine_ctl.load.capacity_run import arrival_times, request_setup, run_capacity
+from ernie_tui.engine_ctl.load.capacity_run import request_setup, run_capacity
 from ernie_tui.engine_ctl.load.http_client import DEFAULT_READ_TIMEOUT_S, ServedModel, resolve_model
 from ernie_tui.engine_ctl.load.http_errors import ProbeError, ProbeErrorKind, ProbeFailure
 from ernie_tui.engine_ctl.load.metrics import DEFAULT_TIMEOUT_S as METRICS_TIMEOUT_S
@@ -78,6 +85,10 @@ from ernie_tui.engine_ctl.load.workload import Workload, burst_workload, load_js
 
 __all__ = [
     "ARRIVALS",
+    "BurstConfig",
+    "BurstResult",
+    "CHINESE_PROMPT",
+    "CapacityResult",
     "DEFAULT_ARRIVALS",
     "DEFAULT_ATTAINMENT",
     "DEFAULT_CONFIDENCE",
@@ -85,30 +96,24 @@ __all__ = [
     "DEFAULT_MAX_CONCURRENCY",
     "DEFAULT_MAX_RATE",
     "DEFAULT_MAX_REQUESTS",
+    "DEFAULT_MAX_TOKENS",
     "DEFAULT_MIN_REQUESTS",
     "DEFAULT_MIN_WINDOWS",
+    "DEFAULT_READ_TIMEOUT_S",
     "DEFAULT_SLO",
     "DEFAULT_STABILITY",
     "DEFAULT_START",
     "DEFAULT_START_RATE",
-    "DEFAULT_TOLERANCE",
-    "arrival_times",
-    "capacity_from_dict",
-    "BurstConfig",
-    "BurstResult",
-    "CHINESE_PROMPT",
-    "CapacityResult",
-    "DEFAULT_MAX_TOKENS",
-    "DEFAULT_READ_TIMEOUT_S",
     "DEFAULT_TEMPERATURE",
+    "DEFAULT_TOLERANCE",
     "DEFAULT_TOP_P",
     "GENERATION_TOKENS",
     "Histogram",
     "ITL",
     "KV_USAGE",
-    "METRICS_TIMEOUT_S",
     "LONG_PROMPT_TOKENS",
     "LevelResult",
+    "METRICS_TIMEOUT_S",
     "MetricsClient",
     "MetricsError",
     "MetricsSnapshot",
@@ -120,16 +125,19 @@ __all__ = [
     "ProbeRequest",
     "ProbeResult",
     "REQUEST_SUCCESS",
+    "RUNNING",
     "RUN_KINDS",
     "RunRecord",
-    "RUNNING",
     "RunStoreError",
     "SHORT_PROMPT",
     "ServedModel",
     "TTFT",
     "WAITING",
     "Workload",
+    "arrival_offsets",
+    "arrival_stream",
     "burst_workload",
+    "capacity_from_dict",
     "counter_delta",
     "derive_sample",
     "find_tokenizer",
@@ -145,6 +153,7 @@ __all__ = [
     "long_prompt",
     "make_search",
     "only_metrics",
+    "output_lengths",
     "parse_slo",
     "rate",
     "ready_prompt",
@@ -155,4 +164,6 @@ __all__ = [
     "run_capacity",
     "run_probe",
     "save_run",
+    "send_lag",
+    "vllm_bench_ranges",
 ]

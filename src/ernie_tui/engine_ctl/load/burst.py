@@ -15,6 +15,24 @@ can be trusted and compared between presets:
 - afterwards vLLM's own view of the same window (its TTFT histogram and its
   generation-token counter) is put beside ours, with the differences.
 
+Two dispatch shapes (docs/load-generator.md compares them with vLLM's bench
+client, `vllm bench serve`):
+- closed loop (the default): C requests in flight, all C sent at once at the
+  start, each refilled as soon as one ends, as `--max-concurrency C` does;
+- open loop (`rate`): request i goes out at its scheduled time
+  (load/arrivals.py: Poisson or constant, seeded) whether or not earlier
+  ones have finished, as `--request-rate R` does; concurrency, if set, caps
+  the requests in flight and a send that waits for it is late. Late sends
+  are counted and their lag reported (send_lag).
+With `min_output_tokens`, each request's max_tokens is drawn uniformly from
+[min_output_tokens, max_tokens] (seeded), as the bench client's
+`--random-range-ratio` draws them: with equal output lengths the slots of a
+closed loop finish together and refill together, in synchronised waves
+whose prefills never compete with decodes, a different load from the
+bench client's at the same concurrency. Sampling settings default to none
+(the server's defaults), as the bench client sends: a top_p below 1 costs
+the server a sort of the vocabulary at every step.
+
 Requests run on one asyncio loop with C workers pulling from a queue, over
 aiohttp on uvloop (when installed): the load generator must never be the
 bottleneck, and bench/client_cpu.py measured that pair at about a third of
@@ -29,6 +47,7 @@ remaining requests are not sent at all.
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import random
 import threading
@@ -41,6 +60,7 @@ import psutil
 
 from ernie_tui.engine_ctl.load import metrics as M
 from ernie_tui.engine_ctl.load import runstore, stats
+from ernie_tui.engine_ctl.load.arrivals import ARRIVALS, DEFAULT_ARRIVALS, arrival_offsets, output_lengths, send_lag
 from ernie_tui.engine_ctl.load.http_client import (
     ServedModel,
     base_url,
@@ -51,7 +71,7 @@ from ernie_tui.engine_ctl.load.http_client import (
 from ernie_tui.engine_ctl.load.http_errors import TRANSPORT_KINDS, ProbeError, ProbeErrorKind, ProbeFailure
 from ernie_tui.engine_ctl.load.probe import stream_request
 from ernie_tui.engine_ctl.load.prompts import BuiltPrompt, PromptBuilder, find_tokenizer
-from ernie_tui.engine_ctl.load.stream_timing import DEFAULT_TEMPERATURE, DEFAULT_TOP_P, ProbeRequest, ProbeResult
+from ernie_tui.engine_ctl.load.stream_timing import ProbeRequest, ProbeResult
 from ernie_tui.engine_ctl.units import gib_str
 
 log = logging.getLogger(__name__)
@@ -62,6 +82,9 @@ Progress = Callable[[int, int], None]
 # What the warm-up requests send (built prompts are random word tokens, so
 # they never share a prefix with it).
 WARMUP_PROMPT = "Say hello."
+# An open loop opens its connections as its sends need them; the warm-up
+# pays the server's first-use costs with a few only.
+WARMUP_OPEN_LOOP = 16
 
 
 @dataclass
@@ -69,11 +92,20 @@ class BurstConfig:
     n: int = 100
     min_tokens: int = 30
     max_tokens_in: int = 300
+    # Closed loop: requests in flight. Open loop (rate set): a cap on the
+    # requests in flight, 0 for none.
     concurrency: int = 4
     max_tokens: int = 128
+    # None: every request asks for max_tokens. Set: each request's max_tokens
+    # is drawn uniformly from [min_output_tokens, max_tokens] (seeded by
+    # `seed`), as vLLM's bench client draws its output lengths.
+    min_output_tokens: int | None = None
     ignore_eos: bool = True
-    temperature: float | None = DEFAULT_TEMPERATURE
-    top_p: float | None = DEFAULT_TOP_P
+    # None: not sent, the server's defaults apply (what vLLM's bench client
+    # sends). A probe's 0.7 / 0.9 here would make vLLM sort the vocabulary
+    # (top_p) at every step: a different load.
+    temperature: float | None = None
+    top_p: float | None = None
     seed: int = 0  # the prompt lengths: the same shape run after run
     # The prompts' words. None: new ones every run (new_word_seed), so a burst
     # run again on the same server is not served from vLLM's prefix cache;
@@ -97,12 +129,39 @@ class BurstConfig:
     # Ask vLLM for usage in every chunk (see ProbeRequest.continuous_usage:
     # exact per-read token counts, at a throughput cost to the server).
     continuous_usage: bool = False
+    # Open loop: requests per second (None: closed loop at `concurrency`),
+    # the arrival process ("poisson" or "constant"), its seed and
+    # burstiness (1: Poisson), see load/arrivals.py.
+    rate: float | None = None
+    arrivals: str = DEFAULT_ARRIVALS
+    arrival_seed: int = 0
+    burstiness: float = 1.0
+    # A send more than this after its scheduled time counts as late.
+    late_threshold_s: float = 0.010
+    # Collect, then freeze what exists before the burst (prompts, tokenizer,
+    # imports) out of the garbage collector's reach while it runs, so a full
+    # collection does not walk it and stall the loop that timestamps tokens.
+    gc_freeze: bool = True
 
     def validate(self) -> None:
         if self.n < 1:
             raise ValueError("a burst needs at least one request")
-        if self.concurrency < 1:
+        if not self.sample_interval_s > 0:
+            raise ValueError("the /metrics sampling interval must be above 0 s")
+        if self.rate is not None:
+            if not self.rate > 0:
+                raise ValueError("the rate must be above 0 requests/s")
+            if self.concurrency < 0:
+                raise ValueError("with a rate, concurrency caps the requests in flight (0: no cap)")
+            if self.arrivals not in ARRIVALS:
+                raise ValueError(f"arrivals must be one of {', '.join(ARRIVALS)}")
+            if not self.burstiness > 0:
+                raise ValueError("burstiness must be above 0")
+        elif self.concurrency < 1:
             raise ValueError("concurrency must be at least 1")
+        if self.min_output_tokens is not None and not 1 <= self.min_output_tokens <= self.max_tokens:
+            raise ValueError(f"output lengths need 1 <= min_output_tokens ({self.min_output_tokens}) "
+                             f"<= max_tokens ({self.max_tokens})")
         if not 1 <= self.min_tokens <= self.max_tokens_in:
             raise ValueError(f"prompt lengths need 1 <= min ({self.min_tokens}) <= max ({self.max_tokens_in})")
         if self.max_tokens < 1:
@@ -118,6 +177,7 @@ class RequestRecord:
 
     index: int
     prompt_tokens_target: int
+    max_tokens: int | None = None  # what this request asked for
     ok: bool = False
     sent: bool = False
     prompt_tokens: int | None = None  # the server's usage
@@ -127,6 +187,8 @@ class RequestRecord:
     itl_mean_s: float | None = None
     finish_reason: str | None = None
     start_offset_s: float | None = None  # since the burst started
+    end_offset_s: float | None = None
+    scheduled_offset_s: float | None = None  # open loop: when it was due
     error: dict | None = None
 
     def to_dict(self) -> dict[str, Any]:
@@ -196,6 +258,12 @@ class BurstResult:
     comparison: dict[str, float | None]
     warnings: list[str] = field(default_factory=list)
     requests: list[RequestRecord] = field(default_factory=list)
+    # Open loop: how late the sends went out (arrivals.SendLag as a dict).
+    send_lag: dict[str, Any] | None = None
+    in_flight_peak: int = 0
+    # The load generator's own health while it ran: garbage-collector
+    # pauses, event-loop lag (a timer's overshoot), whether gc was frozen.
+    client: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self, with_requests: bool = True) -> dict[str, Any]:
         d = asdict(self)
@@ -214,6 +282,14 @@ def plan_lengths(config: BurstConfig) -> list[int]:
     """The burst's prompt lengths: uniform integers in [min, max], fixed seed."""
     rng = random.Random(config.seed)
     return [rng.randint(config.min_tokens, config.max_tokens_in) for _ in range(config.n)]
+
+
+def plan_output_lengths(config: BurstConfig) -> list[int]:
+    """Each request's max_tokens: all max_tokens, or uniform in
+    [min_output_tokens, max_tokens] from the lengths' seed."""
+    if config.min_output_tokens is None:
+        return [config.max_tokens] * config.n
+    return output_lengths(config.n, config.min_output_tokens, config.max_tokens, seed=config.seed + 0x5EED)
 
 
 def new_word_seed() -> int:
@@ -282,6 +358,68 @@ class _Sampler(threading.Thread):
     def stop(self) -> None:
         self.stop_event.set()
         self.join(timeout=5)
+
+
+class _ClientHealth:
+    """The load generator's own stalls while a burst runs: garbage-collector
+    pauses (gc.callbacks, any thread) and event-loop lag (how late a 10 ms
+    timer fires). Also freezes the heap that exists before the burst (see
+    BurstConfig.gc_freeze) and unfreezes it after."""
+
+    TICK_S = 0.010
+
+    def __init__(self) -> None:
+        self.frozen_objects = 0
+        self._froze = False
+        self._t_gc: float | None = None
+        self.gc_count = [0, 0, 0]
+        self.gc_pause_s = [0.0, 0.0, 0.0]
+        self.gc_pause_max_s = 0.0
+        self.lags: list[float] = []
+
+    def _on_gc(self, phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            self._t_gc = time.perf_counter()
+        elif self._t_gc is not None:
+            d = time.perf_counter() - self._t_gc
+            self._t_gc = None
+            g = min(int(info.get("generation", 0)), 2)
+            self.gc_count[g] += 1
+            self.gc_pause_s[g] += d
+            self.gc_pause_max_s = max(self.gc_pause_max_s, d)
+
+    def start(self, freeze: bool) -> None:
+        if freeze:
+            gc.collect()
+            gc.freeze()
+            self._froze = True
+            self.frozen_objects = gc.get_freeze_count()
+        gc.callbacks.append(self._on_gc)
+
+    def stop(self) -> None:
+        if self._on_gc in gc.callbacks:
+            gc.callbacks.remove(self._on_gc)
+        if self._froze:
+            gc.unfreeze()
+            self._froze = False
+
+    async def watch_loop(self) -> None:
+        while True:
+            t = time.perf_counter()
+            await asyncio.sleep(self.TICK_S)
+            self.lags.append(max(0.0, time.perf_counter() - t - self.TICK_S))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "gc_frozen_objects": self.frozen_objects,
+            "gc_collections": {str(g): self.gc_count[g] for g in range(3)},
+            "gc_pause_total_s": sum(self.gc_pause_s),
+            "gc_pause_gen2_s": self.gc_pause_s[2],
+            "gc_pause_max_s": self.gc_pause_max_s,
+            "loop_lag_p50_s": stats.percentile(self.lags, 50),
+            "loop_lag_p99_s": stats.percentile(self.lags, 99),
+            "loop_lag_max_s": max(self.lags) if self.lags else None,
+        }
 
 
 def _vllm_view(before: M.MetricsSnapshot | None, after: M.MetricsSnapshot | None,
@@ -354,13 +492,26 @@ async def run_burst_async(url: str, config: BurstConfig | None = None, *,
         if use_metrics else None
 
     total = len(prompts)
-    records = [RequestRecord(index=i, prompt_tokens_target=p.tokens) for i, p in enumerate(prompts)]
-    queue: asyncio.Queue[int] = asyncio.Queue()
-    for i in range(total):
-        queue.put_nowait(i)
+    out_lengths = plan_output_lengths(replace(config, n=total))
+    records = [RequestRecord(index=i, prompt_tokens_target=p.tokens, max_tokens=out_lengths[i])
+               for i, p in enumerate(prompts)]
+    open_loop = config.rate is not None
+    schedule: list[float] = []
+    if open_loop:
+        assert config.rate is not None
+        schedule = arrival_offsets(total, config.rate, config.arrivals, seed=config.arrival_seed,
+                                   burstiness=config.burstiness)
+        for rec, off in zip(records, schedule, strict=True):
+            rec.scheduled_offset_s = off
+    # Requests in flight at most: the closed loop's concurrency, the open
+    # loop's cap (0: none, every request may be in flight at once).
+    cap = config.concurrency if config.concurrency > 0 else total
+    slots = min(cap, total)
     done = 0
+    in_flight = 0
+    in_flight_peak = 0
     consecutive_failures = 0
-    limit = config.max_consecutive_failures or 2 * config.concurrency
+    limit = config.max_consecutive_failures or 2 * max(1, slots)
     abort_reason: str | None = None
     t0 = started_at = t_end_last = 0.0
 
@@ -371,71 +522,123 @@ async def run_burst_async(url: str, config: BurstConfig | None = None, *,
             except Exception:  # noqa: BLE001  a display callback must not end the burst; logged, not lost
                 log.exception("burst progress callback failed")
 
-    async def worker(client) -> None:
-        nonlocal done, consecutive_failures, abort_reason, t_end_last
-        while True:
-            if abort_reason is not None or (cancel is not None and cancel.is_set()):
-                return
-            try:
-                i = queue.get_nowait()
-            except asyncio.QueueEmpty:
-                return
-            req = ProbeRequest(prompt=prompts[i].text, max_tokens=config.max_tokens,
-                               temperature=config.temperature, top_p=config.top_p, chat=config.chat,
-                               ignore_eos=config.ignore_eos, continuous_usage=config.continuous_usage)
-            rec = records[i]
-            rec.sent = True
-            rec.start_offset_s = time.perf_counter() - t0
+    def stopping() -> bool:
+        return abort_reason is not None or (cancel is not None and cancel.is_set())
+
+    async def send_one(client, i: int) -> None:
+        nonlocal done, consecutive_failures, abort_reason, t_end_last, in_flight, in_flight_peak
+        req = ProbeRequest(prompt=prompts[i].text, max_tokens=out_lengths[i],
+                           temperature=config.temperature, top_p=config.top_p, chat=config.chat,
+                           ignore_eos=config.ignore_eos, continuous_usage=config.continuous_usage)
+        rec = records[i]
+        rec.sent = True
+        rec.start_offset_s = time.perf_counter() - t0
+        in_flight += 1
+        in_flight_peak = max(in_flight_peak, in_flight)
+        try:
             res: ProbeResult = await stream_request(client, url, req, served.id,
                                                     read_timeout=config.read_timeout_s,
                                                     total_timeout=config.request_timeout_s)
-            t_end_last = max(t_end_last, time.perf_counter())
-            rec.ok = res.ok
-            rec.prompt_tokens = res.prompt_tokens
-            rec.completion_tokens = res.completion_tokens
-            rec.ttft_s = res.ttft_s
-            rec.latency_s = res.latency_s
-            rec.itl_mean_s = res.itl_mean_s
-            rec.finish_reason = res.finish_reason
-            rec.error = res.error.to_dict() if res.error else None
-            rec_itls[i] = res.itls
-            if res.error is not None and res.error.kind in TRANSPORT_KINDS:
-                consecutive_failures += 1
-                if consecutive_failures >= limit and abort_reason is None:
-                    abort_reason = (f"stopped after {consecutive_failures} failed connections in a row "
-                                    f"(last: {res.error.message})")
-            else:
-                consecutive_failures = 0
-            done += 1
-            report_progress()
-            if on_request is not None:
-                try:
-                    on_request(rec)
-                except Exception:  # noqa: BLE001  a display callback must not end the burst; logged, not lost
-                    log.exception("burst on_request callback failed")
+        finally:
+            in_flight -= 1
+        t_now = time.perf_counter()
+        t_end_last = max(t_end_last, t_now)
+        rec.end_offset_s = t_now - t0
+        rec.ok = res.ok
+        rec.prompt_tokens = res.prompt_tokens
+        rec.completion_tokens = res.completion_tokens
+        rec.ttft_s = res.ttft_s
+        rec.latency_s = res.latency_s
+        rec.itl_mean_s = res.itl_mean_s
+        rec.finish_reason = res.finish_reason
+        rec.error = res.error.to_dict() if res.error else None
+        rec_itls[i] = res.itls
+        if res.error is not None and res.error.kind in TRANSPORT_KINDS:
+            consecutive_failures += 1
+            if consecutive_failures >= limit and abort_reason is None:
+                abort_reason = (f"stopped after {consecutive_failures} failed connections in a row "
+                                f"(last: {res.error.message})")
+        else:
+            consecutive_failures = 0
+        done += 1
+        report_progress()
+        if on_request is not None:
+            try:
+                on_request(rec)
+            except Exception:  # noqa: BLE001  a display callback must not end the burst; logged, not lost
+                log.exception("burst on_request callback failed")
+
+    next_index = 0
+
+    async def worker(client) -> None:
+        # Closed loop: take the next planned request as soon as one ends.
+        nonlocal next_index
+        while not stopping() and next_index < total:
+            i = next_index
+            next_index += 1
+            await send_one(client, i)
+
+    async def scheduler(client) -> None:
+        # Open loop: each request at its time, whatever is still running.
+        sem = asyncio.Semaphore(cap) if config.concurrency > 0 else None
+        running: list[asyncio.Task] = []
+
+        async def capped(i: int) -> None:
+            if sem is None:
+                await send_one(client, i)
+                return
+            async with sem:
+                if not stopping():
+                    await send_one(client, i)
+
+        try:
+            for i, due in enumerate(schedule):
+                if stopping():
+                    break
+                delay = t0 + due - time.perf_counter()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                    if stopping():
+                        break
+                running.append(asyncio.ensure_future(capped(i)))
+            if running:
+                await asyncio.gather(*running)
+        finally:
+            for t in running:
+                t.cancel()
 
     rec_itls: list[list[float]] = [[] for _ in range(total)]
-    async with new_async_client(api_key, config.read_timeout_s, max_connections=config.concurrency + 2,
+    health = _ClientHealth()
+    # The connector's limit is the cap: an open loop without one must not
+    # queue its sends behind a connection limit (a hidden late send).
+    connections = slots + 2
+    async with new_async_client(api_key, config.read_timeout_s, max_connections=connections,
                                 transport=transport) as client:
         if config.warmup:
             # Not one of the measured prompts: vLLM's prefix cache would
             # then serve that one's first blocks for free.
             warm = ProbeRequest(prompt=WARMUP_PROMPT, max_tokens=1, temperature=config.temperature,
                                 top_p=config.top_p, chat=config.chat)
+            n_warm = slots if not open_loop else min(slots, WARMUP_OPEN_LOOP)
             await asyncio.gather(*(stream_request(client, url, warm, served.id, read_timeout=config.read_timeout_s,
                                                   total_timeout=config.request_timeout_s)
-                                   for _ in range(min(config.concurrency, total))))
+                                   for _ in range(n_warm)))
         before = metrics_client.try_fetch() if metrics_client else None
         if use_metrics and before is None:
             warnings.append("/metrics could not be read: no KV-cache peak and no vLLM view")
         sampler = _Sampler(M.MetricsClient(url, api_key, model_name=None) if before is not None else None,
                            memory_sampler, config.sample_interval_s)
         sampler.start()  # its first sample is taken at once, in its own thread
+        health.start(config.gc_freeze)
+        lag_task = asyncio.ensure_future(health.watch_loop())
         t0 = time.perf_counter()
         started_at = time.time()
         t_end_last = t0
         report_progress()
-        tasks = [asyncio.ensure_future(worker(client)) for _ in range(min(config.concurrency, total))]
+        if open_loop:
+            tasks = [asyncio.ensure_future(scheduler(client))]
+        else:
+            tasks = [asyncio.ensure_future(worker(client)) for _ in range(slots)]
         try:
             while not all(t.done() for t in tasks):
                 if cancel is not None and cancel.is_set():
@@ -447,6 +650,8 @@ async def run_burst_async(url: str, config: BurstConfig | None = None, *,
         finally:
             for t in tasks:
                 t.cancel()
+            lag_task.cancel()
+            health.stop()
     duration = max(t_end_last - t0, 1e-9)
     # Stop sampling but take the closing scrape before waiting for the sampler
     # thread: the scrape window should end as close to the burst as it can.
@@ -469,12 +674,24 @@ async def run_burst_async(url: str, config: BurstConfig | None = None, *,
     if metrics_client is not None:
         metrics_client.close()
 
+    lag = None
+    if open_loop:
+        lag = send_lag(schedule, [r.start_offset_s for r in records], config.late_threshold_s)
+        if lag.late:
+            warnings.append(f"{lag.late} of {lag.count} requests went out more than "
+                            f"{config.late_threshold_s * 1000:g} ms after their scheduled time (max "
+                            f"{(lag.max_s or 0) * 1000:.0f} ms late)"
+                            + (": the concurrency cap held them" if config.concurrency > 0 else ""))
+
     view = _vllm_view(before, after, duration)
     if view is not None and view.prefix_cache_hit_tokens:
         warnings.append(f"vLLM's prefix cache served {view.prefix_cache_hit_tokens:,.0f} prompt tokens during the "
                         "burst: prompts that share a prefix (or repeat) make TTFT look better than fresh traffic")
     result = _summarize(url, served.id, config, records, rec_itls, started_at, duration, cancelled,
                         abort_reason, sampler, memory_sampler, view, warnings)
+    result.send_lag = lag.to_dict() if lag is not None else None
+    result.in_flight_peak = in_flight_peak
+    result.client = health.to_dict()
     return result
 
 
@@ -603,11 +820,20 @@ def format_burst(r: BurstResult) -> str:
     def num(v: float | None, fmt: str = ".1f") -> str:
         return "-" if v is None else format(v, fmt)
 
+    cfg = r.config
+    if cfg.get("rate"):
+        cap = cfg.get("concurrency") or 0
+        shape = (f"at {cfg['rate']:g} req/s ({cfg.get('arrivals', 'poisson')} arrivals"
+                 + (f", at most {cap} in flight" if cap > 0 else "") + ")")
+    else:
+        shape = f"at concurrency {cfg.get('concurrency')}"
     lines = [
-        f"burst of {r.total} on {r.model or '-'} at concurrency {r.config.get('concurrency')}: "
+        f"burst of {r.total} on {r.model or '-'} {shape}: "
         f"{r.completed} ok, {r.failed} failed, {r.not_sent} not sent"
         + (" (cancelled)" if r.cancelled else "") + f", {r.duration_s:.2f} s",
-        f"output {num(r.output_tps)} tok/s   total {num(r.total_tps)} tok/s   "
+        (f"max_tokens {cfg.get('min_output_tokens')}..{cfg.get('max_tokens')} (drawn)   "
+         if cfg.get("min_output_tokens") else "")
+        + f"output {num(r.output_tps)} tok/s   total {num(r.total_tps)} tok/s   "
         f"{num(r.requests_per_s, '.2f')} req/s   ({r.output_tokens} output, {r.prompt_tokens} prompt tokens)",
         f"TTFT ms     p50 {ms(r.ttft['p50'])}  p90 {ms(r.ttft['p90'])}  p99 {ms(r.ttft['p99'])}  "
         f"mean {ms(r.ttft['mean'])}",
@@ -616,6 +842,11 @@ def format_burst(r: BurstResult) -> str:
         f"KV-cache usage peak {num(r.kv_cache_usage_peak_pct)} %   running peak {num(r.running_peak, 'g')}   "
         f"waiting peak {num(r.waiting_peak, 'g')}",
     ]
+    if r.send_lag is not None:
+        sl = r.send_lag
+        lines.append(f"sends: {sl['late']} of {sl['count']} late (> {sl['threshold_s'] * 1000:g} ms), lag p50 "
+                     f"{ms(sl['p50_s'])}  p99 {ms(sl['p99_s'])}  max {ms(sl['max_s'])} ms; "
+                     f"peak {r.in_flight_peak} in flight")
     if r.peak_memory_bytes is not None:
         src = f" ({r.memory_source})" if r.memory_source else ""
         lines.append(f"peak memory {gib_str(r.peak_memory_bytes)}{src}")

@@ -47,6 +47,7 @@ from typing import Any
 
 from ernie_tui.engine_ctl.load import runstore, stats
 from ernie_tui.engine_ctl.load import slo as S
+from ernie_tui.engine_ctl.load.arrivals import ARRIVALS, DEFAULT_ARRIVALS
 
 log = logging.getLogger(__name__)
 
@@ -66,8 +67,6 @@ DEFAULT_ATTAINMENT = 0.90
 DEFAULT_MIN_WINDOWS = 3
 DEFAULT_WINDOW_S = 1.0
 DEFAULT_STABILITY = 0.15
-DEFAULT_ARRIVALS = "poisson"
-ARRIVALS = ("poisson", "constant")
 MODES = ("concurrency", "rate")
 
 STOP_REASONS = {

@@ -4,7 +4,7 @@ One level is either
 - a closed loop at concurrency C (HttpLevelRunner): C workers, each sends
   its next request as soon as its previous one ends; or
 - an open loop at a rate R req/s (HttpRateRunner): requests sent on a
-  schedule (arrival_times: Poisson or evenly spaced), whether or not earlier
+  schedule (arrivals.arrival_stream: Poisson or evenly spaced), whether or not earlier
   ones have finished; a send more than 10 ms behind its time is counted late,
   as production traffic does not wait for the server,
 each request through the probe's streaming client (probe.stream_request:
@@ -27,16 +27,15 @@ from __future__ import annotations
 
 import asyncio
 import math
-import random
 import threading
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Callable
 
 from ernie_tui.engine_ctl.load import capacity as C
 from ernie_tui.engine_ctl.load import metrics as M
 from ernie_tui.engine_ctl.load import slo as S
+from ernie_tui.engine_ctl.load.arrivals import arrival_stream
 from ernie_tui.engine_ctl.load.burst import BurstConfig
 from ernie_tui.engine_ctl.load.http_client import ServedModel, base_url, new_async_client, resolve_model
 from ernie_tui.engine_ctl.load.http_errors import TRANSPORT_KINDS, ProbeFailure
@@ -172,18 +171,6 @@ def request_setup(*, min_tokens: int = 30, max_tokens_in: int = 300, max_tokens:
 Progress = Callable[[dict[str, Any]], None]
 
 
-def arrival_times(rate: float, kind: str = "poisson", seed: int = 0) -> Iterator[float]:
-    """Send times, seconds from the level's start, of an open loop at `rate`
-    req/s: Poisson arrivals (exponential gaps, as vLLM's bench client's
-    --request-rate with burstiness 1) or evenly spaced ("constant"). Endless;
-    the runner takes as many as the level needs."""
-    rng = random.Random(seed)
-    t = 0.0
-    while True:
-        yield t
-        t += rng.expovariate(rate) if kind == "poisson" else 1.0 / rate
-
-
 class HttpLevelRunner:
     """A LevelRunner (concurrency -> LevelResult) against a live server:
     closed loop. HttpRateRunner is its open-loop twin (rate -> LevelResult)."""
@@ -296,7 +283,7 @@ class HttpLevelRunner:
 
         async def sender(client) -> None:  # open loop: on schedule
             nonlocal late_n, late_max
-            for due in arrival_times(float(load), self.arrivals, self.seed * 1009 + self._levels):
+            for due in arrival_stream(float(load), self.arrivals, seed=self.seed * 1009 + self._levels):
                 if stop.is_set():
                     return
                 delay = due - (time.perf_counter() - t0)

@@ -1,0 +1,384 @@
+"""Does our burst put the same load on a server as vLLM's own bench client?
+
+On one running vLLM server, at each fixed concurrency (closed loop) and each
+fixed rate (open loop, Poisson), run our burst (`ernie-tui probe --burst`)
+and vLLM's bench client (`vllm bench serve`, run from the installed vllm as
+/work/shared/gpu/README.md shows) with the same prompt shape, interleaved
+(who goes first alternates by round and flips from level to level, so
+neither always opens a level; --warmup-run adds an unrecorded run), for --rounds
+rounds; each run at concurrency C sends waves x C requests, so every slot is
+refilled ~waves times. Every run gets fresh prompts (new words for ours, a
+new --seed for theirs): a prompt seen before comes from vLLM's prefix cache.
+
+The prompt shape is vLLM's random dataset's: `--random-input-len I
+--random-output-len O --random-range-ratio R`, which draws prompt AND output
+lengths uniformly (R applies to both: 128 +- 82 % is 23..233 output tokens);
+our burst gets the same ranges (--min-tokens/--max-tokens-in,
+--min-output-tokens/--max-tokens), with ignore_eos on both sides.
+
+For each level it prints, per figure (output tok/s, TTFT p50/p99, ITL
+p50/p99), each client's median over the rounds, its spread ((max - min) /
+median) and the ratio ours / theirs, against the goal (tok/s within +-5 %,
+latencies within +-10 %); and as referee, vLLM's own /metrics for each
+client's windows (TTFT and ITL histogram quantiles, generation tokens over
+the client's duration). Writes everything, runs included, to --json.
+
+    python bench/agree_vllm_bench.py --url http://127.0.0.1:8000 --tokenizer MODEL_DIR \\
+        --concurrency 128 256 --rate 60 --rounds 3 --waves 8 --json agree.json
+
+`python bench/agree_vllm_bench.py --report agree.json` prints a saved run's levels as
+Markdown tables.
+
+Needs vllm importable by --bench-python (default: this Python), for its
+bench client; run with PYTHONPATH=src (ernie_tui) as the other bench scripts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ernie_tui.engine_ctl.load import (
+    GENERATION_TOKENS,
+    ITL,
+    TTFT,
+    MetricsClient,
+    counter_delta,
+    histogram_delta,
+    vllm_bench_ranges,
+)
+
+BENCH_CLIENT = ("import sys; from vllm.benchmarks.serve import add_cli_args, main; "
+                "from vllm.utils.argparse_utils import FlexibleArgumentParser as P; "
+                "p = P(); add_cli_args(p); main(p.parse_args(sys.argv[1:]))")
+
+FIGURES = ("output_tps", "ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms", "itl_p99_ms")
+# The goal: ours / theirs within these (fractions) on the median over rounds.
+GOAL = {"output_tps": 0.05, "ttft_p50_ms": 0.10, "ttft_p99_ms": 0.10, "itl_p50_ms": 0.10, "itl_p99_ms": 0.10}
+
+
+# -- pure parts (tests/test_agree_bench.py) -------------------------------------------
+
+def spread(values: list[float]) -> float | None:
+    """(max - min) / median: the round-to-round spread, as a fraction."""
+    xs = [v for v in values if v is not None]
+    if not xs:
+        return None
+    med = statistics.median(xs)
+    return (max(xs) - min(xs)) / med if med else None
+
+
+def summarize_figure(ours: list[float | None], theirs: list[float | None], goal: float) -> dict[str, Any]:
+    """Median and spread of each client's rounds, the ratio of the medians
+    (ours / theirs) and whether it is within the goal."""
+    o = [x for x in ours if x is not None]
+    t = [x for x in theirs if x is not None]
+    mo = statistics.median(o) if o else None
+    mt = statistics.median(t) if t else None
+    ratio = mo / mt if mo is not None and mt else None
+    so, st = spread(o), spread(t)
+    return {"ours": ours, "theirs": theirs, "ours_median": mo, "theirs_median": mt,
+            "ours_spread": so, "theirs_spread": st, "ratio": ratio, "goal": goal,
+            "within_goal": None if ratio is None else abs(ratio - 1.0) <= goal + 1e-12,
+            "spread_no_larger": None if so is None or st is None else so <= st + 1e-12}
+
+
+def figures_from_bench_json(d: dict[str, Any]) -> dict[str, Any]:
+    """The five figures from vLLM's bench client's saved result."""
+    def get(*keys: str) -> float | None:
+        for k in keys:
+            v = d.get(k)
+            if isinstance(v, (int, float)):
+                return float(v)
+        return None
+    return {"output_tps": get("output_throughput"),
+            "ttft_p50_ms": get("p50_ttft_ms", "median_ttft_ms"), "ttft_p99_ms": get("p99_ttft_ms"),
+            "itl_p50_ms": get("p50_itl_ms", "median_itl_ms"), "itl_p99_ms": get("p99_itl_ms"),
+            "duration_s": get("duration"), "completed": get("completed"),
+            "output_tokens": get("total_output_tokens")}
+
+
+def figures_from_burst_json(d: dict[str, Any]) -> dict[str, Any]:
+    """The five figures from our burst's JSON (`probe --burst --json`)."""
+    def ms(block: str, key: str) -> float | None:
+        v = (d.get(block) or {}).get(key)
+        return None if v is None else float(v) * 1000.0
+    return {"output_tps": d.get("output_tps"), "ttft_p50_ms": ms("ttft", "p50"), "ttft_p99_ms": ms("ttft", "p99"),
+            "itl_p50_ms": ms("itl", "p50"), "itl_p99_ms": ms("itl", "p99"), "duration_s": d.get("duration_s"),
+            "completed": d.get("completed"), "output_tokens": d.get("output_tokens")}
+
+
+# -- running the clients ----------------------------------------------------------------
+
+@dataclass
+class Shape:
+    input_len: int = 165
+    output_len: int = 128
+    range_ratio: float = 0.8182
+
+    def ranges(self) -> tuple[int, int, int, int]:
+        return vllm_bench_ranges(self.input_len, self.output_len, self.range_ratio)
+
+
+@dataclass
+class Server:
+    url: str
+    model: str
+    tokenizer: str
+
+
+def referee(before, after, duration_s: float | None) -> dict[str, float | None]:
+    """vLLM's /metrics over one window: histogram quantiles and the
+    generation counter over the client's own duration."""
+    if before is None or after is None:
+        return {}
+    ttft = histogram_delta(before, after, TTFT)
+    itl = histogram_delta(before, after, ITL)
+    gen = counter_delta(before, after, GENERATION_TOKENS)
+
+    def q(h, p: float) -> float | None:
+        v = h.quantile(p) if h else None
+        return None if v is None else v * 1000.0
+    return {"ttft_p50_ms": q(ttft, 0.5), "ttft_p99_ms": q(ttft, 0.99), "itl_p50_ms": q(itl, 0.5),
+            "itl_p99_ms": q(itl, 0.99), "ttft_count": ttft.count if ttft else None,
+            "generation_tokens": gen,
+            "output_tps": gen / duration_s if gen is not None and duration_s else None}
+
+
+def run_theirs(srv: Server, shape: Shape, *, concurrency: int | None, rate: float | None, n: int, seed: int,
+               python: str, env: dict[str, str], timeout_s: float, percentiles: str = "50,99") -> dict[str, Any]:
+    with tempfile.TemporaryDirectory(prefix="agree-") as tmp:
+        argv = [python, "-c", BENCH_CLIENT, "--backend", "vllm", "--base-url", srv.url, "--model", srv.model,
+                "--tokenizer", srv.tokenizer, "--dataset-name", "random",
+                "--random-input-len", str(shape.input_len), "--random-output-len", str(shape.output_len),
+                "--random-range-ratio", str(shape.range_ratio), "--ignore-eos", "--num-prompts", str(n),
+                "--seed", str(seed), "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", percentiles,
+                "--save-result", "--save-detailed", "--result-dir", tmp, "--result-filename", "r.json",
+                "--disable-tqdm"]
+        if concurrency is not None:
+            argv += ["--max-concurrency", str(concurrency)]
+        argv += ["--request-rate", str(rate) if rate is not None else "inf"]
+        t = time.time()
+        p = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=timeout_s, check=False)
+        if p.returncode != 0 or not (Path(tmp) / "r.json").exists():
+            raise RuntimeError(f"vLLM's bench client failed ({p.returncode}): {(p.stderr or p.stdout)[-2000:]}")
+        d = json.loads((Path(tmp) / "r.json").read_text())
+    out = figures_from_bench_json(d)
+    out["wall_s"] = time.time() - t
+    out["percentiles_ms"] = {k: v for k, v in d.items()
+                             if k.startswith(("p", "median_", "mean_")) and k.endswith("_ms")
+                             and isinstance(v, (int, float))}
+    # What it asked for (--save-detailed): the lengths its dataset drew.
+    for key in ("output_lens", "input_lens"):
+        xs = [x for x in d.get(key) or [] if isinstance(x, (int, float))]
+        if xs:
+            out[key] = {"min": min(xs), "max": max(xs), "mean": statistics.fmean(xs)}
+    return out
+
+
+def run_ours(srv: Server, shape: Shape, *, concurrency: int | None, rate: float | None, n: int, seed: int,
+             python: str, env: dict[str, str], timeout_s: float) -> dict[str, Any]:
+    in_lo, in_hi, out_lo, out_hi = shape.ranges()
+    argv = [python, "-m", "ernie_tui", "probe", "--url", srv.url, "--model", srv.model, "--tokenizer", srv.tokenizer,
+            "--burst", str(n), "--min-tokens", str(in_lo), "--max-tokens-in", str(in_hi),
+            "--max-tokens", str(out_hi), "--min-output-tokens", str(out_lo), "--seed", str(seed),
+            "--no-save", "--json", "--timeout", "600"]
+    if concurrency is not None:
+        argv += ["--concurrency", str(concurrency)]
+    if rate is not None:
+        argv += ["--rate", str(rate), "--arrival-seed", str(seed)]
+    t = time.time()
+    p = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=timeout_s, check=False)
+    try:
+        d = json.loads(p.stdout)
+    except ValueError as exc:
+        raise RuntimeError(f"our burst failed ({p.returncode}): {(p.stderr or p.stdout)[-2000:]}") from exc
+    out = figures_from_burst_json(d)
+    out["wall_s"] = time.time() - t
+    v = d.get("vllm") or {}
+    # The burst's own vLLM view starts after its warm-up (C one-token
+    # requests that would pull the window's TTFT quantiles down).
+    out["vllm_view"] = {"ttft_p50_ms": _ms(v.get("ttft_p50_s")), "ttft_p99_ms": _ms(v.get("ttft_p99_s")),
+                        "output_tps": v.get("output_tps")}
+    out["send_lag"] = d.get("send_lag")
+    out["client"] = d.get("client")
+    out["errors"] = (d.get("errors") or {}).get("count")
+    return out
+
+
+def _ms(v: float | None) -> float | None:
+    return None if v is None else v * 1000.0
+
+
+def round_order(level_index: int, k: int) -> tuple[str, str]:
+    """Who goes first in round k of the level_index-th level: alternate by
+    round, and flip per level, so neither client always opens a level (the
+    first run at a new batch size on a server pays its first batches)."""
+    return ("ours", "theirs") if (k + level_index) % 2 == 0 else ("theirs", "ours")
+
+
+def one_level(srv: Server, shape: Shape, *, concurrency: int | None, rate: float | None, n: int, rounds: int,
+              python: str, env: dict[str, str], timeout_s: float, log=print, checkpoint=None,
+              level_index: int = 0, warmup_run: bool = False) -> dict[str, Any]:
+    metrics = MetricsClient(srv.url, None, model_name=None, timeout=30.0)
+    runs: dict[str, list[dict[str, Any]]] = {"ours": [], "theirs": []}
+    rng = random.SystemRandom()
+    try:
+        if warmup_run:  # one unrecorded run of ours at this level first
+            r = run_ours(srv, shape, concurrency=concurrency, rate=rate, n=n, seed=rng.randrange(1, 1 << 30),
+                         python=python, env=env, timeout_s=timeout_s)
+            log(f"  warm-up run (not counted): {r['output_tps'] or 0:.0f} tok/s")
+        for k in range(rounds):
+            order = round_order(level_index, k)
+            for who in order:
+                seed = rng.randrange(1, 1 << 30)
+                before = metrics.try_fetch()
+                fn = run_ours if who == "ours" else run_theirs
+                r = fn(srv, shape, concurrency=concurrency, rate=rate, n=n, seed=seed, python=python, env=env,
+                       timeout_s=timeout_s)
+                after = metrics.try_fetch()
+                r["referee"] = referee(before, after, r.get("duration_s"))
+                r["seed"] = seed
+                r["round"] = k
+                runs[who].append(r)
+                log(f"  round {k + 1} {who:6s}: {fmt_run(r)}")
+                if checkpoint is not None:  # a run cut short keeps the rounds it finished
+                    checkpoint({"concurrency": concurrency, "rate": rate, "n": n, "partial_runs": runs})
+    finally:
+        metrics.close()
+    figures = {f: summarize_figure([r[f] for r in runs["ours"]], [r[f] for r in runs["theirs"]], GOAL[f])
+               for f in FIGURES}
+    ref = {f: summarize_figure([r["referee"].get(f) for r in runs["ours"]],
+                               [r["referee"].get(f) for r in runs["theirs"]], GOAL[f]) for f in FIGURES}
+    return {"concurrency": concurrency, "rate": rate, "n": n, "rounds": rounds, "figures": figures,
+            "referee": ref, "runs": runs}
+
+
+def fmt_run(r: dict[str, Any]) -> str:
+    def f(v: float | None, p: str = ".0f") -> str:
+        return "-" if v is None else format(v, p)
+    ref = r.get("referee") or {}
+    return (f"{f(r['output_tps'])} tok/s  TTFT p50 {f(r['ttft_p50_ms'])} p99 {f(r['ttft_p99_ms'])} ms  "
+            f"ITL p50 {f(r['itl_p50_ms'], '.1f')} p99 {f(r['itl_p99_ms'], '.1f')} ms  "
+            f"[vLLM: {f(ref.get('output_tps'))} tok/s, TTFT p99 {f(ref.get('ttft_p99_ms'))} ms, "
+            f"ITL p99 {f(ref.get('itl_p99_ms'), '.1f')} ms]  {f(r.get('wall_s'), '.0f')} s")
+
+
+def format_level(lv: dict[str, Any]) -> str:
+    name = f"concurrency {lv['concurrency']}" if lv["rate"] is None else f"rate {lv['rate']:g} req/s"
+    lines = [f"{name}, {lv['n']} requests x {lv['rounds']} rounds:",
+             f"  {'figure':12s} {'ours median':>12s} {'spread':>7s} {'theirs median':>14s} {'spread':>7s} "
+             f"{'ratio':>6s} goal   | vLLM referee ratio"]
+    for f in FIGURES:
+        s, ref = lv["figures"][f], lv["referee"][f]
+
+        def n(v: float | None, p: str = ".1f") -> str:
+            return "-" if v is None else format(v, p)
+
+        def pct(v: float | None) -> str:
+            return "-" if v is None else f"{v * 100:.1f}%"
+        ok = {True: "ok", False: "MISS", None: "-"}[s["within_goal"]]
+        lines.append(f"  {f:12s} {n(s['ours_median']):>12s} {pct(s['ours_spread']):>7s} "
+                     f"{n(s['theirs_median']):>14s} {pct(s['theirs_spread']):>7s} {n(s['ratio'], '.3f'):>6s} "
+                     f"+-{s['goal'] * 100:.0f}% {ok:4s} | {n(ref['ratio'], '.3f')}")
+    return "\n".join(lines)
+
+
+def markdown_level(lv: dict[str, Any]) -> str:
+    """One level as a Markdown table (for docs/benchmarks.md)."""
+    name = f"concurrency {lv['concurrency']}" if lv["rate"] is None else f"rate {lv['rate']:g} req/s (Poisson)"
+    out = [f"{name}, {lv['n']} requests a run, {lv['rounds']} rounds:", "",
+           "| figure | ours: median (spread) | bench client: median (spread) | ratio | goal | vLLM /metrics ratio |",
+           "|---|---|---|---|---|---|"]
+    for f in FIGURES:
+        s, ref = lv["figures"][f], lv["referee"][f]
+
+        def n(v: float | None, whole: bool = f == "output_tps") -> str:
+            return "-" if v is None else (f"{v:,.0f}" if whole else f"{v:,.1f}")
+
+        def pct(v: float | None) -> str:
+            return "-" if v is None else f"{v * 100:.1f} %"
+
+        def r(v: float | None) -> str:
+            return "-" if v is None else f"{v:.3f}"
+        ok = {True: "met", False: "**missed**", None: "-"}[s["within_goal"]]
+        out.append(f"| {f} | {n(s['ours_median'])} ({pct(s['ours_spread'])}) | {n(s['theirs_median'])} "
+                   f"({pct(s['theirs_spread'])}) | {r(s['ratio'])} | ±{s['goal'] * 100:.0f} % {ok} "
+                   f"| {r(ref['ratio'])} |")
+    return "\n".join(out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    if argv is None and len(sys.argv) == 3 and sys.argv[1] == "--report":
+        d = json.loads(Path(sys.argv[2]).read_text())  # tables of a saved run, no server needed
+        print("\n\n".join(markdown_level(lv) for lv in d["levels"]))
+        return 0
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--url", required=True)
+    p.add_argument("--model", help="served model name (default: the first /v1/models lists)")
+    p.add_argument("--tokenizer", required=True, help="the model dir (both clients build prompts with it)")
+    p.add_argument("--concurrency", type=int, nargs="*", default=[], metavar="C")
+    p.add_argument("--rate", type=float, nargs="*", default=[], metavar="R", help="requests/s, Poisson arrivals")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--waves", type=int, default=8, help="requests per run = waves x concurrency (default 8)")
+    p.add_argument("--rate-seconds", type=float, default=30.0,
+                   help="a rate run sends rate x this many requests (default 30 s of arrivals)")
+    p.add_argument("--input-len", type=int, default=165)
+    p.add_argument("--output-len", type=int, default=128)
+    p.add_argument("--range-ratio", type=float, default=0.8182)
+    p.add_argument("--bench-python", default=sys.executable, help="Python with vllm for the bench client")
+    p.add_argument("--timeout", type=float, default=900.0, help="seconds per client run at most")
+    p.add_argument("--warmup-run", action="store_true",
+                   help="run our burst once, unrecorded, at each level before its rounds")
+    p.add_argument("--json", metavar="FILE", help="write the levels, runs included, here")
+    args = p.parse_args(argv)
+    if not args.concurrency and not args.rate:
+        p.error("give --concurrency and/or --rate levels")
+    from ernie_tui.engine_ctl.load import resolve_model
+
+    model = args.model or resolve_model(args.url).id
+    srv = Server(args.url.rstrip("/"), model, args.tokenizer)
+    shape = Shape(args.input_len, args.output_len, args.range_ratio)
+    env = dict(os.environ)
+    src = str(Path(__file__).resolve().parent.parent / "src")
+    if src not in env.get("PYTHONPATH", "").split(os.pathsep):
+        env["PYTHONPATH"] = os.pathsep.join(x for x in (src, env.get("PYTHONPATH")) if x)
+    in_lo, in_hi, out_lo, out_hi = shape.ranges()
+    print(f"server {srv.url} model {model}; prompts {in_lo}..{in_hi} tokens, outputs {out_lo}..{out_hi} "
+          f"(ignore_eos), {args.rounds} rounds interleaved", flush=True)
+    levels: list[dict[str, Any]] = []
+    out = {"date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "url": srv.url, "model": model,
+           "argv": sys.argv[1:] if argv is None else argv,
+           "shape": {"input_len": shape.input_len, "output_len": shape.output_len, "range_ratio": shape.range_ratio,
+                     "ranges": shape.ranges()}, "goal": GOAL, "levels": levels}
+    plan: list[tuple[int | None, float | None, int]] = [(c, None, args.waves * c) for c in args.concurrency]
+    plan += [(None, r, max(1, round(r * args.rate_seconds))) for r in args.rate]
+    for li, (c, r, n) in enumerate(plan):
+        print(f"{'concurrency ' + str(c) if r is None else f'rate {r:g} req/s'}: {n} requests a run", flush=True)
+        def checkpoint(partial: dict[str, Any]) -> None:
+            if args.json:
+                Path(args.json).write_text(json.dumps({**out, "in_progress": partial}, indent=1))
+        lv = one_level(srv, shape, concurrency=c, rate=r, n=n, rounds=args.rounds, python=args.bench_python,
+                       env=env, timeout_s=args.timeout, log=lambda s: print(s, flush=True), checkpoint=checkpoint,
+                       level_index=li, warmup_run=args.warmup_run)
+        levels.append(lv)
+        print(format_level(lv), flush=True)
+        if args.json:  # after every level: a run cut short keeps what it measured
+            Path(args.json).write_text(json.dumps(out, indent=1))
+    if args.json:
+        print(f"wrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

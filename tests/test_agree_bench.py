@@ -1,0 +1,140 @@
+"""The pure parts of bench/agree_vllm_bench.py (medians, spreads, ratios
+against the goal, reading both clients' results) and bench/capacity_truth.py
+(a run against the SLO, the bracket, an answer against it, finding an
+open-loop search in --help); and one small run of the agreement bench
+against the paced stand-in, vLLM's bench client included."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ernie_tui.engine_ctl.load import parse_slo
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "bench"))
+
+
+def _load(name: str):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "bench" / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod  # dataclasses look their module up there
+    spec.loader.exec_module(mod)
+    return mod
+
+
+A = _load("agree_vllm_bench")
+T = _load("capacity_truth")
+
+
+def test_figure_summary_medians_spreads_ratio_and_goal():
+    s = A.summarize_figure([100.0, 104.0, 96.0], [100.0, 110.0, 90.0], 0.05)
+    assert s["ours_median"] == 100.0 and s["theirs_median"] == 100.0
+    assert s["ours_spread"] == pytest.approx(0.08) and s["theirs_spread"] == pytest.approx(0.20)
+    assert s["ratio"] == pytest.approx(1.0) and s["within_goal"] is True and s["spread_no_larger"] is True
+    off = A.summarize_figure([106.0, 106.0, 106.0], [100.0, 100.0, 100.0], 0.05)
+    assert off["ratio"] == pytest.approx(1.06) and off["within_goal"] is False
+    edge = A.summarize_figure([95.0], [100.0], 0.05)
+    assert edge["within_goal"] is True  # -5 % exactly is inside the goal
+    none = A.summarize_figure([None, None], [1.0], 0.1)
+    assert none["ours_median"] is None and none["ratio"] is None and none["within_goal"] is None
+    assert A.spread([]) is None and A.spread([5.0]) == 0.0
+
+
+def test_neither_client_always_opens_a_level():
+    firsts = [A.round_order(li, 0)[0] for li in range(4)]
+    assert firsts == ["ours", "theirs", "ours", "theirs"]
+    for li in range(3):
+        rounds = [A.round_order(li, k) for k in range(4)]
+        assert all(set(r) == {"ours", "theirs"} for r in rounds)
+        assert [r[0] for r in rounds].count("ours") == 2
+
+
+def test_reading_both_clients_results():
+    theirs = {"output_throughput": 15259.0, "p50_ttft_ms": 590.0, "p99_ttft_ms": 1470.0, "median_itl_ms": 20.0,
+              "p99_itl_ms": 37.0, "duration": 17.2, "completed": 2048, "total_output_tokens": 262144}
+    f = A.figures_from_bench_json(theirs)
+    assert (f["output_tps"], f["ttft_p50_ms"], f["ttft_p99_ms"], f["itl_p50_ms"], f["itl_p99_ms"]) == \
+        (15259.0, 590.0, 1470.0, 20.0, 37.0)
+    ours = {"output_tps": 14111.0, "ttft": {"p50": 0.3, "p99": 0.9}, "itl": {"p50": 0.02, "p99": 0.04},
+            "duration_s": 18.0, "completed": 2048, "output_tokens": 262144}
+    g = A.figures_from_burst_json(ours)
+    assert g["ttft_p50_ms"] == pytest.approx(300.0) and g["itl_p99_ms"] == pytest.approx(40.0)
+    assert A.Shape().ranges() == (29, 301, 23, 233)
+
+
+def test_a_run_meets_the_slo_by_the_bench_clients_percentiles():
+    slo = parse_slo(["ttft_p99=1000ms", "itl_p99=50ms"])
+    assert T.run_meets({"p99_ttft_ms": 999.0, "p99_itl_ms": 50.0}, slo) is True
+    assert T.run_meets({"p99_ttft_ms": 1001.0, "p99_itl_ms": 20.0}, slo) is False
+    assert T.run_meets({"p99_ttft_ms": 10.0}, slo) is None  # ITL missing: no verdict
+    e2e = parse_slo(["e2e_p50=2s"])
+    assert T.run_meets({"median_e2el_ms": 1500.0}, e2e) is True
+
+
+def test_the_bracket_and_answers_against_it():
+    # The issue's table: 128 yes, 160/192 borderline, 224+ no.
+    v = {128: [True, True], 160: [True, False], 192: [False, True], 224: [False, False], 256: [False, False]}
+    b = T.bracket(v)
+    assert (b["low"], b["high"], b["borderline"], b["inconsistent"]) == (128, 224, [160, 192], [])
+    assert T.judge(192, b["low"], b["high"], 0.10) == "inside"
+    assert T.judge(240, b["low"], b["high"], 0.10) == "one step"
+    assert T.judge(320, b["low"], b["high"], 0.10) == "over"
+    assert T.judge(100, b["low"], b["high"], 0.10) == "under"
+    assert T.judge(None, b["low"], b["high"], 0.10) == "none"
+    # Noise against the order: an all-miss level below the all-meet one.
+    b2 = T.bracket({8: [False], 16: [True], 32: [False]})
+    assert (b2["low"], b2["high"], b2["inconsistent"]) == (16, 32, [8])
+    # Nothing passes / nothing fails.
+    assert T.bracket({8: [False], 16: [False]})["low"] is None
+    assert T.bracket({8: [True], 16: [True]}) == {"low": 16, "high": None, "borderline": [], "inconsistent": []}
+
+
+def test_an_open_loop_search_is_found_only_among_the_capacity_options():
+    help_text = subprocess.run([sys.executable, "-m", "ernie_tui", "probe", "--help"], capture_output=True,
+                               text=True, check=True).stdout
+    assert T.search_offers_rate(help_text)  # --rate is declared with the capacity options
+    # a CLI whose --rate is the burst's alone offers no open-loop search
+    assert not T.search_offers_rate("capacity search (--capacity):\n  --start-concurrency C  first level\n"
+                                    "burst:\n  --rate R  requests a second\n")
+
+
+@pytest.fixture
+def tiny_tokenizer(tmp_path):
+    from ernie_tui.demo_model import write_demo_model
+
+    write_demo_model(tmp_path / "tiny", "tiny")
+    return tmp_path / "tiny"
+
+
+@pytest.mark.vllm  # runs vLLM's bench client (imports vLLM, ~20 s a run on 2 cores); no vLLM server
+def test_agreement_bench_on_the_paced_stand_in(tmp_path, tiny_tokenizer):
+    srv = subprocess.Popen([sys.executable, str(ROOT / "tests" / "paced_server.py"), "--port", "0",
+                            "--slots", "4", "--ttft-ms", "20", "--itl-ms", "5"],
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        url = srv.stdout.readline().split()[-1]
+        out = tmp_path / "agree.json"
+        rc = A.main(["--url", url, "--tokenizer", str(tiny_tokenizer), "--concurrency", "2", "--rounds", "1",
+                     "--waves", "3", "--input-len", "20", "--output-len", "8", "--json", str(out)])
+        assert rc == 0
+        d = json.loads(out.read_text())
+        (lv,) = d["levels"]
+        runs = lv["runs"]
+        assert len(runs["ours"]) == 1 and len(runs["theirs"]) == 1
+        for who in ("ours", "theirs"):
+            r = runs[who][0]
+            assert r["completed"] == 6 and r["output_tps"] > 0
+            # vLLM's side of the window (here the stand-in's): every generated token
+            assert r["referee"]["generation_tokens"] >= r["output_tokens"]
+        # Both drew their output lengths from the same range (8 +- 82 %: 1..15).
+        assert 1 <= runs["theirs"][0]["output_lens"]["min"] <= runs["theirs"][0]["output_lens"]["max"] <= 15
+        assert lv["figures"]["output_tps"]["ratio"] is not None
+    finally:
+        srv.terminate()
+        srv.wait(10)

@@ -1,0 +1,264 @@
+"""The load generator against vLLM's bench client's load: the arrival
+schedule (load/arrivals.py), output lengths drawn as the bench client draws
+them, the request body, open-loop bursts with late sends counted, and the
+garbage collector kept out of a burst's way. Over HTTP against the paced
+stand-in, whose /requests log shows the load it was sent."""
+
+from __future__ import annotations
+
+import gc
+import json
+import statistics
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from ernie_tui.engine_ctl.load.arrivals import arrival_offsets, output_lengths, send_lag, vllm_bench_ranges
+from ernie_tui.engine_ctl.load.burst import BurstConfig, format_burst, run_burst
+
+HERE = Path(__file__).resolve().parent
+
+
+class PacedServer:
+    def __init__(self, *args: str) -> None:
+        self.proc = subprocess.Popen([sys.executable, str(HERE / "paced_server.py"), "--port", "0", *args],
+                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        line = self.proc.stdout.readline()
+        assert line.startswith("listening on "), line
+        self.url = line.split()[-1]
+
+    def requests(self, measured_only: bool = True) -> list[dict]:
+        with urllib.request.urlopen(self.url + "/requests", timeout=10) as r:
+            log = json.loads(r.read())
+        # The warm-up requests ask for one token; the measured ones more.
+        return [e for e in log if not measured_only or (e["max_tokens"] or 0) > 1]
+
+    def close(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(10)
+
+
+@pytest.fixture
+def paced():
+    servers: list[PacedServer] = []
+
+    def start(*args: str) -> PacedServer:
+        s = PacedServer(*args)
+        servers.append(s)
+        return s
+
+    yield start
+    for s in servers:
+        s.close()
+
+
+# -- the schedule --------------------------------------------------------------------
+
+def test_poisson_arrivals_are_seeded_exponential_and_end_at_n_over_rate():
+    a = arrival_offsets(2000, 40.0, "poisson", seed=3)
+    assert a == arrival_offsets(2000, 40.0, "poisson", seed=3)
+    assert a != arrival_offsets(2000, 40.0, "poisson", seed=4)
+    assert all(x <= y for x, y in zip(a, a[1:], strict=False))
+    assert a[-1] == pytest.approx(2000 / 40.0)  # rescaled, as vLLM's client does
+    gaps = [a[0]] + [y - x for x, y in zip(a, a[1:], strict=False)]
+    mean = statistics.fmean(gaps)
+    assert mean == pytest.approx(1 / 40.0, rel=1e-9)
+    cv = statistics.pstdev(gaps) / mean  # exponential: coefficient of variation 1
+    assert 0.9 < cv < 1.1
+    # burstiness > 1 is more even (gamma shape k: cv 1/sqrt(k))
+    even = arrival_offsets(2000, 40.0, "poisson", seed=3, burstiness=4.0)
+    g4 = [even[0]] + [y - x for x, y in zip(even, even[1:], strict=False)]
+    assert 0.4 < statistics.pstdev(g4) / statistics.fmean(g4) < 0.6
+
+
+def test_constant_arrivals_and_bad_arguments():
+    assert arrival_offsets(4, 2.0, "constant") == [0.5, 1.0, 1.5, 2.0]
+    assert arrival_offsets(0, 2.0) == []
+    for bad in (dict(rate=0.0), dict(rate=-1.0), dict(kind="burst")):
+        with pytest.raises(ValueError):
+            arrival_offsets(3, **{"rate": 1.0, "kind": "poisson", **bad})
+
+
+def test_send_lag_counts_late_sends_and_skips_unsent_ones():
+    lag = send_lag([0.0, 1.0, 2.0, 3.0], [0.001, 1.05, 2.0, None], threshold_s=0.01)
+    assert (lag.count, lag.late) == (3, 1)
+    assert lag.max_s == pytest.approx(0.05)
+
+
+def test_the_bench_clients_range_ratio_applies_to_output_lengths_too():
+    # vLLM's random dataset: uniform in [floor(L(1-r)), ceil(L(1+r))] for input
+    # and output alike, so `--random-output-len 128 --random-range-ratio 0.8182`
+    # asks for 23..233 tokens, not 128 each.
+    assert vllm_bench_ranges(165, 128, 0.8182) == (29, 301, 23, 233)
+    assert vllm_bench_ranges(128, 128, 0.0) == (128, 128, 128, 128)
+    lens = output_lengths(5000, 23, 233, seed=1)
+    assert min(lens) == 23 and max(lens) == 233
+    assert statistics.fmean(lens) == pytest.approx(128, abs=3)
+
+
+@pytest.mark.vllm  # imports vLLM (~20 s on 2 cores), no server
+def test_our_ranges_equal_vllms_own_sampler():
+    utils = pytest.importorskip("vllm.benchmarks.datasets.utils")
+    import numpy as np
+
+    class Tok:
+        def num_special_tokens_to_add(self) -> int:
+            return 0
+
+        vocab_size = 1000
+
+    ins, outs, _ = utils.get_sampling_params(np.random.default_rng(0), 20000, 0.8182, 165, 128, Tok())
+    lo_in, hi_in, lo_out, hi_out = vllm_bench_ranges(165, 128, 0.8182)
+    assert (int(ins.min()), int(ins.max()), int(outs.min()), int(outs.max())) == (lo_in, hi_in, lo_out, hi_out)
+
+
+# -- what a burst sends ----------------------------------------------------------------
+
+SHAPE = dict(min_tokens=10, max_tokens_in=30)
+
+
+def test_a_burst_sends_the_bench_clients_body_no_sampling_settings(paced):
+    # Before: temperature 0.7 and top_p 0.9 on every burst request, where vLLM's
+    # bench client sends none; on vLLM a top_p below 1 sorts the vocabulary at
+    # every decode step, a heavier load at the same concurrency.
+    srv = paced("--slots", "4", "--ttft-ms", "5", "--itl-ms", "2")
+    r = run_burst(srv.url, BurstConfig(n=8, concurrency=4, max_tokens=6, **SHAPE))
+    assert r.completed == 8, format_burst(r)
+    log = srv.requests()
+    assert len(log) == 8
+    for e in log:
+        assert e["sampling"] == {}
+        assert e["ignore_eos"] is True and e["max_tokens"] == 6
+        assert e["stream_options"] == {"include_usage": True}
+    # Asked for, they are sent.
+    srv2 = paced("--slots", "4", "--ttft-ms", "5", "--itl-ms", "2")
+    run_burst(srv2.url, BurstConfig(n=4, concurrency=4, max_tokens=6, temperature=0.7, top_p=0.9, **SHAPE))
+    assert all(e["sampling"] == {"temperature": 0.7, "top_p": 0.9} for e in srv2.requests())
+
+
+def _max_arrivals_within(times: list[float], window: float) -> int:
+    times = sorted(times)
+    best, j = 0, 0
+    for i, t in enumerate(times):
+        while times[j] < t - window:
+            j += 1
+        best = max(best, i - j + 1)
+    return best
+
+
+def test_equal_output_lengths_refill_in_waves_drawn_lengths_do_not(paced):
+    # A closed loop whose requests all ask for the same length: the C slots
+    # end together and are refilled together, in waves of C sends at once
+    # (after the first wave, where all C start by design). vLLM's bench client
+    # draws the lengths (--random-range-ratio), so its refills spread out.
+    c = 8
+    n = 5 * c
+    srv = paced("--slots", str(c), "--ttft-ms", "10", "--itl-ms", "10")
+    fixed = run_burst(srv.url, BurstConfig(n=n, concurrency=c, max_tokens=30, **SHAPE))
+    assert fixed.completed == n, format_burst(fixed)
+    starts = sorted(e["arrive"] for e in srv.requests())
+    later = starts[c:]  # the refills
+    assert _max_arrivals_within(later, 0.030) >= c - 2
+
+    srv2 = paced("--slots", str(c), "--ttft-ms", "10", "--itl-ms", "10")
+    drawn = run_burst(srv2.url, BurstConfig(n=n, concurrency=c, max_tokens=55, min_output_tokens=5, **SHAPE))
+    assert drawn.completed == n, format_burst(drawn)
+    log = srv2.requests(measured_only=False)
+    measured = log[-n:]
+    asked = [e["max_tokens"] for e in measured]
+    assert min(asked) >= 5 and max(asked) <= 55 and len(set(asked)) > 5
+    assert sorted(asked) == sorted(r.max_tokens for r in drawn.requests)
+    assert drawn.output_tokens == sum(asked)
+    later2 = sorted(e["arrive"] for e in measured)[c:]
+    assert _max_arrivals_within(later2, 0.030) <= c // 2
+    # Every slot stays busy: the closed loop refills at once (no late starts).
+    ends = sorted(e["end"] for e in measured)
+    gaps = []
+    for e_end in ends[: -c]:
+        nxt = min((e["arrive"] for e in measured if e["arrive"] >= e_end - 0.001), default=None)
+        if nxt is not None:
+            gaps.append(nxt - e_end)
+    assert statistics.median(gaps) < 0.02
+
+
+def test_an_open_loop_sends_on_schedule_whatever_is_still_running(paced):
+    # 2 slots, each request ~0.3 s: a closed loop would keep 2 (or C) in
+    # flight; the open loop sends on its schedule and the server's queue grows.
+    srv = paced("--slots", "2", "--ttft-ms", "100", "--itl-ms", "20")
+    # Late: over 0.25 s, a margin for a loaded 2-core box (where the OS alone
+    # holds a process back ~0.1 s at times); the median lag must stay small.
+    cfg = BurstConfig(n=16, concurrency=0, max_tokens=10, rate=20.0, arrivals="constant",
+                      late_threshold_s=0.25, **SHAPE)
+    r = run_burst(srv.url, cfg)
+    assert r.completed == 16, format_burst(r)
+    assert r.send_lag is not None and r.send_lag["late"] == 0 and r.send_lag["count"] == 16
+    assert r.send_lag["p50_s"] < 0.02
+    assert r.in_flight_peak > 4
+    log = srv.requests()
+    arrive = sorted(e["arrive"] for e in log)
+    # Server-side arrivals 50 ms apart (constant 20/s), within a loaded box's slack.
+    gaps = [b - a for a, b in zip(arrive, arrive[1:], strict=False)]
+    assert statistics.median(gaps) == pytest.approx(0.05, abs=0.015)
+    assert arrive[-1] - arrive[0] < 15 * 0.05 + 0.25  # not paced by completions (16 x 0.3 s / 2 slots = 2.4 s)
+    assert "req/s (constant arrivals)" in format_burst(r)
+
+
+def test_an_open_loop_with_a_cap_counts_the_sends_it_held_back_as_late(paced):
+    srv = paced("--slots", "4", "--ttft-ms", "100", "--itl-ms", "20")
+    cfg = BurstConfig(n=12, concurrency=2, max_tokens=10, rate=40.0, arrivals="poisson", arrival_seed=5, **SHAPE)
+    r = run_burst(srv.url, cfg)
+    assert r.completed == 12
+    assert r.in_flight_peak == 2
+    assert r.send_lag["late"] >= 6 and r.send_lag["max_s"] > 0.3
+    assert any("concurrency cap held them" in w for w in r.warnings)
+
+
+def test_open_loop_config_checks():
+    BurstConfig(rate=1.0, concurrency=0).validate()
+    for bad in (dict(rate=0.0), dict(rate=1.0, arrivals="bursty"), dict(concurrency=0),
+                dict(min_output_tokens=200, max_tokens=128), dict(min_output_tokens=0)):
+        with pytest.raises(ValueError):
+            BurstConfig(**bad).validate()
+
+
+def test_a_burst_freezes_the_heap_it_found_and_reports_its_own_stalls(paced):
+    srv = paced("--slots", "4", "--ttft-ms", "5", "--itl-ms", "2")
+    seen: list[int] = []
+    r = run_burst(srv.url, BurstConfig(n=8, concurrency=4, max_tokens=4, **SHAPE),
+                  on_request=lambda rec: seen.append(gc.get_freeze_count()))
+    assert r.completed == 8
+    assert min(seen) > 1000  # frozen while it ran
+    assert gc.get_freeze_count() == 0  # and given back
+    c = r.client
+    assert c["gc_frozen_objects"] > 1000 and c["loop_lag_max_s"] is not None
+    assert set(c["gc_collections"]) == {"0", "1", "2"}
+    off = run_burst(srv.url, BurstConfig(n=4, concurrency=4, max_tokens=4, gc_freeze=False, **SHAPE))
+    assert off.client["gc_frozen_objects"] == 0
+
+
+def test_cli_burst_rate_and_drawn_output_lengths(paced, capsys):
+    from ernie_tui.cli import main
+
+    srv = paced("--slots", "4", "--ttft-ms", "5", "--itl-ms", "2")
+    rc = main(["probe", "--url", srv.url, "--burst", "10", "--rate", "50", "--arrivals", "constant",
+               "--min-tokens", "10", "--max-tokens-in", "20", "--max-tokens", "12", "--min-output-tokens", "4",
+               "--metrics-interval", "2", "--no-save", "--json"])
+    assert rc == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["config"]["rate"] == 50 and d["config"]["concurrency"] == 0
+    assert d["config"]["sample_interval_s"] == 2.0
+    assert d["send_lag"]["count"] == 10
+    asked = [e["max_tokens"] for e in srv.requests(measured_only=False)[-10:]]
+    assert min(asked) >= 4 and max(asked) <= 12
+    assert all(e["sampling"] == {} for e in srv.requests())
+
+
+def test_cli_rate_belongs_to_a_burst_and_a_probe_keeps_its_sampling(capsys):
+    from ernie_tui.cli import main
+
+    rc = main(["probe", "--url", "http://127.0.0.1:9", "--rate", "5"])
+    assert rc != 0
+    assert "--rate belongs to --burst" in capsys.readouterr().err
