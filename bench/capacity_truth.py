@@ -21,9 +21,9 @@
 Arguments after `--` go to every search as they are (e.g. level caps).
 The prompt shape is vLLM's random dataset's (--input-len, --output-len,
 --range-ratio, as bench/agree_vllm_bench.py); the search is given the same
-prompt range and --output-len as its --max-tokens, with ignore_eos. Today's
-search sends equal output lengths while the bench client draws them (its
-range ratio applies to outputs too): the report says so.
+prompt range and output range (--min-output-tokens..--max-tokens: the bench
+client's range ratio applies to outputs too), with ignore_eos and the
+server's sampling defaults, so both send one workload.
 """
 
 from __future__ import annotations
@@ -126,10 +126,12 @@ def search_offers_rate(help_text: str) -> bool:
 
 def run_search(srv: Server, shape: Shape, slo: list[str], *, rate: bool, extra: list[str], python: str,
                env: dict[str, str], timeout_s: float) -> dict[str, Any]:
-    in_lo, in_hi, _, _ = shape.ranges()
+    in_lo, in_hi, out_lo, out_hi = shape.ranges()
+    # The bench client's workload: its input range, and its drawn output lengths
+    # (its range ratio applies to outputs too), with the server's sampling defaults.
     argv = [python, "-m", "ernie_tui", "probe", "--url", srv.url, "--model", srv.model, "--tokenizer", srv.tokenizer,
             "--capacity", "--min-tokens", str(in_lo), "--max-tokens-in", str(in_hi),
-            "--max-tokens", str(shape.output_len), "--no-save", "--json"]
+            "--min-output-tokens", str(out_lo), "--max-tokens", str(out_hi), "--no-save", "--json"]
     for s in slo:
         argv += ["--slo", s]
     if rate:
@@ -188,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
     out: dict[str, Any] = {"date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "url": srv.url, "model": model,
                            "slo": args.slo, "argv": argv, "search_args": extra, "modes": {}}
     print(f"SLO {' '.join(args.slo)}; prompts {shape.ranges()[0]}..{shape.ranges()[1]} tokens, bench client "
-          f"outputs {shape.ranges()[2]}..{shape.ranges()[3]}, our search {shape.output_len} each", flush=True)
+          f"outputs {shape.ranges()[2]}..{shape.ranges()[3]} (both clients)", flush=True)
     help_text = subprocess.run([args.bench_python, "-m", "ernie_tui", "probe", "--help"], capture_output=True,
                                text=True, env=env, check=False).stdout
     modes = [("concurrency", args.concurrency)] + ([("rate", args.rate)] if args.rate else [])

@@ -262,3 +262,24 @@ def test_cli_rate_belongs_to_a_burst_and_a_probe_keeps_its_sampling(capsys):
     rc = main(["probe", "--url", "http://127.0.0.1:9", "--rate", "5"])
     assert rc != 0
     assert "--rate belongs to --burst" in capsys.readouterr().err
+
+
+def test_a_capacity_search_sends_the_bench_clients_load_by_default(tmp_path):
+    # The search's built prompts carry drawn output lengths when asked (as the
+    # bench client's range ratio draws them) and no sampling settings unless
+    # given: on main the search sent temperature 0.7 / top_p 0.9 and equal lengths.
+    from ernie_tui.demo_model import write_demo_model
+    from ernie_tui.engine_ctl.load import request_setup
+    from ernie_tui.engine_ctl.load.prompts import LocalTokenizer
+    from ernie_tui.engine_ctl.load.workload import burst_workload
+
+    write_demo_model(tmp_path / "m", "tiny")
+    tok = LocalTokenizer(tmp_path / "m")
+    cfg, settings = request_setup(min_tokens=5, max_tokens_in=9, max_tokens=40, min_output_tokens=8)
+    assert settings.temperature is None and settings.top_p is None
+    wl = burst_workload(cfg, tok, 60)
+    outs = [i.max_tokens for i in wl.items]
+    assert min(outs) >= 8 and max(outs) <= 40 and len(set(outs)) > 10
+    assert "8-40 output tokens" in wl.source
+    same, _ = request_setup(min_tokens=5, max_tokens_in=9, max_tokens=40)
+    assert {i.max_tokens for i in burst_workload(same, tok, 20).items} == {40}

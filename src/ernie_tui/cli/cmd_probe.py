@@ -52,11 +52,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-tokens", type=int, metavar="M",
                    help="tokens to generate (default 512 for a probe, 128 per burst request)")
     p.add_argument("--temperature", type=float, default=None,
-                   help="default 0.7 for a probe and a capacity search; a burst sends none unless given (the "
-                        "server's default, as vLLM's bench client)")
+                   help="default 0.7 for a single probe; a burst and a capacity search send none unless given "
+                        "(the server's default, as vLLM's bench client)")
     p.add_argument("--top-p", type=float, default=None,
-                   help="default 0.9 for a probe and a capacity search; a burst sends none unless given (a "
-                        "top_p below 1 makes vLLM sort the vocabulary at every step: a heavier load)")
+                   help="default 0.9 for a single probe; a burst and a capacity search send none unless given "
+                        "(a top_p below 1 makes vLLM sort the vocabulary at every step: a heavier load)")
     p.add_argument("--stop-token-ids", metavar="IDS", help="comma-separated token ids that end generation")
     p.add_argument("--timeout", type=float, default=None, metavar="S",
                    help="seconds without data before a request fails (default 60 probe, 120 burst)")
@@ -75,7 +75,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "streams every token: raise it to load the server less")
     b.add_argument("--min-output-tokens", type=int, metavar="A",
                    help="draw each request's max_tokens uniformly from A..--max-tokens (seeded by --seed), as "
-                        "vLLM's bench client --random-range-ratio does; default: all --max-tokens")
+                        "vLLM's bench client --random-range-ratio does (a capacity search's built prompts too); "
+                        "default: all --max-tokens")
     b.add_argument("--min-tokens", type=int, default=30, metavar="A", help="shortest prompt in tokens (default 30)")
     b.add_argument("--max-tokens-in", type=int, default=300, metavar="B",
                    help="longest prompt in tokens (default 300)")
@@ -117,8 +118,10 @@ def _run(args) -> int:
         if args.no_save:
             raise CliError("--report draws the run record: drop --no-save")
         check_out(args.report)
-    if args.burst is None:
-        # A probe and a capacity search keep the articles' sampling settings.
+    if args.burst is None and not args.capacity:
+        # A single probe keeps the articles' sampling settings (Chainlit's); a
+        # burst and a capacity search send the server's defaults unless given,
+        # as vLLM's bench client does, so they load the server as it does.
         if args.temperature is None:
             args.temperature = DEFAULT_TEMPERATURE
         if args.top_p is None:
@@ -296,7 +299,8 @@ def _run_capacity(args) -> int:
     workload = load_workload(args.workload, max_tokens)
     try:
         cfg, settings = request_setup(min_tokens=args.min_tokens, max_tokens_in=args.max_tokens_in,
-                                        max_tokens=max_tokens, ignore_eos=not args.no_ignore_eos, chat=args.chat,
+                                        max_tokens=max_tokens, min_output_tokens=args.min_output_tokens,
+                                        ignore_eos=not args.no_ignore_eos, chat=args.chat,
                                         temperature=args.temperature, top_p=args.top_p, seed=args.seed,
                                         word_seed=args.word_seed, read_timeout_s=args.timeout or 120.0)
     except ValueError as exc:

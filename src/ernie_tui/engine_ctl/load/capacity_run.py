@@ -41,7 +41,7 @@ from ernie_tui.engine_ctl.load.http_client import ServedModel, base_url, new_asy
 from ernie_tui.engine_ctl.load.http_errors import TRANSPORT_KINDS, ProbeFailure
 from ernie_tui.engine_ctl.load.probe import stream_request
 from ernie_tui.engine_ctl.load.prompts import find_tokenizer
-from ernie_tui.engine_ctl.load.stream_timing import DEFAULT_TEMPERATURE, DEFAULT_TOP_P, ProbeRequest
+from ernie_tui.engine_ctl.load.stream_timing import ProbeRequest
 from ernie_tui.engine_ctl.load.workload import WorkItem, Workload, burst_workload
 
 # -- the server's side of a level -------------------------------------------------
@@ -125,8 +125,8 @@ def vllm_window(before: M.MetricsSnapshot | None, after: M.MetricsSnapshot | Non
 @dataclass
 class RequestSettings:
     chat: bool = False
-    temperature: float | None = DEFAULT_TEMPERATURE
-    top_p: float | None = DEFAULT_TOP_P
+    temperature: float | None = None  # None: the server's default (see request_setup)
+    top_p: float | None = None
     ignore_eos: bool = True
     # Usage only at the end: asking it in every chunk slows vLLM itself
     # (see ProbeRequest.continuous_usage), and a capacity figure must be the
@@ -152,14 +152,22 @@ class RequestSettings:
 
 
 def request_setup(*, min_tokens: int = 30, max_tokens_in: int = 300, max_tokens: int = 128,
-                  ignore_eos: bool = True, chat: bool = False, temperature: float | None = DEFAULT_TEMPERATURE,
-                  top_p: float | None = DEFAULT_TOP_P, seed: int = 0, word_seed: int | None = None,
+                  min_output_tokens: int | None = None,
+                  ignore_eos: bool = True, chat: bool = False, temperature: float | None = None,
+                  top_p: float | None = None, seed: int = 0, word_seed: int | None = None,
                   read_timeout_s: float = 120.0,
                   ) -> tuple[Any, RequestSettings]:
     """The shape of the built prompts (a BurstConfig) and the request
     settings of a search, from the one set of options both come from (the
-    command line's, the dashboard's fields). ValueError in plain words."""
+    command line's, the dashboard's fields). ValueError in plain words.
+
+    Like a burst, a search sends no temperature/top_p unless given (the
+    server's defaults, as vLLM's bench client: a top_p below 1 makes vLLM sort
+    the vocabulary at every step, a heavier load than the bench client's), and
+    with min_output_tokens draws each request's max_tokens from
+    [min_output_tokens, max_tokens], as the bench client's range ratio does."""
     cfg = BurstConfig(n=1, min_tokens=min_tokens, max_tokens_in=max_tokens_in, max_tokens=max_tokens,
+                      min_output_tokens=min_output_tokens,
                       ignore_eos=ignore_eos, temperature=temperature, top_p=top_p, seed=seed,
                       word_seed=word_seed, chat=chat)
     cfg.validate()

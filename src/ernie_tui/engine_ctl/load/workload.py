@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from ernie_tui.engine_ctl.load.burst import build_prompts, new_word_seed
+from ernie_tui.engine_ctl.load.burst import build_prompts, new_word_seed, plan_output_lengths
 
 
 @dataclass(frozen=True)
@@ -137,6 +137,11 @@ def load_jsonl(path: str | Path, default_max_tokens: int) -> Workload:
     return Workload(items, f"file {p.name}")
 
 
+def _outputs(config: Any) -> str:
+    lo = getattr(config, "min_output_tokens", None)
+    return f", {lo}-{config.max_tokens} output tokens" if lo is not None else ""
+
+
 def burst_workload(config: Any, tokenizer: Any, size: int) -> Workload:
     """`size` prompts of exact token lengths as a burst would build them
     (lengths uniform in [min_tokens, max_tokens_in] from config.seed; words
@@ -148,10 +153,14 @@ def burst_workload(config: Any, tokenizer: Any, size: int) -> Workload:
 
     def build(n: int, k: int) -> list[WorkItem]:
         cfg = replace(config, n=n, seed=config.seed + k, word_seed=words + k)
-        return [WorkItem(p.text, cfg.max_tokens, p.tokens) for p in build_prompts(cfg, tokenizer)]
+        # Output lengths as a burst draws them (all max_tokens, or uniform in
+        # [min_output_tokens, max_tokens], as vLLM's bench client draws them).
+        outs = plan_output_lengths(cfg)
+        built = build_prompts(cfg, tokenizer)
+        return [WorkItem(p.text, m, p.tokens) for p, m in zip(built, outs, strict=True)]
 
     batches = iter(range(1, 1_000_000))
     return Workload(build(size, 0),
-                    f"built prompts of {config.min_tokens}-{config.max_tokens_in} tokens, seed {config.seed}, "
-                    f"word seed {words}",
+                    f"built prompts of {config.min_tokens}-{config.max_tokens_in} tokens{_outputs(config)}, "
+                    f"seed {config.seed}, word seed {words}",
                     more=lambda n: build(n, next(batches)))
