@@ -125,13 +125,15 @@ def search_offers_rate(help_text: str) -> bool:
 # -- running ---------------------------------------------------------------------------
 
 def run_search(srv: Server, shape: Shape, slo: list[str], *, rate: bool, extra: list[str], python: str,
-               env: dict[str, str], timeout_s: float) -> dict[str, Any]:
+               env: dict[str, str], timeout_s: float, keep_records: bool = False) -> dict[str, Any]:
     in_lo, in_hi, out_lo, out_hi = shape.ranges()
     # The bench client's workload: its input range, and its drawn output lengths
     # (its range ratio applies to outputs too), with the server's sampling defaults.
     argv = [python, "-m", "ernie_tui", "probe", "--url", srv.url, "--model", srv.model, "--tokenizer", srv.tokenizer,
             "--capacity", "--min-tokens", str(in_lo), "--max-tokens-in", str(in_hi),
-            "--min-output-tokens", str(out_lo), "--max-tokens", str(out_hi), "--no-save", "--json"]
+            "--min-output-tokens", str(out_lo), "--max-tokens", str(out_hi), "--json"]
+    if not keep_records:
+        argv.append("--no-save")
     for s in slo:
         argv += ["--slo", s]
     if rate:
@@ -177,7 +179,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--bench-python", default=sys.executable)
     p.add_argument("--timeout", type=float, default=1800.0)
     p.add_argument("--json", metavar="FILE")
+    p.add_argument("--bracket-from", metavar="FILE",
+                   help="take the bracket's runs from an earlier --json of this script (same server) instead of "
+                        "running the bench client again: one device call brackets, the next searches")
+    p.add_argument("--keep-records", action="store_true",
+                   help="let each search save its run record (for `ernie-tui report`)")
     args = p.parse_args(argv)
+    earlier = json.loads(Path(args.bracket_from).read_text())["modes"] if args.bracket_from else {}
     objectives = parse_slo(args.slo)
     model = args.model or resolve_model(args.url).id
     srv = Server(args.url.rstrip("/"), model, args.tokenizer)
@@ -195,10 +203,15 @@ def main(argv: list[str] | None = None) -> int:
                                text=True, env=env, check=False).stdout
     modes = [("concurrency", args.concurrency)] + ([("rate", args.rate)] if args.rate else [])
     for mode, levels in modes:
-        if not levels:
+        if not levels and mode not in earlier:
             continue
         verdicts: dict[float, list[bool | None]] = {}
         runs: list[dict[str, Any]] = []
+        if mode in earlier:
+            runs = earlier[mode]["runs"]
+            for r in runs:
+                verdicts.setdefault(float(r["level"]) if mode == "rate" else int(r["level"]), []).append(r["meets"])
+            levels = []  # nothing to run again
         for lv in levels:
             for k in range(args.rounds):
                 conc = int(lv) if mode == "concurrency" else None
@@ -221,13 +234,13 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  our search: `probe --capacity --rate` is not in this CLI; {mode} searches skipped", flush=True)
         for i in range(args.searches if offered else 0):
             s = run_search(srv, shape, args.slo, rate=mode == "rate", extra=extra, python=args.bench_python,
-                           env=env, timeout_s=args.timeout)
+                           env=env, timeout_s=args.timeout, keep_records=args.keep_records)
             s["verdict"] = judge(s.get("answer"), br["low"], br["high"], args.tolerance)
             searches.append(s)
             print(f"  our search {i + 1}: {mode} {s.get('answer')} -> {s['verdict']}; goodput "
                   f"{s.get('goodput_output_tps') or 0:.0f} tok/s; {s.get('wall_s', 0):.0f} s"
                   + (f"; error: {s['error'][-300:]}" if "error" in s else ""), flush=True)
-        out["modes"][mode] = {"levels": levels, "verdicts": {str(k): v for k, v in verdicts.items()},
+        out["modes"][mode] = {"levels": sorted(verdicts), "verdicts": {str(k): v for k, v in verdicts.items()},
                               "bracket": br, "runs": runs, "searches": searches, "search_offered": offered}
         if args.json:
             Path(args.json).write_text(json.dumps(out, indent=1))

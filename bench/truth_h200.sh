@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# The H200 run behind docs/capacity-h200.md "the search against the bench
+# client's bracket": device calls on one warm machine, after vLLM 0.26.0 was
+# staged (/work/shared/gpu). Run from a folder holding src/ and bench/ (copied
+# to .gpu9 of the carry):
+#   bash .gpu9/bench/truth_h200.sh start     a seed-A server in a session of its own (outlives the call)
+#   bash .gpu9/bench/truth_h200.sh bracket   the bench client at each TRUTH_C level (TRUTH_ROUNDS rounds)
+#   bash .gpu9/bench/truth_h200.sh search    TRUTH_SEARCHES of our searches against that bracket; stops the
+#                                            server and packs everything into $OUT/truth-h200.tgz
+set -u
+HERE=$(cd "$(dirname "$0")/.." && pwd)
+export PYTHONPATH=/root/stage/site:$HERE/src VLLM_USE_FLASHINFER_SAMPLER=0
+export XDG_DATA_HOME=/root/truth/data  # our searches' run records
+OUT=${OUT:-/tmp/truth-out}; mkdir -p "$OUT"; W=/root/truth; mkdir -p "$W"
+M=$W/m03
+SLO=(--slo ttft_p99=1000ms --slo itl_p99=50ms)
+date -u
+case "${1:-}" in
+start)
+  nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
+  python3 -m ernie_tui demo-model "$M" --shape ernie-4.5-0.3b | tail -1
+  # seed-A: block 16, max_model_len 4096; everything else vLLM's default.
+  setsid python3 -m vllm.entrypoints.openai.api_server --model "$M" --served-model-name m03 --port 8000 \
+      --block-size 16 --max-model-len 4096 ${TRUTH_SERVER_ARGS:-} > "$W/server.log" 2>&1 < /dev/null &
+  for i in $(seq 1 240); do
+    python3 -c "import urllib.request as u; u.urlopen('http://127.0.0.1:8000/health', timeout=2)" 2>/dev/null && break
+    sleep 1
+  done
+  echo "server ready after ${i} s";;
+bracket)
+  timeout ${TRUTH_DEADLINE_S:-560} python3 "$HERE/bench/capacity_truth.py" --url http://127.0.0.1:8000 --model m03 \
+      --tokenizer "$M" "${SLO[@]}" --concurrency ${TRUTH_C:-128 160 192 256} --rounds ${TRUTH_ROUNDS:-1} \
+      --searches 0 --json "$W/bracket.json" 2>&1 | tee "$W/bracket.log";;
+search)
+  timeout ${TRUTH_DEADLINE_S:-540} python3 "$HERE/bench/capacity_truth.py" --url http://127.0.0.1:8000 --model m03 \
+      --tokenizer "$M" "${SLO[@]}" --bracket-from "$W/bracket.json" --searches ${TRUTH_SEARCHES:-2} \
+      --keep-records --json "$W/truth.json" -- ${TRUTH_SEARCH_ARGS:---start-concurrency 16} 2>&1 | tee "$W/truth.log"
+  pkill -INT -f vllm.entrypoints.openai.api_server; sleep 5
+  tar czf "$OUT/truth-h200.tgz" -C "$W" $(cd "$W" && ls bracket.json bracket.log truth.json truth.log server.log 2>/dev/null) data;;
+*) echo "usage: truth_h200.sh start|bracket|search"; exit 2;;
+esac
+date -u
