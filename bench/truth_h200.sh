@@ -32,6 +32,8 @@ bracket)
       --tokenizer "$M" "${SLO[@]}" --concurrency ${TRUTH_C:-128 160 192 256} --rounds ${TRUTH_ROUNDS:-1} \
       --searches 0 --json "$W/bracket.json" 2>&1 | tee "$W/bracket.log";;
 search)
+  # A bracket measured on an earlier machine (same server flags) can be carried in TRUTH_BRACKET.
+  [ -n "${TRUTH_BRACKET:-}" ] && [ ! -f "$W/bracket.json" ] && cp "$TRUTH_BRACKET" "$W/bracket.json"
   timeout ${TRUTH_DEADLINE_S:-540} python3 "$HERE/bench/capacity_truth.py" --url http://127.0.0.1:8000 --model m03 \
       --tokenizer "$M" "${SLO[@]}" --bracket-from "$W/bracket.json" --searches ${TRUTH_SEARCHES:-2} \
       --keep-records --json "$W/truth.json" -- ${TRUTH_SEARCH_ARGS:---start-concurrency 16} 2>&1 | tee "$W/truth.log"

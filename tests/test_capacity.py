@@ -540,3 +540,29 @@ def test_cli_capacity_first_level_is_not_billed_a_fresh_servers_cold_start(paced
     assert code == 0, out
     assert out["levels"][0]["concurrency"] == 4 and out["levels"][0]["passed"], out["levels"][0]
     assert out["capacity"]["concurrency"] == 4
+
+
+def test_an_undecided_failing_level_is_measured_again_before_it_bounds_the_search():
+    # One stall in a short level (H200: a 2 s TTFT stall at concurrency 32 ended
+    # a search at 30 where the bench client's bracket was [128, 160)): the first
+    # measurement of concurrency 4 fails on its point estimate, undecided; the
+    # search measures it again and goes on from the second, clean, measurement.
+    rules = C.LevelRules(min_requests=20, max_requests=60, time_cap_s=600)
+    stalled = SimServer(12, edge={4: 0.15}, seed=0).runner(SLO, rules)
+    clean = SimServer(12).runner(SLO, rules)
+    calls: list[int] = []
+    events: list[dict] = []
+
+    def run(c: int) -> C.LevelResult:
+        calls.append(c)
+        return stalled(c) if c == 4 and calls.count(4) == 1 else clean(c)
+
+    res = C.search(run, SLO, C.SearchConfig(), progress=events.append)
+    first = res.levels[calls.index(4)]
+    assert not first.passed and not first.decided  # the stall's measurement
+    assert calls.count(4) == 2 and res.capacity is not None and res.capacity["concurrency"] >= 11
+    assert any(e.get("remeasure") for e in events if e["event"] == "level_start")
+    # A decided fail is not measured again.
+    decided = SimServer(12, edge={4: 0.2}, seed=0)
+    res = C.search(decided.runner(SLO, rules), SLO, C.SearchConfig())
+    assert decided.calls.count(4) == 1 and res.level(4).decided and not res.level(4).passed

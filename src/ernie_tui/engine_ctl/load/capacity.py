@@ -613,8 +613,9 @@ def search(run_level: LevelRunner, slo: Sequence[S.Objective], config: SearchCon
            progress: Progress | None = None, cancel: threading.Event | None = None,
            clock: Callable[[], float] = time.monotonic) -> CapacityResult:
     """Find the capacity. run_level(load) measures one level (it is called
-    at most once per load; load is an int concurrency, or in rate mode a
-    float req/s); progress gets
+    once per load, twice when the first measurement ends undecided and
+    failing; load is an int concurrency, or in rate mode a float req/s);
+    progress gets
     {"event": "level_start", "concurrency" (or "rate"), "index"} and
     {"event": "level_done", "level": LevelResult, "index", "low_pass", "high_fail"}
     (the runner adds "level_progress" events while a level runs)."""
@@ -634,6 +635,19 @@ def search(run_level: LevelRunner, slo: Sequence[S.Objective], config: SearchCon
         emit(progress, event="level_start", index=len(levels), **{key: load})
         lv = run_level(load)
         levels.append(lv)
+        if not lv.passed and not lv.decided and interrupted(lv) is None:
+            # A level that ran out of requests or time undecided fails on its
+            # point estimates alone, and one stall (of the server, or of the
+            # client) in a few seconds can carry a p99: on an H200 a 2 s TTFT
+            # stall at concurrency 32 ended one search at 30 where the bench
+            # client's bracket was [128, 160). It is measured once more, afresh,
+            # before it may bound the search; the second measurement decides.
+            emit(progress, event="level_done", level=lv, index=len(levels) - 1, remeasure=True,
+                 low_pass=(best.load if rate else best.concurrency) if best else None,
+                 high_fail=(fail_at if rate or fail_at is None else int(fail_at)))
+            emit(progress, event="level_start", index=len(levels), remeasure=True, **{key: load})
+            lv = run_level(load)
+            levels.append(lv)
         seen[float(load)] = lv
         return lv
 
