@@ -190,7 +190,7 @@ async def test_sweep_screen_capacity_mode_on_real_vllm(tmp_path, tiny_model):
         screen.query_one("#sw-presets").select("cpu-b64")
         screen.query_one("#sw-capacity").value = True
         await pilot.pause()
-        for wid, value in (("#sw-slo", LOOSE_SLO), ("#sw-max", str(MAX_TOKENS)), ("#sw-lmin", "10"),
+        for wid, value in (("#sw-cap-slo", LOOSE_SLO), ("#sw-max", str(MAX_TOKENS)), ("#sw-lmin", "10"),
                            ("#sw-lmax", "40"), ("#sw-cap-maxc", "4"), ("#sw-cap-minr", "10"),
                            ("#sw-cap-maxr", "40"), ("#sw-cap-time", "20")):
             screen.query_one(wid, Input).value = value
