@@ -532,9 +532,8 @@ class SweepScreen(ShowsWorkerFailures, Screen[None]):
                   for (name, repeat), levels in self.curves.items()]
         limit = limit_ms(self.capacity.slo, "ttft", 99) if self.capacity else None
         chart = self.query_one("#sw-chart", CapacityChart)
-        chart.show(curves, limit, 99, empty="the curves appear as levels finish")
-        if self.front:
-            chart.border_subtitle += f" · {FRONT_MARKER} Pareto front: {', '.join(sorted(self.front))}"
+        note = f" · {FRONT_MARKER} Pareto front: {', '.join(sorted(self.front))}" if self.front else ""
+        chart.show(curves, limit, 99, empty="the curves appear as levels finish", note=note)
 
     @on(SweepRunDone)
     @drop_when_torn_down

@@ -20,7 +20,7 @@ from typing import Any, Literal
 
 from textual import on
 from textual.app import ComposeResult
-from textual.containers import Horizontal, Vertical
+from textual.containers import Vertical
 from textual.widgets import Input, Select
 
 from ernie_tui.engine_ctl.load import (
@@ -63,15 +63,15 @@ _RATE_ONLY = ("start_rate", "max_rate")
 class CapacityForm(Vertical):
     """The capacity search's fields; `prefix` names their ids."""
 
+    # A grid whose column count follows the width (on_resize): the fields
+    # wrap onto more rows where the form is narrow instead of running off it.
     DEFAULT_CSS = """
-    CapacityForm { height: auto; }
-    CapacityForm .cf-row { height: auto; }
-    CapacityForm .cf-field { width: auto; height: 2; margin: 0 2 0 0; }
+    CapacityForm { layout: grid; grid-size: 8; grid-columns: 14; grid-rows: 2; grid-gutter: 0 1; height: auto; }
+    CapacityForm .cf-field { width: 100%; height: 2; }
+    CapacityForm .cf-field.-wide { column-span: 2; }
     CapacityForm .cf-field Label { color: $text-muted; }
-    CapacityForm .cf-field Input { width: 10; }
-    CapacityForm .cf-field Input.-slo { width: 30; }
-    CapacityForm .cf-field Select { width: 28; }
-    CapacityForm .cf-field Select.-arrivals { width: 14; }
+    CapacityForm .cf-field Input { width: 12; }
+    CapacityForm .cf-field.-wide Input, CapacityForm .cf-field.-wide Select { width: 100%; }
     CapacityForm .-rate-only { display: none; }
     CapacityForm.-rate .-rate-only { display: block; }
     CapacityForm.-rate .-concurrency-only { display: none; }
@@ -86,19 +86,21 @@ class CapacityForm(Vertical):
         return f"{self.prefix}-{suffix}"
 
     def compose(self) -> ComposeResult:
-        with Horizontal(classes="cf-row"):
-            yield labelled("SLO (METRIC_pNN=LIMIT ...)",
-                           Input(DEFAULT_SLO, id=self.field_id("slo"), compact=True, classes="-slo"), "cf-field")
-            yield labelled("search", Select(MODE_OPTIONS, value=MODE_CONCURRENCY, allow_blank=False,
-                                            id=self.field_id("mode"), compact=True), "cf-field")
-            yield labelled("arrivals", Select([(a, a) for a in ARRIVALS], value=DEFAULT_ARRIVALS, allow_blank=False,
-                                              id=self.field_id("arrivals"), compact=True, classes="-arrivals"),
-                           "cf-field -rate-only")
-        with Horizontal(classes="cf-row"):
-            for arg, suffix, label, kind, default in FIELDS:
-                where = " -concurrency-only" if arg in _CONCURRENCY_ONLY else " -rate-only" if arg in _RATE_ONLY else ""
-                yield labelled(label, Input(default, type=kind, id=self.field_id(suffix), compact=True),
-                               "cf-field" + where)
+        yield labelled("SLO (METRIC_pNN=LIMIT ...)",
+                       Input(DEFAULT_SLO, id=self.field_id("slo"), compact=True, classes="-slo"), "cf-field -wide")
+        yield labelled("search", Select(MODE_OPTIONS, value=MODE_CONCURRENCY, allow_blank=False,
+                                        id=self.field_id("mode"), compact=True), "cf-field -wide")
+        yield labelled("arrivals", Select([(a, a) for a in ARRIVALS], value=DEFAULT_ARRIVALS, allow_blank=False,
+                                          id=self.field_id("arrivals"), compact=True), "cf-field -wide -rate-only")
+        for arg, suffix, label, kind, default in FIELDS:
+            where = " -concurrency-only" if arg in _CONCURRENCY_ONLY else " -rate-only" if arg in _RATE_ONLY else ""
+            yield labelled(label, Input(default, type=kind, id=self.field_id(suffix), compact=True),
+                           "cf-field" + where)
+
+    def on_resize(self) -> None:
+        columns = max(2, (self.size.width + 1) // 15)  # 14 a column, 1 between
+        if self.styles.grid_size_columns != columns:
+            self.styles.grid_size_columns = columns
 
     # -- the mode ---------------------------------------------------------------------------
     @property

@@ -328,16 +328,19 @@ class CapacityChart(PlotextPlot):
         self.percentile = 99
         self.points_drawn = 0
         self._empty = "no level measured yet"
+        self.note = ""  # said after the subtitle's counts (the sweep's Pareto front); kept across redraws
 
     def on_mount(self) -> None:
         super().on_mount()
         self.replot()
 
     def show(self, curves: Sequence[CapacityCurve], limit_ms: float | None = None, percentile: int = 99,
-             empty: str | None = None) -> None:
+             empty: str | None = None, note: str = "") -> None:
         """Draw `curves` with TTFT p`percentile` across and its SLO limit
-        (None: the SLO sets none on that percentile)."""
+        (None: the SLO sets none on that percentile); `note` ends the
+        subtitle (a resize redraws it too)."""
         self.curves = tuple(curves)
+        self.note = note
         self.limit_ms = limit_ms
         self.percentile = percentile
         if empty is not None:
@@ -393,5 +396,5 @@ class CapacityChart(PlotextPlot):
         self.border_title = f"output tok/s against TTFT p{p} ms"
         limit = f" · [ansi_bright_red]limit {self.limit_ms:g} ms[/]" if self.limit_ms is not None else ""
         rate = any(getattr(lv, "rate", None) is not None for c in self.curves for lv in c.levels)
-        self.border_subtitle = f"{self.points_drawn} level(s){' in req/s' if rate else ''}{limit}"
+        self.border_subtitle = f"{self.points_drawn} level(s){' in req/s' if rate else ''}{limit}{self.note}"
         self.refresh()
