@@ -1,7 +1,15 @@
 """Process control for one vLLM server: start, watch, stop, restart, attach.
 
-The server runs in its own session (so a lost SSH terminal's SIGHUP never
-reaches it, and we can signal the whole process group). Its stdout+stderr go
+The server runs in its own process group (so we can signal the whole group,
+and a lost SSH terminal's SIGHUP, sent to the terminal's foreground group,
+never reaches it) but in the dashboard's session: on Linux a new session is a
+new CPU autogroup, and CFS then shares the CPU between groups, not processes.
+vLLM's group holds its engine, busy on the core vLLM binds it to, so its API
+server process got only a sliver of the other core and streamed each answer
+in one piece at the end: on the 2-core demo box the client's TTFT p50 was
+336 ms where vLLM's own was 37 ms, and the default capacity search answered
+"none"; in the dashboard's session, 13 ms and a capacity of 11 (see
+docs/benchmarks.md). Its stdout+stderr go
 to llm.log; the previous log is kept as llm.log.1. A monitor thread tails
 the log into the server's one LogParser, polls /health at 4 Hz while
 starting, and turns all of that into a state machine:
@@ -155,7 +163,7 @@ def process_tree(pid: int) -> list[psutil.Process]:
 
 def group_members(pgid: int) -> list[psutil.Process]:
     """Live processes in process group `pgid`. The server runs in its own
-    session (start_new_session), so its group holds every engine process,
+    process group (process_group=0), so its group holds every engine process,
     including a child the launcher forked just before it died: such an
     orphan is re-parented to init and no longer shows in process_tree()."""
     members = []
@@ -474,7 +482,7 @@ class EngineServer(_Watcher):
             try:
                 self._proc = subprocess.Popen(
                     self.spec.argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                    env=env, start_new_session=True, close_fds=True,
+                    env=env, process_group=0, close_fds=True,  # own group, our session: see the top
                 )
             except OSError as exc:
                 raise ServerError(f"cannot run {self.spec.argv[0]}: {exc.strerror or exc}") from None
@@ -579,7 +587,7 @@ class EngineServer(_Watcher):
     @staticmethod
     def _signal_group(pid: int, sig: int) -> None:
         try:
-            os.killpg(pid, sig)  # start_new_session made pid the group id
+            os.killpg(pid, sig)  # process_group=0 made pid the group id
         except (ProcessLookupError, PermissionError):
             pass
 
