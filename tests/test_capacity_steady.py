@@ -214,3 +214,17 @@ def test_each_capacity_default_has_one_home():
         rules.min_requests, rules.max_requests, rules.time_cap_s, rules.attainment_target, rules.stability,
         rules.min_windows)
     assert (d.start_rate, d.max_rate, d.arrivals) == (search.start_rate, search.max_rate, search.arrivals)
+
+
+def test_the_command_line_search_defaults_to_the_dashboards_slo():
+    # `probe --capacity` with no --slo searches under DEFAULT_SLO, as the dashboard's form does
+    # (it used to stop: "give at least one objective").
+    import argparse
+
+    from ernie_tui.cli.capacity_args import add_capacity_args, capacity_options
+
+    p = argparse.ArgumentParser()
+    add_capacity_args(p)
+    opts = capacity_options(p.parse_args([]))
+    assert opts.describe() == " ".join(str(o) for o in C.make_search(C.DEFAULT_SLO)[0])
+    assert capacity_options(p.parse_args(["--slo", "ttft_p90=1s"])).describe() == "ttft_p90=1s"
