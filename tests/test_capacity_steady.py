@@ -194,11 +194,16 @@ def test_each_capacity_default_has_one_home():
     homes = [p for p in src.rglob("*.py") if re.search(r"^\s*DEFAULT_SLO\s*=", p.read_text(), re.M)]
     assert homes == [src / "engine_ctl" / "load" / "capacity.py"]
     assert not [p for p in src.rglob("*.py") if re.search(r'Input\(\s*"ttft_', p.read_text())]
-    for form in ("tui/widgets/burst_tab.py", "tui/screens/sweep.py"):
-        text = (src / form).read_text()
-        for field_id in ("cap-start", "cap-maxc", "cap-tol", "cap-minr", "cap-maxr", "cap-time"):
-            m = re.search(rf'"(?:pf|sw)-{field_id}", ([^)]*)\)', text)
-            assert m and "DEFAULT_" in m.group(1), (form, field_id)
+    # One form (tui/widgets/capacity_form.py), used by both screens, which
+    # write none of its fields themselves.
+    for screen in ("tui/widgets/burst_tab.py", "tui/screens/sweep.py"):
+        text = (src / screen).read_text()
+        assert "CapacityForm(" in text and not re.search(r'"(?:pf|sw)-cap-(?:start|maxc|tol|minr|maxr|time)"', text)
+    form = (src / "tui" / "widgets" / "capacity_form.py").read_text()
+    fields = re.findall(r'^\s*\("(\w+)", "[\w-]+", "[^"]+", "(?:integer|number)", ([^\n]+)\),$', form, re.M)
+    assert {arg for arg, _ in fields} == {"start", "max_concurrency", "start_rate", "max_rate", "tolerance",
+                                          "attainment", "min_requests", "max_requests", "level_time_s"}
+    assert all("DEFAULT_" in default for _, default in fields), fields
     from ernie_tui.cli.capacity_args import add_capacity_args
 
     p = argparse.ArgumentParser()
@@ -211,3 +216,17 @@ def test_each_capacity_default_has_one_home():
         rules.min_requests, rules.max_requests, rules.time_cap_s, rules.attainment_target, rules.stability,
         rules.min_windows)
     assert (d.start_rate, d.max_rate, d.arrivals) == (search.start_rate, search.max_rate, search.arrivals)
+
+
+def test_the_command_line_search_defaults_to_the_dashboards_slo():
+    # `probe --capacity` with no --slo searches under DEFAULT_SLO, as the dashboard's form does
+    # (it used to stop: "give at least one objective").
+    import argparse
+
+    from ernie_tui.cli.capacity_args import add_capacity_args, capacity_options
+
+    p = argparse.ArgumentParser()
+    add_capacity_args(p)
+    opts = capacity_options(p.parse_args([]))
+    assert opts.describe() == " ".join(str(o) for o in C.make_search(C.DEFAULT_SLO)[0])
+    assert capacity_options(p.parse_args(["--slo", "ttft_p90=1s"])).describe() == "ttft_p90=1s"

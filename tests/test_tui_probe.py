@@ -506,7 +506,7 @@ async def test_sweep_screen_capacity_mode_draws_every_presets_curve_and_the_fron
         screen.query_one("#sw-capacity").value = True
         await pilot.pause()
         assert screen.has_class("-capacity") and screen.query_one("#sw-chart").display
-        for wid, value in (("#sw-slo", "ttft_p90=100ms"), ("#sw-max", "16"), ("#sw-lmin", "10"),
+        for wid, value in (("#sw-cap-slo", "ttft_p90=100ms"), ("#sw-max", "16"), ("#sw-lmin", "10"),
                            ("#sw-lmax", "40"), ("#sw-cap-start", "2")):
             screen.query_one(wid, Input).value = value
         await pilot.press("ctrl+r")

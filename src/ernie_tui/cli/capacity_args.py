@@ -18,6 +18,7 @@ from ernie_tui.engine_ctl.load import (
     DEFAULT_MAX_REQUESTS,
     DEFAULT_MIN_REQUESTS,
     DEFAULT_MIN_WINDOWS,
+    DEFAULT_SLO,
     DEFAULT_STABILITY,
     DEFAULT_START,
     DEFAULT_START_RATE,
@@ -47,7 +48,7 @@ def add_capacity_args(p: argparse.ArgumentParser) -> None:
         "limit, E2E <= the e2e limit) - is at least --attainment; the capacity is never a level below it.")
     g.add_argument("--slo", action="append", default=[], metavar="METRIC_pNN=LIMIT",
                    help="an objective, e.g. ttft_p99=500ms or itl_p99=50ms or e2e_p90=2s (metric ttft, itl or "
-                        "e2e; p50, p90, p95 or p99); repeat for several")
+                        f"e2e; p50, p90, p95 or p99); repeat for several (default, as the dashboard's: {DEFAULT_SLO})")
     g.add_argument("--workload", metavar="FILE.jsonl",
                    help='replay real prompts: one JSON object a line, {"prompt": "...", "max_tokens": 128} '
                         "(max_tokens optional, else --max-tokens); default: built prompts of "
@@ -108,7 +109,7 @@ def capacity_options(args: argparse.Namespace) -> CapacityOptions:
     if args.rate not in (None, RATE_SEARCH):
         raise CliError("--capacity --rate takes no value: the first level is --start-rate")
     try:
-        slo, search, rules = make_search(args.slo, start=args.start_concurrency,
+        slo, search, rules = make_search(args.slo or DEFAULT_SLO, start=args.start_concurrency,
                                          max_concurrency=args.max_concurrency, tolerance=args.tolerance,
                                          min_requests=args.min_requests, max_requests=args.max_requests,
                                          level_time_s=args.level_time, confidence=args.confidence,

@@ -220,22 +220,30 @@ class BurstDone(Message):
 
 @dataclass
 class CapacityLevelStart(Message):
-    """The search began measuring a concurrency level (never dropped: the
-    level table shows every one)."""
+    """The search began measuring a level (never dropped: the level table
+    shows every one). `concurrency` is the level's load: a concurrency, or
+    with `rate` (open loop) a request rate in req/s."""
 
     run: int
-    concurrency: int
+    concurrency: float
     index: int
+    rate: bool = False
 
 
 @dataclass
 class CapacityLevelProgress(Message):
-    """Requests finished so far in the running level (latest wins)."""
+    """The running level so far (latest wins: the search emits one every
+    half second, and only the newest is worth drawing). `event` is the
+    search's level_progress event: phase (warm-up | measuring), counted,
+    sent, in_flight, elapsed_s, windows, and the provisional ttft_p99_ms,
+    itl_p99_ms, attainment and verdict."""
 
     run: int
-    concurrency: int
+    concurrency: float
     requests: int
     elapsed_s: float
+    rate: bool = False
+    event: dict[str, Any] = field(default_factory=dict)
 
     def can_replace(self, message: Message) -> bool:
         return isinstance(message, CapacityLevelProgress) and message.run == self.run
@@ -247,8 +255,8 @@ class CapacityLevelDone(Message):
 
     run: int
     level: "LevelResult"
-    low_pass: int | None = None  # the highest passing concurrency so far
-    high_fail: int | None = None  # the lowest failing one
+    low_pass: float | None = None  # the highest passing load so far (a concurrency, or a rate)
+    high_fail: float | None = None  # the lowest failing one
 
 
 @dataclass

@@ -58,27 +58,21 @@ from ernie_tui.engine_ctl.control import (
 )
 from ernie_tui.engine_ctl.launch import detect_machine, gpus_needed
 from ernie_tui.engine_ctl.load import (
-    DEFAULT_LEVEL_TIME_S,
-    DEFAULT_MAX_CONCURRENCY,
-    DEFAULT_MAX_REQUESTS,
-    DEFAULT_MIN_REQUESTS,
-    DEFAULT_SLO,
-    DEFAULT_START,
-    DEFAULT_TOLERANCE,
     BurstConfig,
     RunStoreError,
     front_of_rows,
     limit_ms,
-    make_search,
     save_run,
 )
 from ernie_tui.presets import PresetError
 from ernie_tui.tui.failures import ShowsWorkerFailures
 from ernie_tui.tui.lifecycle import drop_when_torn_down
 from ernie_tui.tui.messages import SweepFinished, SweepLevelDone, SweepProgress, SweepRunDone
+from ernie_tui.tui.widgets.capacity_form import CapacityForm
+from ernie_tui.tui.widgets.capacity_view import describe_load, describe_progress
 from ernie_tui.tui.widgets.charts import FRONT_MARKER, CapacityChart, CapacityCurve
 from ernie_tui.tui.widgets.footer import KeyFooter
-from ernie_tui.tui.widgets.form import read_float, read_int
+from ernie_tui.tui.widgets.form import read_int
 
 EXPORT_SUFFIXES = (".md", ".csv", ".json")
 
@@ -94,6 +88,9 @@ _CAP_FIRST = ("preset", "status", "capacity_concurrency", "goodput_output_tps", 
               "itl_p99_ms", "rank", "vs_best")
 CAPACITY_TABLE_COLUMNS = ([c for key in _CAP_FIRST for c in CAPACITY_COLUMNS if c[0] == key] + [("front", "Pareto")]
                           + [c for c in CAPACITY_COLUMNS if c[0] not in _CAP_FIRST])
+# A rate search (open loop): the capacity is a request rate.
+RATE_TABLE_COLUMNS = [("capacity_rate", "capacity (req/s)") if key == "capacity_concurrency" else (key, label)
+                      for key, label in CAPACITY_TABLE_COLUMNS]
 
 
 
@@ -128,10 +125,12 @@ def describe_event(ev: dict[str, Any], repeat: int) -> str:
             phase = (f"capacity search: {load} {'pass' if lv.passed else 'fail'}"
                      f"{'' if lv.decided else ' (undecided)'}, {lv.requests} requests")
         elif ce.get("event") == "level_progress":
-            phase = (f"capacity search: concurrency {ce.get('concurrency')}, {ce.get('requests')} requests in "
-                     f"{ce.get('elapsed_s', 0):.0f} s")
+            rate = ce.get("rate") is not None
+            load = describe_load(ce["rate"] if rate else ce.get("concurrency"), rate)
+            phase = "capacity search: " + describe_progress(ce, load=load).plain.removeprefix("level · ")
         else:
-            phase = f"capacity search: concurrency {ce.get('concurrency', '?')} …"
+            rate = ce.get("rate") is not None
+            phase = f"capacity search: {describe_load(ce['rate'] if rate else ce.get('concurrency'), rate)} …"
     elif phase == "done":
         phase = f"done: {ev.get('status', '?')}"
     return f"{where}: {phase}"
@@ -232,16 +231,7 @@ class SweepScreen(ShowsWorkerFailures, Screen[None]):
                     yield self._field("conc. C", "sw-c", "4", "-burst-only")
                     yield self._field("max_tokens", "sw-max", "128")
                     yield self._field("repeat R", "sw-repeat", "1")
-                with Horizontal(classes="sw-row -capacity-only", id="sw-cap-form"):
-                    yield Vertical(Label("SLO (METRIC_pNN=LIMIT ...)"), Input(DEFAULT_SLO, id="sw-slo", compact=True),
-                                   classes="sw-field -slo")
-                    yield self._field("start C", "sw-cap-start", str(DEFAULT_START))
-                    yield self._field("max C", "sw-cap-maxc", str(DEFAULT_MAX_CONCURRENCY))
-                with Horizontal(classes="sw-row -capacity-only"):
-                    yield self._field("tolerance", "sw-cap-tol", f"{DEFAULT_TOLERANCE:.2f}", kind="number")
-                    yield self._field("min reqs", "sw-cap-minr", str(DEFAULT_MIN_REQUESTS))
-                    yield self._field("max reqs", "sw-cap-maxr", str(DEFAULT_MAX_REQUESTS))
-                    yield self._field("level s", "sw-cap-time", f"{DEFAULT_LEVEL_TIME_S:g}", kind="number")
+                yield CapacityForm("sw-cap", id="sw-cap-form", classes="-capacity-only")
                 yield Checkbox("capacity search (SLO) per preset, ranked by goodput", False, id="sw-capacity",
                                compact=True)
                 with Horizontal(classes="sw-buttons"):
@@ -371,15 +361,7 @@ class SweepScreen(ShowsWorkerFailures, Screen[None]):
         checked as `sweep --capacity` checks its options (ValueError)."""
         if not self.query_one("#sw-capacity", Checkbox).value:
             return None
-
-        q = self.query_one
-        slo, search, rules = make_search(
-            q("#sw-slo", Input).value, start=read_int(q("#sw-cap-start", Input), "start C"),
-            max_concurrency=read_int(q("#sw-cap-maxc", Input), "max C"),
-            tolerance=read_float(q("#sw-cap-tol", Input), "tolerance"),
-            min_requests=read_int(q("#sw-cap-minr", Input), "min reqs"),
-            max_requests=read_int(q("#sw-cap-maxr", Input), "max reqs"),
-            level_time_s=read_float(q("#sw-cap-time", Input), "level s"))
+        slo, search, rules = self.query_one(CapacityForm).search()
         return CapacitySweep(slo=slo, search=search, rules=rules)
 
     @on(Checkbox.Changed, "#sw-capacity")
@@ -393,10 +375,16 @@ class SweepScreen(ShowsWorkerFailures, Screen[None]):
         if not self.runs:
             self._columns(capacity=event.value)
 
+    def _table_columns(self, capacity: bool) -> list[tuple[str, str]]:
+        if not capacity:
+            return TABLE_COLUMNS
+        search = self.capacity.search if self.capacity is not None else None
+        return RATE_TABLE_COLUMNS if search is not None and search.rate else CAPACITY_TABLE_COLUMNS
+
     def _columns(self, capacity: bool) -> None:
         table = self.query_one("#sw-table", DataTable)
         table.clear(columns=True)
-        for key, label in (CAPACITY_TABLE_COLUMNS if capacity else TABLE_COLUMNS):
+        for key, label in self._table_columns(capacity):
             table.add_column(label, key=key)
         table.add_column("note", key="note")
         self._table_capacity = capacity
@@ -536,16 +524,16 @@ class SweepScreen(ShowsWorkerFailures, Screen[None]):
 
     def _redraw_chart(self) -> None:
         """Every preset's curve (one per repeat), the Pareto front's marked."""
-        capacity_at = {(r.preset, r.repeat): int(r.capacity_concurrency) for r in self.runs
-                       if r.capacity_concurrency}
+        capacity_at = {(r.preset, r.repeat): float(r.capacity_rate if r.capacity_rate is not None
+                                                   else r.capacity_concurrency or 0) for r in self.runs
+                       if r.capacity_rate or r.capacity_concurrency}
         curves = [CapacityCurve(name if self.repeat == 1 else f"{name} r{repeat + 1}", levels,
                                 capacity_at.get((name, repeat)), front=name in self.front)
                   for (name, repeat), levels in self.curves.items()]
         limit = limit_ms(self.capacity.slo, "ttft", 99) if self.capacity else None
         chart = self.query_one("#sw-chart", CapacityChart)
-        chart.show(curves, limit, 99, empty="the curves appear as levels finish")
-        if self.front:
-            chart.border_subtitle += f" · {FRONT_MARKER} Pareto front: {', '.join(sorted(self.front))}"
+        note = f" · {FRONT_MARKER} Pareto front: {', '.join(sorted(self.front))}" if self.front else ""
+        chart.show(curves, limit, 99, empty="the curves appear as levels finish", note=note)
 
     @on(SweepRunDone)
     @drop_when_torn_down
@@ -601,7 +589,7 @@ class SweepScreen(ShowsWorkerFailures, Screen[None]):
         table.clear()
         for row in self.rows:
             cells: list[Any] = []
-            for key, _ in (CAPACITY_TABLE_COLUMNS if capacity else TABLE_COLUMNS):
+            for key, _ in self._table_columns(capacity):
                 if key == "front":
                     cells.append(Text(FRONT_MARKER, style="bold green") if row.preset in self.front else "")
                     continue

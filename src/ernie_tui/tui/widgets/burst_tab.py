@@ -28,18 +28,10 @@ from textual.widgets import Button, Checkbox, Input, ProgressBar, Static
 
 from ernie_tui.engine_ctl.control import EngineMemory
 from ernie_tui.engine_ctl.load import (
-    DEFAULT_LEVEL_TIME_S,
-    DEFAULT_MAX_CONCURRENCY,
-    DEFAULT_MAX_REQUESTS,
-    DEFAULT_MIN_REQUESTS,
-    DEFAULT_SLO,
-    DEFAULT_START,
-    DEFAULT_TOLERANCE,
     BurstConfig,
     BurstResult,
     RunStoreError,
     format_burst,
-    make_search,
     request_setup,
     run_burst,
     run_capacity,
@@ -54,8 +46,17 @@ from ernie_tui.tui.messages import (
     CapacityLevelProgress,
     CapacityLevelStart,
 )
-from ernie_tui.tui.widgets.capacity_view import GAP_FACTOR, GAP_WHY, CapacityView, describe_capacity, ratio
-from ernie_tui.tui.widgets.form import labelled, read_float, read_int
+from ernie_tui.tui.widgets.capacity_form import CapacityForm
+from ernie_tui.tui.widgets.capacity_view import (
+    GAP_FACTOR,
+    GAP_WHY,
+    CapacityView,
+    capacity_load,
+    describe_capacity,
+    describe_load,
+    ratio,
+)
+from ernie_tui.tui.widgets.form import labelled, read_int
 from ernie_tui.tui.widgets.probe_tab import ProbeTarget
 
 
@@ -81,10 +82,6 @@ def _int_field(label: str, wid: str, value: str, classes: str = "pf-field") -> V
     return labelled(label, Input(value, type="integer", id=wid, compact=True), classes)
 
 
-def _num_field(label: str, wid: str, value: str) -> Vertical:
-    return labelled(label, Input(value, type="number", id=wid, compact=True))
-
-
 class BurstTab(ShowsWorkerFailures, Vertical):
     """The Burst tab. `pids()` returns the engine's process ids (peak memory
     of a burst), `tags()` the (preset, engine report) its run record is
@@ -105,9 +102,9 @@ class BurstTab(ShowsWorkerFailures, Vertical):
         self.last_record: str | None = None
         # The capacity search: the levels measured so far (the view draws them).
         self.levels: list[Any] = []
-        self.level_starts: list[int] = []
+        self.level_starts: list[float] = []
         self.last_capacity: Any = None
-        self._capacity_at: int | None = None
+        self._capacity_at: float | None = None
 
     def compose(self) -> ComposeResult:
         with Horizontal(classes="pf-row"):
@@ -116,20 +113,12 @@ class BurstTab(ShowsWorkerFailures, Vertical):
             yield _int_field("L_max tokens", "pf-b-lmax", "300")
             yield _int_field("concurrency C", "pf-b-c", "4", "pf-field -burst-only")
             yield _int_field("max_tokens", "pf-b-max", "128")
-        with Horizontal(classes="pf-row -capacity-only", id="pf-cap-form"):
-            yield labelled("SLO (METRIC_pNN=LIMIT ...)", Input(DEFAULT_SLO, id="pf-cap-slo", compact=True,
-                                                                classes="-slo"))
-            yield _int_field("start C", "pf-cap-start", str(DEFAULT_START))
-            yield _int_field("max C", "pf-cap-maxc", str(DEFAULT_MAX_CONCURRENCY))
-            yield _num_field("tolerance", "pf-cap-tol", f"{DEFAULT_TOLERANCE:.2f}")
-            yield _int_field("min reqs", "pf-cap-minr", str(DEFAULT_MIN_REQUESTS))
-            yield _int_field("max reqs", "pf-cap-maxr", str(DEFAULT_MAX_REQUESTS))
-            yield _num_field("level s", "pf-cap-time", f"{DEFAULT_LEVEL_TIME_S:g}")
+        yield CapacityForm("pf-cap", id="pf-cap-form", classes="pf-row -capacity-only")
         with Horizontal(classes="pf-row"):
             yield Checkbox("ignore_eos", True, id="pf-b-ignore-eos", compact=True)
             yield Checkbox("chat endpoint", False, id="pf-b-chat", compact=True)
             yield Checkbox("capacity search (SLO)", False, id="pf-b-capacity", compact=True,
-                           tooltip="find the highest concurrency whose requests meet the SLO")
+                           tooltip="find the highest concurrency (or request rate) whose requests meet the SLO")
         with Horizontal(classes="pf-buttons"):
             yield Button("Run burst (ctrl+r)", id="pf-b-run", variant="primary", compact=True)
             yield Button("Cancel (ctrl+c)", id="pf-b-cancel", compact=True, disabled=True)
@@ -321,13 +310,7 @@ class BurstTab(ShowsWorkerFailures, Vertical):
         from the fields, checked by the same functions as the command line's
         options. ValueError in plain words."""
         q = self.query_one
-        slo, search, rules = make_search(
-            q("#pf-cap-slo", Input).value, start=read_int(q("#pf-cap-start", Input), "start C"),
-            max_concurrency=read_int(q("#pf-cap-maxc", Input), "max C"),
-            tolerance=read_float(q("#pf-cap-tol", Input), "tolerance"),
-            min_requests=read_int(q("#pf-cap-minr", Input), "min reqs"),
-            max_requests=read_int(q("#pf-cap-maxr", Input), "max reqs"),
-            level_time_s=read_float(q("#pf-cap-time", Input), "level s"))
+        slo, search, rules = q(CapacityForm).search()
         cfg, settings = request_setup(min_tokens=read_int(q("#pf-b-lmin", Input), "L_min"),
                                       max_tokens_in=read_int(q("#pf-b-lmax", Input), "L_max"),
                                       max_tokens=read_int(q("#pf-b-max", Input), "max_tokens"),
@@ -346,9 +329,10 @@ class BurstTab(ShowsWorkerFailures, Vertical):
         cancel = self._begin(capacity=True)
         self.levels, self.level_starts, self.last_capacity, self.last_record = [], [], None, None
         self._capacity_at = None
+        what = "request rate" if search.rate else "concurrency"
         view.reset(slo, Content.styled(
             f"searching under {' '.join(str(o) for o in slo)}: building prompts, then doubling the "
-            "concurrency from the start until a level misses the SLO …", "$warning"))
+            f"{what} from the start until a level misses the SLO …", "$warning"), rate=search.rate)
         self.query_one("#pf-note", Static).update("")
         preset, report = self._tags()
         self._capacity_worker(self._run, slo, search, rules, cfg, settings, cancel, preset, report)
@@ -358,11 +342,13 @@ class BurstTab(ShowsWorkerFailures, Vertical):
                          cancel: threading.Event, preset: Any, report: Any) -> None:
         def progress(ev: dict[str, Any]) -> None:
             kind = ev.get("event")
-            load: Any = ev.get("concurrency") if ev.get("rate") is None else ev["rate"]  # (open loop: a rate)
+            rate = ev.get("rate") is not None  # open loop: the load is a rate in req/s
+            load: Any = ev["rate"] if rate else ev.get("concurrency")
             if kind == "level_start":
-                self.post_message(CapacityLevelStart(run, load, ev["index"]))
+                self.post_message(CapacityLevelStart(run, load, ev["index"], rate=rate))
             elif kind == "level_progress":
-                self.post_message(CapacityLevelProgress(run, load, ev["requests"], ev["elapsed_s"]))
+                self.post_message(CapacityLevelProgress(run, load, ev.get("requests", 0), ev.get("elapsed_s", 0.0),
+                                                        rate=rate, event=dict(ev)))
             elif kind == "level_done":
                 self.post_message(CapacityLevelDone(run, ev["level"], ev.get("low_pass"), ev.get("high_fail")))
 
@@ -390,8 +376,9 @@ class BurstTab(ShowsWorkerFailures, Vertical):
         if message.run != self._run or not self.running:
             return
         self.level_starts.append(message.concurrency)
-        self.query_one("#pf-note", Static).update(
-            f"level {message.index + 1}: concurrency {message.concurrency} …")
+        load = describe_load(message.concurrency, message.rate)
+        self.query_one("#pf-note", Static).update(f"level {message.index + 1}: {load} …")
+        self.query_one(CapacityView).show_progress(None, level=message.index + 1, load=load)
 
     @on(CapacityLevelProgress)
     @drop_when_torn_down
@@ -399,9 +386,10 @@ class BurstTab(ShowsWorkerFailures, Vertical):
         message.stop()
         if message.run != self._run or not self.running:
             return
+        load = describe_load(message.concurrency, message.rate)
         self.query_one("#pf-note", Static).update(
-            f"level {len(self.level_starts)}: concurrency {message.concurrency} · {message.requests} requests "
-            f"in {message.elapsed_s:.1f} s")
+            f"level {len(self.level_starts)}: {load} · {message.requests} requests in {message.elapsed_s:.1f} s")
+        self.query_one(CapacityView).show_progress(message.event, level=len(self.level_starts), load=load)
 
     @on(CapacityLevelDone)
     @drop_when_torn_down
@@ -411,7 +399,9 @@ class BurstTab(ShowsWorkerFailures, Vertical):
             return
         self.levels.append(message.level)
         self._capacity_at = message.low_pass
-        self.query_one(CapacityView).show_levels(self.levels, self._capacity_at)
+        view = self.query_one(CapacityView)
+        view.show_progress(None)
+        view.show_levels(self.levels, self._capacity_at)
         bounds = (f"highest pass {message.low_pass if message.low_pass is not None else '–'}, lowest fail "
                   f"{message.high_fail if message.high_fail is not None else '–'}")
         self.query_one("#pf-note", Static).update(f"{len(self.levels)} level(s) measured · {bounds}")
@@ -431,8 +421,8 @@ class BurstTab(ShowsWorkerFailures, Vertical):
         self.last_capacity = r
         self.last_record = message.record
         self.levels = list(r.levels)
-        at = r.capacity["concurrency"] if r.capacity else None
-        view.show_levels(self.levels, at)
+        view.show_progress(None)
+        view.show_levels(self.levels, capacity_load(r))
         parts = [describe_capacity(r)]
         if message.record:
             parts.append(Content.assemble(("saved as run record ", "dim"), (message.record, "bold"),

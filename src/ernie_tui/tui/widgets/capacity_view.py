@@ -32,6 +32,34 @@ GAP_WHY = ("Ours is timed at this client; vLLM's from when its engine takes the 
            "process. The SLO judges ours, what users see.")
 
 
+def level_load(lv: Any) -> float:
+    """A level's load: its request rate (open loop) or its concurrency."""
+    rate = getattr(lv, "rate", None)
+    return float(rate if rate is not None else (lv.concurrency or 0))
+
+
+def describe_load(load: float | None, rate: bool) -> str:
+    """'concurrency 8' or 'rate 2.5 req/s'."""
+    if load is None:
+        return "rate ?" if rate else "concurrency ?"
+    return f"rate {load:g} req/s" if rate else f"concurrency {int(load)}"
+
+
+def load_cell(lv: Any) -> str:
+    """The level table's first cell: '8' or '2.5/s'."""
+    rate = getattr(lv, "rate", None)
+    return f"{rate:g}/s" if rate is not None else str(lv.concurrency)
+
+
+def capacity_load(result: Any) -> float | None:
+    """A finished search's capacity as a load (a rate in rate mode)."""
+    c = result.capacity
+    if not c:
+        return None
+    v = c.get("rate") if getattr(result, "mode", "concurrency") == "rate" else c.get("concurrency")
+    return None if v is None else float(v)
+
+
 def ratio(ours: float | None, theirs: float | None) -> float | None:
     """ours / vLLM's, when both are there and vLLM's is above zero."""
     if ours is None or theirs is None or theirs <= 0:
@@ -68,7 +96,7 @@ def level_cells(lv: Any) -> list[Any]:
     att = "–" if lv.attainment is None else f"{lv.attainment * 100:.1f}%"
     verdict = Text(level_verdict(lv), style="bold green" if lv.passed else "bold red")
     v = lv.vllm or {}
-    load = f"{lv.rate:g}/s" if getattr(lv, "rate", None) is not None else str(lv.concurrency)
+    load = load_cell(lv)
     gaps = {metric: r for metric, _, _, r in level_gaps(lv)}
 
     def theirs(value: float | None, metric: str) -> Text:
@@ -85,7 +113,7 @@ def level_cells(lv: Any) -> list[Any]:
 def describe_gaps(levels: Sequence[Any]) -> Content | None:
     """Where our p99s and vLLM's differ by more than GAP_FACTOR, and why
     that can happen; None when they agree (or vLLM's are not there)."""
-    found = [(f"rate {lv.rate:g}/s" if getattr(lv, "rate", None) is not None else f"conc. {lv.concurrency}", gap)
+    found = [(f"rate {lv.rate:g} req/s" if getattr(lv, "rate", None) is not None else f"conc. {lv.concurrency}", gap)
              for lv in levels for gap in level_gaps(lv)]
     if not found:
         return None
@@ -102,7 +130,7 @@ def describe_capacity(result: Any) -> Content:
     if c:
         rate = c.get("rate") if getattr(result, "mode", "concurrency") == "rate" else None
         head = Content.assemble(
-            ("capacity: rate " if rate is not None else "capacity: concurrency ", "dim"),
+            ("capacity: " if rate is not None else "capacity: concurrency ", "dim"),
             (f"{rate:g} req/s" if rate is not None else str(c["concurrency"]), "bold $success"),
             ("" if c.get("decided", True) else " (its level was undecided at a cap)", "$warning"),
             ("  · goodput ", "dim"), (f"{_num(c['goodput_rps'], '.2f')} req/s", "bold"),
@@ -118,17 +146,43 @@ def describe_capacity(result: Any) -> Content:
     return Content("\n").join(lines)
 
 
+def describe_progress(ev: dict[str, Any] | None, level: int | None = None, load: str = "") -> Content:
+    """The running level, from its newest level_progress event: the phase,
+    requests counted of those sent, the time, and the provisional p99s and
+    verdict once windows have closed."""
+    where = Content.assemble((f"level {level}" if level else "level", "bold"), (f" · {load}" if load else "", "bold"))
+    if not ev:
+        return Content.assemble(where, (" · starting …", "$warning"))
+    phase = str(ev.get("phase") or "?")
+    counted, sent = ev.get("counted", 0), ev.get("sent", ev.get("requests", 0))
+    parts: list[Content | str | tuple[str, str]] = [
+        where, " · ", (phase, "bold $warning" if phase == "warm-up" else "bold"),
+        (f" · {counted} counted of {sent} sent · {ev.get('in_flight', 0)} in flight · "
+         f"{ev.get('elapsed_s', 0.0):.1f} s · {ev.get('windows', 0)} window(s)", "dim")]
+    if phase != "warm-up":
+        att = ev.get("attainment")
+        parts.append((f" · TTFT p99 {_num(ev.get('ttft_p99_ms'), '.0f')} ms · ITL p99 "
+                      f"{_num(ev.get('itl_p99_ms'), '.0f')} ms · attain "
+                      f"{'–' if att is None else f'{att * 100:.0f}%'}", ""))
+        verdict = ev.get("verdict")
+        style = "bold $success" if verdict == "pass" else "bold $error" if verdict == "fail" else "$warning"
+        parts += [(" · so far: ", "dim"), (str(verdict or "undecided"), style)]
+    return Content.assemble(*parts)
+
+
 class CapacityView(Vertical):
     """The chart beside the table of levels (ours beside vLLM's own p99s),
     a note where the two differ, the answer below."""
 
     _percentile = 99
     _limit_ms: float | None = None
+    rate = False  # the levels are request rates (open loop)
 
     def compose(self) -> ComposeResult:
         with Horizontal(id="pf-cap-body"):
             yield CapacityChart(id="pf-cap-chart")
             yield DataTable(id="pf-cap-levels", cursor_type="row", zebra_stripes=True)
+        yield Static("", id="pf-cap-progress")
         yield Static("", id="pf-cap-gap")
         with VerticalScroll(id="pf-cap-result-box"):
             yield Static("", id="pf-cap-result")
@@ -136,30 +190,47 @@ class CapacityView(Vertical):
     def on_mount(self) -> None:
         table = self.query_one("#pf-cap-levels", DataTable)
         table.border_title = "levels, as they finish"
-        for key, label in LEVEL_COLUMNS:
-            table.add_column(label, key=key)
+        self._columns()
         self.query_one("#pf-cap-result-box").border_title = "capacity"
+        self.show_progress(None)
 
-    def reset(self, slo: Sequence[Any], note: Content | str) -> None:
+    def _columns(self) -> None:
+        table = self.query_one("#pf-cap-levels", DataTable)
+        table.clear(columns=True)
+        for key, label in LEVEL_COLUMNS:
+            table.add_column("req/s sent" if key == "concurrency" and self.rate else label, key=key)
+
+    def reset(self, slo: Sequence[Any], note: Content | str, rate: bool = False) -> None:
         """A new search under `slo` (slo.Objective): an empty chart whose
-        TTFT axis is the percentile the SLO judges, with its limit."""
+        TTFT axis is the percentile the SLO judges, with its limit; `rate`:
+        its levels are request rates (req/s), not concurrencies."""
         ttft = next((o for o in slo if o.metric == "ttft"), None)
         self._percentile = ttft.percentile if ttft else 99
         self._limit_ms = ttft.limit_s * 1000.0 if ttft else None
-        self.query_one("#pf-cap-levels", DataTable).clear()
+        self.rate = rate
+        self._columns()
+        self.show_progress(None)
         self._show_gaps([])
         self.query_one(CapacityChart).show([], self._limit_ms, self._percentile, empty="waiting for the first level")
         self.say(note)
 
-    def show_levels(self, levels: Sequence[Any], capacity: int | None = None) -> None:
-        """Redraw the curve and the table from the levels measured so far."""
+    def show_levels(self, levels: Sequence[Any], capacity: float | None = None) -> None:
+        """Redraw the curve and the table from the levels measured so far;
+        `capacity`: the load (concurrency, or rate) settled on so far."""
         self.query_one(CapacityChart).show([CapacityCurve("this server", list(levels), capacity)],
                                            self._limit_ms, self._percentile)
         table = self.query_one("#pf-cap-levels", DataTable)
         table.clear()
-        for lv in levels:
-            table.add_row(*level_cells(lv), key=f"{lv.concurrency}")
+        for i, lv in enumerate(levels):  # keyed by order: a rate search's levels have no concurrency
+            table.add_row(*level_cells(lv), key=f"level-{i}")
         self._show_gaps(levels)
+
+    def show_progress(self, event: dict[str, Any] | None, level: int | None = None, load: str = "") -> None:
+        """The running level's progress line (hidden when `level` is None:
+        no level runs)."""
+        box = self.query_one("#pf-cap-progress", Static)
+        box.set_class(level is not None, "-visible")
+        box.update(describe_progress(event, level, load) if level is not None else "")
 
     def _show_gaps(self, levels: Sequence[Any]) -> None:
         note = describe_gaps(levels)

@@ -284,8 +284,20 @@ class CapacityCurve:
 
     name: str
     levels: Sequence[Any]
-    capacity: int | None = None
+    capacity: float | None = None  # a concurrency, or (rate search) a rate in req/s
     front: bool = False
+
+
+def _load(level: Any) -> float:
+    """A level's load: its request rate (open loop) or its concurrency."""
+    rate = getattr(level, "rate", None)
+    return float(rate if rate is not None else (level.concurrency or 0))
+
+
+def _load_label(level: Any) -> str:
+    """'c8', or for a rate level '2.5/s'."""
+    rate = getattr(level, "rate", None)
+    return f"{rate:g}/s" if rate is not None else f"c{level.concurrency}"
 
 
 PASS_MARKER, FAIL_MARKER, FRONT_MARKER = "●", "×", "◆"
@@ -304,7 +316,7 @@ def ttft_at(level: Any, percentile: int) -> float | None:
 
 class CapacityChart(PlotextPlot):
     """Output tok/s against TTFT (p99, or the percentile the SLO judges),
-    one curve per search, its points in concurrency order: ● a level that
+    one curve per search, its points in load order (concurrency, or req/s): ● a level that
     met the SLO, × one that missed it, ◆ the capacity of a curve on the
     Pareto front. The SLO's TTFT limit is the red vertical line. The curves
     live outside; `show()` hands them in and the widget only draws."""
@@ -316,16 +328,19 @@ class CapacityChart(PlotextPlot):
         self.percentile = 99
         self.points_drawn = 0
         self._empty = "no level measured yet"
+        self.note = ""  # said after the subtitle's counts (the sweep's Pareto front); kept across redraws
 
     def on_mount(self) -> None:
         super().on_mount()
         self.replot()
 
     def show(self, curves: Sequence[CapacityCurve], limit_ms: float | None = None, percentile: int = 99,
-             empty: str | None = None) -> None:
+             empty: str | None = None, note: str = "") -> None:
         """Draw `curves` with TTFT p`percentile` across and its SLO limit
-        (None: the SLO sets none on that percentile)."""
+        (None: the SLO sets none on that percentile); `note` ends the
+        subtitle (a resize redraws it too)."""
         self.curves = tuple(curves)
+        self.note = note
         self.limit_ms = limit_ms
         self.percentile = percentile
         if empty is not None:
@@ -345,7 +360,7 @@ class CapacityChart(PlotextPlot):
         drawn: list[tuple[int, CapacityCurve, list[Any], list[float], list[float]]] = []
         for i, curve in enumerate(self.curves):
             levels = sorted((lv for lv in curve.levels if ttft_at(lv, p) is not None and lv.output_tps is not None),
-                            key=lambda lv: lv.concurrency)
+                            key=_load)
             if levels:
                 drawn.append((i, curve, levels, [float(ttft_at(lv, p)) for lv in levels],
                               [float(lv.output_tps) for lv in levels]))
@@ -357,11 +372,12 @@ class CapacityChart(PlotextPlot):
             label = curve.name + (f" {FRONT_MARKER} front" if curve.front else "")
             plt.plot(xs, ys, marker="braille", color=COLORS[i % len(COLORS)],
                      label=label if len(self.curves) > 1 else None)
-            if len(self.curves) == 1:  # one search: say which concurrency each point is
+            if len(self.curves) == 1:  # one search: say which load (concurrency, or req/s) each point is
                 for lv, x, y in zip(levels, xs, ys, strict=True):
-                    plt.text(f"c{lv.concurrency}", x + right * 0.03, y, color="gray", alignment="left")
+                    plt.text(_load_label(lv), x + right * 0.03, y, color="gray", alignment="left")
             for lv, x, y in zip(levels, xs, ys, strict=True):
-                marker = FRONT_MARKER if curve.front and lv.concurrency == curve.capacity else (
+                at_capacity = curve.capacity is not None and _load(lv) == float(curve.capacity)
+                marker = FRONT_MARKER if curve.front and at_capacity else (
                     PASS_MARKER if lv.passed else FAIL_MARKER)
                 plt.scatter([x], [y], marker=marker, color="green+" if lv.passed else "red+")
             self.points_drawn += len(levels)
@@ -379,5 +395,6 @@ class CapacityChart(PlotextPlot):
                      background="default")
         self.border_title = f"output tok/s against TTFT p{p} ms"
         limit = f" · [ansi_bright_red]limit {self.limit_ms:g} ms[/]" if self.limit_ms is not None else ""
-        self.border_subtitle = f"{self.points_drawn} level(s){limit}"
+        rate = any(getattr(lv, "rate", None) is not None for c in self.curves for lv in c.levels)
+        self.border_subtitle = f"{self.points_drawn} level(s){' in req/s' if rate else ''}{limit}{self.note}"
         self.refresh()
