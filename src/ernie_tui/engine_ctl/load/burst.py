@@ -271,7 +271,7 @@ class BurstResult:
             d.pop("requests", None)
         return d
 
-    def save(self, preset: Any = None, engine_report: Any = None, notes: str | None = None):
+    def save(self, preset: Any = None, engine_report: Any = None, notes: str | None = None) -> runstore.RunRecord:
         """Store as a 'burst' run record (runstore), tagged with the preset
         (a Preset, a dict or a name) and the engine's startup report."""
         return runstore.save_run("burst", self.to_dict(), preset=preset, engine_report=engine_report,
@@ -525,7 +525,7 @@ async def run_burst_async(url: str, config: BurstConfig | None = None, *,
     def stopping() -> bool:
         return abort_reason is not None or (cancel is not None and cancel.is_set())
 
-    async def send_one(client, i: int) -> None:
+    async def send_one(client: Any, i: int) -> None:
         nonlocal done, consecutive_failures, abort_reason, t_end_last, in_flight, in_flight_peak
         req = ProbeRequest(prompt=prompts[i].text, max_tokens=out_lengths[i],
                            temperature=config.temperature, top_p=config.top_p, chat=config.chat,
@@ -570,7 +570,7 @@ async def run_burst_async(url: str, config: BurstConfig | None = None, *,
 
     next_index = 0
 
-    async def worker(client) -> None:
+    async def worker(client: Any) -> None:
         # Closed loop: take the next planned request as soon as one ends.
         nonlocal next_index
         while not stopping() and next_index < total:
@@ -578,7 +578,7 @@ async def run_burst_async(url: str, config: BurstConfig | None = None, *,
             next_index += 1
             await send_one(client, i)
 
-    async def scheduler(client) -> None:
+    async def scheduler(client: Any) -> None:
         # Open loop: each request at its time, whatever is still running.
         sem = asyncio.Semaphore(cap) if config.concurrency > 0 else None
         running: list[asyncio.Task] = []

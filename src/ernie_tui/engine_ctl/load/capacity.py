@@ -557,7 +557,7 @@ class CapacityResult:
         v = self.capacity.get("rate") if self.mode == "rate" else self.capacity.get("concurrency")
         return None if v is None else float(v)
 
-    def save(self, preset: Any = None, engine_report: Any = None, notes: str | None = None):
+    def save(self, preset: Any = None, engine_report: Any = None, notes: str | None = None) -> runstore.RunRecord:
         """Store as a 'capacity' run record."""
         return runstore.save_run("capacity", self.to_dict(), preset=preset, engine_report=engine_report,
                                  url=self.url, model=self.model, notes=notes)

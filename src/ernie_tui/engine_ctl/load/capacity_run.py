@@ -264,7 +264,7 @@ class HttpLevelRunner:
                 reason.append(r)
             stop.set()
 
-        async def one(client) -> None:
+        async def one(client: Any) -> None:
             nonlocal in_row
             item = self.workload.take()
             t_s = time.perf_counter() - t0
@@ -285,11 +285,11 @@ class HttpLevelRunner:
                 if r is not None:
                     decide(r)
 
-        async def worker(client) -> None:  # closed loop: one slot
+        async def worker(client: Any) -> None:  # closed loop: one slot
             while not stop.is_set():
                 await one(client)
 
-        async def sender(client) -> None:  # open loop: on schedule
+        async def sender(client: Any) -> None:  # open loop: on schedule
             nonlocal late_n, late_max
             for due in arrival_stream(float(load), self.arrivals, seed=self.seed * 1009 + self._levels):
                 if stop.is_set():
