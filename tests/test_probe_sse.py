@@ -868,6 +868,7 @@ def test_burst_cancel(fake, tiny_dir):
     from ernie_tui.engine_ctl.load import burst as B
 
     release = threading.Event()
+    started = threading.Semaphore(0)
 
     def script(conn, head):
         if head.startswith(b"GET /v1/models"):
@@ -877,15 +878,25 @@ def test_burst_cancel(fake, tiny_dir):
             _json_response(conn, 404, {})
             return
         _stream_headers(conn)
+        started.release()
         release.wait(10)
     s = fake(script)
     cancel = threading.Event()
-    threading.Timer(0.5, cancel.set).start()
+
+    def cancel_once_both_slots_stream() -> None:
+        # Not on a timer: a loaded box can take longer than any fixed delay to
+        # build the prompts and send the first two (then all 20 read "not sent").
+        for _ in range(2):
+            started.acquire(timeout=20)
+        time.sleep(0.2)
+        cancel.set()
+
+    threading.Thread(target=cancel_once_both_slots_stream, daemon=True).start()
     t = time.monotonic()
     r = B.run_burst(s.url, B.BurstConfig(n=20, concurrency=2, min_tokens=5, max_tokens_in=9, warmup=False),
                     cancel=cancel)
     release.set()
-    assert time.monotonic() - t < 5
+    assert time.monotonic() - t < 25
     assert r.cancelled and r.completed == 0 and r.not_sent == 18
 
 

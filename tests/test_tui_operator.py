@@ -144,8 +144,8 @@ async def test_the_level_table_shows_vllms_figures_and_says_why_they_differ(size
         table = view.query_one("#pf-cap-levels", DataTable)
         labels = [str(c.label) for c in table.columns.values()]
         assert labels[:5] == ["conc.", "TTFT p99", "(vLLM's)", "ITL p99", "(vLLM's)"]  # side by side
-        assert table.get_cell("1", "vllm_ttft_p99_ms").plain == "76.0 (9.4×)"  # flagged
-        assert table.get_cell("2", "vllm_ttft_p99_ms").plain == "480.0"  # within the factor
+        assert table.get_cell("level-0", "vllm_ttft_p99_ms").plain == "76.0 (9.4×)"  # flagged
+        assert table.get_cell("level-1", "vllm_ttft_p99_ms").plain == "480.0"  # within the factor
         gap = str(view.query_one("#pf-cap-gap", Static).content)
         assert "conc. 1: TTFT p99 ours 716 ms, vLLM's 76 ms (9.4×)" in gap
         assert "client's CPU" in gap and "network" in gap and "API server process" in gap

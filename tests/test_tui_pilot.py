@@ -179,8 +179,9 @@ async def test_crash_shows_error_panel_and_fix_relaunches(fake_presets, tmp_path
         async with app.run_test(size=(120, 40)) as pilot:
             # Preflight knows vLLM CPU refuses block 16 and offers the fix before
             # launching; launch anyway, to see the real crash.
-            await wait_for(pilot, lambda: isinstance(app.screen, PreflightScreen), what="the preflight dialog")
-            assert "block_size_unsupported" in screen_text_of(app.screen)
+            # The dialog is pushed before it is composed: wait for its words, not only the screen.
+            await wait_for(pilot, lambda: isinstance(app.screen, PreflightScreen)
+                           and "block_size_unsupported" in screen_text_of(app.screen), what="the preflight dialog")
             await pilot.press("y")
             await wait_for(pilot, lambda: app.status is not None and app.status.state.value == "crashed",
                            what="the crash")
