@@ -115,19 +115,33 @@ def test_decode_payload_malformed():
 
 # -- the stream state (counting tokens and timing) --------------------------
 
-def test_state_counts_tokens_from_continuous_usage_and_splits_merged_chunks():
+def test_state_counts_tokens_from_continuous_usage_one_gap_per_event():
     s = P.StreamState(t_start=0.0)
     s.handle(_chunk(" a", 1), 0.10)  # first token at 100 ms
     s.handle(_chunk(" b", 2), 0.11)
-    s.handle(_chunk(" c d e", 5), 0.14)  # three tokens merged: 30 ms / 3 each
+    s.handle(_chunk(" c d e", 5), 0.14)  # three tokens merged into one event: one 30 ms gap
     s.handle(_chunk(" f", 6, finish="length"), 0.15)
     s.handle(_usage(6), 0.151)
     s.handle(P.DONE, 0.152)
     assert s.t_first == 0.10
-    assert s.itls == pytest.approx([0.01, 0.01, 0.01, 0.01, 0.01])
+    # vLLM's bench client: one gap per event that carries a choice
+    assert s.itls == pytest.approx([0.01, 0.03, 0.01])
     assert sum(s.itls) == pytest.approx(s.t_last - s.t_first)
     assert s.tokens_seen == 6 and s.usage_completion_tokens == 6 and s.usage_prompt_tokens == 5
     assert s.finish_reason == "length" and s.done and s.text == " a b c d e f"
+    assert s.token_events == 4 and s.reads == 4 and s.t_done == 0.152
+
+
+def test_state_events_of_one_read_are_zero_apart_as_the_bench_client_stamps_them():
+    s = P.StreamState(t_start=0.0)
+    s.handle_read([_chunk(" a", 1)], 0.10)
+    s.handle_read([_chunk(" b", 2), _chunk(" c", 3)], 0.13)  # a busy reader got two events at once
+    s.handle_read([_chunk(" d", 4, finish="length"), _usage(4), P.DONE], 0.14)
+    assert s.itls == pytest.approx([0.03, 0.0, 0.01])
+    assert s.token_events == 4 and s.reads == 3
+    r = P._finish(s, P.ProbeRequest("x"), "m", 0.9, None, 0.0)
+    # the stream ended at the read that held [DONE], not when its body was drained (t_end 0.9)
+    assert r.latency_s == pytest.approx(0.14) and r.reads == 3 and r.token_events == 4
 
 
 def test_state_without_continuous_usage_counts_chunks_and_trusts_final_usage():
@@ -231,6 +245,7 @@ class FakeServer:
         self.port = self.sock.getsockname()[1]
         self.bodies: list[dict] = []
         self.heads: list[tuple[float, bytes]] = []  # (perf_counter when read, request head)
+        self.connections = 0  # accepted
         self._stop = False
         threading.Thread(target=self._serve, daemon=True).start()
 
@@ -247,6 +262,7 @@ class FakeServer:
             # As uvicorn does: without it, Nagle holds a token's small write until
             # the client ACKs the previous one, tens of ms under delayed ACKs.
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            self.connections += 1
             threading.Thread(target=self._handle, args=(conn,), daemon=True).start()
 
     def _handle(self, conn):
@@ -675,30 +691,73 @@ def test_single_probe_ttft_is_the_servers_not_our_setup(fake):
 
 
 @pytest.mark.parametrize("per_write", [1, 3])
-def test_itl_percentiles_with_events_merged_into_one_read(fake, per_write):
+def test_itl_one_gap_per_event_as_the_bench_client_counts(fake, per_write):
     # One token every 10 ms; with per_write=3 three events share each write
-    # (30 ms apart), so each read brings three tokens. Before the fix every
-    # event of a read got the read's timestamp: ITLs of 30, 0, 0 ms, p50 0.
+    # (30 ms apart), so each read brings three: the bench client's gaps are
+    # then 30, 0, 0 ms (it stamps each event as it parses it), and so are ours.
     from ernie_tui.engine_ctl.load import stats
 
     paced = PacedStream(tokens=60, ttft=0.02, gap=0.01, per_write=per_write)
     s = fake(paced)
     r = P.run_probe(s.url, "hi", model="paced", max_tokens=60)
     assert r.ok, r.error
-    assert stats.percentile(r.itls, 50) == pytest.approx(0.010, abs=0.002)
-    assert stats.percentile(r.itls, 90) == pytest.approx(0.010, abs=0.004)
-    assert min(r.itls) > 0.002
-    assert r.completion_tokens == 60 and len(r.itls) == 60 - per_write  # first read's tokens have no ITL
+    assert r.completion_tokens == 60 and len(r.itls) == 59 and r.token_events == 60
+    assert r.reads == 60 // per_write
     assert sum(r.itls) == pytest.approx(paced.sent_at[-1] - paced.sent_at[0], abs=0.005)
+    big = [g for g in r.itls if g > 0.002]
+    assert len(big) == 60 // per_write - 1  # one gap per read; the other events of a read are 0 apart
+    assert stats.percentile(big, 50) == pytest.approx(0.010 * per_write, abs=0.003)
 
 
-def test_state_spreads_a_reads_gap_over_all_its_tokens():
-    s = P.StreamState(t_start=0.0)
-    s.handle_read([_chunk(" a", 1)], 0.10)
-    s.handle_read([_chunk(" b", 2), _chunk(" c", 3), _chunk(" d e", 5)], 0.14)  # 4 tokens in 3 events
-    s.handle_read([_chunk(" f", 6, finish="length"), _usage(6), P.DONE], 0.15)
-    assert s.itls == pytest.approx([0.01] * 5)
-    assert s.tokens_seen == 6 and s.done and s.text == " a b c d e f"
+def test_our_itl_gaps_are_vllm_bench_clients_on_the_same_stream(fake):
+    # The same paced stream read by vLLM's own request function and by ours:
+    # as many gaps, the same sum, the same large ones.
+    bench = pytest.importorskip("vllm.benchmarks.lib.endpoint_request_func")
+    import aiohttp
+
+    from ernie_tui.engine_ctl.load import stats
+
+    paced = PacedStream(tokens=45, ttft=0.02, gap=0.01, per_write=3)
+    s = fake(paced)
+
+    async def theirs():
+        async with aiohttp.ClientSession() as session:
+            inp = bench.RequestFuncInput(prompt="hi", api_url=s.url + "/v1/completions", prompt_len=1,
+                                         output_len=45, model="paced")
+            return await bench.async_request_openai_completions(inp, session)
+
+    out = asyncio.run(theirs())
+    assert out.success, out.error
+    mine = P.run_probe(s.url, "hi", model="paced", max_tokens=45)
+    assert mine.ok, mine.error
+    assert len(mine.itls) == len(out.itl) == 44
+    assert sum(mine.itls) == pytest.approx(sum(out.itl), abs=0.01)
+    assert sum(1 for g in mine.itls if g > 0.002) == sum(1 for g in out.itl if g > 0.002) == 14
+    assert stats.percentile(mine.itls, 99) == pytest.approx(stats.percentile(out.itl, 99), abs=0.005)
+
+
+@pytest.mark.parametrize("transport", P.TRANSPORTS)
+def test_a_stream_read_past_done_keeps_its_connection(fake, transport):
+    # vLLM ends its chunked body just after [DONE]; a client that stops at
+    # [DONE] gives its connection back half read, and it is closed: every
+    # request then opens a new one (on vLLM's API server too). The bench
+    # client reads each body to its end and reuses the connection.
+    def script(conn, head):
+        _stream_headers(conn)
+        _send_chunked(conn, sse(_chunk(" a", 1)) + sse(_chunk(" b", 2, finish="length")) + sse(_usage(2)) + DONE)
+        time.sleep(0.05)  # the body's last chunk comes in a later write
+        _end_chunked(conn)
+    s = fake(script)
+
+    async def go():
+        async with P.new_async_client(None, 5.0, transport=transport) as client:
+            return [await P.stream_request(client, s.url, P.ProbeRequest("hi", max_tokens=2), "m")
+                    for _ in range(3)]
+    results = asyncio.run(go())
+    assert all(r.ok for r in results), [r.error for r in results]
+    assert s.connections == 1
+    # its latency ends at [DONE], not at the body's end 50 ms later
+    assert all(r.latency_s < 0.045 for r in results), [r.latency_s for r in results]
 
 
 @pytest.mark.parametrize("transport", P.TRANSPORTS)
@@ -721,7 +780,8 @@ def test_stream_request_on_either_transport(fake, transport):
             refused = await P.stream_request(client, dead, P.ProbeRequest("hi"), "m")
             return ok, bad, refused
     ok, bad, refused = asyncio.run(go())
-    assert ok.ok and ok.completion_tokens == 2 and ok.text == " a b" and ok.itls == []  # one read
+    # one read: its two events 0 apart
+    assert ok.ok and ok.completion_tokens == 2 and ok.text == " a b" and ok.itls == [0.0]
     assert bad.error.kind == "server_error" and "EngineCore died" in bad.error.message
     assert refused.error.kind == "connection_refused"
 

@@ -376,6 +376,10 @@ class _ClientHealth:
         self.gc_pause_s = [0.0, 0.0, 0.0]
         self.gc_pause_max_s = 0.0
         self.lags: list[float] = []
+        # Token events and the reads that carried them: above 1 event a read,
+        # the client (or the network) handed several at once, 0 apart.
+        self.token_events = 0
+        self.reads = 0
 
     def _on_gc(self, phase: str, info: dict[str, Any]) -> None:
         if phase == "start":
@@ -419,6 +423,7 @@ class _ClientHealth:
             "loop_lag_p50_s": stats.percentile(self.lags, 50),
             "loop_lag_p99_s": stats.percentile(self.lags, 99),
             "loop_lag_max_s": max(self.lags) if self.lags else None,
+            "events_per_read": self.token_events / self.reads if self.reads else None,
         }
 
 
@@ -553,6 +558,8 @@ async def run_burst_async(url: str, config: BurstConfig | None = None, *,
         rec.finish_reason = res.finish_reason
         rec.error = res.error.to_dict() if res.error else None
         rec_itls[i] = res.itls
+        health.token_events += res.token_events
+        health.reads += res.reads
         if res.error is not None and res.error.kind in TRANSPORT_KINDS:
             consecutive_failures += 1
             if consecutive_failures >= limit and abort_reason is None:

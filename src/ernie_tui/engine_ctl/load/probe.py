@@ -85,6 +85,30 @@ from ernie_tui.engine_ctl.load.stream_timing import (
 
 # A response body we read for an error message; bigger bodies are cut.
 _MAX_ERROR_BODY = 64 * 1024
+# After [DONE] the rest of the body (the chunked encoding's last, empty chunk)
+# is read, for at most this long, so the connection can carry the next
+# request: one given back half read is closed, and the next request then pays
+# a new connection on the client and on vLLM's API server (the process that
+# streams every token; at 100+ requests/s that load is not the bench client's,
+# which reads every body to its end).
+_DRAIN_AFTER_DONE_S = 1.0
+
+
+async def _rest(parts: Any) -> None:
+    async for _ in parts:
+        pass
+
+
+async def _drain(rest: Any) -> None:
+    """Read what follows [DONE] (see _DRAIN_AFTER_DONE_S); a server that
+    keeps the stream open past it only costs its connection."""
+    try:
+        await asyncio.wait_for(rest, _DRAIN_AFTER_DONE_S)
+    except (asyncio.TimeoutError, httpx.HTTPError, OSError):
+        pass
+    except Exception as exc:  # aiohttp's own errors, without importing it here
+        if not _is_aiohttp_error(exc):
+            raise
 
 
 async def stream_request(client: Any, url: str, request: ProbeRequest, model: str,
@@ -134,10 +158,13 @@ async def stream_request(client: Any, url: str, request: ProbeRequest, model: st
             error = not_an_event_stream(resp.status_code, resp.headers.get("content-type"))
             if error is not None:
                 return
-            async for part in resp.aiter_raw():
+            parts = resp.aiter_raw()
+            async for part in parts:
                 take(part, time.perf_counter())
                 if state.done:
                     break
+            if state.done:
+                await _drain(_rest(parts))
         finally:
             await resp.aclose()
 
@@ -158,6 +185,8 @@ async def stream_request(client: Any, url: str, request: ProbeRequest, model: st
                 take(part, time.perf_counter())
                 if state.done:
                     break
+            if state.done and not resp.content.at_eof():
+                await _drain(resp.content.read())
 
     run = run_httpx if isinstance(client, httpx.AsyncClient) else run_aiohttp
 

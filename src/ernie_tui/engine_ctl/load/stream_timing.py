@@ -5,12 +5,16 @@ Timing definitions (all client-side, time.perf_counter):
   token (the chat endpoint's opening role-only chunk does not count). A
   probe first warms its client (warm_client: a GET /v1/models on the same
   connection), so connecting and first-use costs are outside the span.
-- Inter-token latency (ITL): the gap between two reads, split evenly over
-  all the tokens the later read delivered (however many events they came
-  in), so the ITLs of a request always sum to (last token - first token),
-  as vLLM's own histogram does. Tokens that arrive in the *first* read get
-  no ITL (their times are unknown).
-- Latency: request sent -> end of stream.
+- Inter-token latency (ITL): one gap per event that brings tokens, from the
+  previous such event, as vLLM's bench client (`vllm bench serve`) measures
+  it: the issue's one meaning of an ITL objective is the bench client's. An
+  event that holds several tokens (vLLM merges them when its API server falls
+  behind) is one gap, and events that arrived in the same read are 0 apart
+  (the bench client stamps each after parsing it: microseconds apart). The
+  gaps of a request sum to (last token - first token). The per-token figure
+  is TPOT: (latency - TTFT) / (tokens - 1), per request.
+- Latency: request sent -> the read that held `[DONE]` (the end of the
+  stream where the server sent none).
 - output_tps: completion tokens / latency (what a caller waits for);
   decode_tps: (completion tokens - 1) / (last token - first token).
 
@@ -51,6 +55,9 @@ class StreamState:
     t_last: float | None = None
     itls: list[float] = field(default_factory=list)
     tokens_seen: int = 0  # generated tokens counted from the chunks
+    token_events: int = 0  # events that brought a token
+    reads: int = 0  # network reads that brought a token
+    t_done: float | None = None  # the read that held [DONE]
     chunks: int = 0
     malformed: int = 0  # events that are not a chunk of ours (stream_chunk.read_chunk)
     # From the SSE parser, set by the transport at the end: lines that are no
@@ -72,22 +79,25 @@ class StreamState:
     def handle_read(self, payloads: Sequence[Any], t: float) -> None:
         """All the events of one read, which arrived together at time t.
 
-        Their tokens are counted first and the gap since the previous read is
-        then spread over all of them: giving the whole gap to the first event
-        and 0 to the others (they were merged by the network, the server or a
-        busy client, not generated at once) would read ITL percentiles as 0
-        and as a multiple of the true gap."""
-        new = 0
+        Each event that brings a token is one inter-token gap, as the bench
+        client counts them (module docstring); the reads that carried them
+        are counted too (`reads`), so a client that falls behind its streams
+        shows as events per read above 1."""
+        took = False
         for payload in payloads:
-            new += self._absorb(payload)
-        if new <= 0:
-            return
-        if self.t_first is None:
-            self.t_first = t
-        elif self.t_last is not None:
-            gap = (t - self.t_last) / new
-            self.itls.extend([gap] * new)
-        self.t_last = t
+            if self._absorb(payload) <= 0:
+                if payload is DONE and self.t_done is None:
+                    self.t_done = t
+                continue
+            took = True
+            if self.t_first is None:
+                self.t_first = t
+            elif self.t_last is not None:
+                self.itls.append(t - self.t_last)
+            self.t_last = t
+            self.token_events += 1
+        if took:
+            self.reads += 1
 
     def _absorb(self, payload: Any) -> int:
         """Take in one event; return how many generated tokens it brought."""
@@ -206,6 +216,8 @@ class ProbeResult:
     output_tps: float | None = None
     decode_tps: float | None = None
     chunks: int = 0
+    token_events: int = 0  # events that brought a token (one ITL gap each after the first)
+    reads: int = 0  # the network reads that carried them
     malformed_lines: int = 0
     got_done: bool = False
     error: ProbeError | None = None
@@ -258,7 +270,9 @@ def _finish(state: StreamState, request: ProbeRequest, model: str, t_end: float,
             error: ProbeError | None, started_at: float) -> ProbeResult:
     completion = state.usage_completion_tokens if state.usage_completion_tokens is not None else (
         state.tokens_seen if state.chunks else None)
-    latency = t_end - state.t_start
+    # The stream's end is the read that held [DONE], not the end of draining
+    # the body after it (probe.py reads on so the connection can be reused).
+    latency = (state.t_done if state.t_done is not None else t_end) - state.t_start
     ttft = None if state.t_first is None else state.t_first - state.t_start
     decode = None
     if completion and completion > 1 and state.t_first is not None and state.t_last is not None \
@@ -283,6 +297,8 @@ def _finish(state: StreamState, request: ProbeRequest, model: str, t_end: float,
         output_tps=stats.rate(completion, latency) if completion else None,
         decode_tps=decode,
         chunks=state.chunks,
+        token_events=state.token_events,
+        reads=state.reads,
         malformed_lines=state.malformed + state.non_sse_lines + state.oversized_lines,
         got_done=state.done,
         error=error,
