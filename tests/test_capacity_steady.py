@@ -132,9 +132,10 @@ def test_rate_search_on_a_simulated_open_loop():
     rules = C.LevelRules(min_requests=10, max_requests=300, time_cap_s=60)
     calls = []
 
-    def run(rate: float) -> C.LevelResult:
+    def run(rate: float, min_requests: int | None = None) -> C.LevelResult:
         calls.append(rate)
-        mon = C.LevelMonitor(rate, slo, rules, rate=True)
+        level_rules = rules if min_requests is None else rules.confirming(min_requests)
+        mon = C.LevelMonitor(rate, slo, level_rules, rate=True)
         t, backlog, k = 0.0, 0.0, 0
         while True:
             k += 1
@@ -154,6 +155,10 @@ def test_rate_search_on_a_simulated_open_loop():
     assert 18.0 <= res.capacity["rate"] <= 20.0 and res.capacity_load == res.capacity["rate"]
     assert all(lv.rate == c and lv.concurrency is None for lv, c in zip(res.levels, calls, strict=True))
     assert "capacity: rate " in C.format_capacity(res) and "req/s" in C.format_capacity(res)
+    # the confirmation: the capacity's rate again, for 8 turnovers of its requests in flight (Little's law)
+    last = res.levels[-1]
+    assert last.confirmation and last.rate == res.capacity["rate"] and res.capacity["confirmed"]
+    assert last.requests >= rules.max_requests  # a confirmation counts at least a level's most
     back = C.capacity_from_dict(json.loads(json.dumps(res.to_dict())))
     assert back.mode == "rate" and back.level(res.capacity["rate"]).passed
 

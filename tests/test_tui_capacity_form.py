@@ -186,17 +186,20 @@ async def test_a_rate_search_in_the_burst_tab_shows_req_s_and_its_progress(paced
         await wait_for(pilot, lambda: not tab.running, 90, "the search to end")
         r = tab.last_capacity
         assert r is not None and r.mode == "rate", shown(screen, "#pf-cap-result")
-        assert [lv.rate for lv in r.levels] == [4.0, 8.0] and r.stop_reason == "max_rate"
+        # (the last: the capacity measured once more, longer: the confirmation)
+        assert [lv.rate for lv in r.levels] == [4.0, 8.0, 8.0] and r.stop_reason == "max_rate"
+        assert [lv.confirmation for lv in r.levels] == [False, False, True]
         assert not progress.display  # no level runs: the line is gone
-        # The table's load column is in req/s, a row per level (both lack a concurrency).
+        # The table's load column is in req/s, a row per level (they lack a concurrency).
         table = screen.query_one("#pf-cap-levels", DataTable)
-        assert table.row_count == 2 and str(table.columns[table.coordinate_to_cell_key((0, 0)).column_key].label) \
+        assert table.row_count == 3 and str(table.columns[table.coordinate_to_cell_key((0, 0)).column_key].label) \
             == "req/s sent"
-        assert [str(table.get_row_at(i)[0]) for i in range(2)] == ["4/s", "8/s"]
+        assert [str(table.get_row_at(i)[0]) for i in range(3)] == ["4/s", "8/s", "8/s"]
+        assert str(table.get_row_at(2)[6]).startswith("confirmed: pass")
         result = shown(screen, "#pf-cap-result")
         assert "capacity: 8 req/s" in result and "stopped: max_rate" in result
         chart = screen.query_one(CapacityChart)
-        assert chart.points_drawn == 2 and "in req/s" in chart.border_subtitle
+        assert chart.points_drawn == 3 and "in req/s" in chart.border_subtitle
 
 
 def _rate_level(rate: float, passed: bool) -> LevelResult:
@@ -280,7 +283,7 @@ async def test_sweep_rate_mode_runs_rate_searches(tmp_path, tiny_model_dir_fixtu
         assert str(table.get_row("slots4")[keys.index("capacity_rate")]) == "8"
         assert {str(c.label) for c in table.columns.values()} >= {"capacity (req/s)"}
         chart = screen.query_one("#sw-chart", CapacityChart)
-        assert chart.points_drawn == 2 and chart.curves[0].capacity == 8.0
+        assert chart.points_drawn == 3 and chart.curves[0].capacity == 8.0  # 4, 8 and 8's confirmation
 
 
 @pytest.fixture

@@ -10,6 +10,12 @@ a simulated server.
 - Doubling from `start` until a level fails (or the cap, or saturation),
   then bisection between the highest pass and the lowest fail until
   (fail - pass) / pass <= tolerance (or, for concurrency, they are neighbours).
+- Then the confirmation: the capacity found is measured once more, for
+  `confirm_waves` turnovers of its in-flight set (closed loop 8 x C: the bench
+  client's 8 waves) and at least a level's max_requests; its figures are the
+  ones reported. A short level decides pass or fail soundly but its goodput
+  is a few seconds' worth (it varied by half between H200 searches). A
+  confirmation that fails becomes the lowest fail and the bisection goes on.
 - Each level is measured in its steady state (LevelMonitor): a warm-up,
   discarded, until every request sent before the first answer came back has
   ended (the in-flight set has turned over); then back-to-back windows of
@@ -42,7 +48,7 @@ import math
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from ernie_tui.engine_ctl.load import runstore, stats
@@ -67,6 +73,12 @@ DEFAULT_ATTAINMENT = 0.90
 DEFAULT_MIN_WINDOWS = 3
 DEFAULT_WINDOW_S = 1.0
 DEFAULT_STABILITY = 0.15
+# The capacity level is measured once more at the end, for this many
+# turnovers of its in-flight set (a closed loop's 8 x C requests: the bench
+# client's 8 waves), and its figures come from that run: a level decided in a
+# few seconds passes or fails soundly, but its goodput is a few seconds' worth
+# and varied by half across searches on an H200. 0: no confirmation.
+DEFAULT_CONFIRM_WAVES = 8
 MODES = ("concurrency", "rate")
 
 STOP_REASONS = {
@@ -104,6 +116,13 @@ class LevelRules:
     window_s: float = DEFAULT_WINDOW_S
     stability: float = DEFAULT_STABILITY
 
+    def confirming(self, requests: int) -> LevelRules:
+        """The rules of a confirmation (search's closing run): at least
+        `requests` counted, and never fewer than a level may count at most
+        (at low load 8 turnovers are a few dozen requests, too few for a p99)."""
+        n = max(requests, self.max_requests)
+        return replace(self, min_requests=max(self.min_requests, n), max_requests=n)
+
     def validate(self) -> None:
         if self.min_requests < 1 or self.max_requests < self.min_requests:
             raise ValueError("need 1 <= min requests <= max requests")
@@ -138,8 +157,11 @@ class SearchConfig:
     start_rate: float = DEFAULT_START_RATE
     max_rate: float = DEFAULT_MAX_RATE
     arrivals: str = DEFAULT_ARRIVALS  # poisson | constant
+    confirm_waves: int = DEFAULT_CONFIRM_WAVES  # see DEFAULT_CONFIRM_WAVES; 0: off
 
     def validate(self) -> None:
+        if self.confirm_waves < 0:
+            raise ValueError("the confirmation's waves must not be negative (0: no confirmation)")
         if self.mode not in MODES:
             raise ValueError(f"the search mode is one of {', '.join(MODES)}")
         if self.start < 1:
@@ -167,7 +189,7 @@ def make_search(slo: Sequence[str] | str, *, start: int = DEFAULT_START,
                 attainment: float = DEFAULT_ATTAINMENT, rate: bool = False,
                 start_rate: float = DEFAULT_START_RATE, max_rate: float = DEFAULT_MAX_RATE,
                 arrivals: str = DEFAULT_ARRIVALS, stability: float = DEFAULT_STABILITY,
-                min_windows: int = DEFAULT_MIN_WINDOWS,
+                min_windows: int = DEFAULT_MIN_WINDOWS, confirm_waves: int = DEFAULT_CONFIRM_WAVES,
                 ) -> tuple[list[S.Objective], SearchConfig, LevelRules]:
     """The objectives, the search and the level rules from what a person
     typed (the command line's options, the dashboard's fields), checked:
@@ -176,7 +198,7 @@ def make_search(slo: Sequence[str] | str, *, start: int = DEFAULT_START,
     objectives = S.parse_slo_text(slo) if isinstance(slo, str) else S.parse_slo(slo)
     search = SearchConfig(start=start, max_concurrency=max_concurrency, tolerance=tolerance,
                           mode="rate" if rate else "concurrency", start_rate=start_rate, max_rate=max_rate,
-                          arrivals=arrivals)
+                          arrivals=arrivals, confirm_waves=confirm_waves)
     search.validate()
     rules = LevelRules(min_requests=min_requests, max_requests=max_requests, time_cap_s=level_time_s,
                        confidence=confidence, attainment_target=attainment, stability=stability,
@@ -242,6 +264,11 @@ class LevelResult:
     window_e2e_ms: list[float] | None = None  # each window's median E2E (the stability check's figures)
     late_sends: int | None = None  # open loop: requests sent more than 10 ms after their time
     late_send_max_ms: float | None = None
+    confirmation: bool = False  # the search's closing, longer run at its capacity
+    # The load generator's own event-loop stalls during the level (a 10 ms
+    # timer's overshoot): a stalled client reads every stream's gaps long.
+    client_lag_p99_ms: float | None = None
+    client_lag_max_ms: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -284,6 +311,7 @@ class LevelMonitor:
         self._gross_checked = 0
         self.gross = False  # decided failed on everything answered after the warm-up
         self._failed = 0
+        self._p99s: tuple[int, float | None, float | None] | None = None  # progress(): counted, TTFT, ITL p99
 
     # -- feeding
     def started(self, t: float) -> None:
@@ -404,17 +432,22 @@ class LevelMonitor:
         return None
 
     def progress(self, now: float) -> dict[str, Any]:
-        """A provisional view of the level for a progress display."""
+        """A provisional view of the level for a progress display. Its p99s
+        are taken again only once the counted requests grew by a tenth: a
+        busy level's token gaps are 100,000+ values, and this runs on the
+        loop that timestamps the streams."""
         blocks = self.blocks()
         counted = [o for b in blocks for o in b]
-        ok = [o for o in counted if o.ok]
         ev = self.evaluation
+        if self._p99s is None or len(counted) >= max(self._p99s[0] + 1, 1.1 * self._p99s[0]):
+            ok = [o for o in counted if o.ok]
+            self._p99s = (len(counted), S.ms(stats.percentile([o.ttft_s for o in ok if o.ttft_s is not None], 99)),
+                          S.ms(S.percentile_fast(S.itl_gaps(ok), 99)))
         return {
             "phase": "warm-up" if self.warmup_end is None else "measuring",
             "requests": self.count, "counted": len(counted), "in_flight": self.inflight, "sent": self.sent,
             "elapsed_s": now, "windows": self.windows, "window_s": self.window_s,
-            "ttft_p99_ms": S.ms(stats.percentile([o.ttft_s for o in ok if o.ttft_s is not None], 99)),
-            "itl_p99_ms": S.ms(stats.percentile(S.itl_gaps(ok), 99)),
+            "ttft_p99_ms": self._p99s[1], "itl_p99_ms": self._p99s[2],
             "attainment": ev.attainment if ev is not None else None,
             "verdict": ev.verdict if ev is not None else None,
         }
@@ -573,6 +606,17 @@ def capacity_from_dict(d: dict[str, Any]) -> CapacityResult:
     return CapacityResult(levels=levels, **{k: v for k, v in d.items() if k in top})
 
 
+def confirm_requests(level: LevelResult, config: SearchConfig) -> int:
+    """Counted requests for the confirmation of `level`: confirm_waves
+    turnovers of its in-flight set (closed loop: the concurrency; open loop,
+    by Little's law: rate x the median time a request spends in the server).
+    The runner counts at least its max_requests too (LevelRules.confirming)."""
+    if level.rate is None:
+        return max(1, config.confirm_waves * int(level.concurrency or 1))
+    e2e_s = (level.e2e_p50_ms or 1000.0) / 1000.0
+    return max(1, math.ceil(config.confirm_waves * level.rate * e2e_s))
+
+
 def capacity_summary(level: LevelResult) -> dict[str, Any]:
     out: dict[str, Any] = {
         "concurrency": level.concurrency,
@@ -583,6 +627,9 @@ def capacity_summary(level: LevelResult) -> dict[str, Any]:
         "attainment": level.attainment,
         "attainment_target": level.attainment_target,
         "decided": level.decided,
+        "confirmed": level.confirmation,
+        "requests": level.requests,
+        "seconds": level.seconds,
     }
     if level.rate is not None:
         out["rate"] = level.rate
@@ -590,7 +637,9 @@ def capacity_summary(level: LevelResult) -> dict[str, Any]:
 
 
 Progress = Callable[[dict[str, Any]], None]
-LevelRunner = Callable[[Any], LevelResult]
+# run_level(load) measures one level; the confirmation calls
+# run_level(load, min_requests=N): the level counts at least N requests.
+LevelRunner = Callable[..., LevelResult]
 
 
 def emit(progress: Progress | None, **event: Any) -> None:
@@ -618,7 +667,10 @@ def search(run_level: LevelRunner, slo: Sequence[S.Objective], config: SearchCon
     progress gets
     {"event": "level_start", "concurrency" (or "rate"), "index"} and
     {"event": "level_done", "level": LevelResult, "index", "low_pass", "high_fail"}
-    (the runner adds "level_progress" events while a level runs)."""
+    (the runner adds "level_progress" events while a level runs; a
+    confirmation's events carry "confirm": True). The capacity found is
+    confirmed by run_level(load, min_requests=confirm_requests(...)) unless
+    config.confirm_waves is 0."""
     config = config or SearchConfig()
     config.validate()
     rate = config.rate
@@ -662,6 +714,25 @@ def search(run_level: LevelRunner, slo: Sequence[S.Objective], config: SearchCon
               low_pass=(best.load if rate else best.concurrency) if best else None,
               high_fail=(fail_at if rate or fail_at is None else int(fail_at)))
 
+    def confirm(level: LevelResult) -> LevelResult:
+        nonlocal best, fail_at
+        load: Any = level.load if rate else int(level.load)
+        emit(progress, event="level_start", index=len(levels), confirm=True, **{key: load})
+        lv = run_level(load, min_requests=confirm_requests(level, config))
+        lv.confirmation = True
+        levels.append(lv)
+        if lv.stop != "cancelled":
+            if lv.passed:
+                best = lv
+            else:
+                fail_at = lv.load if fail_at is None else min(fail_at, lv.load)
+                lower = [x for x in levels if x.passed and x.load < lv.load and x.stop != "cancelled"]
+                best = max(lower, key=lambda x: x.load) if lower else None
+        emit(progress, event="level_done", level=lv, index=len(levels) - 1, confirm=True,
+             low_pass=(best.load if rate else best.concurrency) if best else None,
+             high_fail=(fail_at if rate or fail_at is None else int(fail_at)))
+        return lv
+
     def interrupted(lv: LevelResult) -> str | None:
         if lv.stop == "cancelled" or (cancel is not None and cancel.is_set()):
             return "cancelled"
@@ -694,27 +765,48 @@ def search(run_level: LevelRunner, slo: Sequence[S.Objective], config: SearchCon
         x = min(2 * x, top)
 
     # Bisection between the highest pass (0 when none: the start itself may
-    # be above the capacity) and the lowest fail.
+    # be above the capacity) and the lowest fail; then the confirmation
+    # (DEFAULT_CONFIRM_WAVES): the capacity once more, longer. Passing, it is
+    # the capacity and its figures are the ones reported; failing, it is the
+    # lowest fail and the bisection goes on below it (three confirmations at
+    # most: a search must end).
     floor = (config.start_rate / 8.0) if rate else 1.0
+    confirmations = 0
+    # The doubling may end on a pass (the top, or saturation): nothing to
+    # bisect, but its capacity is confirmed all the same.
+    top_reason = reason if reason in ("max_concurrency", "max_rate", "saturated") else None
+    if top_reason is not None:
+        reason = None
     while reason is None:
         lo = best.load if best else 0.0
         hi = fail_at if fail_at is not None else lo + 1
-        if rate:
+        if top_reason is not None and fail_at is None:
+            done = True
+        elif rate:
             done = (lo > 0 and (hi - lo) / lo <= config.tolerance) or (lo == 0 and hi <= floor)
         else:
             done = hi - lo <= 1 or (lo > 0 and (hi - lo) / lo <= config.tolerance)
+        mid = _round_rate((lo + hi) / 2.0) if rate else float((int(lo) + int(hi)) // 2)
+        if not done and (mid in seen or mid <= lo or mid >= hi):
+            done = True  # rounding met a measured level: as close as it gets
         if done:
-            reason = "bracketed" if best else "first_level_failed"
-            break
+            if best is None:
+                reason = "first_level_failed"
+                break
+            if not config.confirm_waves or best.confirmation or confirmations >= 3:
+                reason = top_reason if top_reason is not None and fail_at is None else "bracketed"
+                break
+            # (then confirm it)
         if cancel is not None and cancel.is_set():
             reason = "cancelled"
             break
-        mid = _round_rate((lo + hi) / 2.0) if rate else float((int(lo) + int(hi)) // 2)
-        if mid in seen or mid <= lo or mid >= hi:  # rounding met a measured level: as close as it gets
-            reason = "bracketed" if best else "first_level_failed"
-            break
-        lv = measure(mid)
-        record(lv)
+        if done:
+            assert best is not None  # (a search without a pass ended above)
+            confirmations += 1
+            lv = confirm(best)
+        else:
+            lv = measure(mid)
+            record(lv)
         reason = interrupted(lv)
 
     capacity = capacity_summary(best) if best else None
@@ -735,7 +827,8 @@ def format_capacity(r: CapacityResult) -> str:
     lines = [f"capacity search ({'open loop, request rate' if rate else 'closed loop, concurrency'}), "
              f"SLO {' '.join(r.slo)}", head]
     for lv in sorted(r.levels, key=lambda x: x.load):
-        verdict = ("pass" if lv.passed else "fail") + ("" if lv.decided else " (undecided)")
+        verdict = ("pass" if lv.passed else "fail") + ("" if lv.decided else " (undecided)") \
+            + (" [confirmation]" if lv.confirmation else "")
         att = "-" if lv.attainment is None else f"{lv.attainment * 100:.1f}%"
         load = f"{lv.rate:g}" if lv.rate is not None else str(lv.concurrency)
         extra = ""
@@ -759,6 +852,8 @@ def format_capacity(r: CapacityResult) -> str:
         target = c.get("attainment_target")
         lines.append(f"capacity: {what}"
                      + ("" if c.get("decided", True) else " (its level was undecided at a cap)")
+                     + (f", confirmed over {c['requests']} requests in {f(c.get('seconds'))} s"
+                        if c.get("confirmed") else "")
                      + f", goodput {f(c['goodput_rps'], '.2f')} req/s, {f(c['goodput_output_tps'])} output tok/s, "
                      f"TTFT p99 {f(c['ttft_p99_ms'])} ms, ITL p99 {f(c['itl_p99_ms'])} ms"
                      + (f", attainment {c['attainment'] * 100:.1f}% (target {target * 100:.0f}%)"

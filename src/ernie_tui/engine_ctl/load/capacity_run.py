@@ -30,11 +30,13 @@ import math
 import threading
 import time
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Callable
 
 from ernie_tui.engine_ctl.load import capacity as C
 from ernie_tui.engine_ctl.load import metrics as M
 from ernie_tui.engine_ctl.load import slo as S
+from ernie_tui.engine_ctl.load import stats
 from ernie_tui.engine_ctl.load.arrivals import arrival_stream
 from ernie_tui.engine_ctl.load.burst import BurstConfig
 from ernie_tui.engine_ctl.load.http_client import ServedModel, base_url, new_async_client, resolve_model
@@ -206,8 +208,8 @@ class HttpLevelRunner:
         self.server_warmed = False
         self._levels = 0
 
-    def __call__(self, load: Any) -> C.LevelResult:
-        return asyncio.run(self.run_async(load))
+    def __call__(self, load: Any, min_requests: int | None = None) -> C.LevelResult:
+        return asyncio.run(self.run_async(load, min_requests))
 
     def _request(self, item: WorkItem, max_tokens: int | None = None) -> ProbeRequest:
         s = self.settings
@@ -238,17 +240,20 @@ class HttpLevelRunner:
         if not dropped:
             task.result()  # a bug in the batch still shows
 
-    def _expected_requests(self, load: float) -> int:
+    def _expected_requests(self, load: float, rules: C.LevelRules) -> int:
         """Prompts to build before the level: the most it may send."""
         if self.open_loop:  # (past this, take() builds more as it goes)
-            return int(load * min(self.rules.time_cap_s, 15.0)) + 16
-        return max(self.rules.max_requests, 8 * int(load)) + 3 * int(load)
+            return max(int(load * min(rules.time_cap_s, 15.0)), rules.min_requests) + 16
+        return max(rules.max_requests, 8 * int(load)) + 3 * int(load)
 
-    async def run_async(self, load: Any) -> C.LevelResult:
+    async def run_async(self, load: Any, min_requests: int | None = None) -> C.LevelResult:
         s = self.settings
         rate = self.open_loop
         width = max(1, int(math.ceil(load)))  # warm-up batch and connections
-        monitor = C.LevelMonitor(load, self.slo, self.rules, rate=rate)
+        rules = self.rules
+        if min_requests is not None:  # the search's confirmation: at least this many counted
+            rules = rules.confirming(min_requests)
+        monitor = C.LevelMonitor(load, self.slo, rules, rate=rate)
         mclient = M.MetricsClient(self.url, self.api_key, timeout=s.metrics_timeout_s) if self.use_metrics else None
         stop = asyncio.Event()
         reason: list[str] = []
@@ -264,26 +269,59 @@ class HttpLevelRunner:
                 reason.append(r)
             stop.set()
 
+        # The monitor is judged in a worker thread (judge_in_thread): while a
+        # judgement runs, the requests' starts and ends wait here and are fed
+        # to the monitor after it, so the monitor only ever has one thread in it.
+        held: list[Callable[[], None]] = []
+        judging = False
+
+        def feed(step: Callable[[], None]) -> None:
+            if judging:
+                held.append(step)
+            else:
+                step()
+
+        async def judge_in_thread(fn: Callable[[float], Any], now: float) -> Any:
+            # A level's verdict takes its 100,000+ token gaps: tens of ms of
+            # work that, on this loop, would hold up every stream's next
+            # token gap (on an H200 our ITL p99 read 44-115 ms where vLLM's
+            # and the bench client's read 23-49 at the same concurrency, with
+            # the level judged on the loop at every answer). In a thread the
+            # loop gets its turn every few ms (the interpreter's switch
+            # interval; numpy's sort lets go of the GIL).
+            nonlocal judging
+            judging = True
+            try:
+                return await asyncio.to_thread(fn, now)
+            finally:
+                judging = False
+                steps = held[:]
+                held.clear()
+                for step in steps:
+                    step()
+
         async def one(client: Any) -> None:
             nonlocal in_row
             item = self.workload.take()
             t_s = time.perf_counter() - t0
-            monitor.started(t_s)
+            feed(partial(monitor.started, t_s))
             res = await stream_request(client, self.url, self._request(item), self.model,
                                        read_timeout=s.read_timeout_s, total_timeout=s.request_timeout_s)
             t_e = time.perf_counter() - t0
             kind = res.error.kind if res.error else None
-            monitor.add(S.RequestOutcome(ok=res.ok, ttft_s=res.ttft_s, latency_s=res.latency_s,
-                                         itls=list(res.itls), completion_tokens=res.completion_tokens,
-                                         prompt_tokens=res.prompt_tokens, error_kind=kind,
-                                         start_s=t_s, end_s=t_e))
+            feed(partial(monitor.add, S.RequestOutcome(ok=res.ok, ttft_s=res.ttft_s, latency_s=res.latency_s,
+                                                       itls=list(res.itls), completion_tokens=res.completion_tokens,
+                                                       prompt_tokens=res.prompt_tokens, error_kind=kind,
+                                                       start_s=t_s, end_s=t_e)))
             in_row = in_row + 1 if kind in TRANSPORT_KINDS else 0
             if in_row >= max(4, 2 * width):
                 decide("server_down")
-            if not stop.is_set():
-                r = monitor.stop_reason(t_e)
-                if r is not None:
-                    decide(r)
+            # The level's verdict is not judged here, at every answer, but by
+            # the level loop's 0.1 s tick: judging 100,000+ token gaps on
+            # every one of 150 answers a second stalled this loop for tens of
+            # ms at a time, and every stream's next token gap with it (on an
+            # H200 our ITL p99 read 44-115 ms where vLLM's and the bench
+            # client's read 23-49 at the same concurrency).
 
         async def worker(client: Any) -> None:  # closed loop: one slot
             while not stop.is_set():
@@ -313,7 +351,7 @@ class HttpLevelRunner:
         sampler = None
         self._levels += 1
         # New prompts for the most this level can send, built now, before anything is timed.
-        self.workload.ensure(self._expected_requests(float(load)))
+        self.workload.ensure(self._expected_requests(float(load), rules))
         conns = width + 2 if not rate else max(64, int(float(load) * 30) + 16)
         async with new_async_client(self.api_key, s.read_timeout_s, max_connections=conns) as client:
             if s.warmup:
@@ -343,20 +381,29 @@ class HttpLevelRunner:
                     t = asyncio.ensure_future(worker(client))
                     tasks.add(t)
             last_progress = 0.0
+            lags: list[float] = []
+
+            async def watch_lag() -> None:  # this loop's own stalls: how late a 10 ms timer fires
+                while True:
+                    t = time.perf_counter()
+                    await asyncio.sleep(0.010)
+                    lags.append(time.perf_counter() - t - 0.010)
+
+            lag_task = asyncio.ensure_future(watch_lag())
             try:
                 while not stop.is_set():
                     if self._cancelled():
                         decide("cancelled")
                         break
                     now = time.perf_counter() - t0
-                    r = monitor.stop_reason(now)
+                    r = await judge_in_thread(monitor.stop_reason, now)
                     if r is not None:
                         decide(r)
                         break
                     if self.progress is not None and now - last_progress >= 0.5:
                         last_progress = now
                         C.emit(self.progress, event="level_progress", **{key: load},
-                               **monitor.progress(now))
+                               **await judge_in_thread(monitor.progress, now))
                     try:
                         await asyncio.wait_for(stop.wait(), 0.1)
                     except asyncio.TimeoutError:
@@ -366,6 +413,7 @@ class HttpLevelRunner:
                 # counted: cancel it (vLLM aborts it) instead of draining it
                 # at a lighter load.
                 stop.set()
+                lag_task.cancel()
                 pending: list[asyncio.Future] = list(tasks) + ([feeder] if feeder is not None else [])
                 for fut in pending:
                     fut.cancel()
@@ -390,6 +438,11 @@ class HttpLevelRunner:
                 o.error_kind in TRANSPORT_KINDS for o in monitor.outcomes):
             stop_reason = "server_down"
         res = monitor.result(elapsed, stop_reason, server)
+        res.client_lag_p99_ms = S.ms(stats.percentile(lags, 99))
+        res.client_lag_max_ms = S.ms(max(lags)) if lags else None
+        if res.client_lag_max_ms is not None and res.client_lag_max_ms > 50.0:
+            res.warnings.append(f"the load generator's own loop stalled up to {res.client_lag_max_ms:.0f} ms "
+                                f"(p99 {res.client_lag_p99_ms or 0:.1f} ms): its token gaps may read long")
         if rate:
             res.late_sends, res.late_send_max_ms = late_n, round(late_max * 1000.0, 3)
             if late_n:

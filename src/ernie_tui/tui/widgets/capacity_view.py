@@ -88,7 +88,8 @@ def _num(v: float | None, fmt: str = ".1f") -> str:
 
 def level_verdict(lv: Any) -> str:
     """'pass', 'fail (undecided)', ... with why the level stopped."""
-    return ("pass" if lv.passed else "fail") + ("" if lv.decided else " (undecided)") + f", {lv.stop}"
+    return ("confirmed: " if getattr(lv, "confirmation", False) else "") + ("pass" if lv.passed else "fail") \
+        + ("" if lv.decided else " (undecided)") + f", {lv.stop}"
 
 
 def level_cells(lv: Any) -> list[Any]:
