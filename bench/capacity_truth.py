@@ -171,6 +171,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--waves", type=int, default=8)
     p.add_argument("--rate-seconds", type=float, default=30.0)
+    p.add_argument("--only", choices=("concurrency", "rate"),
+                   help="bracket and search this mode alone (a device call each)")
     p.add_argument("--searches", type=int, default=3)
     p.add_argument("--tolerance", type=float, default=0.10, help="the search's tolerance step (default 0.10)")
     p.add_argument("--input-len", type=int, default=165)
@@ -201,7 +203,9 @@ def main(argv: list[str] | None = None) -> int:
           f"outputs {shape.ranges()[2]}..{shape.ranges()[3]} (both clients)", flush=True)
     help_text = subprocess.run([args.bench_python, "-m", "ernie_tui", "probe", "--help"], capture_output=True,
                                text=True, env=env, check=False).stdout
-    modes = [("concurrency", args.concurrency)] + ([("rate", args.rate)] if args.rate else [])
+    modes = [("concurrency", args.concurrency)] + ([("rate", args.rate)] if args.rate or "rate" in earlier else [])
+    if args.only:
+        modes = [m for m in modes if m[0] == args.only]
     for mode, levels in modes:
         if not levels and mode not in earlier:
             continue
@@ -237,6 +241,10 @@ def main(argv: list[str] | None = None) -> int:
                            env=env, timeout_s=args.timeout, keep_records=args.keep_records)
             s["verdict"] = judge(s.get("answer"), br["low"], br["high"], args.tolerance)
             searches.append(s)
+            if args.json:  # each search kept as it ends: a deadline that cuts the run keeps the finished ones
+                partial = {**out, "modes": {**out["modes"], mode: {"bracket": br, "searches": searches,
+                                                                    "partial": True}}}
+                Path(args.json).write_text(json.dumps(partial, indent=1))
             print(f"  our search {i + 1}: {mode} {s.get('answer')} -> {s['verdict']}; goodput "
                   f"{s.get('goodput_output_tps') or 0:.0f} tok/s; {s.get('wall_s', 0):.0f} s"
                   + (f"; error: {s['error'][-300:]}" if "error" in s else ""), flush=True)

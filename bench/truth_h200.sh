@@ -5,8 +5,12 @@
 # to .gpu9 of the carry):
 #   bash .gpu9/bench/truth_h200.sh start     a seed-A server in a session of its own (outlives the call)
 #   bash .gpu9/bench/truth_h200.sh bracket   the bench client at each TRUTH_C level (TRUTH_ROUNDS rounds)
-#   bash .gpu9/bench/truth_h200.sh search    TRUTH_SEARCHES of our searches against that bracket; stops the
-#                                            server and packs everything into $OUT/truth-h200.tgz
+#   bash .gpu9/bench/truth_h200.sh search    TRUTH_SEARCHES of our searches against that bracket (TRUTH_ONLY:
+#                                            concurrency or rate alone); packs everything into $OUT/truth-h200.tgz
+#                                            and stops the server when TRUTH_STOP=1
+#   bash .gpu9/bench/truth_h200.sh agree     our burst against the bench client (bench/agree_vllm_bench.py) at
+#                                            AGREE_C concurrencies and AGREE_R rates, AGREE_ROUNDS rounds
+#   bash .gpu9/bench/truth_h200.sh stop      stops the server and packs everything
 set -u
 HERE=$(cd "$(dirname "$0")/.." && pwd)
 export PYTHONPATH=/root/stage/site:$HERE/src VLLM_USE_FLASHINFER_SAMPLER=0
@@ -29,16 +33,28 @@ start)
   echo "server ready after ${i} s";;
 bracket)
   timeout ${TRUTH_DEADLINE_S:-560} python3 "$HERE/bench/capacity_truth.py" --url http://127.0.0.1:8000 --model m03 \
-      --tokenizer "$M" "${SLO[@]}" --concurrency ${TRUTH_C:-128 160 192 256} --rounds ${TRUTH_ROUNDS:-1} \
-      --searches 0 --json "$W/bracket.json" 2>&1 | tee "$W/bracket.log";;
+      --tokenizer "$M" "${SLO[@]}" --concurrency ${TRUTH_C:-128 160 192 256} --rate ${TRUTH_R:-} \
+      --rate-seconds ${TRUTH_RATE_SECONDS:-10} --rounds ${TRUTH_ROUNDS:-1} \
+      --searches 0 --json "$W/bracket.json" 2>&1 | tee "$W/bracket.log"
+  tar czf "$OUT/truth-h200.tgz" -C "$W" $(cd "$W" && ls *.json *.log 2>/dev/null);;
+agree)
+  timeout ${TRUTH_DEADLINE_S:-560} python3 "$HERE/bench/agree_vllm_bench.py" --url http://127.0.0.1:8000 --model m03 \
+      --tokenizer "$M" --concurrency ${AGREE_C:-128 256} --rate ${AGREE_R:-80} --rounds ${AGREE_ROUNDS:-3} \
+      --waves 8 --rate-seconds 10 --json "$W/agree.json" 2>&1 | tee "$W/agree.log"
+  tar czf "$OUT/truth-h200.tgz" -C "$W" $(cd "$W" && ls *.json *.log 2>/dev/null);;
+stop)
+  pkill -INT -f vllm.entrypoints.openai.api_server; sleep 5
+  tar czf "$OUT/truth-h200.tgz" -C "$W" $(cd "$W" && ls *.json *.log 2>/dev/null) data;;
 search)
   # A bracket measured on an earlier machine (same server flags) can be carried in TRUTH_BRACKET.
   [ -n "${TRUTH_BRACKET:-}" ] && [ ! -f "$W/bracket.json" ] && cp "$TRUTH_BRACKET" "$W/bracket.json"
+  TAG=${TRUTH_TAG:-truth}
   timeout ${TRUTH_DEADLINE_S:-540} python3 "$HERE/bench/capacity_truth.py" --url http://127.0.0.1:8000 --model m03 \
       --tokenizer "$M" "${SLO[@]}" --bracket-from "$W/bracket.json" --searches ${TRUTH_SEARCHES:-2} \
-      --keep-records --json "$W/truth.json" -- ${TRUTH_SEARCH_ARGS:---start-concurrency 16} 2>&1 | tee "$W/truth.log"
-  pkill -INT -f vllm.entrypoints.openai.api_server; sleep 5
-  tar czf "$OUT/truth-h200.tgz" -C "$W" $(cd "$W" && ls bracket.json bracket.log truth.json truth.log server.log 2>/dev/null) data;;
-*) echo "usage: truth_h200.sh start|bracket|search"; exit 2;;
+      ${TRUTH_ONLY:+--only $TRUTH_ONLY} --timeout 500 \
+      --keep-records --json "$W/$TAG.json" -- ${TRUTH_SEARCH_ARGS:---start-concurrency 16} 2>&1 | tee "$W/$TAG.log"
+  [ "${TRUTH_STOP:-0}" = 1 ] && { pkill -INT -f vllm.entrypoints.openai.api_server; sleep 5; }
+  tar czf "$OUT/truth-h200.tgz" -C "$W" $(cd "$W" && ls *.json *.log 2>/dev/null) data;;
+*) echo "usage: truth_h200.sh start|bracket|search|agree|stop"; exit 2;;
 esac
 date -u
