@@ -86,9 +86,11 @@ async def test_burst_tab_capacity_search_on_real_vllm(cpu_server):
         assert r is not None and r.levels, result
         print("\n" + result)
         n = len(r.levels)
-        # The loose SLO holds at every level up to the cap: 1, 2, 4, then the cap stops it.
-        assert [lv.concurrency for lv in r.levels] == [1, 2, 4] and r.stop_reason == "max_concurrency", result
-        assert tab.level_starts == [1, 2, 4]
+        # The loose SLO holds at every level up to the cap: 1, 2, 4, then the cap stops it,
+        # and 4 is measured once more, longer: the confirmation, whose figures are reported.
+        assert [lv.concurrency for lv in r.levels] == [1, 2, 4, 4] and r.stop_reason == "max_concurrency", result
+        assert [lv.confirmation for lv in r.levels] == [False, False, False, True]
+        assert tab.level_starts == [1, 2, 4, 4] and r.capacity["confirmed"]
         assert r.capacity is not None and r.capacity["concurrency"] == 4
         # 0 points (the reset), then one more as each level finished, all before the end.
         while_running = [pts for pts, running in draws if running]
@@ -246,14 +248,14 @@ async def test_sweep_screen_capacity_mode_on_real_vllm(tmp_path, tiny_model):
         notes = shown(screen, "#sw-notes")
         print("\n" + notes)
         assert [r.status for r in screen.runs] == ["ok", "ok"], notes
-        # The loose SLO holds up to the cap on both: 1, 2, 4 measured, capacity 4.
+        # The loose SLO holds up to the cap on both: 1, 2, 4 measured and 4 confirmed, capacity 4.
         assert {r.preset: (r.levels, r.capacity_concurrency) for r in screen.runs} == {
-            "cpu-b32": (3, 4.0), "cpu-b64": (3, 4.0)}
+            "cpu-b32": (4, 4.0), "cpu-b64": (4, 4.0)}
         # The curves are the searches' own levels, as their run records hold them,
         # and those are real vLLM's (its /metrics counted every answer).
         records = {r.preset_name: r for r in list_runs(kind="capacity")}
         assert set(records) == {"cpu-b32", "cpu-b64"}, records
-        assert {c.name for c in chart.curves} == {"cpu-b32", "cpu-b64"} and chart.points_drawn == 6
+        assert {c.name for c in chart.curves} == {"cpu-b32", "cpu-b64"} and chart.points_drawn == 8
         for curve in chart.curves:
             saved = records[curve.name].results["levels"]
             assert [(lv.concurrency, lv.output_tps, lv.ttft_p99_ms) for lv in curve.levels] == [

@@ -397,10 +397,11 @@ async def test_preflight_fix_before_launch(fake_presets, tmp_path):
                    sample_interval=0.5)
     try:
         async with app.run_test(size=(120, 40)) as pilot:
-            await wait_for(pilot, lambda: isinstance(app.screen, PreflightScreen), what="the preflight dialog")
+            # The dialog's words, not only its screen: on a loaded box the screen
+            # can be up before it is composed (a fresh-clone CI run read '' here).
+            await wait_for(pilot, lambda: isinstance(app.screen, PreflightScreen)
+                           and "block_size = 32" in screen_text_of(app.screen), what="the preflight dialog's fix")
             assert rec.servers and rec.servers[0].status.pid is None, "nothing was started"
-            text = screen_text_of(app.screen)
-            assert "block_size = 32" in text
             await pilot.press("f")
             server = rec.servers[0]
             await wait_for(pilot, lambda: server.status.preset_name == "fake-bad-fixed"
