@@ -360,6 +360,15 @@ class _Sampler(threading.Thread):
         self.join(timeout=5)
 
 
+async def watch_loop_lag(lags: list[float], tick_s: float = 0.010) -> None:
+    """Until cancelled, append to `lags` how late a `tick_s` timer fires on
+    this loop: the loop's own stalls, which a stream's next token waits out."""
+    while True:
+        t = time.perf_counter()
+        await asyncio.sleep(tick_s)
+        lags.append(max(0.0, time.perf_counter() - t - tick_s))
+
+
 class _ClientHealth:
     """The load generator's own stalls while a burst runs: garbage-collector
     pauses (gc.callbacks, any thread) and event-loop lag (how late a 10 ms
@@ -408,10 +417,7 @@ class _ClientHealth:
             self._froze = False
 
     async def watch_loop(self) -> None:
-        while True:
-            t = time.perf_counter()
-            await asyncio.sleep(self.TICK_S)
-            self.lags.append(max(0.0, time.perf_counter() - t - self.TICK_S))
+        await watch_loop_lag(self.lags, self.TICK_S)
 
     def to_dict(self) -> dict[str, Any]:
         return {

@@ -682,6 +682,11 @@ def search(run_level: LevelRunner, slo: Sequence[S.Objective], config: SearchCon
     fail_at: float | None = None  # lowest failing load
     reason: str | None = None
 
+    def bounds() -> dict[str, Any]:
+        """The bracket so far, as level_done events carry it."""
+        return {"low_pass": (best.load if rate else best.concurrency) if best else None,
+                "high_fail": fail_at if rate or fail_at is None else int(fail_at)}
+
     def measure(x: float) -> LevelResult:
         load: Any = _round_rate(x) if rate else int(x)
         emit(progress, event="level_start", index=len(levels), **{key: load})
@@ -694,9 +699,7 @@ def search(run_level: LevelRunner, slo: Sequence[S.Objective], config: SearchCon
             # stall at concurrency 32 ended one search at 30 where the bench
             # client's bracket was [128, 160). It is measured once more, afresh,
             # before it may bound the search; the second measurement decides.
-            emit(progress, event="level_done", level=lv, index=len(levels) - 1, remeasure=True,
-                 low_pass=(best.load if rate else best.concurrency) if best else None,
-                 high_fail=(fail_at if rate or fail_at is None else int(fail_at)))
+            emit(progress, event="level_done", level=lv, index=len(levels) - 1, remeasure=True, **bounds())
             emit(progress, event="level_start", index=len(levels), remeasure=True, **{key: load})
             lv = run_level(load)
             levels.append(lv)
@@ -710,9 +713,7 @@ def search(run_level: LevelRunner, slo: Sequence[S.Objective], config: SearchCon
                 best = lv
         elif lv.stop != "cancelled":
             fail_at = lv.load if fail_at is None else min(fail_at, lv.load)
-        emit(progress, event="level_done", level=lv, index=len(levels) - 1,
-              low_pass=(best.load if rate else best.concurrency) if best else None,
-              high_fail=(fail_at if rate or fail_at is None else int(fail_at)))
+        emit(progress, event="level_done", level=lv, index=len(levels) - 1, **bounds())
 
     def confirm(level: LevelResult) -> LevelResult:
         nonlocal best, fail_at
@@ -728,9 +729,7 @@ def search(run_level: LevelRunner, slo: Sequence[S.Objective], config: SearchCon
                 fail_at = lv.load if fail_at is None else min(fail_at, lv.load)
                 lower = [x for x in levels if x.passed and x.load < lv.load and x.stop != "cancelled"]
                 best = max(lower, key=lambda x: x.load) if lower else None
-        emit(progress, event="level_done", level=lv, index=len(levels) - 1, confirm=True,
-             low_pass=(best.load if rate else best.concurrency) if best else None,
-             high_fail=(fail_at if rate or fail_at is None else int(fail_at)))
+        emit(progress, event="level_done", level=lv, index=len(levels) - 1, confirm=True, **bounds())
         return lv
 
     def interrupted(lv: LevelResult) -> str | None:
@@ -789,19 +788,16 @@ def search(run_level: LevelRunner, slo: Sequence[S.Objective], config: SearchCon
         mid = _round_rate((lo + hi) / 2.0) if rate else float((int(lo) + int(hi)) // 2)
         if not done and (mid in seen or mid <= lo or mid >= hi):
             done = True  # rounding met a measured level: as close as it gets
-        if done:
-            if best is None:
-                reason = "first_level_failed"
-                break
-            if not config.confirm_waves or best.confirmation or confirmations >= 3:
-                reason = top_reason if top_reason is not None and fail_at is None else "bracketed"
-                break
-            # (then confirm it)
+        if done and best is None:
+            reason = "first_level_failed"
+            break
+        if done and best is not None and (not config.confirm_waves or best.confirmation or confirmations >= 3):
+            reason = top_reason if top_reason is not None and fail_at is None else "bracketed"
+            break
         if cancel is not None and cancel.is_set():
             reason = "cancelled"
             break
-        if done:
-            assert best is not None  # (a search without a pass ended above)
+        if done and best is not None:  # the bracket is closed: confirm its pass
             confirmations += 1
             lv = confirm(best)
         else:

@@ -38,7 +38,7 @@ from ernie_tui.engine_ctl.load import metrics as M
 from ernie_tui.engine_ctl.load import slo as S
 from ernie_tui.engine_ctl.load import stats
 from ernie_tui.engine_ctl.load.arrivals import arrival_stream
-from ernie_tui.engine_ctl.load.burst import BurstConfig
+from ernie_tui.engine_ctl.load.burst import BurstConfig, watch_loop_lag
 from ernie_tui.engine_ctl.load.http_client import ServedModel, base_url, new_async_client, resolve_model
 from ernie_tui.engine_ctl.load.http_errors import TRANSPORT_KINDS, ProbeFailure
 from ernie_tui.engine_ctl.load.probe import stream_request
@@ -316,12 +316,7 @@ class HttpLevelRunner:
             in_row = in_row + 1 if kind in TRANSPORT_KINDS else 0
             if in_row >= max(4, 2 * width):
                 decide("server_down")
-            # The level's verdict is not judged here, at every answer, but by
-            # the level loop's 0.1 s tick: judging 100,000+ token gaps on
-            # every one of 150 answers a second stalled this loop for tens of
-            # ms at a time, and every stream's next token gap with it (on an
-            # H200 our ITL p99 read 44-115 ms where vLLM's and the bench
-            # client's read 23-49 at the same concurrency).
+            # (the verdict: at the level loop's 0.1 s tick, in a thread; see judge_in_thread)
 
         async def worker(client: Any) -> None:  # closed loop: one slot
             while not stop.is_set():
@@ -382,14 +377,7 @@ class HttpLevelRunner:
                     tasks.add(t)
             last_progress = 0.0
             lags: list[float] = []
-
-            async def watch_lag() -> None:  # this loop's own stalls: how late a 10 ms timer fires
-                while True:
-                    t = time.perf_counter()
-                    await asyncio.sleep(0.010)
-                    lags.append(time.perf_counter() - t - 0.010)
-
-            lag_task = asyncio.ensure_future(watch_lag())
+            lag_task = asyncio.ensure_future(watch_loop_lag(lags))
             try:
                 while not stop.is_set():
                     if self._cancelled():
