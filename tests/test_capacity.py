@@ -617,3 +617,63 @@ def test_a_level_is_judged_off_the_loop_that_times_the_streams(paced, monkeypatc
     assert len(loop_threads) == 1 and judged_in and not set(judged_in) & loop_threads
     assert overlaps == []
     assert lv.client_lag_p99_ms is not None and lv.client_lag_max_ms is not None
+
+
+def test_prompts_a_level_runs_short_of_are_built_off_its_loop(paced, tmp_path, monkeypatch):
+    # On an H200 a level sent ~300 more requests than the prompts built before
+    # it. Each missing prompt was built on the event loop, one at a time, each
+    # with the 103k-token vocabulary scanned again (0.1-0.2 s): the loop stood
+    # still for 9-20 s, and levels that vLLM served with a TTFT p99 of 0.5 s
+    # read 10-20 s. The runner now builds ahead in a worker thread, and the
+    # tokenizer keeps its word pool.
+    from ernie_tui import demo_model as D
+    from ernie_tui.engine_ctl.load.prompts import LocalTokenizer
+    from ernie_tui.engine_ctl.load.workload import burst_workload
+
+    (tmp_path / "tokenizer.json").write_text(json.dumps(D._tokenizer_json(D.vocabulary(D.SHAPES["tiny"].vocab_size))))
+    loop_thread: list[int] = []
+    on_loop_in_level: list[str] = []
+
+    class Watched(LocalTokenizer):
+        def encode(self, text):
+            if loop_thread and threading.get_ident() == loop_thread[0]:
+                on_loop_in_level.append(text[:20])
+            return super().encode(text)
+
+    class Timed(C.LevelMonitor):
+        def started(self, t):
+            if not loop_thread:
+                loop_thread.append(threading.get_ident())
+            super().started(t)
+
+    monkeypatch.setattr(C, "LevelMonitor", Timed)
+    # As on the H200: the level sends more than was built before it.
+    monkeypatch.setattr(R.HttpLevelRunner, "_expected_requests", lambda self, load, rules: 4)
+    tok = Watched(tmp_path)
+    srv = paced("--slots", "4", "--ttft-ms", "5", "--itl-ms", "5")
+    cfg, settings = R.request_setup(min_tokens=10, max_tokens_in=40, max_tokens=8)
+    workload = burst_workload(cfg, tok, size=8)
+    res = R.run_capacity(srv.url, S.parse_slo(["ttft_p99=5s"]), workload=workload,
+                         search_config=C.SearchConfig(start=4, max_concurrency=4, confirm_waves=0),
+                         rules=C.LevelRules(min_requests=60, max_requests=80), settings=settings)
+    (lv,) = res.levels
+    assert lv.passed and lv.requests >= 60
+    assert loop_thread and on_loop_in_level == []
+    sent = res.workload["sent"]
+    assert sent > 8 and res.workload["prompts"] > sent and res.workload["wrapped"] == 0
+    assert res.workload["built_when_dry"] == 0
+    assert not any("built during the level" in w for w in lv.warnings)
+
+
+def test_a_tokenizer_scans_its_vocabulary_for_words_once(tmp_path, monkeypatch):
+    from ernie_tui import demo_model as D
+    from ernie_tui.engine_ctl.load.prompts import LocalTokenizer, PromptBuilder
+
+    (tmp_path / "tokenizer.json").write_text(json.dumps(D._tokenizer_json(D.vocabulary(D.SHAPES["tiny"].vocab_size))))
+    tok = LocalTokenizer(tmp_path)
+    scans = []
+    real = tok._tok.get_vocab
+    monkeypatch.setattr(tok._tok, "get_vocab", lambda **kw: scans.append(1) or real(**kw), raising=False)
+    first = [PromptBuilder(tok, seed=k).build(20).text for k in range(3)]
+    assert len(scans) == 1 and len(set(first)) == 3
+    assert tok.candidate_ids(10) == tok.candidate_ids()[:10] and len(scans) == 2

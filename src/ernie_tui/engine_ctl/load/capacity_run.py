@@ -241,10 +241,14 @@ class HttpLevelRunner:
             task.result()  # a bug in the batch still shows
 
     def _expected_requests(self, load: float, rules: C.LevelRules) -> int:
-        """Prompts to build before the level: the most it may send."""
-        if self.open_loop:  # (past this, take() builds more as it goes)
+        """Prompts to build before the level: what it usually sends (past
+        this, the level builds more ahead in a worker thread)."""
+        if self.open_loop:
             return max(int(load * min(rules.time_cap_s, 15.0)), rules.min_requests) + 16
-        return max(rules.max_requests, 8 * int(load)) + 3 * int(load)
+        # Counted requests (8 turnovers, or the cap) plus those sent and not
+        # counted: the warm-up's (~2 turnovers on an H200), the last window's
+        # and the ones in flight at the end.
+        return max(rules.max_requests, 8 * int(load)) + 6 * int(load)
 
     async def run_async(self, load: Any, min_requests: int | None = None) -> C.LevelResult:
         s = self.settings
@@ -300,9 +304,33 @@ class HttpLevelRunner:
                 for step in steps:
                     step()
 
+        # Prompts are built ahead, in a worker thread, when fewer than two
+        # levels' widths are left: a level can send more than ensure() asked
+        # for (warm-up, windows not counted, the confirmation), and one built
+        # on this loop holds up every stream in flight (on an H200 a run of
+        # them stalled the loop for 9-20 s and read as TTFTs of 10-20 s).
+        wl = self.workload
+        refill: list[asyncio.Future] = []
+        refill_low, refill_batch = 2 * width + 16, 4 * width + 64
+
+        async def build_more() -> None:
+            try:
+                wl.extend(await asyncio.to_thread(wl.build, refill_batch))
+            except Exception:  # noqa: BLE001 - take() builds on the loop and raises it there
+                pass
+            finally:
+                refill.clear()
+
+        def keep_ahead() -> None:
+            if wl.more is not None and not refill and wl.left < refill_low:
+                refill.append(asyncio.ensure_future(build_more()))
+
+        dry_before = wl.built_when_dry
+
         async def one(client: Any) -> None:
             nonlocal in_row
-            item = self.workload.take()
+            item = wl.take()
+            keep_ahead()
             t_s = time.perf_counter() - t0
             feed(partial(monitor.started, t_s))
             res = await stream_request(client, self.url, self._request(item), self.model,
@@ -406,6 +434,8 @@ class HttpLevelRunner:
                 for fut in pending:
                     fut.cancel()
                 await asyncio.gather(*pending, return_exceptions=True)
+                # A refill still building finishes before the next level's ensure().
+                await asyncio.gather(*refill, return_exceptions=True)
         elapsed = max(time.perf_counter() - t0, 1e-9)
         if sampler is not None:
             sampler.halt.set()
@@ -431,6 +461,9 @@ class HttpLevelRunner:
         if res.client_lag_max_ms is not None and res.client_lag_max_ms > 50.0:
             res.warnings.append(f"the load generator's own loop stalled up to {res.client_lag_max_ms:.0f} ms "
                                 f"(p99 {res.client_lag_p99_ms or 0:.1f} ms): its token gaps may read long")
+        if wl.built_when_dry > dry_before:
+            res.warnings.append(f"{wl.built_when_dry - dry_before} prompts were built during the level, on the loop "
+                                f"that times the streams: the prompts built ahead ran out")
         if rate:
             res.late_sends, res.late_send_max_ms = late_n, round(late_max * 1000.0, 3)
             if late_n:

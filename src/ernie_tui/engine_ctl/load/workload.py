@@ -42,17 +42,26 @@ class Workload:
         self.wraps = 0
         self.taken = 0
         self.built = len(items)
+        self.built_when_dry = 0  # prompts take() had to build in a timed window
         # The later levels' warm-up prompt: one already sent, so the prefix
         # cache it fills is never one a measured request could hit.
         self.warm_item = items[0]
         self._lengths = _Span()
         self._lengths.add(items)
 
+    @property
+    def left(self) -> int:
+        """Prompts built and not yet sent."""
+        return len(self.items) - self.cursor
+
     def take(self) -> WorkItem:
         if self.cursor >= len(self.items):
             if self.more is not None:
-                # ensure() asked for too few: one more now, in the timed
-                # window, rather than a repeat the prefix cache would flatter.
+                # Neither ensure() nor the runner's refill kept ahead: one
+                # more now, in the timed window and on the caller's thread
+                # (counted, the level says so), rather than a repeat the
+                # prefix cache would flatter.
+                self.built_when_dry += 1
                 self._grow(1)
             else:
                 self.cursor = 0
@@ -69,11 +78,19 @@ class Workload:
         if self.more is not None and left < n:
             self._grow(n - left)
 
-    def _grow(self, n: int) -> None:
-        """n new prompts after the unsent ones; the sent ones are dropped
-        (they are never sent again)."""
+    def build(self, n: int) -> list[WorkItem]:
+        """n new prompts, not yet added (extend() adds them). It changes
+        nothing here, so a runner may call it in a worker thread while its
+        loop goes on taking."""
         assert self.more is not None
-        new = self.more(n)
+        return self.more(n)
+
+    def _grow(self, n: int) -> None:
+        self.extend(self.build(n))
+
+    def extend(self, new: list[WorkItem]) -> None:
+        """Add built prompts after the unsent ones; the sent ones are dropped
+        (they are never sent again)."""
         self._lengths.add(new)
         self.built += len(new)
         self.items = self.items[self.cursor:] + new
@@ -84,7 +101,7 @@ class Workload:
         return {"source": self.source, "prompts": self.built, "sent": self.taken,
                 "max_tokens_min": span.max_tokens[0], "max_tokens_max": span.max_tokens[1],
                 "prompt_tokens_min": span.prompt_tokens[0], "prompt_tokens_max": span.prompt_tokens[1],
-                "wrapped": self.wraps}
+                "wrapped": self.wraps, "built_when_dry": self.built_when_dry}
 
 
 class _Span:
