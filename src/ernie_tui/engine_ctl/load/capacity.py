@@ -26,7 +26,9 @@ a simulated server.
   --stability-percentage), with confidence from batch means over the
   windows (slo.evaluate_blocks: requests of one window share its batches).
   A level still undecided at a cap is marked `decided: false` and goes by
-  its point estimates.
+  its point estimates. A failing level that ended undecided, or in which
+  the load generator's own loop stood still for CLIENT_STALL_MS or more,
+  is measured once more before it may bound the search.
 - A level passes only when its objectives pass and its attainment (share of
   good requests, vLLM's --goodput) is at least `attainment_target`: no
   capacity is reported whose attainment is below it.
@@ -658,6 +660,17 @@ def _round_rate(x: float) -> float:
     return round(x, max(0, digits))
 
 
+# A level in which the load generator's own event loop stood still this long
+# measured the client, not the server: every stream in flight waited with it
+# (on an H200, stalls of 9-20 s read as TTFT p99s of 10-20 s where vLLM's own
+# histogram read 0.5 s). Such a level, if it fails, is measured once more.
+CLIENT_STALL_MS = 500.0
+
+
+def client_stalled(lv: LevelResult) -> bool:
+    return lv.client_lag_max_ms is not None and lv.client_lag_max_ms >= CLIENT_STALL_MS
+
+
 def search(run_level: LevelRunner, slo: Sequence[S.Objective], config: SearchConfig | None = None, *,
            progress: Progress | None = None, cancel: threading.Event | None = None,
            clock: Callable[[], float] = time.monotonic) -> CapacityResult:
@@ -692,13 +705,15 @@ def search(run_level: LevelRunner, slo: Sequence[S.Objective], config: SearchCon
         emit(progress, event="level_start", index=len(levels), **{key: load})
         lv = run_level(load)
         levels.append(lv)
-        if not lv.passed and not lv.decided and interrupted(lv) is None:
+        if not lv.passed and (not lv.decided or client_stalled(lv)) and interrupted(lv) is None:
             # A level that ran out of requests or time undecided fails on its
             # point estimates alone, and one stall (of the server, or of the
             # client) in a few seconds can carry a p99: on an H200 a 2 s TTFT
             # stall at concurrency 32 ended one search at 30 where the bench
             # client's bracket was [128, 160). It is measured once more, afresh,
             # before it may bound the search; the second measurement decides.
+            # So is a failing level in which our own client stood still
+            # (client_stalled): what it measured was the client.
             emit(progress, event="level_done", level=lv, index=len(levels) - 1, remeasure=True, **bounds())
             emit(progress, event="level_start", index=len(levels), remeasure=True, **{key: load})
             lv = run_level(load)
@@ -722,6 +737,13 @@ def search(run_level: LevelRunner, slo: Sequence[S.Objective], config: SearchCon
         lv = run_level(load, min_requests=confirm_requests(level, config))
         lv.confirmation = True
         levels.append(lv)
+        if not lv.passed and client_stalled(lv) and interrupted(lv) is None:
+            emit(progress, event="level_done", level=lv, index=len(levels) - 1, confirm=True, remeasure=True,
+                 **bounds())
+            emit(progress, event="level_start", index=len(levels), confirm=True, remeasure=True, **{key: load})
+            lv = run_level(load, min_requests=confirm_requests(level, config))
+            lv.confirmation = True
+            levels.append(lv)
         if lv.stop != "cancelled":
             if lv.passed:
                 best = lv
