@@ -436,8 +436,8 @@ class LevelMonitor:
     def progress(self, now: float) -> dict[str, Any]:
         """A provisional view of the level for a progress display. Its p99s
         are taken again only once the counted requests grew by a tenth: a
-        busy level's token gaps are 100,000+ values, and this runs on the
-        loop that timestamps the streams."""
+        busy level's token gaps are 100,000+ values, and this runs while
+        the level does (in a thread beside the loop that times its streams)."""
         blocks = self.blocks()
         counted = [o for b in blocks for o in b]
         ev = self.evaluation
@@ -700,24 +700,36 @@ def search(run_level: LevelRunner, slo: Sequence[S.Objective], config: SearchCon
         return {"low_pass": (best.load if rate else best.concurrency) if best else None,
                 "high_fail": fail_at if rate or fail_at is None else int(fail_at)}
 
+    def run_at(load: Any, min_requests: int | None = None) -> LevelResult:
+        """One level (a confirmation with min_requests), measured once more
+        when it fails in a way that says little of the server. A level that
+        ran out of requests or time undecided fails on its point estimates
+        alone, and one stall (of the server, or of the client) in a few
+        seconds can carry a p99: on an H200 a 2 s TTFT stall at concurrency
+        32 ended one search at 30 where the bench client's bracket was
+        [128, 160). A level or confirmation in which our own client stood
+        still (client_stalled) measured the client. The second measurement
+        decides."""
+        tag = {"confirm": True} if min_requests is not None else {}
+
+        def once() -> LevelResult:
+            emit(progress, event="level_start", index=len(levels), **tag, **{key: load})
+            lv = run_level(load) if min_requests is None else run_level(load, min_requests=min_requests)
+            lv.confirmation = min_requests is not None
+            levels.append(lv)
+            return lv
+
+        lv = once()
+        doubtful = client_stalled(lv) or (min_requests is None and not lv.decided)
+        if not lv.passed and doubtful and interrupted(lv) is None:
+            emit(progress, event="level_done", level=lv, index=len(levels) - 1, remeasure=True, **tag, **bounds())
+            tag["remeasure"] = True
+            lv = once()
+        return lv
+
     def measure(x: float) -> LevelResult:
         load: Any = _round_rate(x) if rate else int(x)
-        emit(progress, event="level_start", index=len(levels), **{key: load})
-        lv = run_level(load)
-        levels.append(lv)
-        if not lv.passed and (not lv.decided or client_stalled(lv)) and interrupted(lv) is None:
-            # A level that ran out of requests or time undecided fails on its
-            # point estimates alone, and one stall (of the server, or of the
-            # client) in a few seconds can carry a p99: on an H200 a 2 s TTFT
-            # stall at concurrency 32 ended one search at 30 where the bench
-            # client's bracket was [128, 160). It is measured once more, afresh,
-            # before it may bound the search; the second measurement decides.
-            # So is a failing level in which our own client stood still
-            # (client_stalled): what it measured was the client.
-            emit(progress, event="level_done", level=lv, index=len(levels) - 1, remeasure=True, **bounds())
-            emit(progress, event="level_start", index=len(levels), remeasure=True, **{key: load})
-            lv = run_level(load)
-            levels.append(lv)
+        lv = run_at(load)
         seen[float(load)] = lv
         return lv
 
@@ -732,18 +744,7 @@ def search(run_level: LevelRunner, slo: Sequence[S.Objective], config: SearchCon
 
     def confirm(level: LevelResult) -> LevelResult:
         nonlocal best, fail_at
-        load: Any = level.load if rate else int(level.load)
-        emit(progress, event="level_start", index=len(levels), confirm=True, **{key: load})
-        lv = run_level(load, min_requests=confirm_requests(level, config))
-        lv.confirmation = True
-        levels.append(lv)
-        if not lv.passed and client_stalled(lv) and interrupted(lv) is None:
-            emit(progress, event="level_done", level=lv, index=len(levels) - 1, confirm=True, remeasure=True,
-                 **bounds())
-            emit(progress, event="level_start", index=len(levels), confirm=True, remeasure=True, **{key: load})
-            lv = run_level(load, min_requests=confirm_requests(level, config))
-            lv.confirmation = True
-            levels.append(lv)
+        lv = run_at(level.load if rate else int(level.load), min_requests=confirm_requests(level, config))
         if lv.stop != "cancelled":
             if lv.passed:
                 best = lv

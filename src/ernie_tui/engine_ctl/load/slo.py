@@ -276,8 +276,9 @@ def metric_values(objective: Objective, outcomes: Sequence[RequestOutcome]) -> t
 
 
 # Past this many values a sort goes to numpy: a busy level's token gaps
-# (100,000+) are judged while the level runs, on the event loop that
-# timestamps the streams, and numpy sorts them several times faster.
+# (100,000+) are judged while the level runs, in a thread beside the event
+# loop that timestamps the streams, and numpy sorts them several times
+# faster, without holding the GIL that loop needs.
 _NUMPY_SORT_FROM = 4096
 
 

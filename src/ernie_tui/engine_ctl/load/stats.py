@@ -21,8 +21,8 @@ def _clean(values: Iterable[float | None]) -> list[float]:
     # None and NaN mean "not measured" (e.g. a request that failed before its
     # first token); they are dropped, not counted as zero. Comprehensions, not
     # a loop: a capacity level's token gaps are 100,000+ values, judged while
-    # the level runs, on the event loop that timestamps the streams (NaN is
-    # the one value not equal to itself).
+    # the level runs, beside the event loop that timestamps the streams (NaN
+    # is the one value not equal to itself).
     out = [float(v) for v in values if v is not None]
     return [f for f in out if f == f]
 
