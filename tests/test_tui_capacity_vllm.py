@@ -122,7 +122,7 @@ async def test_burst_tab_capacity_search_on_real_vllm(cpu_server):
 
 
 @pytest.mark.vllm
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(660)
 async def test_the_demos_default_search_finds_a_capacity_on_real_vllm(cpu_server):
     """Issue #18 item 3: the Burst tab's search with every default (the
     demo's server, the form's SLO and prompt shape) answered "capacity:
@@ -131,11 +131,18 @@ async def test_the_demos_default_search_finds_a_capacity_on_real_vllm(cpu_server
     It ran in its own session, so its own CPU autogroup, where its engine's
     busy core left it a sliver of the other (engine_ctl/control/server.py).
     In the dashboard's session the two agree and the search finds a level
-    that meets the SLO. While a level runs, its progress is on screen."""
+    that meets the SLO. While a level runs, its progress is on screen.
+
+    Every default but one: the level cap is 20 s, not 60. Under the default
+    SLO this box's levels near the knee run to the cap undecided, and with
+    60 s caps the search took 302 s alone and over 420 s in a full CI run
+    (2 cores shared with vLLM's engine); with 20 s caps, 220 s alone. The
+    cap bounds how long an undecided level runs, which is not what this
+    test is about."""
     url = cpu_server.status.url
     app = Host(ProbeScreen(url))
     async with app.run_test(size=(140, 44)) as pilot:
-        screen, tab = await _capacity_form(pilot, app)  # nothing typed: the defaults
+        screen, tab = await _capacity_form(pilot, app, **{"pf-cap-time": "20"})  # the SLO and prompt: defaults
         progress = screen.query_one("#pf-cap-progress")
         seen: list[str] = []
 
@@ -145,7 +152,7 @@ async def test_the_demos_default_search_finds_a_capacity_on_real_vllm(cpu_server
             return not tab.running
 
         await pilot.press("ctrl+r")
-        await wait_for(pilot, watch, 420, "the default search to end")
+        await wait_for(pilot, watch, 540, "the default search to end")
         r = tab.last_capacity
         result = shown(screen, "#pf-cap-result")
         print("\n" + result)
@@ -153,7 +160,9 @@ async def test_the_demos_default_search_finds_a_capacity_on_real_vllm(cpu_server
             v = lv.vllm or {}
             print(f"  c{lv.concurrency}: TTFT p50/p99 ours {lv.ttft_p50_ms:.0f}/{lv.ttft_p99_ms:.0f} ms, "
                   f"vLLM's {v.get('ttft_p50_ms') or float('nan'):.0f}/{v.get('ttft_p99_ms') or float('nan'):.0f} ms, "
-                  f"{'pass' if lv.passed else 'fail'}")
+                  f"{lv.seconds:.0f} s, {lv.requests} counted, our loop stood still up to "
+                  f"{lv.client_lag_max_ms or 0:.0f} ms, {'confirmation, ' if lv.confirmation else ''}"
+                  f"{'decided' if lv.decided else 'undecided'}, {'pass' if lv.passed else 'fail'}")
         assert r is not None and r.capacity is not None and r.stop_reason != "first_level_failed", result
         assert "capacity: concurrency " in result
         first = r.levels[0]
