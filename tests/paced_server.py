@@ -32,6 +32,10 @@ Load-shaped pacing, each off unless asked for (the capacity search's tests):
   would end. A wave of requests that
   all start together sees none; the steady state, where requests come and
   go at random times, sees most of them;
+- --itl-spread F: each decoding request gets its own ITL, drawn (seeded by
+  its order among decoding requests) uniformly within itl x (1 +- F), as
+  real requests of one batch do not all decode alike: requests that start
+  together then end apart, and a wave breaks up within a turnover;
 - --slow-every K --slow-ms X: every K-th decoding request waits X ms more
   for its first token (slow requests that come back last);
 - --stall-period-s P --stall-s S --stall-ms X: correlated latency. The clock
@@ -55,6 +59,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import socket
 import sys
 import threading
@@ -172,15 +177,19 @@ class Server:
             self.cold_left -= 1
         return self.args.cold_ms / 1000.0
 
-    def paced_ttft_s(self, key: int, n_prompt: int, n_out: int, now: float) -> float:
-        """This request's time to first token, with the load-shaped pacing;
-        registers when its decoding ends (for --interference-ms)."""
+    def paced_ttft_s(self, key: int, n_prompt: int, n_out: int, now: float) -> tuple[float, float]:
+        """This request's time to first token, with the load-shaped pacing,
+        and its time between tokens (--itl-spread); registers when its
+        decoding ends (for --interference-ms)."""
         a = self.args
         base = a.ttft_ms / 1000.0 + a.prefill_ms_per_token * n_prompt / 1000.0
         extra = 0.0
+        itl_s = a.itl_ms / 1000.0
         with self.pace_lock:
             if n_out > 1:
                 self.decoding_requests += 1
+                if a.itl_spread:
+                    itl_s *= 1.0 + a.itl_spread * random.Random(self.decoding_requests).uniform(-1.0, 1.0)
                 if self.stall_t0 is None:
                     self.stall_t0 = now
                 if a.slow_every and self.decoding_requests % a.slow_every == 0:
@@ -195,8 +204,8 @@ class Server:
                                 if k != key and first <= now and end > done_at)
                 extra += competing * a.interference_ms / 1000.0
             ttft = base + extra
-            self.decode_ends[key] = (now + ttft, now + ttft + max(0, n_out - 1) * a.itl_ms / 1000.0)
-        return ttft
+            self.decode_ends[key] = (now + ttft, now + ttft + max(0, n_out - 1) * itl_s)
+        return ttft, itl_s
 
     def done(self, key: int) -> None:
         with self.pace_lock:
@@ -338,10 +347,11 @@ def make_handler(srv: Server):
                         {"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]}))
                 # Pace against deadlines, not sleeps in a row, so delays do not add up.
                 t_slot = time.perf_counter()
-                t_first = t_slot + srv.paced_ttft_s(id(self), n_prompt, n_out, t_slot) + srv.cold_delay_s(n_out)
+                ttft_s, itl_s = srv.paced_ttft_s(id(self), n_prompt, n_out, t_slot)
+                t_first = t_slot + ttft_s + srv.cold_delay_s(n_out)
                 prev = None
                 for k in range(1, n_out + 1):
-                    due = t_first + (k - 1) * args.itl_ms / 1000.0
+                    due = t_first + (k - 1) * itl_s
                     delay = due - time.perf_counter()
                     if delay > 0:
                         time.sleep(delay)
@@ -398,6 +408,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="prefill time per prompt token, added to the TTFT (env PACED_PREFILL_MS_PER_TOKEN)")
     p.add_argument("--interference-ms", type=float, default=float(env("PACED_INTERFERENCE_MS", "0")),
                    help="TTFT added per other request still decoding when this one's prefill ends")
+    p.add_argument("--itl-spread", type=float, default=0.0, metavar="F",
+                   help="each decoding request's ITL drawn within itl x (1 +- F), seeded by its order")
     p.add_argument("--slow-every", type=int, default=0, metavar="K",
                    help="every K-th decoding request waits --slow-ms more for its first token")
     p.add_argument("--slow-ms", type=float, default=0.0)
