@@ -57,6 +57,11 @@ from ernie_tui.engine_ctl.load import (
     histogram_delta,
     vllm_bench_ranges,
 )
+from ernie_tui.engine_ctl.load.metrics import PROMPT_TOKENS, QUEUE
+
+# vLLM's request-phase histograms (v1): not among those engine_ctl reads.
+QUEUE_TIME = QUEUE
+PREFILL_TIME = ("vllm:request_prefill_time_seconds",)
 
 BENCH_CLIENT = ("import sys; from vllm.benchmarks.serve import add_cli_args, main; "
                 "from vllm.utils.argparse_utils import FlexibleArgumentParser as P; "
@@ -145,12 +150,20 @@ def referee(before, after, duration_s: float | None) -> dict[str, float | None]:
     ttft = histogram_delta(before, after, TTFT)
     itl = histogram_delta(before, after, ITL)
     gen = counter_delta(before, after, GENERATION_TOKENS)
+    # Where a TTFT went, by vLLM's own clocks: waiting for the scheduler, or
+    # in prefill; and the prompt tokens it was given (a different prompt
+    # shape would show here first).
+    queue = histogram_delta(before, after, QUEUE_TIME)
+    prefill = histogram_delta(before, after, PREFILL_TIME)
 
     def q(h, p: float) -> float | None:
         v = h.quantile(p) if h else None
         return None if v is None else v * 1000.0
     return {"ttft_p50_ms": q(ttft, 0.5), "ttft_p99_ms": q(ttft, 0.99), "itl_p50_ms": q(itl, 0.5),
             "itl_p99_ms": q(itl, 0.99), "ttft_count": ttft.count if ttft else None,
+            "queue_p50_ms": q(queue, 0.5), "queue_p99_ms": q(queue, 0.99),
+            "prefill_p50_ms": q(prefill, 0.5), "prefill_p99_ms": q(prefill, 0.99),
+            "prompt_tokens": counter_delta(before, after, PROMPT_TOKENS),
             "generation_tokens": gen,
             "output_tps": gen / duration_s if gen is not None and duration_s else None}
 
@@ -270,8 +283,10 @@ def fmt_run(r: dict[str, Any]) -> str:
     ref = r.get("referee") or {}
     return (f"{f(r['output_tps'])} tok/s  TTFT p50 {f(r['ttft_p50_ms'])} p99 {f(r['ttft_p99_ms'])} ms  "
             f"ITL p50 {f(r['itl_p50_ms'], '.1f')} p99 {f(r['itl_p99_ms'], '.1f')} ms  "
-            f"[vLLM: {f(ref.get('output_tps'))} tok/s, TTFT p99 {f(ref.get('ttft_p99_ms'))} ms, "
-            f"ITL p99 {f(ref.get('itl_p99_ms'), '.1f')} ms]  {f(r.get('wall_s'), '.0f')} s")
+            f"[vLLM: {f(ref.get('output_tps'))} tok/s, TTFT p99 {f(ref.get('ttft_p99_ms'))} ms "
+            f"(queue {f(ref.get('queue_p99_ms'))}, prefill {f(ref.get('prefill_p99_ms'))}), "
+            f"ITL p99 {f(ref.get('itl_p99_ms'), '.1f')} ms, {f(ref.get('prompt_tokens'))} prompt tokens]  "
+            f"{f(r.get('wall_s'), '.0f')} s")
 
 
 def format_level(lv: dict[str, Any]) -> str:

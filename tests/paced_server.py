@@ -11,7 +11,8 @@ For testing timing and the capacity search over real HTTP without vLLM:
 - GET /metrics (prometheus_client; --metrics-delay-ms makes it slow to
   answer): vllm:num_requests_running/waiting,
   vllm:kv_cache_usage_perc (running / slots), the TTFT, ITL and e2e
-  histograms, generation/prompt token and finished-request counters, all
+  histograms, the queue and prefill phase histograms, generation/prompt
+  token and finished-request counters, all
   measured here, server side; the prefix-cache query/hit counters, where a
   hit is a whole prompt sent before (its every token);
 - GET /v1/models, /health; POST /tokenize and /detokenize with a word-level
@@ -159,6 +160,10 @@ class Server:
         self.h_ttft = Histogram("vllm:time_to_first_token_seconds", "TTFT", lbl, buckets=TTFT_BUCKETS, registry=r)
         self.h_itl = Histogram("vllm:inter_token_latency_seconds", "ITL", lbl, buckets=ITL_BUCKETS, registry=r)
         self.h_e2e = Histogram("vllm:e2e_request_latency_seconds", "e2e", lbl, buckets=E2E_BUCKETS, registry=r)
+        # vLLM's request phases: waiting for a slot, then slot to first token.
+        self.h_queue = Histogram("vllm:request_queue_time_seconds", "queued", lbl, buckets=E2E_BUCKETS, registry=r)
+        self.h_prefill = Histogram("vllm:request_prefill_time_seconds", "prefill", lbl, buckets=TTFT_BUCKETS,
+                                   registry=r)
         # Every series exists from the start, as vLLM's do: a window opened
         # before the first request still has its counters to subtract from.
         for c in (self.c_preempt, self.c_gen, self.c_prompt, self.c_ok, self.c_prefix_q, self.c_prefix_hits):
@@ -360,6 +365,8 @@ def make_handler(srv: Server):
                     if prev is None:
                         entry["first"] = time.monotonic()
                         srv.h_ttft.labels(m).observe(now - t_arrive)
+                        srv.h_queue.labels(m).observe(t_slot - t_arrive)
+                        srv.h_prefill.labels(m).observe(now - t_slot)
                     else:
                         srv.h_itl.labels(m).observe(now - prev)
                     prev = now

@@ -132,6 +132,12 @@ def test_agreement_bench_on_the_paced_stand_in(tmp_path, tiny_tokenizer):
             assert r["completed"] == 6 and r["output_tps"] > 0
             # vLLM's side of the window (here the stand-in's): every generated token
             assert r["referee"]["generation_tokens"] >= r["output_tokens"]
+            # and where its TTFT went, and the prompts it was given (20 +- 82 %: 4..36 tokens)
+            ref = r["referee"]
+            assert 0 <= ref["queue_p50_ms"] <= ref["queue_p99_ms"]
+            assert 0 < ref["prefill_p50_ms"] <= ref["prefill_p99_ms"] <= ref["ttft_p99_ms"] + 1e-6
+            # 6 prompts, plus a warm-up of 2 short ones (ours) or a test prompt (theirs)
+            assert 6 * 3 <= ref["prompt_tokens"] <= 7 * 36 + 2 * 8, ref
         # Both drew their output lengths from the same range (8 +- 82 %: 1..15).
         assert 1 <= runs["theirs"][0]["output_lens"]["min"] <= runs["theirs"][0]["output_lens"]["max"] <= 15
         assert lv["figures"]["output_tps"]["ratio"] is not None
