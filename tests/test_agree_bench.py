@@ -134,8 +134,7 @@ def test_agreement_bench_on_the_paced_stand_in(tmp_path, tiny_tokenizer):
             assert r["referee"]["generation_tokens"] >= r["output_tokens"]
             # and where its TTFT went, and the prompts it was given (20 +- 82 %: 4..36 tokens)
             ref = r["referee"]
-            assert 0 <= ref["queue_p50_ms"] <= ref["queue_p99_ms"]
-            assert 0 < ref["prefill_p50_ms"] <= ref["prefill_p99_ms"] <= ref["ttft_p99_ms"] + 1e-6
+            assert 0 <= ref["queue_mean_ms"] and 20 <= ref["prefill_mean_ms"] <= ref["ttft_p99_ms"]
             # 6 prompts, plus a warm-up of 2 short ones (ours) or a test prompt (theirs)
             assert 6 * 3 <= ref["prompt_tokens"] <= 7 * 36 + 2 * 8, ref
         # Both drew their output lengths from the same range (8 +- 82 %: 1..15).
