@@ -137,6 +137,9 @@ def test_agreement_bench_on_the_paced_stand_in(tmp_path, tiny_tokenizer):
             assert 0 <= ref["queue_mean_ms"] and 20 <= ref["prefill_mean_ms"] <= ref["ttft_p99_ms"]
             # 6 prompts, plus a warm-up of 2 short ones (ours) or a test prompt (theirs)
             assert 6 * 3 <= ref["prompt_tokens"] <= 7 * 36 + 2 * 8, ref
+        # Our referee is the burst's own window, after its warm-up: our requests only.
+        assert runs["ours"][0]["referee"]["ttft_count"] == 6 and runs["ours"][0]["referee"]["after_warmup"]
+        assert runs["theirs"][0]["referee"]["ttft_count"] >= 6
         # Both drew their output lengths from the same range (8 +- 82 %: 1..15).
         assert 1 <= runs["theirs"][0]["output_lens"]["min"] <= runs["theirs"][0]["output_lens"]["max"] <= 15
         assert lv["figures"]["output_tps"]["ratio"] is not None
