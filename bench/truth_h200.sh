@@ -10,6 +10,7 @@
 #                                            and stops the server when TRUTH_STOP=1
 #   bash .gpu9/bench/truth_h200.sh agree     our burst against the bench client (bench/agree_vllm_bench.py) at
 #                                            AGREE_C concurrencies and AGREE_R rates, AGREE_ROUNDS rounds
+#                                            (AGREE_RATE_SECONDS: each rate run's length, default 10)
 #   bash .gpu9/bench/truth_h200.sh stop      stops the server and packs everything
 set -u
 HERE=$(cd "$(dirname "$0")/.." && pwd)
@@ -40,7 +41,7 @@ bracket)
 agree)
   timeout ${TRUTH_DEADLINE_S:-560} python3 "$HERE/bench/agree_vllm_bench.py" --url http://127.0.0.1:8000 --model m03 \
       --tokenizer "$M" --concurrency ${AGREE_C:-128 256} --rate ${AGREE_R:-80} --rounds ${AGREE_ROUNDS:-3} \
-      --waves 8 --rate-seconds 10 --json "$W/agree.json" 2>&1 | tee "$W/agree.log"
+      --waves 8 --rate-seconds ${AGREE_RATE_SECONDS:-10} --json "$W/agree.json" 2>&1 | tee "$W/agree.log"
   tar czf "$OUT/truth-h200.tgz" -C "$W" $(cd "$W" && ls *.json *.log 2>/dev/null);;
 stop)
   pkill -INT -f vllm.entrypoints.openai.api_server; sleep 5
