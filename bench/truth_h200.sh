@@ -40,7 +40,7 @@ bracket)
   tar czf "$OUT/truth-h200.tgz" -C "$W" $(cd "$W" && ls *.json *.log 2>/dev/null);;
 agree)
   timeout ${TRUTH_DEADLINE_S:-560} python3 "$HERE/bench/agree_vllm_bench.py" --url http://127.0.0.1:8000 --model m03 \
-      --tokenizer "$M" --concurrency ${AGREE_C:-128 256} --rate ${AGREE_R:-80} --rounds ${AGREE_ROUNDS:-3} \
+      --tokenizer "$M" --concurrency ${AGREE_C-128 256} --rate ${AGREE_R-80} --rounds ${AGREE_ROUNDS:-3} \
       --waves 8 --rate-seconds ${AGREE_RATE_SECONDS:-10} --json "$W/agree.json" 2>&1 | tee "$W/agree.log"
   tar czf "$OUT/truth-h200.tgz" -C "$W" $(cd "$W" && ls *.json *.log 2>/dev/null);;
 stop)
