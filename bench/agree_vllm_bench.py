@@ -51,13 +51,14 @@ from typing import Any
 from ernie_tui.engine_ctl.load import (
     GENERATION_TOKENS,
     ITL,
+    PROMPT_TOKENS,
+    QUEUE,
     TTFT,
     MetricsClient,
     counter_delta,
     histogram_delta,
     vllm_bench_ranges,
 )
-from ernie_tui.engine_ctl.load.metrics import PROMPT_TOKENS, QUEUE
 
 # vLLM's request-phase histograms (v1): not among those engine_ctl reads.
 QUEUE_TIME = QUEUE
