@@ -330,7 +330,25 @@ def format_level(lv: dict[str, Any]) -> str:
         lines.append(f"  {f:12s} {n(s['ours_median']):>12s} {pct(s['ours_spread']):>7s} "
                      f"{n(s['theirs_median']):>14s} {pct(s['theirs_spread']):>7s} {n(s['ratio'], '.3f'):>6s} "
                      f"+-{s['goal'] * 100:.0f}% {ok:4s} | {n(ref['ratio'], '.3f')}")
+    lines.append("  vLLM's view of each client's requests (medians over the rounds): " + phases(lv))
     return "\n".join(lines)
+
+
+def phases(lv: dict[str, Any]) -> str:
+    """Where each client's TTFT went by vLLM's clocks, and what it sent:
+    mean queue and prefill ms, prompt tokens per request."""
+    def med(who: str, key: str, per_request: bool = False) -> str:
+        xs = []
+        for r in lv.get("runs", {}).get(who, []):
+            ref = r.get("referee") or {}
+            v = ref.get(key)
+            if v is not None and per_request:
+                v = v / ref["ttft_count"] if ref.get("ttft_count") else None
+            if v is not None:
+                xs.append(v)
+        return f"{statistics.median(xs):.1f}" if xs else "-"
+    return "; ".join(f"{who} queue {med(who, 'queue_mean_ms')} ms, prefill {med(who, 'prefill_mean_ms')} ms, "
+                     f"{med(who, 'prompt_tokens', True)} prompt tokens a request" for who in ("ours", "theirs"))
 
 
 def markdown_level(lv: dict[str, Any]) -> str:

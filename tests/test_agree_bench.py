@@ -143,6 +143,8 @@ def test_agreement_bench_on_the_paced_stand_in(tmp_path, tiny_tokenizer):
         # Both drew their output lengths from the same range (8 +- 82 %: 1..15).
         assert 1 <= runs["theirs"][0]["output_lens"]["min"] <= runs["theirs"][0]["output_lens"]["max"] <= 15
         assert lv["figures"]["output_tps"]["ratio"] is not None
+        line = A.phases(lv)
+        assert line.startswith("ours queue ") and "; theirs queue " in line and " - " not in line, line
     finally:
         srv.terminate()
         srv.wait(10)
