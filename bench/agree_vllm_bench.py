@@ -60,8 +60,7 @@ from ernie_tui.engine_ctl.load import (
     vllm_bench_ranges,
 )
 
-# vLLM's request-phase histograms (v1): not among those engine_ctl reads.
-QUEUE_TIME = QUEUE
+# vLLM's prefill-phase histogram (v1); engine_ctl reads only the queue phase (QUEUE).
 PREFILL_TIME = ("vllm:request_prefill_time_seconds",)
 
 BENCH_CLIENT = ("import sys; from vllm.benchmarks.serve import add_cli_args, main; "
@@ -154,7 +153,7 @@ def referee(before, after, duration_s: float | None) -> dict[str, float | None]:
     # Where a TTFT went, by vLLM's own clocks: waiting for the scheduler, or
     # in prefill; and the prompt tokens it was given (a different prompt
     # shape would show here first).
-    queue = histogram_delta(before, after, QUEUE_TIME)
+    queue = histogram_delta(before, after, QUEUE)
     prefill = histogram_delta(before, after, PREFILL_TIME)
 
     def q(h, p: float) -> float | None:
