@@ -36,13 +36,17 @@ bench client; run with PYTHONPATH=src (ernie_tui) as the other bench scripts.
 from __future__ import annotations
 
 import argparse
+import atexit
+import contextlib
 import json
 import os
+import queue
 import random
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -66,6 +70,27 @@ PREFILL_TIME = ("vllm:request_prefill_time_seconds",)
 BENCH_CLIENT = ("import sys; from vllm.benchmarks.serve import add_cli_args, main; "
                 "from vllm.utils.argparse_utils import FlexibleArgumentParser as P; "
                 "p = P(); add_cli_args(p); main(p.parse_args(sys.argv[1:]))")
+
+# The same bench client kept in one process across runs: importing vllm costs it
+# 10-20 s a run (15.5 s on the 2-core dev box, ~20 s of each 30-35 s run on the
+# H200), which a bracket of 14 runs pays 14 times out of a lent GPU's time. Each
+# run is still its own `main()` call (own session, dataset, seed, result file).
+BENCH_WORKER = ("import sys, json, traceback\n"
+                "from vllm.benchmarks.serve import add_cli_args, main\n"
+                "from vllm.utils.argparse_utils import FlexibleArgumentParser as P\n"
+                "for line in sys.stdin:\n"
+                "    rc = 0\n"
+                "    try:\n"
+                "        p = P(); add_cli_args(p); main(p.parse_args(json.loads(line)))\n"
+                "    except SystemExit as e:\n"
+                "        rc = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)\n"
+                "    except BaseException:\n"
+                "        traceback.print_exc(); rc = 1\n"
+                "    sys.stderr.flush()\n"
+                "    print('@@bench-worker-done@@', rc, flush=True)\n")
+WORKER_DONE = "@@bench-worker-done@@"
+# False: a fresh `python -c BENCH_CLIENT` per run (--bench-process-per-run).
+KEEP_BENCH_PROCESS = True
 
 FIGURES = ("output_tps", "ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms", "itl_p99_ms")
 # The goal: ours / theirs within these (fractions) on the median over rounds.
@@ -174,10 +199,93 @@ def referee(before, after, duration_s: float | None) -> dict[str, float | None]:
             "output_tps": gen / duration_s if gen is not None and duration_s else None}
 
 
+class BenchWorker:
+    """One long-lived Python running vLLM's bench client for run after run
+    (BENCH_WORKER): argv lists in on stdin as JSON lines, a done line with the
+    exit code out on stdout; stderr goes to a file, for a failed run's error."""
+
+    def __init__(self, python: str, env: dict[str, str]) -> None:
+        self._err = tempfile.NamedTemporaryFile(prefix="bench-worker-", suffix=".err", delete=False)
+        self._proc = subprocess.Popen([python, "-c", BENCH_WORKER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                      stderr=self._err, env=env, text=True, bufsize=1)
+        self._lines: queue.Queue[str | None] = queue.Queue()
+        threading.Thread(target=self._pump, daemon=True).start()
+
+    def _pump(self) -> None:
+        assert self._proc.stdout is not None
+        for line in self._proc.stdout:
+            self._lines.put(line)
+        self._lines.put(None)  # the worker ended
+
+    def alive(self) -> bool:
+        return self._proc.poll() is None
+
+    def run(self, args: list[str], timeout_s: float) -> tuple[int, str]:
+        """(exit code, the run's stdout and the end of stderr)."""
+        assert self._proc.stdin is not None
+        start = os.path.getsize(self._err.name)  # stderr of this run starts here
+        self._proc.stdin.write(json.dumps(args) + "\n")
+        self._proc.stdin.flush()
+        deadline = time.monotonic() + timeout_s
+        out: list[str] = []
+        while True:
+            left = deadline - time.monotonic()
+            try:
+                line = self._lines.get(timeout=max(0.01, left))
+            except queue.Empty:
+                self.close()
+                raise subprocess.TimeoutExpired("vLLM bench client (worker)", timeout_s) from None
+            if line is None:
+                return (self._proc.wait() or 1), "".join(out) + self._stderr_since(start)
+            if line.startswith(WORKER_DONE):
+                rc = int(line.split()[1])
+                return rc, "".join(out) + (self._stderr_since(start) if rc else "")
+            out.append(line)
+
+    def _stderr_since(self, start: int) -> str:
+        try:
+            with open(self._err.name, encoding="utf-8", errors="replace") as f:
+                f.seek(start)
+                return f.read()[-4000:]
+        except OSError:
+            return ""
+
+    def close(self) -> None:
+        if self._proc.poll() is None:
+            with contextlib.suppress(OSError):
+                assert self._proc.stdin is not None
+                self._proc.stdin.close()
+            try:
+                self._proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+                self._proc.wait()
+        self._err.close()
+        with contextlib.suppress(OSError):
+            os.unlink(self._err.name)
+
+
+_workers: dict[str, BenchWorker] = {}
+
+
+def _worker(python: str, env: dict[str, str]) -> BenchWorker:
+    w = _workers.get(python)
+    if w is None or not w.alive():
+        w = _workers[python] = BenchWorker(python, env)
+    return w
+
+
+@atexit.register
+def close_workers() -> None:
+    for w in _workers.values():
+        w.close()
+    _workers.clear()
+
+
 def run_theirs(srv: Server, shape: Shape, *, concurrency: int | None, rate: float | None, n: int, seed: int,
                python: str, env: dict[str, str], timeout_s: float, percentiles: str = "50,99") -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="agree-") as tmp:
-        argv = [python, "-c", BENCH_CLIENT, "--backend", "vllm", "--base-url", srv.url, "--model", srv.model,
+        args = ["--backend", "vllm", "--base-url", srv.url, "--model", srv.model,
                 "--tokenizer", srv.tokenizer, "--dataset-name", "random",
                 "--random-input-len", str(shape.input_len), "--random-output-len", str(shape.output_len),
                 "--random-range-ratio", str(shape.range_ratio), "--ignore-eos", "--num-prompts", str(n),
@@ -185,12 +293,17 @@ def run_theirs(srv: Server, shape: Shape, *, concurrency: int | None, rate: floa
                 "--save-result", "--save-detailed", "--result-dir", tmp, "--result-filename", "r.json",
                 "--disable-tqdm"]
         if concurrency is not None:
-            argv += ["--max-concurrency", str(concurrency)]
-        argv += ["--request-rate", str(rate) if rate is not None else "inf"]
+            args += ["--max-concurrency", str(concurrency)]
+        args += ["--request-rate", str(rate) if rate is not None else "inf"]
         t = time.time()
-        p = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=timeout_s, check=False)
-        if p.returncode != 0 or not (Path(tmp) / "r.json").exists():
-            raise RuntimeError(f"vLLM's bench client failed ({p.returncode}): {(p.stderr or p.stdout)[-2000:]}")
+        if KEEP_BENCH_PROCESS:
+            rc, said = _worker(python, env).run(args, timeout_s)
+        else:
+            p = subprocess.run([python, "-c", BENCH_CLIENT, *args], capture_output=True, text=True, env=env,
+                               timeout=timeout_s, check=False)
+            rc, said = p.returncode, p.stderr or p.stdout
+        if rc != 0 or not (Path(tmp) / "r.json").exists():
+            raise RuntimeError(f"vLLM's bench client failed ({rc}): {said[-2000:]}")
         d = json.loads((Path(tmp) / "r.json").read_text())
     out = figures_from_bench_json(d)
     out["wall_s"] = time.time() - t
@@ -394,10 +507,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--range-ratio", type=float, default=0.8182)
     p.add_argument("--bench-python", default=sys.executable, help="Python with vllm for the bench client")
     p.add_argument("--timeout", type=float, default=900.0, help="seconds per client run at most")
+    p.add_argument("--bench-process-per-run", action="store_true",
+                   help="start vLLM's bench client afresh for each run (default: one process kept for all runs)")
     p.add_argument("--warmup-run", action="store_true",
                    help="run our burst once, unrecorded, at each level before its rounds")
     p.add_argument("--json", metavar="FILE", help="write the levels, runs included, here")
     args = p.parse_args(argv)
+    global KEEP_BENCH_PROCESS
+    KEEP_BENCH_PROCESS = not args.bench_process_per_run
     if not args.concurrency and not args.rate:
         p.error("give --concurrency and/or --rate levels")
     from ernie_tui.engine_ctl.load import resolve_model

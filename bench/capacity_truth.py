@@ -40,6 +40,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import agree_vllm_bench  # noqa: E402
 from agree_vllm_bench import Server, Shape, run_theirs  # noqa: E402
 from ernie_tui.engine_ctl.load import parse_slo, resolve_model  # noqa: E402
 
@@ -155,6 +156,18 @@ def run_search(srv: Server, shape: Shape, slo: list[str], *, rate: bool, extra: 
                        for lv in d.get("levels") or []]}
 
 
+def joined_brackets(files: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """The bench client's runs per mode from earlier --json outputs of this
+    script (whole or cut short), joined: a bracket taken over several device
+    calls on one server is one bracket."""
+    modes: dict[str, dict[str, Any]] = {}
+    for d in files:
+        for mode, m in (d.get("modes") or {}).items():
+            if m.get("runs"):
+                modes.setdefault(mode, {"runs": []})["runs"].extend(m["runs"])
+    return modes
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     extra: list[str] = []
@@ -181,13 +194,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--bench-python", default=sys.executable)
     p.add_argument("--timeout", type=float, default=1800.0)
     p.add_argument("--json", metavar="FILE")
-    p.add_argument("--bracket-from", metavar="FILE",
+    p.add_argument("--bench-process-per-run", action="store_true",
+                   help="start vLLM's bench client afresh for each run (default: one process kept for all runs)")
+    p.add_argument("--bracket-from", metavar="FILE", action="append", default=[],
                    help="take the bracket's runs from an earlier --json of this script (same server) instead of "
-                        "running the bench client again: one device call brackets, the next searches")
+                        "running the bench client again: one device call brackets, the next searches; give it "
+                        "once per file to join brackets taken in several calls")
     p.add_argument("--keep-records", action="store_true",
                    help="let each search save its run record (for `ernie-tui report`)")
     args = p.parse_args(argv)
-    earlier = json.loads(Path(args.bracket_from).read_text())["modes"] if args.bracket_from else {}
+    agree_vllm_bench.KEEP_BENCH_PROCESS = not args.bench_process_per_run
+    earlier = joined_brackets([json.loads(Path(f).read_text()) for f in args.bracket_from])
     objectives = parse_slo(args.slo)
     model = args.model or resolve_model(args.url).id
     srv = Server(args.url.rstrip("/"), model, args.tokenizer)
@@ -226,6 +243,9 @@ def main(argv: list[str] | None = None) -> int:
                 met = run_meets(r["percentiles_ms"], objectives)
                 verdicts.setdefault(lv, []).append(met)
                 runs.append({"level": lv, "round": k, "meets": met, **r})
+                if args.json:  # after every run: a call cut by its deadline keeps the runs it finished
+                    partial = {**out, "modes": {**out["modes"], mode: {"runs": runs, "partial": True}}}
+                    Path(args.json).write_text(json.dumps(partial, indent=1))
                 print(f"  bench client {mode} {lv:g} round {k + 1}: {'meets' if met else 'misses'} the SLO "
                       f"({r['output_tps'] or 0:.0f} tok/s, TTFT p99 {r['ttft_p99_ms'] or 0:.0f} ms, ITL p99 "
                       f"{r['itl_p99_ms'] or 0:.1f} ms)", flush=True)

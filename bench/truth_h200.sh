@@ -4,7 +4,9 @@
 # staged (/work/shared/gpu). Run from a folder holding src/ and bench/ (copied
 # to .gpu9 of the carry):
 #   bash .gpu9/bench/truth_h200.sh start     a seed-A server in a session of its own (outlives the call)
-#   bash .gpu9/bench/truth_h200.sh bracket   the bench client at each TRUTH_C level (TRUTH_ROUNDS rounds)
+#   bash .gpu9/bench/truth_h200.sh bracket   the bench client at each TRUTH_C level and TRUTH_R rate (TRUTH_ROUNDS
+#                                            rounds; TRUTH_ONLY: one mode, into bracket-MODE.json; a search joins
+#                                            every bracket*.json)
 #   bash .gpu9/bench/truth_h200.sh search    TRUTH_SEARCHES of our searches against that bracket (TRUTH_ONLY:
 #                                            concurrency or rate alone); packs everything into $OUT/truth-h200.tgz
 #                                            and stops the server when TRUTH_STOP=1
@@ -36,7 +38,8 @@ bracket)
   timeout ${TRUTH_DEADLINE_S:-560} python3 "$HERE/bench/capacity_truth.py" --url http://127.0.0.1:8000 --model m03 \
       --tokenizer "$M" "${SLO[@]}" --concurrency ${TRUTH_C:-128 160 192 256} --rate ${TRUTH_R:-} \
       --rate-seconds ${TRUTH_RATE_SECONDS:-10} --rounds ${TRUTH_ROUNDS:-1} \
-      --searches 0 --json "$W/bracket.json" 2>&1 | tee "$W/bracket.log"
+      ${TRUTH_ONLY:+--only $TRUTH_ONLY} --searches 0 --json "$W/bracket${TRUTH_ONLY:+-$TRUTH_ONLY}.json" 2>&1 \
+      | tee "$W/bracket${TRUTH_ONLY:+-$TRUTH_ONLY}.log"
   tar czf "$OUT/truth-h200.tgz" -C "$W" $(cd "$W" && ls *.json *.log 2>/dev/null);;
 agree)
   timeout ${TRUTH_DEADLINE_S:-560} python3 "$HERE/bench/agree_vllm_bench.py" --url http://127.0.0.1:8000 --model m03 \
@@ -50,8 +53,9 @@ search)
   # A bracket measured on an earlier machine (same server flags) can be carried in TRUTH_BRACKET.
   [ -n "${TRUTH_BRACKET:-}" ] && [ ! -f "$W/bracket.json" ] && cp "$TRUTH_BRACKET" "$W/bracket.json"
   TAG=${TRUTH_TAG:-truth}
+  FROM=(); for f in "$W"/bracket*.json; do [ -f "$f" ] && FROM+=(--bracket-from "$f"); done
   timeout ${TRUTH_DEADLINE_S:-540} python3 "$HERE/bench/capacity_truth.py" --url http://127.0.0.1:8000 --model m03 \
-      --tokenizer "$M" "${SLO[@]}" --bracket-from "$W/bracket.json" --searches ${TRUTH_SEARCHES:-2} \
+      --tokenizer "$M" "${SLO[@]}" "${FROM[@]}" --searches ${TRUTH_SEARCHES:-2} \
       ${TRUTH_ONLY:+--only $TRUTH_ONLY} --timeout 500 \
       --keep-records --json "$W/$TAG.json" -- ${TRUTH_SEARCH_ARGS:---start-concurrency 16} 2>&1 | tee "$W/$TAG.log"
   [ "${TRUTH_STOP:-0}" = 1 ] && { pkill -INT -f vllm.entrypoints.openai.api_server; sleep 5; }

@@ -95,6 +95,16 @@ def test_the_bracket_and_answers_against_it():
     assert T.bracket({8: [True], 16: [True]}) == {"low": 16, "high": None, "borderline": [], "inconsistent": []}
 
 
+def test_brackets_taken_over_several_calls_are_joined():
+    conc = {"modes": {"concurrency": {"runs": [{"level": 128, "meets": True}, {"level": 160, "meets": False}]}}}
+    cut = {"modes": {"concurrency": {"runs": [{"level": 192, "meets": False}], "partial": True}}}
+    rate = {"modes": {"rate": {"runs": [{"level": 80.0, "meets": True}]}, "concurrency": {"runs": []}}}
+    j = T.joined_brackets([conc, cut, rate])
+    assert [r["level"] for r in j["concurrency"]["runs"]] == [128, 160, 192]
+    assert [r["level"] for r in j["rate"]["runs"]] == [80.0]
+    assert T.joined_brackets([]) == {}
+
+
 def test_an_open_loop_search_is_found_only_among_the_capacity_options():
     help_text = subprocess.run([sys.executable, "-m", "ernie_tui", "probe", "--help"], capture_output=True,
                                text=True, check=True).stdout
@@ -146,5 +156,49 @@ def test_agreement_bench_on_the_paced_stand_in(tmp_path, tiny_tokenizer):
         line = A.phases(lv)
         assert line.startswith("ours queue ") and "; theirs queue " in line and " - " not in line, line
     finally:
+        srv.terminate()
+        srv.wait(10)
+
+
+@pytest.mark.vllm  # imports vLLM once for its bench client (~15 s on 2 cores); no vLLM server
+def test_one_bench_client_process_serves_a_whole_bracket_taken_in_two_calls(tmp_path, tiny_tokenizer):
+    """The bench client is kept in one process across runs (importing vLLM is
+    most of a short run's time); a bad run says why and leaves it usable; a
+    bracket written after every run and taken in two calls (one mode each)
+    is joined by the search phase."""
+    srv = subprocess.Popen([sys.executable, str(ROOT / "tests" / "paced_server.py"), "--port", "0",
+                            "--slots", "4", "--ttft-ms", "20", "--itl-ms", "5"],
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    A.close_workers()
+    try:
+        url = srv.stdout.readline().split()[-1]
+        common = ["--url", url, "--model", "tiny", "--tokenizer", str(tiny_tokenizer), "--slo", "ttft_p99=1000ms",
+                  "--rounds", "2", "--waves", "2", "--input-len", "20", "--output-len", "8", "--searches", "0"]
+        conc, rate, joined = tmp_path / "bracket-concurrency.json", tmp_path / "bracket-rate.json", tmp_path / "j.json"
+        assert T.main([*common, "--only", "concurrency", "--concurrency", "1", "2", "--json", str(conc)]) == 0
+        (worker,) = A._workers.values()
+        pid = worker._proc.pid
+        assert T.main([*common, "--only", "rate", "--rate", "4", "--rate-seconds", "1", "--json", str(rate)]) == 0
+        # six bench runs, one process
+        assert [w._proc.pid for w in A._workers.values()] == [pid] and worker.alive()
+        c = json.loads(conc.read_text())["modes"]["concurrency"]
+        assert [r["level"] for r in c["runs"]] == [1, 1, 2, 2] and all(r["completed"] == 2 * r["level"]
+                                                                        for r in c["runs"])
+        assert "rate" not in json.loads(conc.read_text())["modes"]
+        # the search phase reads both files as one bracket
+        assert T.main([*common, "--bracket-from", str(conc), "--bracket-from", str(rate), "--json", str(joined)]) == 0
+        j = json.loads(joined.read_text())["modes"]
+        assert j["concurrency"]["levels"] == [1, 2] and j["rate"]["levels"] == [4.0]
+        assert j["concurrency"]["bracket"]["low"] == 2  # the stand-in meets a 1 s TTFT at 2 of 4 slots
+        # a run that fails inside vLLM's bench client: its traceback comes back, the process stays for the next run
+        with pytest.raises(RuntimeError, match=r"(?s)bench client failed \(1\).*Traceback"):
+            A.run_theirs(A.Server(url, "tiny", str(tiny_tokenizer)), A.Shape(20, 8, 0.8182), concurrency=-1,
+                         rate=None, n=2, seed=1, python=sys.executable, env=dict(__import__("os").environ),
+                         timeout_s=120)
+        rc, said = worker.run(["--no-such-flag"], 60)
+        assert rc == 2 and "unrecognized arguments: --no-such-flag" in said
+        assert worker.alive() and worker._proc.pid == pid
+    finally:
+        A.close_workers()
         srv.terminate()
         srv.wait(10)
