@@ -15,6 +15,7 @@ import json
 import subprocess
 import sys
 import threading
+from dataclasses import replace
 from pathlib import Path
 from urllib.request import urlopen
 
@@ -170,6 +171,75 @@ def test_rate_search_on_a_simulated_open_loop():
     assert last.requests >= rules.max_requests  # a confirmation counts at least a level's most
     back = C.capacity_from_dict(json.loads(json.dumps(res.to_dict())))
     assert back.mode == "rate" and back.level(res.capacity["rate"]).passed
+
+
+def _open_loop(keeps_up: float, slo: list, rules: C.LevelRules, decode_s: float = 1.0, calls: list | None = None):
+    """A simulated server that keeps up with `keeps_up` req/s (an H200's
+    ~100-120 in docs/capacity-h200.md); past it each arrival queues behind
+    the work already waiting, so TTFT grows by (rate / keeps_up - 1) s a second."""
+
+    def run(rate: float, min_requests: int | None = None) -> C.LevelResult:
+        if calls is not None:
+            calls.append(rate)
+        mon = C.LevelMonitor(rate, slo, rules if min_requests is None else rules.confirming(min_requests), rate=True)
+        backlog, k = 0.0, 0
+        while True:
+            k += 1
+            t = k / rate
+            backlog = max(0.0, backlog + 1.0 / keeps_up - 1.0 / rate)
+            ttft = 0.05 + backlog
+            mon.started(t)
+            mon.add(S.RequestOutcome(ok=True, ttft_s=ttft, latency_s=ttft + decode_s, itls=[decode_s / 127] * 127,
+                                     completion_tokens=128, start_s=t, end_s=t + ttft + decode_s))
+            r = mon.stop_reason(t + ttft + decode_s)
+            if r:
+                return mon.result(t, r)
+    return run
+
+
+def test_an_open_loop_level_a_step_over_the_capacity_does_not_pass_in_a_few_seconds():
+    # The H200 case: SLO ttft_p99=1000ms, tolerance 0.1, 600 requests a level at most, a 20 s cap.
+    slo = S.parse_slo(["ttft_p99=1000ms", "itl_p99=50ms"])
+    hold = C.open_loop_hold_s(slo, 0.10, 20.0)
+    assert hold == pytest.approx(10.0)  # 1 s / 0.1
+    assert C.open_loop_hold_s(slo, 0.10, 12.0) == pytest.approx(6.0)  # at most half the cap
+    assert C.open_loop_hold_s(S.parse_slo(["itl_p99=50ms"]), 0.10, 20.0) == 0.0  # a queue's wait is not in ITL
+    assert C.open_loop_hold_s(S.parse_slo(["ttft_p99=2s", "e2e_p90=3s"]), 0.25, 60.0) == pytest.approx(8.0)
+    old = C.LevelRules(max_requests=600, time_cap_s=20, min_pass_s=0)
+    new = replace(old, min_pass_s=hold)
+    # One step (10 %) over a server that keeps up with 100 req/s: its queue grows 0.1 s a second.
+    before = _open_loop(100.0, slo, old)(110.0)
+    after = _open_loop(100.0, slo, new)(110.0)
+    print(f"110 req/s: before {before.passed} in {before.windows * before.window_s:.1f} s "
+          f"(TTFT p99 {before.ttft_p99_ms:.0f} ms); now {after.passed} in {after.windows * after.window_s:.1f} s "
+          f"(TTFT p99 {after.ttft_p99_ms:.0f} ms)")
+    assert before.passed and before.windows * before.window_s < hold  # what the H200 searches did at 128 and 144
+    assert not after.passed and after.ttft_p99_ms > 1000.0
+    # Under the capacity nothing queues: it passes, after the hold, and a decided pass.
+    under = _open_loop(100.0, slo, new)(90.0)
+    assert under.passed and under.decided and under.windows * under.window_s >= hold
+    # A closed loop is not held: the rule is the open loop's.
+    mon = C.LevelMonitor(8, slo, new)
+    assert mon.held()
+
+
+def test_an_open_loop_search_spends_no_confirmation_on_a_short_pass_over_the_capacity():
+    slo = S.parse_slo(["ttft_p99=1000ms"])
+    for hold, expect_false_passes in ((0.0, True), (None, False)):
+        rules = C.LevelRules(max_requests=600, time_cap_s=20)
+        rules = replace(rules, min_pass_s=C.open_loop_hold_s(slo, 0.1, 20.0) if hold is None else hold)
+        calls: list[float] = []
+        res = C.search(_open_loop(100.0, slo, rules, calls=calls), slo,
+                       C.SearchConfig(mode="rate", start_rate=16.0, max_rate=256.0, tolerance=0.1))
+        over = [lv for lv in res.levels if lv.passed and not lv.confirmation and lv.rate >= 110.0]
+        failed_confirmations = [lv for lv in res.levels if lv.confirmation and not lv.passed]
+        print(f"hold {rules.min_pass_s:g} s: capacity {res.capacity and res.capacity['rate']}, levels "
+              + " ".join(f"{lv.rate:g}{'c' if lv.confirmation else ''}{'+' if lv.passed else '-'}"
+                         for lv in res.levels))
+        # within a tolerance step of the 100 req/s it keeps up with (104 in 8 s is 0.3 s of queue)
+        assert res.capacity is not None and 90.0 <= res.capacity["rate"] < 110.0 and res.capacity["confirmed"]
+        assert bool(over) is expect_false_passes
+        assert bool(failed_confirmations) is expect_false_passes
 
 
 def test_cli_rate_capacity_on_the_paced_stand_in(paced, capsys):

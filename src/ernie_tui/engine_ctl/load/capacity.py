@@ -29,6 +29,9 @@ a simulated server.
   its point estimates. A failing level that ended undecided, or in which
   the load generator's own loop stood still for CLIENT_STALL_MS or more,
   is measured once more before it may bound the search.
+- Open loop, a level passes only after limit / tolerance seconds of windows
+  (open_loop_hold_s: the smallest TTFT or E2E limit): above the capacity a
+  queue grows slowly, and a few seconds cannot see a tolerance step over it.
 - A level passes only when its objectives pass and its attainment (share of
   good requests, vLLM's --goodput) is at least `attainment_target`: no
   capacity is reported whose attainment is below it.
@@ -117,6 +120,10 @@ class LevelRules:
     min_windows: int = DEFAULT_MIN_WINDOWS
     window_s: float = DEFAULT_WINDOW_S
     stability: float = DEFAULT_STABILITY
+    # Open loop: seconds of measured windows before a level may pass (or stop
+    # on max_requests); a fail needs no wait. None: run_capacity derives it
+    # from the SLO and the search's tolerance (open_loop_hold_s); 0: none.
+    min_pass_s: float | None = None
 
     def confirming(self, requests: int) -> LevelRules:
         """The rules of a confirmation (search's closing run): at least
@@ -138,6 +145,8 @@ class LevelRules:
             raise ValueError("the attainment target is a share between 0 and 1, e.g. 0.9")
         if self.min_windows < 2:
             raise ValueError("a verdict needs at least 2 windows")
+        if self.min_pass_s is not None and self.min_pass_s < 0:
+            raise ValueError("the open loop's hold before a pass must not be negative")
         if self.window_s <= 0:
             raise ValueError("the window must be more than zero seconds")
         if not 0 < self.stability < 1:
@@ -182,6 +191,25 @@ class SearchConfig:
     @property
     def rate(self) -> bool:
         return self.mode == "rate"
+
+
+def open_loop_hold_s(slo: Sequence[S.Objective], tolerance: float, time_cap_s: float) -> float:
+    """How long an open-loop level must be measured before it may pass.
+
+    At a rate one tolerance step over what the server keeps up with, its
+    queue grows by that share of a second of work every second: a request
+    arriving t seconds in waits tolerance x t longer than the first. A level
+    passed sooner than limit / tolerance (the smallest TTFT or E2E limit: a
+    queue's wait adds to both) cannot tell the capacity from a step over it.
+    On an H200 (ttft_p99=1000ms, tolerance 0.1) 3-4 s rate levels at 128 and
+    144 req/s passed where vLLM's bench client misses at 120 (TTFT p99 3.8-5.1 s
+    over 10 s); each cost the search a confirmation to undo. At most half the
+    level's time cap, so a level can still decide; 0 when no objective is a
+    TTFT or E2E one (a queue's wait does not reach the token gaps)."""
+    limits = [o.limit_s for o in slo if o.metric in ("ttft", "e2e")]
+    if not limits or tolerance <= 0:
+        return 0.0
+    return min(min(limits) / tolerance, time_cap_s / 2.0)
 
 
 def make_search(slo: Sequence[str] | str, *, start: int = DEFAULT_START,
@@ -425,13 +453,18 @@ class LevelMonitor:
                 self.stable = self._stable(blocks)
                 ev = S.evaluate_blocks(blocks, self.slo, self.rules.confidence, self.rules.attainment_target)
                 self.evaluation = ev
-                if ev.verdict == S.FAIL or (ev.verdict == S.PASS and self.stable):
+                if ev.verdict == S.FAIL or (ev.verdict == S.PASS and self.stable and self.held()):
                     return "decided"
-            if counted >= self.max_requests and self.windows >= self.rules.min_windows:
+            if counted >= self.max_requests and self.windows >= self.rules.min_windows and self.held():
                 return "max_requests"  # (never before min_windows: a level no shorter than its windows)
         if now >= self.rules.time_cap_s:
             return "time_cap"
         return None
+
+    def held(self) -> bool:
+        """Measured long enough to pass (open loop: LevelRules.min_pass_s)."""
+        need = self.rules.min_pass_s if self.rate else None
+        return not need or (self.window_s is not None and self.windows * self.window_s >= need - 1e-9)
 
     def progress(self, now: float) -> dict[str, Any]:
         """A provisional view of the level for a progress display. Its p99s
@@ -476,8 +509,8 @@ class LevelMonitor:
                     and ev.attainment < self.rules.attainment_target and ev.verdict == S.PASS:
                 ev.verdict = S.UNDECIDED
             outcomes = self.outcomes
-        if stop in ("max_requests", "time_cap") and ev.verdict == S.PASS and not self.stable:
-            ev.verdict = S.UNDECIDED  # the bounds passed but the windows never agreed
+        if stop in ("max_requests", "time_cap") and ev.verdict == S.PASS and not (self.stable and self.held()):
+            ev.verdict = S.UNDECIDED  # the bounds passed but the windows never agreed (or too soon to tell)
         res = level_result(self.concurrency, outcomes, self.slo, ev, span, stop, server,
                            attainment_target=self.rules.attainment_target)
         res.rate = self.load if self.rate else None

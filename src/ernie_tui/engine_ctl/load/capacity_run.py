@@ -29,7 +29,7 @@ import asyncio
 import math
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any, Callable
 
@@ -492,6 +492,8 @@ def run_capacity(url: str, slo: list[S.Objective], *, search_config: C.SearchCon
     event loop. Never raises for server trouble: the result says."""
     search_config = search_config or C.SearchConfig()
     rules = rules or C.LevelRules()
+    if search_config.rate and rules.min_pass_s is None:
+        rules = replace(rules, min_pass_s=C.open_loop_hold_s(slo, search_config.tolerance, rules.time_cap_s))
     settings = settings or RequestSettings()
     search_config.validate()
     rules.validate()
