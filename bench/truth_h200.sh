@@ -40,15 +40,16 @@ bracket)
       --rate-seconds ${TRUTH_RATE_SECONDS:-10} --rounds ${TRUTH_ROUNDS:-1} \
       ${TRUTH_ONLY:+--only $TRUTH_ONLY} --searches 0 --json "$W/bracket${TRUTH_ONLY:+-$TRUTH_ONLY}.json" 2>&1 \
       | tee "$W/bracket${TRUTH_ONLY:+-$TRUTH_ONLY}.log"
-  tar czf "$OUT/truth-h200.tgz" -C "$W" $(cd "$W" && ls *.json *.log 2>/dev/null);;
+  tar czf "$OUT/truth-h200.tgz" -C "$W" $(cd "$W" && ls *.json *.log 2>/dev/null) $([ -d "$W/data" ] && echo data);;
 agree)
   timeout ${TRUTH_DEADLINE_S:-560} python3 "$HERE/bench/agree_vllm_bench.py" --url http://127.0.0.1:8000 --model m03 \
       --tokenizer "$M" --concurrency ${AGREE_C-128 256} --rate ${AGREE_R-80} --rounds ${AGREE_ROUNDS:-3} \
       --waves 8 --rate-seconds ${AGREE_RATE_SECONDS:-10} --json "$W/agree.json" 2>&1 | tee "$W/agree.log"
-  tar czf "$OUT/truth-h200.tgz" -C "$W" $(cd "$W" && ls *.json *.log 2>/dev/null);;
+  # data: the searches' run records (a search and an agree in one call once lost them)
+  tar czf "$OUT/truth-h200.tgz" -C "$W" $(cd "$W" && ls *.json *.log 2>/dev/null) $([ -d "$W/data" ] && echo data);;
 stop)
   pkill -INT -f vllm.entrypoints.openai.api_server; sleep 5
-  tar czf "$OUT/truth-h200.tgz" -C "$W" $(cd "$W" && ls *.json *.log 2>/dev/null) data;;
+  tar czf "$OUT/truth-h200.tgz" -C "$W" $(cd "$W" && ls *.json *.log 2>/dev/null) $([ -d "$W/data" ] && echo data);;
 search)
   # A bracket measured on an earlier machine (same server flags) can be carried in TRUTH_BRACKET.
   [ -n "${TRUTH_BRACKET:-}" ] && [ ! -f "$W/bracket.json" ] && cp "$TRUTH_BRACKET" "$W/bracket.json"
@@ -59,7 +60,7 @@ search)
       ${TRUTH_ONLY:+--only $TRUTH_ONLY} --timeout 500 \
       --keep-records --json "$W/$TAG.json" -- ${TRUTH_SEARCH_ARGS:---start-concurrency 16} 2>&1 | tee "$W/$TAG.log"
   [ "${TRUTH_STOP:-0}" = 1 ] && { pkill -INT -f vllm.entrypoints.openai.api_server; sleep 5; }
-  tar czf "$OUT/truth-h200.tgz" -C "$W" $(cd "$W" && ls *.json *.log 2>/dev/null) data;;
+  tar czf "$OUT/truth-h200.tgz" -C "$W" $(cd "$W" && ls *.json *.log 2>/dev/null) $([ -d "$W/data" ] && echo data);;
 *) echo "usage: truth_h200.sh start|bracket|search|agree|stop"; exit 2;;
 esac
 date -u

@@ -4,6 +4,7 @@ stand-in (tests/paced_server.py), and one short search on real vLLM (CPU)."""
 
 from __future__ import annotations
 
+import gc
 import heapq
 import json
 import random
@@ -617,6 +618,11 @@ def test_a_level_is_judged_off_the_loop_that_times_the_streams(paced, monkeypatc
     assert len(loop_threads) == 1 and judged_in and not set(judged_in) & loop_threads
     assert overlaps == []
     assert lv.client_lag_p99_ms is not None and lv.client_lag_max_ms is not None
+    # what ran beside the streams, for a stall to be traced: the judgements (each slept 5 ms here),
+    # the collector (the heap from before the level frozen out of its reach), the prompts built ahead
+    assert lv.client_judge_max_ms >= 5.0 and lv.client_gc_pause_max_ms is not None and lv.client_gc_full is not None
+    assert lv.client_built_during is not None and lv.client_build_s is not None
+    assert gc.get_freeze_count() == 0  # unfrozen after the level
 
 
 def test_prompts_a_level_runs_short_of_are_built_off_its_loop(paced, tmp_path, monkeypatch):
@@ -663,6 +669,8 @@ def test_prompts_a_level_runs_short_of_are_built_off_its_loop(paced, tmp_path, m
     assert sent > 8 and res.workload["prompts"] > sent and res.workload["wrapped"] == 0
     assert res.workload["built_when_dry"] == 0
     assert not any("built during the level" in w for w in lv.warnings)
+    # the level says how many it built ahead while it ran, and how long that took
+    assert lv.client_built_during > 0 and lv.client_build_s > 0
 
 
 def test_a_tokenizer_scans_its_vocabulary_for_words_once(tmp_path, monkeypatch):

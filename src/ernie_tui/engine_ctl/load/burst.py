@@ -369,7 +369,7 @@ async def watch_loop_lag(lags: list[float], tick_s: float = 0.010) -> None:
         lags.append(max(0.0, time.perf_counter() - t - tick_s))
 
 
-class _ClientHealth:
+class ClientHealth:
     """The load generator's own stalls while a burst runs: garbage-collector
     pauses (gc.callbacks, any thread) and event-loop lag (how late a 10 ms
     timer fires). Also freezes the heap that exists before the burst (see
@@ -621,7 +621,7 @@ async def run_burst_async(url: str, config: BurstConfig | None = None, *,
                 t.cancel()
 
     rec_itls: list[list[float]] = [[] for _ in range(total)]
-    health = _ClientHealth()
+    health = ClientHealth()
     # The connector's limit is the cap: an open loop without one must not
     # queue its sends behind a connection limit (a hidden late send).
     connections = slots + 2

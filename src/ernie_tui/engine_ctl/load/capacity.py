@@ -299,6 +299,16 @@ class LevelResult:
     # timer's overshoot): a stalled client reads every stream's gaps long.
     client_lag_p99_ms: float | None = None
     client_lag_max_ms: float | None = None
+    # What ran in the client beside the streams, for a stall to be traced:
+    # the garbage collector's longest pause and its full collections (the
+    # heap from before the level is frozen out of its reach, as a burst's),
+    # the slowest judgement of the level (in a worker thread), and the
+    # prompts built in a worker thread during the level (count, seconds).
+    client_gc_pause_max_ms: float | None = None
+    client_gc_full: int | None = None
+    client_judge_max_ms: float | None = None
+    client_built_during: int | None = None
+    client_build_s: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

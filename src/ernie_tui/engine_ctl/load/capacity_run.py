@@ -38,7 +38,7 @@ from ernie_tui.engine_ctl.load import metrics as M
 from ernie_tui.engine_ctl.load import slo as S
 from ernie_tui.engine_ctl.load import stats
 from ernie_tui.engine_ctl.load.arrivals import arrival_stream
-from ernie_tui.engine_ctl.load.burst import BurstConfig, watch_loop_lag
+from ernie_tui.engine_ctl.load.burst import BurstConfig, ClientHealth, watch_loop_lag
 from ernie_tui.engine_ctl.load.http_client import ServedModel, base_url, new_async_client, resolve_model
 from ernie_tui.engine_ctl.load.http_errors import TRANSPORT_KINDS, ProbeFailure
 from ernie_tui.engine_ctl.load.probe import stream_request
@@ -278,6 +278,7 @@ class HttpLevelRunner:
         # to the monitor after it, so the monitor only ever has one thread in it.
         held: list[Callable[[], None]] = []
         judging = False
+        judge_max = 0.0  # the slowest judgement (s)
 
         def feed(step: Callable[[], None]) -> None:
             if judging:
@@ -293,11 +294,13 @@ class HttpLevelRunner:
             # the level judged on the loop at every answer). In a thread the
             # loop gets its turn every few ms (the interpreter's switch
             # interval; numpy's sort lets go of the GIL).
-            nonlocal judging
+            nonlocal judging, judge_max
             judging = True
+            t = time.perf_counter()
             try:
                 return await asyncio.to_thread(fn, now)
             finally:
+                judge_max = max(judge_max, time.perf_counter() - t)
                 judging = False
                 steps = held[:]
                 held.clear()
@@ -312,13 +315,19 @@ class HttpLevelRunner:
         wl = self.workload
         refill: list[asyncio.Future] = []
         refill_low, refill_batch = 2 * width + 16, 4 * width + 64
+        built_n, built_s = 0, 0.0  # prompts built during the level in a worker thread, and the seconds it took
 
         async def build_more() -> None:
+            nonlocal built_n, built_s
+            t = time.perf_counter()
             try:
-                wl.extend(await asyncio.to_thread(wl.build, refill_batch))
+                items = await asyncio.to_thread(wl.build, refill_batch)
+                wl.extend(items)
+                built_n += len(items)
             except Exception:  # noqa: BLE001 - take() builds on the loop and raises it there
                 pass
             finally:
+                built_s += time.perf_counter() - t
                 refill.clear()
 
         def keep_ahead() -> None:
@@ -395,6 +404,11 @@ class HttpLevelRunner:
                     # sample lost to a slow answer is only a sample.
                     sampler = _MetricsSampler(M.MetricsClient(self.url, self.api_key), s.sample_interval_s)
                     sampler.start()
+            # The heap from before the level (prompts, tokenizer, imports,
+            # earlier levels) out of the collector's reach while it runs, as
+            # a burst does; the collection that precedes the freeze is untimed.
+            health = ClientHealth()
+            health.start(freeze=True)
             t0 = time.perf_counter()
             if rate:
                 feeder = asyncio.ensure_future(sender(client))
@@ -436,6 +450,7 @@ class HttpLevelRunner:
                 await asyncio.gather(*pending, return_exceptions=True)
                 # A refill still building finishes before the next level's ensure().
                 await asyncio.gather(*refill, return_exceptions=True)
+                health.stop()
         elapsed = max(time.perf_counter() - t0, 1e-9)
         if sampler is not None:
             sampler.halt.set()
@@ -458,9 +473,16 @@ class HttpLevelRunner:
         res = monitor.result(elapsed, stop_reason, server)
         res.client_lag_p99_ms = S.ms(stats.percentile(lags, 99))
         res.client_lag_max_ms = S.ms(max(lags)) if lags else None
+        res.client_gc_pause_max_ms = round(health.gc_pause_max_s * 1000.0, 3)
+        res.client_gc_full = health.gc_count[2]
+        res.client_judge_max_ms = round(judge_max * 1000.0, 3)
+        res.client_built_during, res.client_build_s = built_n, round(built_s, 3)
         if res.client_lag_max_ms is not None and res.client_lag_max_ms > 50.0:
+            beside = f"; beside it: GC pauses up to {res.client_gc_pause_max_ms:.0f} ms, the slowest judgement " \
+                     f"{res.client_judge_max_ms:.0f} ms" + (f", {built_n} prompts built in {built_s:.2f} s"
+                                                            if built_n else "")
             res.warnings.append(f"the load generator's own loop stalled up to {res.client_lag_max_ms:.0f} ms "
-                                f"(p99 {res.client_lag_p99_ms or 0:.1f} ms): its token gaps may read long")
+                                f"(p99 {res.client_lag_p99_ms or 0:.1f} ms): its token gaps may read long{beside}")
         if wl.built_when_dry > dry_before:
             res.warnings.append(f"{wl.built_when_dry - dry_before} prompts were built during the level, on the loop "
                                 f"that times the streams: the prompts built ahead ran out")
