@@ -12,6 +12,7 @@ import subprocess
 import sys
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -717,3 +718,24 @@ def test_a_level_failed_by_our_own_client_stalling_is_measured_again():
     assert last.confirmation and last.passed
     assert sum(1 for e in events if e.get("remeasure") and e["event"] == "level_done") == 2
     assert any(e.get("confirm") and e.get("remeasure") for e in events)
+
+
+def test_prompts_built_before_a_level_cover_what_the_h200_levels_sent():
+    # (concurrency, sent, a confirmation's counted minimum or None), from the fourth H200 run's
+    # records: every level that sent past (built - 2 turnovers) built more in a worker thread
+    # while its streams ran, and its loop stood still for 135-318 ms; no other level past 90 ms.
+    from types import SimpleNamespace
+
+    closed = SimpleNamespace(open_loop=False)
+    rules = C.LevelRules()  # max_requests 400
+    for c, sent, confirm in ((144, 1915, None), (136, 1824, 1088), (128, 1718, 1024), (192, 2274, None),
+                             (16, 269, None)):
+        level_rules = rules.confirming(confirm) if confirm else rules
+        built = R.HttpLevelRunner._expected_requests(closed, float(c), level_rules)
+        refill_at = built - (2 * c + 16)  # the runner's mark (run_async: refill_low)
+        assert sent < refill_at, (c, sent, built)
+    # Open loop: a passing level lasts its warm-up, its hold and more; a confirmation its count and more.
+    opened = SimpleNamespace(open_loop=True)
+    held = replace(C.LevelRules(time_cap_s=20.0), min_pass_s=10.0)
+    assert R.HttpLevelRunner._expected_requests(opened, 128.0, held) >= 128 * 18
+    assert R.HttpLevelRunner._expected_requests(opened, 100.0, held.confirming(1250)) >= 1250 + 600

@@ -241,14 +241,24 @@ class HttpLevelRunner:
             task.result()  # a bug in the batch still shows
 
     def _expected_requests(self, load: float, rules: C.LevelRules) -> int:
-        """Prompts to build before the level: what it usually sends (past
-        this, the level builds more ahead in a worker thread)."""
+        """Prompts to build before the level: the most it usually sends.
+
+        Past this less two turnovers, the level builds more in a worker
+        thread, and that costs the streams: on an H200 every one of 13
+        levels that crossed that mark (sending 11.6-13.3 x its concurrency,
+        against 6 x uncounted allowed here then) had its loop stand still for
+        135-318 ms, and none of the 21 that did not for more than 90 ms
+        (docs/capacity-h200.md, fourth run). So the margin covers the most
+        seen, with a turnover to spare."""
         if self.open_loop:
-            return max(int(load * min(rules.time_cap_s, 15.0)), rules.min_requests) + 16
+            # A passing level lasts its warm-up, its hold (min_pass_s) and a
+            # window or two more; a confirmation, its requests and as much again.
+            span = min(rules.time_cap_s, max(15.0, (rules.min_pass_s or 0.0) + 8.0))
+            return int(max(load * span, rules.min_requests + load * 6.0)) + 16
         # Counted requests (8 turnovers, or the cap) plus those sent and not
         # counted: the warm-up's (~2 turnovers on an H200), the last window's
-        # and the ones in flight at the end.
-        return max(rules.max_requests, 8 * int(load)) + 6 * int(load)
+        # and the ones in flight at the end (up to 5.3 turnovers seen).
+        return max(rules.max_requests, 8 * int(load)) + 9 * int(load)
 
     async def run_async(self, load: Any, min_requests: int | None = None) -> C.LevelResult:
         s = self.settings
