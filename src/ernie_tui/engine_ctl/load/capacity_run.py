@@ -244,10 +244,10 @@ class HttpLevelRunner:
         """Prompts to build before the level: the most it usually sends.
 
         Past this less two turnovers, the level builds more in a worker
-        thread, and that costs the streams: on an H200 every one of 13
-        levels that crossed that mark (sending 11.6-13.3 x its concurrency,
+        thread, and that costs the streams: on an H200 every one of 12
+        levels that crossed that mark (sending 12.2-13.4 x its concurrency,
         against 6 x uncounted allowed here then) had its loop stand still for
-        135-318 ms, and none of the 21 that did not for more than 90 ms
+        135-318 ms, and none of the 24 that did not for more than 90 ms
         (docs/capacity-h200.md, fourth run). So the margin covers the most
         seen, with a turnover to spare."""
         if self.open_loop:
@@ -257,7 +257,8 @@ class HttpLevelRunner:
             return int(max(load * span, rules.min_requests + load * 6.0)) + 16
         # Counted requests (8 turnovers, or the cap) plus those sent and not
         # counted: the warm-up's (~2 turnovers on an H200), the last window's
-        # and the ones in flight at the end (up to 5.3 turnovers seen).
+        # and the ones in flight at the end (up to 4.2 turnovers seen; the
+        # counted overshot 8 turnovers by up to 1.6: 13.4 sent in all).
         return max(rules.max_requests, 8 * int(load)) + 9 * int(load)
 
     async def run_async(self, load: Any, min_requests: int | None = None) -> C.LevelResult:
