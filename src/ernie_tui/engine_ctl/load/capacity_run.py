@@ -38,7 +38,7 @@ from ernie_tui.engine_ctl.load import metrics as M
 from ernie_tui.engine_ctl.load import slo as S
 from ernie_tui.engine_ctl.load import stats
 from ernie_tui.engine_ctl.load.arrivals import arrival_stream
-from ernie_tui.engine_ctl.load.burst import BurstConfig, ClientHealth, watch_loop_lag
+from ernie_tui.engine_ctl.load.burst import BurstConfig, ClientHealth
 from ernie_tui.engine_ctl.load.http_client import ServedModel, base_url, new_async_client, resolve_model
 from ernie_tui.engine_ctl.load.http_errors import TRANSPORT_KINDS, ProbeFailure
 from ernie_tui.engine_ctl.load.probe import stream_request
@@ -429,8 +429,7 @@ class HttpLevelRunner:
                     t = asyncio.ensure_future(worker(client))
                     tasks.add(t)
             last_progress = 0.0
-            lags: list[float] = []
-            lag_task = asyncio.ensure_future(watch_loop_lag(lags))
+            lag_task = asyncio.ensure_future(health.watch_loop())
             try:
                 while not stop.is_set():
                     if self._cancelled():
@@ -482,6 +481,7 @@ class HttpLevelRunner:
                 o.error_kind in TRANSPORT_KINDS for o in monitor.outcomes):
             stop_reason = "server_down"
         res = monitor.result(elapsed, stop_reason, server)
+        lags = health.lags
         res.client_lag_p99_ms = S.ms(stats.percentile(lags, 99))
         res.client_lag_max_ms = S.ms(max(lags)) if lags else None
         res.client_gc_pause_max_ms = round(health.gc_pause_max_s * 1000.0, 3)
