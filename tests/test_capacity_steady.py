@@ -11,7 +11,9 @@ treat requests as independent) all three passed a level that fails.
 
 from __future__ import annotations
 
+import heapq
 import json
+import math
 import subprocess
 import sys
 import threading
@@ -240,6 +242,67 @@ def test_an_open_loop_search_spends_no_confirmation_on_a_short_pass_over_the_cap
         assert res.capacity is not None and 90.0 <= res.capacity["rate"] < 110.0 and res.capacity["confirmed"]
         assert bool(over) is expect_false_passes
         assert bool(failed_confirmations) is expect_false_passes
+
+
+def _drifting_confirmation(slow_from_s: float | None, *, noisy: bool = False, rising: bool = False
+                           ) -> C.LevelResult:
+    """A confirmation (1,000 counted requests at 100 req/s, open loop) on a
+    simulated server whose decoding slows for requests sent after
+    `slow_from_s`: 8 ms token gaps before, 19 ms after with 1.5 % of them 80 ms
+    (the H200's confirmation at 144 req/s: windows' median E2E 0.8 s, then
+    2.5 s and 3.6 s at the end, pooled ITL p99 46 ms), or after
+    `slow_from_s` + 1.5 s once `rising` (the end no longer settles either).
+    `noisy`: no slowdown, but decoding swings ±60 % over 4 s
+    (unsettled, yet never missing the SLO)."""
+    slo = S.parse_slo(["ttft_p99=1000ms", "itl_p99=50ms"])
+    rules = C.LevelRules(max_requests=600, time_cap_s=60, min_pass_s=0).confirming(1000)
+    mon = C.LevelMonitor(100.0, slo, rules, rate=True)
+    pending: list[tuple[float, int, S.RequestOutcome]] = []  # (end, k, outcome): answered once the clock is there
+    k = 0
+    while True:
+        k += 1
+        t = k / 100.0
+        while pending and pending[0][0] <= t:
+            mon.add(heapq.heappop(pending)[2])
+        if slow_from_s is not None and t >= slow_from_s + 1.5:
+            gaps = [0.080 if (k * 127 + j) % 67 == 0 else (0.030 if rising else 0.019) for j in range(127)]
+        elif slow_from_s is not None and t >= slow_from_s:
+            gaps = [0.080 if (k * 127 + j) % 67 == 0 else 0.019 for j in range(127)]
+        elif noisy:
+            gaps = [0.008 * (1.0 + 0.6 * math.sin(2 * math.pi * t / 4.0))] * 127
+        else:
+            gaps = [0.008] * 127
+        ttft = 0.05
+        latency = ttft + sum(gaps)
+        mon.started(t)
+        heapq.heappush(pending, (t + latency, k, S.RequestOutcome(
+            ok=True, ttft_s=ttft, latency_s=latency, itls=gaps, completion_tokens=128, start_s=t, end_s=t + latency)))
+        r = mon.stop_reason(t)
+        if r:
+            return mon.result(t, r)
+
+
+def test_a_level_that_never_settles_is_judged_where_it_ended():
+    drift = _drifting_confirmation(7.0)
+    print(f"drifting: windows' E2E {drift.window_e2e_ms}, pooled ITL p99 {drift.itl_p99_ms:.1f} ms, "
+          f"stop {drift.stop}, passed {drift.passed}, end {getattr(drift, 'end_missed', None)}")
+    assert drift.stop == "max_requests" and not drift.decided
+    # The pooled figures pass (what let the H200's confirmation through on its point estimates) ...
+    assert drift.itl_p99_ms < 50.0 and drift.ttft_p99_ms < 1000.0 and drift.attainment == 1.0
+    assert drift.window_e2e_ms[-1] > 2 * drift.window_e2e_ms[0]
+    # ... but its last three windows miss ITL p99, so it is no pass, and it says why.
+    assert not drift.passed
+    assert drift.end_missed and "itl_p99=50ms read 80 ms" in drift.end_missed
+    assert any("last windows miss the SLO" in w for w in drift.warnings)
+    # The same with an end still rising (its windows never agree): no pass either.
+    rising = _drifting_confirmation(6.0, rising=True)
+    assert not rising.stable and not rising.decided and not rising.passed and rising.itl_p99_ms < 50.0
+    # Windows that disagree without the end missing anything: still a pass on its estimates.
+    noisy = _drifting_confirmation(None, noisy=True)
+    assert noisy.stop == "max_requests" and not noisy.stable and noisy.passed and noisy.end_missed is None
+    # A level that settled is judged as before.
+    calm = _drifting_confirmation(None)
+    assert calm.passed and calm.stable and calm.end_missed is None
 
 
 def test_cli_rate_capacity_on_the_paced_stand_in(paced, capsys):

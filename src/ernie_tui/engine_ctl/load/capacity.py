@@ -26,7 +26,8 @@ a simulated server.
   --stability-percentage), with confidence from batch means over the
   windows (slo.evaluate_blocks: requests of one window share its batches).
   A level still undecided at a cap is marked `decided: false` and goes by
-  its point estimates. A failing level that ended undecided, or in which
+  its point estimates, over all its windows and over its last min_windows
+  (a level that drifted is judged where it ended). A failing level that ended undecided, or in which
   the load generator's own loop stood still for CLIENT_STALL_MS or more,
   is measured once more before it may bound the search.
 - Open loop, a level passes only after limit / tolerance seconds of windows
@@ -292,6 +293,10 @@ class LevelResult:
     windows: int | None = None
     stable: bool | None = None
     window_e2e_ms: list[float] | None = None  # each window's median E2E (the stability check's figures)
+    # A level that stopped at a cap undecided is judged where it ended too:
+    # what its last min_windows windows missed (None: nothing, or decided);
+    # a level whose end misses the SLO is not a pass (LevelMonitor.end_missed).
+    end_missed: str | None = None
     late_sends: int | None = None  # open loop: requests sent more than 10 ms after their time
     late_send_max_ms: float | None = None
     confirmation: bool = False  # the search's closing, longer run at its capacity
@@ -471,6 +476,28 @@ class LevelMonitor:
             return "time_cap"
         return None
 
+    def end_missed(self, blocks: list[list[S.RequestOutcome]]) -> str | None:
+        """Where an undecided level ended up: its last min_windows windows
+        judged on their own point estimates. What they missed, or None
+        (nothing, or no more windows than those).
+
+        Why: a level that drifts (on an H200, a confirmation at 144 req/s
+        whose windows' median E2E went 0.8 s, 0.9 s, ... 2.5 s, 3.6 s as the
+        server fell behind) pools a calm start with a failing end, and the
+        pooled p99 can still read under the limit. Its steady state, if it
+        has one, is the end, as perf_analyzer reports its last windows."""
+        k = self.rules.min_windows
+        if len(blocks) <= k:
+            return None
+        end = S.evaluate_blocks(blocks[-k:], self.slo, self.rules.confidence, self.rules.attainment_target)
+        missed = [f"{o.objective} read {'no value' if o.value_ms is None else f'{o.value_ms:.0f} ms'}"
+                  for o in end.objectives
+                  if o.how != "no gaps" and (o.value_ms is None or o.value_ms > o.limit_ms)]
+        target = self.rules.attainment_target
+        if target and end.attainment is not None and end.attainment < target:
+            missed.append(f"attainment {end.attainment:.2f} < {target:g}")
+        return ", ".join(missed) or None
+
     def held(self) -> bool:
         """Measured long enough to pass (open loop: LevelRules.min_pass_s)."""
         need = self.rules.min_pass_s if self.rate else None
@@ -521,8 +548,10 @@ class LevelMonitor:
             outcomes = self.outcomes
         if stop in ("max_requests", "time_cap") and ev.verdict == S.PASS and not (self.stable and self.held()):
             ev.verdict = S.UNDECIDED  # the bounds passed but the windows never agreed (or too soon to tell)
+        end_missed = self.end_missed(blocks) \
+            if counted and stop in ("max_requests", "time_cap") and ev.verdict == S.UNDECIDED else None
         res = level_result(self.concurrency, outcomes, self.slo, ev, span, stop, server,
-                           attainment_target=self.rules.attainment_target)
+                           attainment_target=self.rules.attainment_target, end_missed=end_missed)
         res.rate = self.load if self.rate else None
         res.elapsed_s = seconds
         res.warmup_s = self.warmup_end
@@ -538,7 +567,8 @@ class LevelMonitor:
 
 def level_result(concurrency: int | None, outcomes: Sequence[S.RequestOutcome], slo: Sequence[S.Objective],
                  ev: S.Evaluation, seconds: float, stop: str,
-                 server: dict[str, Any] | None = None, *, attainment_target: float = 0.0) -> LevelResult:
+                 server: dict[str, Any] | None = None, *, attainment_target: float = 0.0,
+                 end_missed: str | None = None) -> LevelResult:
     ok = [o for o in outcomes if o.ok]
     errors: dict[str, int] = {}
     for o in outcomes:
@@ -556,7 +586,8 @@ def level_result(concurrency: int | None, outcomes: Sequence[S.RequestOutcome], 
         verdict = ev.verdict
     decided = verdict != S.UNDECIDED
     attained = ev.attainment is None or not attainment_target or ev.attainment >= attainment_target
-    passed = verdict == S.PASS or (verdict == S.UNDECIDED and stop != "cancelled" and ev.point_pass and attained)
+    passed = verdict == S.PASS or (verdict == S.UNDECIDED and stop != "cancelled" and ev.point_pass and attained
+                                   and not end_missed)
     res = LevelResult(
         concurrency=concurrency, requests=len(outcomes), ok=len(ok), failed=len(outcomes) - len(ok),
         seconds=seconds,
@@ -575,8 +606,11 @@ def level_result(concurrency: int | None, outcomes: Sequence[S.RequestOutcome], 
         goodput_rps=stats.rate(len(good), seconds) if outcomes else None,
         goodput_output_tps=stats.rate(good_tokens, seconds) if outcomes else None,
         passed=passed, decided=decided, verdict=verdict, stop=stop,
-        objectives=[asdict(o) for o in ev.objectives], errors=errors,
+        objectives=[asdict(o) for o in ev.objectives], errors=errors, end_missed=end_missed,
     )
+    if end_missed and verdict == S.UNDECIDED:
+        res.warnings.append(f"undecided, and its last windows miss the SLO ({end_missed}): where the level ended up "
+                            f"is no pass, whatever its earlier windows read")
     for key, value in (server or {}).items():
         setattr(res, key, value)
     return res
