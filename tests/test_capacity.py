@@ -739,3 +739,10 @@ def test_prompts_built_before_a_level_cover_what_the_h200_levels_sent():
     held = replace(C.LevelRules(time_cap_s=20.0), min_pass_s=10.0)
     assert R.HttpLevelRunner._expected_requests(opened, 128.0, held) >= 128 * 18
     assert R.HttpLevelRunner._expected_requests(opened, 100.0, held.confirming(1250)) >= 1250 + 600
+    # ... and one the server fell behind in (fifth H200 run, default 60 s cap): a level at 152 req/s
+    # sent 2,712 and a confirmation at 144 sent 3,015, and both built more mid-level (loop still 242-366 ms).
+    capped = replace(C.LevelRules(), min_pass_s=10.0)
+    for rate, sent, confirm in ((152.0, 2712, None), (144.0, 3015, 1582)):
+        level_rules = capped.confirming(confirm) if confirm else capped
+        built = R.HttpLevelRunner._expected_requests(opened, rate, level_rules)
+        assert sent < built - (2 * int(rate) + 16), (rate, sent, built)
