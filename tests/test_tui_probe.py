@@ -258,15 +258,16 @@ async def test_capacity_search_draws_levels_and_finds_the_paced_servers_slots(pa
         # The curve grows while the search runs, a point per finished level.
         await wait_for(pilot, lambda: chart.points_drawn >= 1, 30, "the first level on the chart")
         assert tab.running and chart.points_drawn < 4
-        await wait_for(pilot, lambda: not tab.running, 90, "the search to end")
+        await wait_for(pilot, lambda: not tab.running, 120, "the search to end")
         r = tab.last_capacity
         assert r is not None and r.capacity["concurrency"] == 3, shown(screen, "#pf-cap-result")
-        # (the last 3: the capacity measured once more, longer: its confirmation)
-        assert [lv.concurrency for lv in r.levels] == [1, 2, 4, 3, 3] and r.stop_reason == "bracketed"
+        # (the second 4: the bracket's fail measured once more; the last 3: the capacity measured
+        # once more, longer: its confirmation)
+        assert [lv.concurrency for lv in r.levels] == [1, 2, 4, 3, 4, 3] and r.stop_reason == "bracketed"
         assert r.levels[-1].confirmation and r.capacity["confirmed"]
-        assert tab.level_starts == [1, 2, 4, 3, 3]
-        assert chart.points_drawn == 5 and chart.limit_ms == 100.0 and chart.percentile == 90
-        assert screen.query_one("#pf-cap-levels", DataTable).row_count == 5
+        assert tab.level_starts == [1, 2, 4, 3, 4, 3]
+        assert chart.points_drawn == 6 and chart.limit_ms == 100.0 and chart.percentile == 90
+        assert screen.query_one("#pf-cap-levels", DataTable).row_count == 6
         result = shown(screen, "#pf-cap-result")
         assert "capacity: concurrency 3" in result and "goodput" in result and "stopped: bracketed" in result
         assert f"saved as run record {tab.last_record}" in result

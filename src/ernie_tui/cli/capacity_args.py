@@ -48,6 +48,8 @@ def add_capacity_args(p: argparse.ArgumentParser) -> None:
         "when every objective holds and its attainment - the share of good requests, as vLLM's --goodput "
         "and DistServe count them (TTFT <= the ttft limit, TPOT = mean gap after the first token <= the itl "
         "limit, E2E <= the e2e limit) - is at least --attainment; the capacity is never a level below it. "
+        "When the bracket closes, its lowest fail is measured once more (unless it was already measured "
+        "twice; not with --confirm-waves 0); the later measurement decides. "
         "The capacity found is measured once more, for --confirm-waves turnovers of its requests in flight "
         "(8 x concurrency requests: vLLM's bench client's 8 waves), and that longer run's figures are the "
         "ones reported; if it fails, the next lower pass is confirmed instead. A failing level in which "

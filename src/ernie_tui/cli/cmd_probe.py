@@ -320,7 +320,9 @@ def _run_capacity(args) -> int:
         kind = ev.get("event")
         load = f"rate {ev['rate']:g} req/s" if ev.get("rate") is not None else f"concurrency {ev.get('concurrency')}"
         if kind == "level_start":
-            print(f"level {ev['index'] + 1}: {load} ...", file=sys.stderr, flush=True)
+            again = (" again (the bracket's lowest fail, once more before it bounds the capacity)"
+                     if ev.get("recheck") else " (the confirmation)" if ev.get("confirm") else "")
+            print(f"level {ev['index'] + 1}: {load}{again} ...", file=sys.stderr, flush=True)
         elif kind == "level_progress" and live:
             # One line rewritten in place, only on a terminal (a log keeps the level lines).
             def f(v, fmt=".0f"):

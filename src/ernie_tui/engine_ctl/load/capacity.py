@@ -10,6 +10,10 @@ a simulated server.
 - Doubling from `start` until a level fails (or the cap, or saturation),
   then bisection between the highest pass and the lowest fail until
   (fail - pass) / pass <= tolerance (or, for concurrency, they are neighbours).
+- When the bracket closes, its lowest fail is measured once more, unless it
+  was measured twice already (as the bench client's bracket asks every round
+  at a level to miss): the later measurement decides, and a pass moves the
+  bracket up (two such rechecks at most).
 - Then the confirmation: the capacity found is measured once more, for
   `confirm_waves` turnovers of its in-flight set (closed loop 8 x C: the bench
   client's 8 waves) and at least a level's max_requests; its figures are the
@@ -770,6 +774,7 @@ def search(run_level: LevelRunner, slo: Sequence[S.Objective], config: SearchCon
     seen: dict[float, LevelResult] = {}
     best: LevelResult | None = None  # highest passing level
     fail_at: float | None = None  # lowest failing load
+    twice: set[float] = set()  # loads measured twice (a remeasure, a confirmation, a recheck)
     reason: str | None = None
 
     def bounds() -> dict[str, Any]:
@@ -802,6 +807,7 @@ def search(run_level: LevelRunner, slo: Sequence[S.Objective], config: SearchCon
             emit(progress, event="level_done", level=lv, index=len(levels) - 1, remeasure=True, **tag, **bounds())
             tag["remeasure"] = True
             lv = once()
+            twice.add(float(load))
         return lv
 
     def measure(x: float) -> LevelResult:
@@ -826,10 +832,35 @@ def search(run_level: LevelRunner, slo: Sequence[S.Objective], config: SearchCon
             if lv.passed:
                 best = lv
             else:
+                twice.add(lv.load)  # the level passed, its confirmation did not: the later decides
                 fail_at = lv.load if fail_at is None else min(fail_at, lv.load)
                 lower = [x for x in levels if x.passed and x.load < lv.load and x.stop != "cancelled"]
                 best = max(lower, key=lambda x: x.load) if lower else None
         emit(progress, event="level_done", level=lv, index=len(levels) - 1, confirm=True, **bounds())
+        return lv
+
+    def recheck(load: float) -> LevelResult:
+        """The bracket's lowest fail, measured once more before the bracket
+        closes: the bench client's bracket asks every round at a level to
+        miss before it bounds the capacity, and one bad stretch of a busy
+        server can fail a level its next minute passes (on an H200, rate 128
+        failed in 5 s with vLLM's own TTFT p99 at 4.7 s, where the bench
+        client passed 140 twice). The later measurement decides; passing,
+        the level is the highest pass and the bisection goes on above it."""
+        nonlocal best, fail_at
+        load_: Any = load if rate else int(load)
+        emit(progress, event="level_start", index=len(levels), remeasure=True, recheck=True, **{key: load_})
+        lv = run_level(load_)
+        levels.append(lv)
+        twice.add(float(load))
+        seen[float(load)] = lv
+        if lv.passed and lv.stop != "cancelled":
+            if best is None or lv.load > best.load:
+                best = lv
+            above = [x.load for x in levels if not x.passed and x.stop != "cancelled" and x.load > lv.load]
+            fail_at = min(above) if above else None
+        emit(progress, event="level_done", level=lv, index=len(levels) - 1, remeasure=True, recheck=True,
+             **bounds())
         return lv
 
     def interrupted(lv: LevelResult) -> str | None:
@@ -871,6 +902,7 @@ def search(run_level: LevelRunner, slo: Sequence[S.Objective], config: SearchCon
     # most: a search must end).
     floor = (config.start_rate / 8.0) if rate else 1.0
     confirmations = 0
+    rechecks = 0  # of the bracket's lowest fail (recheck); two at most: a search must end
     # The doubling may end on a pass (the top, or saturation): nothing to
     # bisect, but its capacity is confirmed all the same.
     top_reason = reason if reason in ("max_concurrency", "max_rate", "saturated") else None
@@ -878,6 +910,15 @@ def search(run_level: LevelRunner, slo: Sequence[S.Objective], config: SearchCon
         reason = None
     while reason is None:
         lo = best.load if best else 0.0
+        if fail_at is None and top_reason is None and best is not None:
+            # A recheck passed the doubling's only fail: the doubling goes on from it.
+            if lo >= top:
+                top_reason = "max_rate" if rate else "max_concurrency"
+            else:
+                lv = measure(min(2 * lo, top))
+                record(lv)
+                reason = interrupted(lv)
+                continue
         hi = fail_at if fail_at is not None else lo + 1
         if top_reason is not None and fail_at is None:
             done = True
@@ -897,7 +938,10 @@ def search(run_level: LevelRunner, slo: Sequence[S.Objective], config: SearchCon
         if cancel is not None and cancel.is_set():
             reason = "cancelled"
             break
-        if done and best is not None:  # the bracket is closed: confirm its pass
+        if done and best is not None and fail_at is not None and fail_at not in twice and rechecks < 2:
+            rechecks += 1  # the bracket is closed: its fail once more, then
+            lv = recheck(fail_at)
+        elif done and best is not None:  # ... confirm its pass
             confirmations += 1
             lv = confirm(best)
         else:
