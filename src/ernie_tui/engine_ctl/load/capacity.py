@@ -612,7 +612,7 @@ def level_result(concurrency: int | None, outcomes: Sequence[S.RequestOutcome], 
         passed=passed, decided=decided, verdict=verdict, stop=stop,
         objectives=[asdict(o) for o in ev.objectives], errors=errors, end_missed=end_missed,
     )
-    if end_missed and verdict == S.UNDECIDED:
+    if end_missed:  # (only an undecided level's end is judged: LevelMonitor.result)
         res.warnings.append(f"undecided, and its last windows miss the SLO ({end_missed}): where the level ended up "
                             f"is no pass, whatever its earlier windows read")
     for key, value in (server or {}).items():
@@ -782,7 +782,7 @@ def search(run_level: LevelRunner, slo: Sequence[S.Objective], config: SearchCon
         return {"low_pass": (best.load if rate else best.concurrency) if best else None,
                 "high_fail": fail_at if rate or fail_at is None else int(fail_at)}
 
-    def run_at(load: Any, min_requests: int | None = None) -> LevelResult:
+    def run_at(load: Any, min_requests: int | None = None, *, again: bool = False) -> LevelResult:
         """One level (a confirmation with min_requests), measured once more
         when it fails in a way that says little of the server. A level that
         ran out of requests or time undecided fails on its point estimates
@@ -791,8 +791,10 @@ def search(run_level: LevelRunner, slo: Sequence[S.Objective], config: SearchCon
         32 ended one search at 30 where the bench client's bracket was
         [128, 160). A level or confirmation in which our own client stood
         still (client_stalled) measured the client. The second measurement
-        decides."""
-        tag = {"confirm": True} if min_requests is not None else {}
+        decides. `again`: this is itself the second look (recheck), taken once."""
+        tag: dict[str, Any] = {"confirm": True} if min_requests is not None else {}
+        if again:
+            tag.update(remeasure=True, recheck=True)
 
         def once() -> LevelResult:
             emit(progress, event="level_start", index=len(levels), **tag, **{key: load})
@@ -803,7 +805,7 @@ def search(run_level: LevelRunner, slo: Sequence[S.Objective], config: SearchCon
 
         lv = once()
         doubtful = client_stalled(lv) or (min_requests is None and not lv.decided)
-        if not lv.passed and doubtful and interrupted(lv) is None:
+        if not again and not lv.passed and doubtful and interrupted(lv) is None:
             emit(progress, event="level_done", level=lv, index=len(levels) - 1, remeasure=True, **tag, **bounds())
             tag["remeasure"] = True
             lv = once()
@@ -848,10 +850,7 @@ def search(run_level: LevelRunner, slo: Sequence[S.Objective], config: SearchCon
         client passed 140 twice). The later measurement decides; passing,
         the level is the highest pass and the bisection goes on above it."""
         nonlocal best, fail_at
-        load_: Any = load if rate else int(load)
-        emit(progress, event="level_start", index=len(levels), remeasure=True, recheck=True, **{key: load_})
-        lv = run_level(load_)
-        levels.append(lv)
+        lv = run_at(load if rate else int(load), again=True)
         twice.add(float(load))
         seen[float(load)] = lv
         if lv.passed and lv.stop != "cancelled":
