@@ -719,6 +719,8 @@ def test_a_level_failed_by_our_own_client_stalling_is_measured_again():
     assert last.confirmation and last.passed
     assert sum(1 for e in events if e.get("remeasure") and not e.get("recheck") and e["event"] == "level_done") == 2
     assert any(e.get("confirm") and e.get("remeasure") for e in events)
+    # the run record tells a second look from a first
+    assert [lv.measured_again for lv in res.levels].count("remeasure") == 2
 
 
 def test_the_brackets_fail_is_measured_twice_before_it_bounds_the_capacity():
@@ -748,6 +750,7 @@ def test_the_brackets_fail_is_measured_twice_before_it_bounds_the_capacity():
     rechecks = [e for e in events if e.get("recheck") and e["event"] == "level_done"]
     assert rechecks and rechecks[0]["level"].concurrency == 12 and rechecks[0]["level"].passed
     assert len(rechecks) <= 2  # a search must end
+    assert [lv.measured_again for lv in res.levels if lv.concurrency == 12 and not lv.confirmation] == [None, "recheck"]
     # A bad stretch on the doubling's only fail: its recheck passes and the doubling goes on.
     sim20 = SimServer(20)
     inner20 = sim20.runner(SLO, rules)

@@ -304,6 +304,11 @@ class LevelResult:
     late_sends: int | None = None  # open loop: requests sent more than 10 ms after their time
     late_send_max_ms: float | None = None
     confirmation: bool = False  # the search's closing, longer run at its capacity
+    # A second look at a load the search measured just before: "remeasure"
+    # (the first said little: undecided, or our client stood still) or
+    # "recheck" (the bracket's lowest fail, once more before it bounds the
+    # capacity). None: a first look. Lets a run record tell the two apart.
+    measured_again: str | None = None
     # The load generator's own event-loop stalls during the level (a 10 ms
     # timer's overshoot): a stalled client reads every stream's gaps long.
     client_lag_p99_ms: float | None = None
@@ -800,6 +805,8 @@ def search(run_level: LevelRunner, slo: Sequence[S.Objective], config: SearchCon
             emit(progress, event="level_start", index=len(levels), **tag, **{key: load})
             lv = run_level(load) if min_requests is None else run_level(load, min_requests=min_requests)
             lv.confirmation = min_requests is not None
+            if tag.get("remeasure"):
+                lv.measured_again = "recheck" if tag.get("recheck") else "remeasure"
             levels.append(lv)
             return lv
 
