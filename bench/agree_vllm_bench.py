@@ -61,6 +61,7 @@ from ernie_tui.engine_ctl.load import (
     MetricsClient,
     counter_delta,
     histogram_delta,
+    stats,
     vllm_bench_ranges,
 )
 
@@ -136,6 +137,47 @@ def figures_from_bench_json(d: dict[str, Any]) -> dict[str, Any]:
             "itl_p50_ms": get("p50_itl_ms", "median_itl_ms"), "itl_p99_ms": get("p99_itl_ms"),
             "duration_s": get("duration"), "completed": get("completed"),
             "output_tokens": get("total_output_tokens")}
+
+
+def steady_from_bench_detail(d: dict[str, Any]) -> dict[str, Any] | None:
+    """The bench client's own requests, read over the part of its run in which
+    the load was whole, as our capacity level reads its own: past a warm-up
+    (every request sent before the first answer has ended) and before the
+    drain (the last request sent; after it no slot is refilled and the load
+    falls). TTFT over the requests sent in that span; ITL over every gap that
+    ended in it. A run of 8 waves spends a share of its gaps in its opening
+    burst and its drain, where prefill and decodes do not compete as they do
+    in a steady load; this says what its figures are without them. None when
+    the saved result has no per-request times (--save-detailed)."""
+    starts, ttfts, itls = d.get("start_times"), d.get("ttfts"), d.get("itls")
+    if not (isinstance(starts, list) and isinstance(ttfts, list) and isinstance(itls, list)) \
+            or not starts or not len(starts) == len(ttfts) == len(itls):
+        return None
+    reqs = []  # (start, ttft, [token times])
+    for t0, ttft, gaps in zip(starts, ttfts, itls, strict=True):
+        if not isinstance(t0, (int, float)) or not isinstance(ttft, (int, float)) or ttft <= 0:
+            continue  # a failed request
+        times = [t0 + ttft]
+        for g in gaps or []:
+            times.append(times[-1] + g)
+        reqs.append((t0, ttft, times))
+    if len(reqs) < 2:
+        return None
+    first_end = min(times[-1] for _, _, times in reqs)
+    warmup_end = max(times[-1] for t0, _, times in reqs if t0 < first_end)
+    drain_at = max(t0 for t0, _, _ in reqs)
+    ttft_in = [ttft for t0, ttft, _ in reqs if warmup_end <= t0 < drain_at]
+    gaps_all = [(b, b - a) for _, _, times in reqs for a, b in zip(times, times[1:], strict=False)]
+    gaps_in = [g for b, g in gaps_all if warmup_end < b < drain_at]  # a gap ending at warmup_end began in it
+
+    def ms(xs: list[float], q: float) -> float | None:
+        v = stats.percentile(xs, q)
+        return None if v is None else v * 1000.0
+    return {"span_s": max(0.0, drain_at - warmup_end), "warmup_s": warmup_end - min(t0 for t0, _, _ in reqs),
+            "drain_s": max(times[-1] for _, _, times in reqs) - drain_at, "requests": len(ttft_in),
+            "gaps": len(gaps_in), "share_of_gaps": len(gaps_in) / len(gaps_all) if gaps_all else 0.0,
+            "ttft_p50_ms": ms(ttft_in, 50), "ttft_p99_ms": ms(ttft_in, 99),
+            "itl_p50_ms": ms(gaps_in, 50), "itl_p99_ms": ms(gaps_in, 99)}
 
 
 def figures_from_burst_json(d: dict[str, Any]) -> dict[str, Any]:
@@ -310,6 +352,10 @@ def run_theirs(srv: Server, shape: Shape, *, concurrency: int | None, rate: floa
     out["percentiles_ms"] = {k: v for k, v in d.items()
                              if k.startswith(("p", "median_", "mean_")) and k.endswith("_ms")
                              and isinstance(v, (int, float))}
+    # Its figures over the span its load was whole (none where the result has no per-request times).
+    steady = steady_from_bench_detail(d)
+    if steady is not None:
+        out["steady"] = steady
     # What it asked for (--save-detailed): the lengths its dataset drew.
     for key in ("output_lens", "input_lens"):
         xs = [x for x in d.get(key) or [] if isinstance(x, (int, float))]

@@ -18,6 +18,14 @@
         --slo ttft_p99=1000ms --slo itl_p99=50ms --concurrency 128 160 192 224 256 \\
         --rate 60 80 100 --rounds 2 --searches 3 --json truth.json -- --start-concurrency 16
 
+With --interleave the bench client's rounds and our searches alternate
+(round, search, round, ..., each round one run at every level): on a busy
+host the bracket moves within minutes, and each search is judged against
+the whole bracket and against its "local" one, the rounds taken just before
+and just after it. Runs (and searches) from --bracket-from files are joined,
+so the alternation can span device calls; --judge-only re-judges such files
+with no server.
+
 Arguments after `--` go to every search as they are (e.g. level caps).
 The prompt shape is vLLM's random dataset's (--input-len, --output-len,
 --range-ratio, as bench/agree_vllm_bench.py); the search is given the same
@@ -64,6 +72,21 @@ def run_meets(percentiles_ms: dict[str, float], objectives: list[Any]) -> bool |
     return ok
 
 
+def steady_meets(steady: dict[str, Any] | None, objectives: list[Any]) -> bool | None:
+    """Does a bench-client run meet every objective over the part of it in
+    which its load was whole (agree_vllm_bench.steady_from_bench_detail)?
+    None when that reading lacks one of the objectives' figures."""
+    if not steady:
+        return None
+    ok = True
+    for o in objectives:
+        v = steady.get(f"{o.metric}_p{o.percentile}_ms")
+        if v is None:
+            return None
+        ok = ok and v <= o.limit_s * 1000.0
+    return ok
+
+
 def bracket(verdicts: dict[float, list[bool | None]]) -> dict[str, Any]:
     """From each level's per-round verdicts (True: met the SLO): the highest
     level whose rounds all met it ("low"), the lowest level above it whose
@@ -100,6 +123,56 @@ def judge(answer: float | None, low: float | None, high: float | None, tolerance
     if answer >= lo / (1.0 + tolerance) and (high is None or answer <= high * (1.0 + tolerance)):
         return "one step"
     return "under" if answer < lo else "over"
+
+
+def local_bracket(runs: list[dict[str, Any]], start: float, end: float) -> dict[str, Any]:
+    """The bracket from the runs nearest a search in time: at each level, the
+    last run that ended before the search started and the first that started
+    after it ended (runs carry started_at/ended_at; those without are left out)."""
+    verdicts: dict[float, list[bool | None]] = {}
+    for lv in sorted({float(r["level"]) for r in runs}):
+        at = [r for r in runs if float(r["level"]) == lv and r.get("started_at") is not None]
+        before = [r for r in at if r["ended_at"] <= start]
+        after = [r for r in at if r["started_at"] >= end]
+        near = ([max(before, key=lambda r: r["ended_at"])] if before else []) + \
+               ([min(after, key=lambda r: r["started_at"])] if after else [])
+        if near:
+            verdicts[lv] = [r["meets"] for r in near]
+    return bracket(verdicts)
+
+
+def level_key(mode: str, level: Any) -> float:
+    return float(level) if mode == "rate" else int(level)
+
+
+def judged_files(files: list[dict[str, Any]], tolerance: float) -> dict[str, dict[str, Any]]:
+    """Every run and search of several --json outputs, per mode: the joined
+    bracket, and each search judged against it and against its local one."""
+    modes = joined_brackets(files)
+    for d in files:
+        for mode, m in (d.get("modes") or {}).items():
+            modes.setdefault(mode, {"runs": []}).setdefault("searches", []).extend(m.get("searches") or [])
+    for mode, m in modes.items():
+        m["searches"] = _once(m.get("searches") or [])
+        verdicts: dict[float, list[bool | None]] = {}
+        for r in m["runs"]:
+            verdicts.setdefault(level_key(mode, r["level"]), []).append(r["meets"])
+        m["bracket"] = br = bracket(verdicts)
+        # The same runs judged over the part in which their load was whole, where they carry it
+        steady: dict[float, list[bool | None]] = {}
+        for r in m["runs"]:
+            if r.get("meets_steady") is not None:
+                steady.setdefault(level_key(mode, r["level"]), []).append(r["meets_steady"])
+        if steady:
+            m["steady_bracket"] = bracket(steady)
+        m["verdicts"] = {str(k): v for k, v in sorted(verdicts.items())}
+        for srch in m.setdefault("searches", []):
+            srch["verdict"] = judge(srch.get("answer"), br["low"], br["high"], tolerance)
+            if srch.get("started_at") is not None:
+                loc = local_bracket(m["runs"], srch["started_at"], srch["ended_at"])
+                srch["local_bracket"] = loc
+                srch["local_verdict"] = judge(srch.get("answer"), loc["low"], loc["high"], tolerance)
+    return modes
 
 
 def capacity_group(help_text: str) -> str:
@@ -142,18 +215,24 @@ def run_search(srv: Server, shape: Shape, slo: list[str], *, rate: bool, extra: 
     argv += extra
     t = time.time()
     p = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=timeout_s, check=False)
-    wall = time.time() - t
+    t_end = time.time()
+    when = {"started_at": t, "ended_at": t_end, "wall_s": t_end - t}
     try:
         d = json.loads(p.stdout)
     except ValueError:
-        return {"error": (p.stderr or p.stdout)[-1500:], "wall_s": wall}
+        return {"error": (p.stderr or p.stdout)[-1500:], **when}
     cap = d.get("capacity") or {}
     key = "rate" if rate else "concurrency"
     return {"answer": cap.get(key), "goodput_output_tps": cap.get("goodput_output_tps"),
-            "attainment": cap.get("attainment"), "seconds": d.get("seconds"), "wall_s": wall,
+            "attainment": cap.get("attainment"), "seconds": d.get("seconds"), **when,
             "stop_reason": d.get("stop_reason"),
-            "levels": [{k: lv.get(k) for k in ("concurrency", "rate", "passed", "decided", "requests", "seconds")}
-                       for lv in d.get("levels") or []]}
+            "levels": [{k: lv.get(k) for k in _LEVEL_KEYS} for lv in d.get("levels") or []]}
+
+
+# What a search's summary keeps of each level: enough to read its path
+# (second looks, confirmations, an end that missed, our client's stalls).
+_LEVEL_KEYS = ("concurrency", "rate", "passed", "decided", "requests", "seconds", "stop", "confirmation",
+               "measured_again", "end_missed", "client_lag_max_ms")
 
 
 def joined_brackets(files: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
@@ -165,7 +244,21 @@ def joined_brackets(files: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
         for mode, m in (d.get("modes") or {}).items():
             if m.get("runs"):
                 modes.setdefault(mode, {"runs": []})["runs"].extend(m["runs"])
+    for m in modes.values():  # a later file carries the runs it was given: each run once
+        m["runs"] = _once(m["runs"])
     return modes
+
+
+def _once(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    seen: set[str] = set()
+    kept = []
+    for x in items:
+        key = json.dumps({k: v for k, v in x.items() if k not in ("verdict", "local_bracket", "local_verdict")},
+                         sort_keys=True)
+        if key not in seen:
+            seen.add(key)
+            kept.append(x)
+    return kept
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -174,11 +267,12 @@ def main(argv: list[str] | None = None) -> int:
     if "--" in argv:
         i = argv.index("--")
         argv, extra = argv[:i], argv[i + 1:]
+    judge_only = "--judge-only" in argv  # no server: url, tokenizer and SLO are not needed
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--url", required=True)
+    p.add_argument("--url", required=not judge_only)
     p.add_argument("--model")
-    p.add_argument("--tokenizer", required=True)
-    p.add_argument("--slo", action="append", required=True, metavar="METRIC_pNN=LIMIT")
+    p.add_argument("--tokenizer", required=not judge_only)
+    p.add_argument("--slo", action="append", required=not judge_only, metavar="METRIC_pNN=LIMIT")
     p.add_argument("--concurrency", type=int, nargs="*", default=[], metavar="C")
     p.add_argument("--rate", type=float, nargs="*", default=[], metavar="R")
     p.add_argument("--rounds", type=int, default=2)
@@ -187,6 +281,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--only", choices=("concurrency", "rate"),
                    help="bracket and search this mode alone (a device call each)")
     p.add_argument("--searches", type=int, default=3)
+    p.add_argument("--interleave", action="store_true",
+                   help="alternate the bench client's rounds with our searches (round, search, round, ...; "
+                        "rounds beyond the searches come last), joining the runs of --bracket-from files "
+                        "instead of standing in for new ones")
+    p.add_argument("--judge-only", action="store_true",
+                   help="no server: join the --bracket-from files (runs and searches) and judge every search "
+                        "against the whole bracket and against the rounds taken just before and after it")
     p.add_argument("--tolerance", type=float, default=0.10, help="the search's tolerance step (default 0.10)")
     p.add_argument("--input-len", type=int, default=165)
     p.add_argument("--output-len", type=int, default=128)
@@ -203,8 +304,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--keep-records", action="store_true",
                    help="let each search save its run record (for `ernie-tui report`)")
     args = p.parse_args(argv)
+    files = [json.loads(Path(f).read_text()) for f in args.bracket_from]
+    if args.judge_only:
+        judged = judged_files(files, args.tolerance)
+        for mode, m in judged.items():
+            print(report_mode(mode, m), flush=True)
+        if args.json:
+            Path(args.json).write_text(json.dumps({"judged_from": args.bracket_from, "modes": judged}, indent=1))
+        return 0
     agree_vllm_bench.KEEP_BENCH_PROCESS = not args.bench_process_per_run
-    earlier = joined_brackets([json.loads(Path(f).read_text()) for f in args.bracket_from])
+    earlier = joined_brackets(files)
     objectives = parse_slo(args.slo)
     model = args.model or resolve_model(args.url).id
     srv = Server(args.url.rstrip("/"), model, args.tokenizer)
@@ -223,56 +332,93 @@ def main(argv: list[str] | None = None) -> int:
     modes = [("concurrency", args.concurrency)] + ([("rate", args.rate)] if args.rate or "rate" in earlier else [])
     if args.only:
         modes = [m for m in modes if m[0] == args.only]
-    for mode, levels in modes:
-        if not levels and mode not in earlier:
-            continue
-        verdicts: dict[float, list[bool | None]] = {}
-        runs: list[dict[str, Any]] = []
-        if mode in earlier:
-            runs = earlier[mode]["runs"]
-            for r in runs:
-                verdicts.setdefault(float(r["level"]) if mode == "rate" else int(r["level"]), []).append(r["meets"])
-            levels = []  # nothing to run again
-        for lv in levels:
-            for k in range(args.rounds):
-                conc = int(lv) if mode == "concurrency" else None
-                rate = float(lv) if mode == "rate" else None
-                n = args.waves * int(lv) if mode == "concurrency" else max(1, round(lv * args.rate_seconds))
-                r = run_theirs(srv, shape, concurrency=conc, rate=rate, n=n, seed=rng.randrange(1, 1 << 30),
-                               python=args.bench_python, env=env, timeout_s=args.timeout, percentiles=pcts)
-                met = run_meets(r["percentiles_ms"], objectives)
-                verdicts.setdefault(lv, []).append(met)
-                runs.append({"level": lv, "round": k, "meets": met, **r})
-                if args.json:  # after every run: a call cut by its deadline keeps the runs it finished
-                    partial = {**out, "modes": {**out["modes"], mode: {"runs": runs, "partial": True}}}
-                    Path(args.json).write_text(json.dumps(partial, indent=1))
-                print(f"  bench client {mode} {lv:g} round {k + 1}: {'meets' if met else 'misses'} the SLO "
-                      f"({r['output_tps'] or 0:.0f} tok/s, TTFT p99 {r['ttft_p99_ms'] or 0:.0f} ms, ITL p99 "
-                      f"{r['itl_p99_ms'] or 0:.1f} ms)", flush=True)
-        br = bracket(verdicts)
-        print(f"{mode}: bracket [{br['low']}, {br['high']}) borderline {br['borderline']}"
-              + (f" inconsistent {br['inconsistent']}" if br["inconsistent"] else ""), flush=True)
+
+    def do_mode(mode: str, levels: list[Any]) -> None:
+        runs: list[dict[str, Any]] = list(earlier[mode]["runs"]) if mode in earlier else []
+        if mode in earlier and not args.interleave:
+            levels = []  # the bracket is taken: nothing to run again
         searches: list[dict[str, Any]] = []
         offered = mode == "concurrency" or search_offers_rate(help_text)
         if not offered:
             print(f"  our search: `probe --capacity --rate` is not in this CLI; {mode} searches skipped", flush=True)
-        for i in range(args.searches if offered else 0):
+
+        def save(partial: bool) -> None:
+            # after every run and search: a call cut by its deadline keeps what it finished
+            if args.json:
+                m = {"runs": runs, "searches": searches, "search_offered": offered, "partial": partial}
+                Path(args.json).write_text(json.dumps({**out, "modes": {**out["modes"], mode: m}}, indent=1))
+
+        def bench_run(lv: float, k: int) -> None:
+            conc = int(lv) if mode == "concurrency" else None
+            rate = float(lv) if mode == "rate" else None
+            n = args.waves * int(lv) if mode == "concurrency" else max(1, round(lv * args.rate_seconds))
+            t = time.time()
+            r = run_theirs(srv, shape, concurrency=conc, rate=rate, n=n, seed=rng.randrange(1, 1 << 30),
+                           python=args.bench_python, env=env, timeout_s=args.timeout, percentiles=pcts)
+            met = run_meets(r["percentiles_ms"], objectives)
+            st = r.get("steady")
+            runs.append({"level": lv, "round": k, "meets": met, "meets_steady": steady_meets(st, objectives), **r,
+                         "started_at": t, "ended_at": time.time()})
+            save(True)
+            print(f"  bench client {mode} {lv:g} round {k + 1}: {'meets' if met else 'misses'} the SLO "
+                  f"({r['output_tps'] or 0:.0f} tok/s, TTFT p99 {r['ttft_p99_ms'] or 0:.0f} ms, ITL p99 "
+                  f"{r['itl_p99_ms'] or 0:.1f} ms)"
+                  + (f"; over its whole load ({st['share_of_gaps']:.0%} of gaps): TTFT p99 "
+                     f"{st['ttft_p99_ms'] or 0:.0f} ms, ITL p99 {st['itl_p99_ms'] or 0:.1f} ms" if st else ""),
+                  flush=True)
+
+        def our_search(i: int) -> None:
             s = run_search(srv, shape, args.slo, rate=mode == "rate", extra=extra, python=args.bench_python,
                            env=env, timeout_s=args.timeout, keep_records=args.keep_records)
-            s["verdict"] = judge(s.get("answer"), br["low"], br["high"], args.tolerance)
             searches.append(s)
-            if args.json:  # each search kept as it ends: a deadline that cuts the run keeps the finished ones
-                partial = {**out, "modes": {**out["modes"], mode: {"bracket": br, "searches": searches,
-                                                                    "partial": True}}}
-                Path(args.json).write_text(json.dumps(partial, indent=1))
-            print(f"  our search {i + 1}: {mode} {s.get('answer')} -> {s['verdict']}; goodput "
+            save(True)
+            print(f"  our search {i + 1}: {mode} {s.get('answer')}; goodput "
                   f"{s.get('goodput_output_tps') or 0:.0f} tok/s; {s.get('wall_s', 0):.0f} s"
                   + (f"; error: {s['error'][-300:]}" if "error" in s else ""), flush=True)
-        out["modes"][mode] = {"levels": sorted(verdicts), "verdicts": {str(k): v for k, v in verdicts.items()},
-                              "bracket": br, "runs": runs, "searches": searches, "search_offered": offered}
+
+        if args.interleave:
+            # rounds go on counting from the earlier calls' (a round: one run at every level)
+            first = 1 + max((int(r.get("round", -1)) for r in runs), default=-1)
+            for i in range(max(args.rounds if levels else 0, args.searches if offered else 0)):
+                if i < args.rounds:
+                    for lv in levels:
+                        bench_run(lv, first + i)
+                if offered and i < args.searches:
+                    our_search(i)
+        else:
+            for lv in levels:
+                for k in range(args.rounds):
+                    bench_run(lv, k)
+            for i in range(args.searches if offered else 0):
+                our_search(i)
+        m = judged_files([{"modes": {mode: {"runs": runs, "searches": searches}}}], args.tolerance)[mode]
+        out["modes"][mode] = {"levels": sorted(level_key(mode, k) for k in m["verdicts"]), **m,
+                              "search_offered": offered}
+        print(report_mode(mode, m), flush=True)
         if args.json:
             Path(args.json).write_text(json.dumps(out, indent=1))
+    for mode, levels in modes:
+        if not levels and mode not in earlier:
+            continue
+        do_mode(mode, levels)
     return 0
+
+
+def report_mode(mode: str, m: dict[str, Any]) -> str:
+    """One mode's bracket and searches, as printed."""
+    br = m["bracket"]
+    lines = [f"{mode}: bracket [{br['low']}, {br['high']}) borderline {br['borderline']}"
+             + (f" inconsistent {br['inconsistent']}" if br["inconsistent"] else "")]
+    if m.get("steady_bracket"):
+        sb = m["steady_bracket"]
+        lines.append(f"  the same runs over their whole load alone: [{sb['low']}, {sb['high']}) "
+                     f"borderline {sb['borderline']}")
+    for i, srch in enumerate(m.get("searches") or []):
+        loc = srch.get("local_bracket")
+        lines.append(f"  our search {i + 1}: {mode} {srch.get('answer')} -> {srch.get('verdict')}"
+                     + (f" (local bracket [{loc['low']}, {loc['high']}): {srch.get('local_verdict')})" if loc else "")
+                     + f"; goodput {srch.get('goodput_output_tps') or 0:.0f} tok/s; {srch.get('wall_s') or 0:.0f} s")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

@@ -10,6 +10,10 @@
 #   bash .gpu9/bench/truth_h200.sh search    TRUTH_SEARCHES of our searches against that bracket (TRUTH_ONLY:
 #                                            concurrency or rate alone); packs everything into $OUT/truth-h200.tgz
 #                                            and stops the server when TRUTH_STOP=1
+#   bash .gpu9/bench/truth_h200.sh interleave  TRUTH_ONLY's mode: bench-client rounds (TRUTH_ROUNDS, one run at each
+#                                            TRUTH_C or TRUTH_R level) alternating with TRUTH_SEARCHES of our searches,
+#                                            round first; each call's il-MODE-N.json joins the earlier calls' (judge
+#                                            them all with capacity_truth.py --judge-only)
 #   bash .gpu9/bench/truth_h200.sh agree     our burst against the bench client (bench/agree_vllm_bench.py) at
 #                                            AGREE_C concurrencies and AGREE_R rates, AGREE_ROUNDS rounds
 #                                            (AGREE_RATE_SECONDS: each rate run's length, default 10)
@@ -47,6 +51,16 @@ agree)
       --waves 8 --rate-seconds ${AGREE_RATE_SECONDS:-10} --json "$W/agree.json" 2>&1 | tee "$W/agree.log"
   # data: the searches' run records (a search and an agree in one call once lost them)
   tar czf "$OUT/truth-h200.tgz" -C "$W" $(cd "$W" && ls *.json *.log 2>/dev/null) $([ -d "$W/data" ] && echo data);;
+interleave)
+  MODE=${TRUTH_ONLY:?interleave takes one mode: TRUTH_ONLY=concurrency or rate}
+  FROM=(); N=1; for f in "$W"/il-$MODE-*.json; do [ -f "$f" ] && { FROM+=(--bracket-from "$f"); N=$((N + 1)); }; done
+  LEVELS=(--concurrency ${TRUTH_C:-}); [ "$MODE" = rate ] && LEVELS=(--rate ${TRUTH_R:-})
+  timeout ${TRUTH_DEADLINE_S:-560} python3 "$HERE/bench/capacity_truth.py" --url http://127.0.0.1:8000 --model m03 \
+      --tokenizer "$M" "${SLO[@]}" "${LEVELS[@]}" --rate-seconds ${TRUTH_RATE_SECONDS:-10} \
+      --rounds ${TRUTH_ROUNDS:-1} --searches ${TRUTH_SEARCHES:-1} --only "$MODE" --interleave "${FROM[@]}" \
+      --timeout 500 --keep-records --json "$W/il-$MODE-$N.json" \
+      -- ${TRUTH_SEARCH_ARGS:---start-concurrency 16} 2>&1 | tee "$W/il-$MODE-$N.log"
+  tar czf "$OUT/truth-h200.tgz" -C "$W" $(cd "$W" && ls *.json *.log 2>/dev/null) $([ -d "$W/data" ] && echo data);;
 stop)
   pkill -INT -f vllm.entrypoints.openai.api_server; sleep 5
   tar czf "$OUT/truth-h200.tgz" -C "$W" $(cd "$W" && ls *.json *.log 2>/dev/null) $([ -d "$W/data" ] && echo data);;
@@ -61,6 +75,6 @@ search)
       --keep-records --json "$W/$TAG.json" -- ${TRUTH_SEARCH_ARGS:---start-concurrency 16} 2>&1 | tee "$W/$TAG.log"
   [ "${TRUTH_STOP:-0}" = 1 ] && { pkill -INT -f vllm.entrypoints.openai.api_server; sleep 5; }
   tar czf "$OUT/truth-h200.tgz" -C "$W" $(cd "$W" && ls *.json *.log 2>/dev/null) $([ -d "$W/data" ] && echo data);;
-*) echo "usage: truth_h200.sh start|bracket|search|agree|stop"; exit 2;;
+*) echo "usage: truth_h200.sh start|bracket|interleave|search|agree|stop"; exit 2;;
 esac
 date -u

@@ -10,6 +10,7 @@ import importlib.util
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -53,6 +54,27 @@ def test_neither_client_always_opens_a_level():
         rounds = [A.round_order(li, k) for k in range(4)]
         assert all(set(r) == {"ours", "theirs"} for r in rounds)
         assert [r[0] for r in rounds].count("ours") == 2
+
+
+def test_the_bench_clients_run_read_over_its_whole_load_alone():
+    # Two slots. Warm-up: the first wave (gaps 20 ms); then whole load (30 ms); the last request
+    # is sent at 0.65 s and the drain that follows runs lighter (5 ms). A figure over the whole
+    # run mixes the three; the steady reading keeps the 30 ms gaps and the TTFTs sent in between.
+    d = {"start_times": [0.0, 0.0, 0.2, 0.28, 0.45, 0.65],
+         "ttfts": [0.1, 0.1, 0.1, 0.2, 0.2, 0.1],
+         "itls": [[0.02] * 5, [0.02] * 9, [0.03] * 5, [0.03] * 5, [0.03] * 5, [0.005] * 20]}
+    st = A.steady_from_bench_detail(d)
+    assert st["requests"] == 2 and st["ttft_p50_ms"] == pytest.approx(200.0)  # sent at 0.28 and 0.45
+    assert st["itl_p50_ms"] == pytest.approx(30.0) and st["itl_p99_ms"] == pytest.approx(30.0)
+    assert st["warmup_s"] == pytest.approx(0.28) and st["span_s"] == pytest.approx(0.37)
+    assert 0 < st["share_of_gaps"] < 0.5  # most of this short run's gaps were in its warm-up and drain
+    # A failed request (ttft 0) is left out; a result without per-request times has no reading.
+    d["ttfts"][2] = 0.0
+    assert A.steady_from_bench_detail(d)["requests"] == 2
+    assert A.steady_from_bench_detail({"ttfts": [0.1]}) is None
+    # One wave and nothing after it: no span in which the load was whole, and no figure from it.
+    one = A.steady_from_bench_detail({"start_times": [0.0, 0.0], "ttfts": [0.1, 0.1], "itls": [[0.02], [0.02]]})
+    assert one["span_s"] == 0.0 and one["gaps"] == 0 and one["itl_p99_ms"] is None
 
 
 def test_reading_both_clients_results():
@@ -103,6 +125,78 @@ def test_brackets_taken_over_several_calls_are_joined():
     assert [r["level"] for r in j["concurrency"]["runs"]] == [128, 160, 192]
     assert [r["level"] for r in j["rate"]["runs"]] == [80.0]
     assert T.joined_brackets([]) == {}
+
+
+def test_each_search_is_judged_against_the_rounds_around_it_too():
+    # On a noisy H200 the bench client's bracket moved within minutes (it met the SLO at
+    # concurrency 256 after missing twice at 224): a search is judged against the whole bracket
+    # and against the rounds taken just before and just after it.
+    def run(level, meets, t):
+        return {"level": level, "meets": meets, "started_at": t, "ended_at": t + 10}
+    early = [run(128, True, 0), run(160, True, 10), run(192, False, 20)]  # before the search
+    late = [run(128, True, 300), run(160, False, 310), run(192, False, 320)]  # after it
+    far = [run(128, True, 600), run(160, True, 610), run(192, True, 620), run(224, False, 630)]
+    srch = {"answer": 176, "started_at": 100, "ended_at": 250}
+    loc = T.local_bracket(early + late + far, 100, 250)
+    assert (loc["low"], loc["high"], loc["borderline"]) == (128, 192, [160])
+    call1 = {"modes": {"concurrency": {"runs": early + late, "searches": [srch]}}}
+    call2 = {"modes": {"concurrency": {"runs": early + late + far, "searches": []}}}  # carries call 1's runs
+    j = T.judged_files([call1, call2], 0.10)["concurrency"]
+    assert len(j["runs"]) == 10  # each run once
+    assert (j["bracket"]["low"], j["bracket"]["high"]) == (128, 224)
+    (s,) = j["searches"]
+    assert s["verdict"] == "inside" and s["local_verdict"] == "inside"
+    assert T.judge(200, loc["low"], loc["high"], 0.10) == "one step"
+    # A search from before runs had times (an earlier run's file) keeps the whole bracket's verdict alone.
+    j = T.judged_files([{"modes": {"rate": {"runs": [{"level": 140.0, "meets": True}],
+                                            "searches": [{"answer": 144.0}]}}}], 0.10)["rate"]
+    assert j["searches"][0]["verdict"] == "inside" and "local_verdict" not in j["searches"][0]
+
+
+def test_interleaved_rounds_and_searches_alternate_and_span_calls(tmp_path, monkeypatch):
+    # The order and the joining are this script's; the bench client's and the search's own
+    # parts run for real in test_one_bench_client_process_serves_... and the CLI's tests.
+    said: list[str] = []
+
+    def theirs(srv, shape, *, concurrency, rate, n, seed, python, env, timeout_s, percentiles):
+        said.append(f"R{concurrency}")
+        meets = concurrency <= 16
+        # over its whole load alone the run reads worse: 16 misses there too
+        steady = {"ttft_p99_ms": 1200.0, "itl_p99_ms": 5.0, "share_of_gaps": 0.7}
+        return {"percentiles_ms": {"p99_ttft_ms": 500.0 if meets else 1500.0}, "output_tps": 1.0,
+                "ttft_p99_ms": 1.0, "itl_p99_ms": 1.0, "steady": steady}
+
+    def search(srv, shape, slo, *, rate, extra, python, env, timeout_s, keep_records):
+        said.append("S")
+        t = time.time()
+        time.sleep(0.01)  # the rounds around it are stamped with the same clock
+        return {"answer": 16, "started_at": t, "ended_at": time.time(), "wall_s": 0.01}
+
+    monkeypatch.setattr(T, "run_theirs", theirs)
+    monkeypatch.setattr(T, "run_search", search)
+    common = ["--url", "http://127.0.0.1:9", "--model", "m", "--tokenizer", "t", "--slo", "ttft_p99=1000ms",
+              "--only", "concurrency", "--concurrency", "16", "32", "--interleave"]
+    one, two = tmp_path / "one.json", tmp_path / "two.json"
+    assert T.main([*common, "--rounds", "2", "--searches", "2", "--json", str(one)]) == 0
+    assert T.main([*common, "--rounds", "1", "--searches", "0", "--bracket-from", str(one), "--json", str(two)]) == 0
+    assert said == ["R16", "R32", "S", "R16", "R32", "S", "R16", "R32"]
+    out = tmp_path / "judged.json"
+    assert T.main(["--judge-only", "--bracket-from", str(one), "--bracket-from", str(two), "--json", str(out)]) == 0
+    m = json.loads(out.read_text())["modes"]["concurrency"]
+    assert len(m["runs"]) == 6 and len(m["searches"]) == 2
+    assert (m["bracket"]["low"], m["bracket"]["high"]) == (16, 32)
+    assert (m["steady_bracket"]["low"], m["steady_bracket"]["high"]) == (None, 16)
+    assert T.steady_meets({"ttft_p99_ms": 900.0}, parse_slo(["ttft_p99=1s"])) is True
+    assert T.steady_meets({"ttft_p99_ms": 900.0}, parse_slo(["ttft_p99=1s", "e2e_p99=5s"])) is None
+    assert [s["local_verdict"] for s in m["searches"]] == ["inside", "inside"]
+    # each search's local bracket is from one round before it and one after it
+    assert all(s["local_bracket"]["low"] == 16 and s["local_bracket"]["high"] == 32 for s in m["searches"])
+    first, second = m["searches"]  # the rounds count on across calls: 0, search, 1, search, 2
+    assert sorted(r["round"] for r in m["runs"]) == [0, 0, 1, 1, 2, 2]
+    assert max(r["ended_at"] for r in m["runs"] if r["round"] == 0) <= first["started_at"]
+    assert first["ended_at"] <= min(r["started_at"] for r in m["runs"] if r["round"] == 1)
+    assert max(r["ended_at"] for r in m["runs"] if r["round"] == 1) <= second["started_at"]
+    assert second["ended_at"] <= min(r["started_at"] for r in m["runs"] if r["round"] == 2)
 
 
 def test_an_open_loop_search_is_found_only_among_the_capacity_options():
@@ -184,6 +278,8 @@ def test_one_bench_client_process_serves_a_whole_bracket_taken_in_two_calls(tmp_
         c = json.loads(conc.read_text())["modes"]["concurrency"]
         assert [r["level"] for r in c["runs"]] == [1, 1, 2, 2] and all(r["completed"] == 2 * r["level"]
                                                                         for r in c["runs"])
+        # vLLM's detailed result carries per-request times: each run is read over its whole load too
+        assert all(r["steady"]["gaps"] >= 0 and "itl_p99_ms" in r["steady"] for r in c["runs"])
         assert "rate" not in json.loads(conc.read_text())["modes"]
         # the search phase reads both files as one bracket
         assert T.main([*common, "--bracket-from", str(conc), "--bracket-from", str(rate), "--json", str(joined)]) == 0
