@@ -57,19 +57,26 @@ _BENCH_METRIC = {"ttft": "ttft", "itl": "itl", "e2e": "e2el"}
 
 # -- pure parts (tests/test_agree_bench.py) -------------------------------------------
 
-def run_meets(percentiles_ms: dict[str, float], objectives: list[Any]) -> bool | None:
-    """Does one bench-client run meet every objective? None when one of the
-    percentiles is missing from its result."""
+def _meets(value: Any, objectives: list[Any]) -> bool | None:
+    """Every objective within its limit, each figure read by value(objective)
+    in ms; None when one is missing."""
     ok = True
     for o in objectives:
-        name = _BENCH_METRIC[o.metric]
-        v = percentiles_ms.get(f"p{o.percentile}_{name}_ms")
-        if v is None and o.percentile == 50:
-            v = percentiles_ms.get(f"median_{name}_ms")
+        v = value(o)
         if v is None:
             return None
         ok = ok and v <= o.limit_s * 1000.0
     return ok
+
+
+def run_meets(percentiles_ms: dict[str, float], objectives: list[Any]) -> bool | None:
+    """Does one bench-client run meet every objective? None when one of the
+    percentiles is missing from its result."""
+    def value(o: Any) -> float | None:
+        name = _BENCH_METRIC[o.metric]
+        v = percentiles_ms.get(f"p{o.percentile}_{name}_ms")
+        return percentiles_ms.get(f"median_{name}_ms") if v is None and o.percentile == 50 else v
+    return _meets(value, objectives)
 
 
 def steady_meets(steady: dict[str, Any] | None, objectives: list[Any]) -> bool | None:
@@ -78,13 +85,7 @@ def steady_meets(steady: dict[str, Any] | None, objectives: list[Any]) -> bool |
     None when that reading lacks one of the objectives' figures."""
     if not steady:
         return None
-    ok = True
-    for o in objectives:
-        v = steady.get(f"{o.metric}_p{o.percentile}_ms")
-        if v is None:
-            return None
-        ok = ok and v <= o.limit_s * 1000.0
-    return ok
+    return _meets(lambda o: steady.get(f"{o.metric}_p{o.percentile}_ms"), objectives)
 
 
 def bracket(verdicts: dict[float, list[bool | None]]) -> dict[str, Any]:
@@ -154,19 +155,18 @@ def judged_files(files: list[dict[str, Any]], tolerance: float) -> dict[str, dic
             modes.setdefault(mode, {"runs": []}).setdefault("searches", []).extend(m.get("searches") or [])
     for mode, m in modes.items():
         m["searches"] = _once(m.get("searches") or [])
+        # each level's verdicts; and over the part in which the runs' load was whole, where they carry it
         verdicts: dict[float, list[bool | None]] = {}
-        for r in m["runs"]:
-            verdicts.setdefault(level_key(mode, r["level"]), []).append(r["meets"])
-        m["bracket"] = br = bracket(verdicts)
-        # The same runs judged over the part in which their load was whole, where they carry it
         steady: dict[float, list[bool | None]] = {}
         for r in m["runs"]:
+            verdicts.setdefault(level_key(mode, r["level"]), []).append(r["meets"])
             if r.get("meets_steady") is not None:
                 steady.setdefault(level_key(mode, r["level"]), []).append(r["meets_steady"])
+        m["bracket"] = br = bracket(verdicts)
         if steady:
             m["steady_bracket"] = bracket(steady)
         m["verdicts"] = {str(k): v for k, v in sorted(verdicts.items())}
-        for srch in m.setdefault("searches", []):
+        for srch in m["searches"]:
             srch["verdict"] = judge(srch.get("answer"), br["low"], br["high"], tolerance)
             if srch.get("started_at") is not None:
                 loc = local_bracket(m["runs"], srch["started_at"], srch["ended_at"])
