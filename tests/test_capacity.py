@@ -801,3 +801,39 @@ def test_prompts_built_before_a_level_cover_what_the_h200_levels_sent():
         level_rules = capped.confirming(confirm) if confirm else capped
         built = R.HttpLevelRunner._expected_requests(opened, rate, level_rules)
         assert sent < built - (2 * int(rate) + 16), (rate, sent, built)
+
+
+@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM", "SIGHUP"])
+def test_ctrl_c_sigterm_or_sighup_end_a_search_and_keep_its_levels(paced, sig):
+    # `timeout`, a job runner or a closed SSH session ends a search with
+    # SIGTERM or SIGHUP. Their default action killed it outright: every level
+    # measured was lost (an H200 rate search cut by its deadline left no
+    # record). Now they wind the running level down and keep the rest, as
+    # Ctrl-C does; Ctrl-C itself crashed here before (KeyError 'result': a
+    # Thread.join cut short by the interrupt read the worker as ended).
+    import signal
+
+    srv = paced("--slots", "3", "--ttft-ms", "20", "--itl-ms", "20")
+    proc = subprocess.Popen([sys.executable, "-m", "ernie_tui", "probe", "--url", srv.url, "--capacity",
+                             "--slo", "ttft_p90=200ms", "--max-tokens", "16", "--min-tokens", "10",
+                             "--max-tokens-in", "40", "--json"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    seen = []
+    try:
+        for line in proc.stderr:  # the first level is done once the second starts
+            seen.append(line)
+            if line.startswith("level 2:"):
+                break
+        assert seen and seen[-1].startswith("level 2:"), seen
+        proc.send_signal(getattr(signal, sig))
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, (proc.returncode, err)
+    how = "interrupted" if sig == "SIGINT" else f"ended by {sig}"
+    assert f"ernie-tui: {how}: ending the running level" in err
+    d = json.loads(out)
+    assert d["stop_reason"] == "cancelled"
+    assert d["levels"][0]["concurrency"] == 1 and d["levels"][0]["passed"]
+    assert runstore.load_run(d["run_record"]).kind == "capacity"
