@@ -40,6 +40,7 @@ import argparse
 import json
 import os
 import random
+import signal
 import subprocess
 import sys
 import time
@@ -167,6 +168,9 @@ def judged_files(files: list[dict[str, Any]], tolerance: float) -> dict[str, dic
             m["steady_bracket"] = bracket(steady)
         m["verdicts"] = {str(k): v for k, v in sorted(verdicts.items())}
         for srch in m["searches"]:
+            if srch.get("cut_short"):
+                srch["verdict"] = "cut short"
+                continue
             srch["verdict"] = judge(srch.get("answer"), br["low"], br["high"], tolerance)
             if srch.get("started_at") is not None:
                 loc = local_bracket(m["runs"], srch["started_at"], srch["ended_at"])
@@ -214,19 +218,53 @@ def run_search(srv: Server, shape: Shape, slo: list[str], *, rate: bool, extra: 
         argv.append("--rate")
     argv += extra
     t = time.time()
-    p = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=timeout_s, check=False)
+    # Its own session: `timeout` signals its whole process group, and a search
+    # signalled twice is killed; Ending passes it one SIGTERM, so it winds its
+    # level down and prints the levels it measured.
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            start_new_session=True)
+    Ending.child = proc
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        stdout, stderr = proc.communicate()
+    finally:
+        Ending.child = None
     t_end = time.time()
     when = {"started_at": t, "ended_at": t_end, "wall_s": t_end - t}
     try:
-        d = json.loads(p.stdout)
+        d = json.loads(stdout)
     except ValueError:
-        return {"error": (p.stderr or p.stdout)[-1500:], **when}
+        return {"error": (stderr or stdout)[-1500:], **when}
     cap = d.get("capacity") or {}
     key = "rate" if rate else "concurrency"
-    return {"answer": cap.get(key), "goodput_output_tps": cap.get("goodput_output_tps"),
-            "attainment": cap.get("attainment"), "seconds": d.get("seconds"), **when,
-            "stop_reason": d.get("stop_reason"),
-            "levels": [{k: lv.get(k) for k in _LEVEL_KEYS} for lv in d.get("levels") or []]}
+    out = {"answer": cap.get(key), "goodput_output_tps": cap.get("goodput_output_tps"),
+           "attainment": cap.get("attainment"), "seconds": d.get("seconds"), **when,
+           "stop_reason": d.get("stop_reason"),
+           "levels": [{k: lv.get(k) for k in _LEVEL_KEYS} for lv in d.get("levels") or []]}
+    if d.get("stop_reason") == "cancelled":
+        out["cut_short"] = True  # its levels are kept; its answer is no search's answer
+    return out
+
+
+class Ending:
+    """SIGTERM to this script (the device call's `timeout`): the running search
+    gets one SIGTERM of its own, and the script stops after that step, with
+    every finished run and the cut search's levels in its --json."""
+
+    signalled = False
+    child: subprocess.Popen | None = None
+
+    @classmethod
+    def on_signal(cls, signum: int, _frame: Any) -> None:
+        cls.signalled = True
+        if cls.child is not None and cls.child.poll() is None:
+            cls.child.send_signal(signal.SIGTERM)
+
+
+class Stopped(Exception):
+    """Raised after the step that SIGTERM cut: the --json holds what finished."""
 
 
 # What a search's summary keeps of each level: enough to read its path
@@ -353,8 +391,13 @@ def main(argv: list[str] | None = None) -> int:
             rate = float(lv) if mode == "rate" else None
             n = args.waves * int(lv) if mode == "concurrency" else max(1, round(lv * args.rate_seconds))
             t = time.time()
-            r = run_theirs(srv, shape, concurrency=conc, rate=rate, n=n, seed=rng.randrange(1, 1 << 30),
-                           python=args.bench_python, env=env, timeout_s=args.timeout, percentiles=pcts)
+            try:
+                r = run_theirs(srv, shape, concurrency=conc, rate=rate, n=n, seed=rng.randrange(1, 1 << 30),
+                               python=args.bench_python, env=env, timeout_s=args.timeout, percentiles=pcts)
+            except Exception:
+                if Ending.signalled:  # the bench client died of the same SIGTERM: this run is lost, not failed
+                    raise Stopped from None
+                raise
             met = run_meets(r["percentiles_ms"], objectives)
             st = r.get("steady")
             runs.append({"level": lv, "round": k, "meets": met, "meets_steady": steady_meets(st, objectives), **r,
@@ -366,6 +409,8 @@ def main(argv: list[str] | None = None) -> int:
                   + (f"; over its whole load ({st['share_of_gaps']:.0%} of gaps): TTFT p99 "
                      f"{st['ttft_p99_ms'] or 0:.0f} ms, ITL p99 {st['itl_p99_ms'] or 0:.1f} ms" if st else ""),
                   flush=True)
+            if Ending.signalled:
+                raise Stopped
 
         def our_search(i: int) -> None:
             s = run_search(srv, shape, args.slo, rate=mode == "rate", extra=extra, python=args.bench_python,
@@ -374,7 +419,10 @@ def main(argv: list[str] | None = None) -> int:
             save(True)
             print(f"  our search {i + 1}: {mode} {s.get('answer')}; goodput "
                   f"{s.get('goodput_output_tps') or 0:.0f} tok/s; {s.get('wall_s', 0):.0f} s"
+                  + (" (cut short by SIGTERM: its levels kept, its answer not judged)" if s.get("cut_short") else "")
                   + (f"; error: {s['error'][-300:]}" if "error" in s else ""), flush=True)
+            if Ending.signalled:
+                raise Stopped
 
         if args.interleave:
             # rounds go on counting from the earlier calls' (a round: one run at every level)
@@ -397,10 +445,16 @@ def main(argv: list[str] | None = None) -> int:
         print(report_mode(mode, m), flush=True)
         if args.json:
             Path(args.json).write_text(json.dumps(out, indent=1))
-    for mode, levels in modes:
-        if not levels and mode not in earlier:
-            continue
-        do_mode(mode, levels)
+    signal.signal(signal.SIGTERM, Ending.on_signal)
+    try:
+        for mode, levels in modes:
+            if not levels and mode not in earlier:
+                continue
+            do_mode(mode, levels)
+    except Stopped:
+        print(f"ended by SIGTERM: {args.json or 'nothing'} keeps the runs that finished and the searches "
+              "(a cut one with the levels it measured)", flush=True)
+        return 143
     return 0
 
 

@@ -14,6 +14,9 @@
 #                                            TRUTH_C or TRUTH_R level) alternating with TRUTH_SEARCHES of our searches,
 #                                            round first; each call's il-MODE-N.json joins the earlier calls' (judge
 #                                            them all with capacity_truth.py --judge-only)
+#                                            TRUTH_DEADLINE_S's SIGTERM ends a running search's level (up to
+#                                            ~30 s more: give the device call that margin); its levels are kept,
+#                                            marked cut_short, unjudged
 #   bash .gpu9/bench/truth_h200.sh agree     our burst against the bench client (bench/agree_vllm_bench.py) at
 #                                            AGREE_C concurrencies and AGREE_R rates, AGREE_ROUNDS rounds
 #                                            (AGREE_RATE_SECONDS: each rate run's length, default 10)

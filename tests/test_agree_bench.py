@@ -298,3 +298,56 @@ def test_one_bench_client_process_serves_a_whole_bracket_taken_in_two_calls(tmp_
         A.close_workers()
         srv.terminate()
         srv.wait(10)
+
+
+def test_a_truth_call_cut_by_timeout_keeps_the_search_it_was_running(tmp_path, tiny_tokenizer):
+    # The device call's `timeout` sends SIGTERM to the script's whole process
+    # group. The running search died of it and the script with it: an H200
+    # rate search cut that way left nothing. Now the search, in a session of
+    # its own, gets one SIGTERM from the script, winds its level down and
+    # prints the levels it measured; the script keeps them, unjudged.
+    import os
+    import signal
+    from urllib.request import urlopen
+
+    srv = subprocess.Popen([sys.executable, str(ROOT / "tests" / "paced_server.py"), "--port", "0",
+                            "--slots", "3", "--ttft-ms", "20", "--itl-ms", "20"],
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    out = tmp_path / "il.json"
+    truth = None
+    try:
+        url = srv.stdout.readline().split()[-1]
+        truth = subprocess.Popen([sys.executable, str(ROOT / "bench" / "capacity_truth.py"), "--url", url,
+                                  "--model", "m", "--tokenizer", str(tiny_tokenizer), "--slo", "ttft_p90=200ms",
+                                  "--only",
+                                  "concurrency", "--concurrency", "1", "--interleave", "--rounds", "0",
+                                  "--searches", "1", "--input-len", "20", "--output-len", "8", "--json", str(out),
+                                  "--", "--start-concurrency", "1"],
+                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                 start_new_session=True)
+        # once two requests are in flight together the first level (one at a time) is done
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            log = json.loads(urlopen(url + "/requests", timeout=5).read())
+            if any(b["arrive"] < (a["end"] or float("inf")) for a, b in zip(log, log[1:], strict=False)):
+                break
+            if truth.poll() is not None:
+                pytest.fail(truth.communicate()[0])
+            time.sleep(0.2)
+        else:
+            pytest.fail("the search never reached its second level")
+        os.killpg(truth.pid, signal.SIGTERM)  # as `timeout` does
+        said, _ = truth.communicate(timeout=90)
+    finally:
+        if truth is not None and truth.poll() is None:
+            truth.kill()
+        srv.terminate()
+        srv.wait(10)
+    assert truth.returncode == 143, said
+    assert "cut short by SIGTERM" in said and f"ended by SIGTERM: {out} keeps" in said
+    (search,) = json.loads(out.read_text())["modes"]["concurrency"]["searches"]
+    assert search["cut_short"] and search["stop_reason"] == "cancelled"
+    assert search["levels"][0]["concurrency"] == 1 and search["levels"][0]["passed"]
+    # judged later, it gets no verdict of its own
+    judged = T.judged_files([json.loads(out.read_text())], 0.1)["concurrency"]
+    assert judged["searches"][0]["verdict"] == "cut short"
