@@ -214,3 +214,74 @@ def test_sweep_meta_is_one_dict_for_the_cli_and_the_screen():
                      workload="w.jsonl", seconds=12.34)
     assert cap["capacity"] == "SLO ttft_p99=500ms, workload w.jsonl, max_tokens 16, ranked by goodput tok/s at the SLO"
     assert cap["seconds"] == 12.3 and cap["vllm"] == "-" and "burst" not in cap
+
+
+def test_sigterm_ends_a_capacity_sweep_stopping_its_server_and_keeping_what_it_measured(tmp_path, tiny_model):
+    # A sweep ended by SIGTERM (`timeout`, a job runner) died at once and left
+    # its server running in a session of its own, which nothing then stopped.
+    # Now it ends as Ctrl-C does: the server stopped, the searches so far saved.
+    import signal
+    import socket
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    paced = Path(__file__).resolve().parent / "paced_server.py"
+    port = 18137
+    (tmp_path / "p.toml").write_text(textwrap.dedent(f"""
+        [presets.slow]
+        extends = "cpu-demo"
+        model = "{tiny_model}"
+        port = {port}
+        launcher = ["{sys.executable}", "{paced}"]
+        env = {{ PACED_SLOTS = "2", PACED_TTFT_MS = "20", PACED_ITL_MS = "10" }}
+    """))
+    out = tmp_path / "sweep.json"
+    proc = subprocess.Popen([sys.executable, "-m", "ernie_tui", "sweep", "slow", "--presets", str(tmp_path / "p.toml"),
+                             "--out", str(out), "--capacity", "--slo", "ttft_p90=100ms", "--max-tokens", "16",
+                             "--min-tokens", "10", "--max-tokens-in", "40", "--start-concurrency", "1",
+                             "--ready-timeout", "30"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    seen = []
+    try:
+        for line in proc.stderr:  # a level measured: the server is up and loaded
+            seen.append(line)
+            if "capacity: concurrency 1 pass" in line:
+                break
+        assert "capacity: concurrency 1 pass" in "".join(seen), seen
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=90)
+        assert proc.returncode == 130, err
+        assert "ended by SIGTERM: stopping the server, keeping the rows measured" in err
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            with socket.socket() as s:
+                if s.connect_ex(("127.0.0.1", port)) != 0:
+                    break
+            time.sleep(0.2)
+        else:
+            pytest.fail(f"the preset's server still listens on {port}")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        _kill_left_running(paced.name, port)  # after the checks: a failed run leaves nothing behind
+    from ernie_tui.engine_ctl.load import runstore
+
+    (sweep,) = runstore.list_runs(kind="sweep")
+    (run,) = sweep.results["runs"]
+    assert run["preset"] == "slow" and run["status"] == "cancelled" and run["capacity_stop"] == "cancelled"
+    assert run["levels"] >= 1 and runstore.load_run(run["record_id"]).kind == "capacity"
+    assert "wrote " + str(out) in err and json.loads(out.read_text())["rows"][0]["preset"] == "slow"
+
+def _kill_left_running(script: str, port: int) -> list[int]:
+    """Kill a stand-in server a failed sweep left running; the pids killed."""
+    import psutil
+
+    killed = []
+    for p in psutil.process_iter(["cmdline"]):
+        cmd = p.info["cmdline"] or []
+        if any(c.endswith(script) for c in cmd) and str(port) in cmd:
+            p.kill()
+            killed.append(p.pid)
+    return killed

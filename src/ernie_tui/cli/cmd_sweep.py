@@ -25,7 +25,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                     "the --slo objectives instead of a burst, and presets are ranked by goodput at the SLO. "
                     "With --gpus-per-trial N presets run at the same time on disjoint GPU sets (each its own "
                     "CUDA_VISIBLE_DEVICES, port and log; never two on one GPU). "
-                    "Ctrl-C stops the server and keeps the rows measured.")
+                    "Ctrl-C, SIGTERM or SIGHUP stops the server and keeps the rows measured.")
     p.add_argument("names", nargs="+", metavar="NAME", help="presets to measure, in order")
     p.add_argument("--out", metavar="FILE", required=True, action="append",
                    help="FILE.csv, FILE.json or FILE.md (may repeat)")
