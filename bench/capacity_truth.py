@@ -226,9 +226,13 @@ def run_search(srv: Server, shape: Shape, slo: list[str], *, rate: bool, extra: 
     Ending.child = proc
     try:
         stdout, stderr = proc.communicate(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        stdout, stderr = proc.communicate()
+    except subprocess.TimeoutExpired:  # past --timeout: ended as SIGTERM ends it, its levels kept
+        proc.send_signal(signal.SIGTERM)
+        try:
+            stdout, stderr = proc.communicate(timeout=SEARCH_WIND_DOWN_S)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            stdout, stderr = proc.communicate()
     finally:
         Ending.child = None
     t_end = time.time()
@@ -246,6 +250,10 @@ def run_search(srv: Server, shape: Shape, slo: list[str], *, rate: bool, extra: 
     if d.get("stop_reason") == "cancelled":
         out["cut_short"] = True  # its levels are kept; its answer is no search's answer
     return out
+
+
+# How long a search ended by --timeout may take to wind its level down.
+SEARCH_WIND_DOWN_S = 60.0
 
 
 class Ending:
@@ -331,7 +339,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--output-len", type=int, default=128)
     p.add_argument("--range-ratio", type=float, default=0.8182)
     p.add_argument("--bench-python", default=sys.executable)
-    p.add_argument("--timeout", type=float, default=1800.0)
+    p.add_argument("--timeout", type=float, default=1800.0,
+                   help="seconds a bench run or a search may take; a search past it is ended as SIGTERM ends it "
+                        "(its levels kept, marked cut_short)")
     p.add_argument("--json", metavar="FILE")
     p.add_argument("--bench-process-per-run", action="store_true",
                    help="start vLLM's bench client afresh for each run (default: one process kept for all runs)")
@@ -445,7 +455,7 @@ def main(argv: list[str] | None = None) -> int:
         print(report_mode(mode, m), flush=True)
         if args.json:
             Path(args.json).write_text(json.dumps(out, indent=1))
-    signal.signal(signal.SIGTERM, Ending.on_signal)
+    previous = signal.signal(signal.SIGTERM, Ending.on_signal)
     try:
         for mode, levels in modes:
             if not levels and mode not in earlier:
@@ -455,6 +465,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"ended by SIGTERM: {args.json or 'nothing'} keeps the runs that finished and the searches "
               "(a cut one with the levels it measured)", flush=True)
         return 143
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     return 0
 
 

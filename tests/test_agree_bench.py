@@ -351,3 +351,25 @@ def test_a_truth_call_cut_by_timeout_keeps_the_search_it_was_running(tmp_path, t
     # judged later, it gets no verdict of its own
     judged = T.judged_files([json.loads(out.read_text())], 0.1)["concurrency"]
     assert judged["searches"][0]["verdict"] == "cut short"
+
+
+def test_a_search_past_its_timeout_is_ended_as_sigterm_ends_it(tmp_path, tiny_tokenizer):
+    # --timeout used to kill the search (its levels lost); now it gets SIGTERM
+    # and a minute to wind down, and its levels are kept, unjudged.
+    srv = subprocess.Popen([sys.executable, str(ROOT / "tests" / "paced_server.py"), "--port", "0",
+                            "--slots", "3", "--ttft-ms", "20", "--itl-ms", "20"],
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    out = tmp_path / "il.json"
+    try:
+        url = srv.stdout.readline().split()[-1]
+        rc = T.main(["--url", url, "--model", "m", "--tokenizer", str(tiny_tokenizer), "--slo", "ttft_p90=200ms",
+                     "--only", "concurrency", "--concurrency", "1", "--interleave", "--rounds", "0", "--searches",
+                     "1", "--input-len", "20", "--output-len", "8", "--timeout", "12", "--json", str(out), "--",
+                     "--start-concurrency", "1"])
+    finally:
+        srv.terminate()
+        srv.wait(10)
+    assert rc == 0
+    (search,) = json.loads(out.read_text())["modes"]["concurrency"]["searches"]
+    assert search["cut_short"] and search["verdict"] == "cut short" and search["levels"], search
+    assert 12 <= search["wall_s"] < 12 + T.SEARCH_WIND_DOWN_S
