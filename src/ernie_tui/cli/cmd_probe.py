@@ -36,8 +36,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                     "a second whether or not earlier ones have finished, late sends counted); or, with "
                     "--capacity, find the highest concurrency (with --rate: request rate) whose requests meet "
                     "the --slo objectives, with the goodput there and the curve of every level measured. "
-                    "Bursts and searches are saved as run records. Ctrl-C, SIGTERM or SIGHUP ends a search "
-                    "after its running level, keeping the levels measured (exit status 130).")
+                    "Bursts and searches are saved as run records. Ctrl-C, SIGTERM or SIGHUP ends a search, "
+                    "winding its running level down and keeping the levels measured (exit status 130).")
     p.add_argument("--url", required=True, help="server base URL, e.g. http://127.0.0.1:8000")
     what = p.add_mutually_exclusive_group()
     what.add_argument("--prompt", metavar="TEXT", help="the prompt to send (default: a short English question)")

@@ -28,7 +28,6 @@ class _Ended(KeyboardInterrupt):
 
     def __init__(self, signum: int) -> None:
         super().__init__(signal.Signals(signum).name)
-        self.signum = signum
 
 
 def _raise_ended(signum: int, _frame: Any) -> None:
