@@ -23,15 +23,19 @@ T = TypeVar("T")
 ENDING_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
 
 
-class _Ended(KeyboardInterrupt):
-    """SIGTERM or SIGHUP, raised on the main thread like Ctrl-C."""
+class _Signals:
+    """The ending signals caught so far, in order. The handler only records:
+    an exception raised from a signal handler lands wherever the main thread
+    happens to be, and inside threading's own lock code (Event.wait) it left
+    a Condition's lock released twice: "RuntimeError: release unlocked lock"
+    instead of a wind-down, and the search's levels were lost (seen on an
+    H200 when a deadline's SIGTERM cut a capacity search)."""
 
-    def __init__(self, signum: int) -> None:
-        super().__init__(signal.Signals(signum).name)
+    def __init__(self) -> None:
+        self.caught: list[int] = []
 
-
-def _raise_ended(signum: int, _frame: Any) -> None:
-    raise _Ended(signum)
+    def __call__(self, signum: int, _frame: Any) -> None:
+        self.caught.append(signum)  # list.append takes no lock a handler could meet half-held
 
 
 def _install(handlers: dict[int, Any]) -> dict[int, Any]:
@@ -64,17 +68,28 @@ def run_interruptible(work: Callable[[], T], cancel: threading.Event, *, name: s
         finally:
             done.set()
 
-    worker = threading.Thread(target=run, name=name, daemon=True)
-    worker.start()
-    previous = _install({sig: _raise_ended for sig in ENDING_SIGNALS})
+    signals = _Signals()
+    ending = list(ENDING_SIGNALS)
+    # Ctrl-C too, unless SIGINT is ignored (a job started in the background):
+    # Python's own SIGINT handler raises KeyboardInterrupt, with the hazard above.
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+        ending.append(signal.SIGINT)
+    previous = _install({sig: signals for sig in ending})
     try:
-        try:
-            while not done.wait(0.2):
-                pass
-        except KeyboardInterrupt as exc:
-            how = f"ended by {exc.args[0]}" if isinstance(exc, _Ended) else "interrupted"
-            # A second SIGTERM/SIGHUP now kills, as it would have without us.
-            _install({sig: signal.SIG_DFL for sig in ENDING_SIGNALS})
+        # Started once the handlers are in: a signal from its first instant on winds it down.
+        threading.Thread(target=run, name=name, daemon=True).start()
+        while not done.wait(0.2):
+            if signals.caught:
+                break
+        if signals.caught and not done.is_set():
+            first = signals.caught[0]
+            how = "interrupted" if first == signal.SIGINT else f"ended by {signal.Signals(first).name}"
+            # A second signal now kills (Ctrl-C: KeyboardInterrupt), as it
+            # would have without us: a stuck wind-down can still be ended.
+            _install({sig: (signal.default_int_handler if sig == signal.SIGINT else signal.SIG_DFL)
+                      for sig in ending})
+            if len(signals.caught) > 1:  # a second one came before the defaults were back
+                signal.raise_signal(signals.caught[1])
             _say(f"ernie-tui: {how}: {on_interrupt}")
             cancel.set()
             while not done.wait(0.2):
