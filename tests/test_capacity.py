@@ -841,3 +841,31 @@ def test_ctrl_c_sigterm_or_sighup_end_a_search_and_keep_its_levels(paced, sig):
     assert d["stop_reason"] == "cancelled"
     assert d["levels"][0]["concurrency"] == 1 and d["levels"][0]["passed"]
     assert runstore.load_run(d["run_record"]).kind == "capacity"
+
+
+def test_a_capacity_whose_confirmations_ran_out_is_reported_as_not_confirmed():
+    # On an H200 (max_num_seqs 128, open loop) the server carried 144 req/s
+    # early in a search and less than 128 by its end: the confirmations at
+    # 144, 136 and 128 failed, and the search answered 120, a short level
+    # passed minutes before, with nothing to say so. A server that loses a
+    # slot with every level it is asked to run drifts the same way here.
+    steady = SimServer(24)
+    calls = []
+
+    def run(c, min_requests=None):
+        calls.append(c)
+        slots = max(1, 24 - len(calls))
+        return SimServer(slots, seed=len(calls)).runner(SLO, RULES)(c, min_requests)
+
+    res = C.search(run, SLO, C.SearchConfig(start=4, max_concurrency=64, tolerance=0.1))
+    assert res.capacity is not None and not res.capacity["confirmed"]
+    failed = [lv.load for lv in res.levels if lv.confirmation and not lv.passed]
+    assert len(failed) == 3 and res.capacity["confirmations_failed"] == failed
+    assert len(res.warnings) == 1 and res.warnings[0].startswith("the capacity is not confirmed")
+    assert ", ".join(f"{x:g}" for x in failed) in res.warnings[0]
+    text = C.format_capacity(res)
+    assert "not confirmed (see the warning)" in text and "warning: the capacity is not confirmed" in text
+    # the same search on a server that holds its pace: confirmed, no warning
+    ok = C.search(steady.runner(SLO, RULES), SLO, C.SearchConfig(start=4, max_concurrency=64, tolerance=0.1))
+    assert ok.capacity is not None and ok.capacity["confirmed"] and not ok.warnings
+    assert "confirmations_failed" not in ok.capacity

@@ -53,7 +53,8 @@ def add_capacity_args(p: argparse.ArgumentParser) -> None:
         "twice; not with --confirm-waves 0); the later measurement decides. "
         "The capacity found is measured once more, for --confirm-waves turnovers of its requests in flight "
         "(8 x concurrency requests: vLLM's bench client's 8 waves), and that longer run's figures are the "
-        "ones reported; if it fails, the next lower pass is confirmed instead. A failing level in which "
+        "ones reported; if it fails, the next lower pass is confirmed instead (three confirmations at most: "
+        "after three failures the capacity is reported as not confirmed, with a warning). A failing level in which "
         "this client's own event loop stood still for 0.5 s or more is measured once more.")
     g.add_argument("--slo", action="append", default=[], metavar="METRIC_pNN=LIMIT",
                    help="an objective, e.g. ttft_p99=500ms or itl_p99=50ms or e2e_p90=2s (metric ttft, itl or "

@@ -973,9 +973,35 @@ def search(run_level: LevelRunner, slo: Sequence[S.Objective], config: SearchCon
         reason = interrupted(lv)
 
     capacity = capacity_summary(best) if best else None
+    warnings = []
+    if best is not None and capacity is not None and (failed := failed_confirmations(best, levels, config)):
+        capacity["confirmations_failed"] = failed
+        warnings.append(unconfirmed_warning(best, failed))
     return CapacityResult(slo=S.describe(slo), capacity=capacity, levels=levels, stop_reason=reason,
                           stop_message=STOP_REASONS.get(reason, reason), seconds=clock() - t0,
-                          config=asdict(config), mode=config.mode)
+                          config=asdict(config), mode=config.mode, warnings=warnings)
+
+
+def failed_confirmations(best: LevelResult, levels: Sequence[LevelResult], config: SearchConfig) -> list[float]:
+    """The loads whose confirmations failed, when the capacity reported is
+    left unconfirmed because its search ran out of them (none otherwise).
+    Each failed at a load whose short level had passed: the server carried
+    less by the end than when the levels below it were run. On an H200 the
+    same 128 req/s passed twice in one search and then failed its
+    confirmation; the answer was a level measured minutes before, when the
+    server was faster. An operator must not read it as a settled figure."""
+    if not config.confirm_waves or best.confirmation:
+        return []
+    return [lv.load for lv in levels if lv.confirmation and not lv.passed]
+
+
+def unconfirmed_warning(best: LevelResult, failed: Sequence[float]) -> str:
+    unit = " req/s" if best.rate is not None else ""
+    loads = ", ".join(f"{x:g}" for x in failed)
+    return (f"the capacity is not confirmed: the confirmations at {loads}{unit} failed after their levels had "
+            f"passed (the server carried less by then, or the short levels passed by luck); {best.load:g}{unit} "
+            f"passed once, over {best.requests} requests in {best.seconds:.0f} s. Rerun the search, or hold that "
+            f"load for minutes before planning with it")
 
 
 def format_capacity(r: CapacityResult) -> str:
@@ -1016,7 +1042,8 @@ def format_capacity(r: CapacityResult) -> str:
         lines.append(f"capacity: {what}"
                      + ("" if c.get("decided", True) else " (its level was undecided at a cap)")
                      + (f", confirmed over {c['requests']} requests in {f(c.get('seconds'))} s"
-                        if c.get("confirmed") else "")
+                        if c.get("confirmed") else (", not confirmed (see the warning)"
+                                                    if c.get("confirmations_failed") else ""))
                      + f", goodput {f(c['goodput_rps'], '.2f')} req/s, {f(c['goodput_output_tps'])} output tok/s, "
                      f"TTFT p99 {f(c['ttft_p99_ms'])} ms, ITL p99 {f(c['itl_p99_ms'])} ms"
                      + (f", attainment {c['attainment'] * 100:.1f}% (target {target * 100:.0f}%)"
