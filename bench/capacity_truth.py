@@ -245,7 +245,7 @@ def run_search(srv: Server, shape: Shape, slo: list[str], *, rate: bool, extra: 
     key = "rate" if rate else "concurrency"
     out = {"answer": cap.get(key), "goodput_output_tps": cap.get("goodput_output_tps"),
            "attainment": cap.get("attainment"), "seconds": d.get("seconds"), **when,
-           "stop_reason": d.get("stop_reason"),
+           "stop_reason": d.get("stop_reason"), "run_record": d.get("run_record"),
            "levels": [{k: lv.get(k) for k in _LEVEL_KEYS} for lv in d.get("levels") or []]}
     if d.get("stop_reason") == "cancelled":
         out["cut_short"] = True  # its levels are kept; its answer is no search's answer
@@ -276,9 +276,12 @@ class Stopped(Exception):
 
 
 # What a search's summary keeps of each level: enough to read its path
-# (second looks, confirmations, an end that missed, our client's stalls).
+# (second looks, confirmations, an end that missed, our client's stalls) and
+# to set its figures beside the bench client's runs at the same load (an H200
+# run's records did not come back; this file did).
 _LEVEL_KEYS = ("concurrency", "rate", "passed", "decided", "requests", "seconds", "stop", "confirmation",
-               "measured_again", "end_missed", "client_lag_max_ms")
+               "measured_again", "end_missed", "client_lag_max_ms", "ttft_p99_ms", "itl_p99_ms", "output_tps",
+               "attainment", "waiting_peak")
 
 
 def joined_brackets(files: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:

@@ -72,6 +72,8 @@ search)
   [ -n "${TRUTH_BRACKET:-}" ] && [ ! -f "$W/bracket.json" ] && cp "$TRUTH_BRACKET" "$W/bracket.json"
   TAG=${TRUTH_TAG:-truth}
   FROM=(); for f in "$W"/bracket*.json; do [ -f "$f" ] && FROM+=(--bracket-from "$f"); done
+  # Without a bracket the script has no levels to search at (it once ran nothing, silently).
+  [ ${#FROM[@]} -eq 0 ] && { echo "no $W/bracket*.json: run bracket first, or interleave"; exit 1; }
   timeout ${TRUTH_DEADLINE_S:-540} python3 "$HERE/bench/capacity_truth.py" --url http://127.0.0.1:8000 --model m03 \
       --tokenizer "$M" "${SLO[@]}" "${FROM[@]}" --searches ${TRUTH_SEARCHES:-2} \
       ${TRUTH_ONLY:+--only $TRUTH_ONLY} --timeout 500 \

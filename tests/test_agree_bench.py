@@ -348,6 +348,8 @@ def test_a_truth_call_cut_by_timeout_keeps_the_search_it_was_running(tmp_path, t
     (search,) = json.loads(out.read_text())["modes"]["concurrency"]["searches"]
     assert search["cut_short"] and search["stop_reason"] == "cancelled"
     assert search["levels"][0]["concurrency"] == 1 and search["levels"][0]["passed"]
+    # each level's figures ride along, to set beside the bench client's runs
+    assert search["levels"][0]["ttft_p99_ms"] > 0 and search["levels"][0]["output_tps"] > 0
     # judged later, it gets no verdict of its own
     judged = T.judged_files([json.loads(out.read_text())], 0.1)["concurrency"]
     assert judged["searches"][0]["verdict"] == "cut short"
