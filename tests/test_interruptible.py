@@ -15,8 +15,18 @@ import pytest
 from ernie_tui.cli.interruptible import run_interruptible
 
 
+@pytest.fixture
+def sigint_at_default():
+    """Ctrl-C is caught only where SIGINT is at Python's default; a test run
+    started in the background (as CI's is) inherits it ignored."""
+    old = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, old)
+
+
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT])
-def test_the_installed_handler_only_records_so_no_exception_lands_in_threadings_lock_code(sig, capsys):
+def test_the_installed_handler_only_records_so_no_exception_lands_in_threadings_lock_code(sig, capsys,
+                                                                                           sigint_at_default):
     # On an H200 a deadline's SIGTERM reached the main thread inside
     # Event.wait, while it took its Condition's lock back; the handler raised
     # there, the lock was then released twice ("RuntimeError: release unlocked
