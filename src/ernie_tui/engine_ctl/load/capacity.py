@@ -984,7 +984,8 @@ def search(run_level: LevelRunner, slo: Sequence[S.Objective], config: SearchCon
 
 def failed_confirmations(best: LevelResult, levels: Sequence[LevelResult], config: SearchConfig) -> list[float]:
     """The loads whose confirmations failed, when the capacity reported is
-    left unconfirmed because its search ran out of them (none otherwise).
+    left unconfirmed: its search ran out of them, or was ended before the
+    next one (none otherwise).
     Each failed at a load whose short level had passed: the server carried
     less by the end than when the levels below it were run. On an H200 the
     same 128 req/s passed twice in one search and then failed its
@@ -1000,8 +1001,8 @@ def unconfirmed_warning(best: LevelResult, failed: Sequence[float]) -> str:
     loads = ", ".join(f"{x:g}" for x in failed)
     return (f"the capacity is not confirmed: the confirmations at {loads}{unit} failed after their levels had "
             f"passed (the server carried less by then, or the short levels passed by luck); {best.load:g}{unit} "
-            f"passed once, over {best.requests} requests in {best.seconds:.0f} s. Rerun the search, or hold that "
-            f"load for minutes before planning with it")
+            f"passed in a short level ({best.requests} requests in {best.seconds:.0f} s) and was not measured longer. "
+            f"Rerun the search, or hold that load for minutes before planning with it")
 
 
 def format_capacity(r: CapacityResult) -> str:
