@@ -23,6 +23,10 @@ latencies within +-10 %); and as referee, vLLM's own /metrics for each
 client's windows (TTFT and ITL histogram quantiles, generation tokens over
 the client's duration). Writes everything, runs included, to --json.
 
+`--variant NAME='PROBE ARGS'` adds an arm: our burst with those options, in
+the same interleaved rounds, compared with the bench client as ours is (a
+suspected cause of a difference, measured side by side on one server).
+
     python bench/agree_vllm_bench.py --url http://127.0.0.1:8000 --tokenizer MODEL_DIR \\
         --concurrency 128 256 --rate 60 --rounds 3 --waves 8 --json agree.json
 
@@ -42,6 +46,7 @@ import json
 import os
 import queue
 import random
+import shlex
 import statistics
 import subprocess
 import sys
@@ -365,7 +370,7 @@ def run_theirs(srv: Server, shape: Shape, *, concurrency: int | None, rate: floa
 
 
 def run_ours(srv: Server, shape: Shape, *, concurrency: int | None, rate: float | None, n: int, seed: int,
-             python: str, env: dict[str, str], timeout_s: float) -> dict[str, Any]:
+             python: str, env: dict[str, str], timeout_s: float, extra: list[str] | None = None) -> dict[str, Any]:
     in_lo, in_hi, out_lo, out_hi = shape.ranges()
     argv = [python, "-m", "ernie_tui", "probe", "--url", srv.url, "--model", srv.model, "--tokenizer", srv.tokenizer,
             "--burst", str(n), "--min-tokens", str(in_lo), "--max-tokens-in", str(in_hi),
@@ -375,6 +380,7 @@ def run_ours(srv: Server, shape: Shape, *, concurrency: int | None, rate: float 
         argv += ["--concurrency", str(concurrency)]
     if rate is not None:
         argv += ["--rate", str(rate), "--arrival-seed", str(seed)]
+    argv += extra or []  # a variant's own probe options (--variant), last so they win
     t = time.time()
     p = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=timeout_s, check=False)
     try:
@@ -413,18 +419,47 @@ def _ms(v: float | None) -> float | None:
     return None if v is None else v * 1000.0
 
 
-def round_order(level_index: int, k: int) -> tuple[str, str]:
-    """Who goes first in round k of the level_index-th level: alternate by
-    round, and flip per level, so neither client always opens a level (the
-    first run at a new batch size on a server pays its first batches)."""
-    return ("ours", "theirs") if (k + level_index) % 2 == 0 else ("theirs", "ours")
+def round_order(level_index: int, k: int, arms: tuple[str, ...] = ("ours", "theirs")) -> tuple[str, ...]:
+    """The order the arms run in, in round k of the level_index-th level:
+    rotated by one each round and each level, so no arm always opens a level
+    (the first run at a new batch size on a server pays its first batches)
+    and each opens a level's rounds equally often."""
+    i = (k + level_index) % len(arms)
+    return arms[i:] + arms[:i]
+
+
+def parse_variant(text: str) -> tuple[str, list[str]]:
+    """`NAME=PROBE ARGS` -> (NAME, argv): an extra arm of our burst, run with
+    those probe options added (`quiet=--metrics-interval 30`)."""
+    name, sep, rest = text.partition("=")
+    name = name.strip()
+    if not sep or not name.isidentifier() or name in ("ours", "theirs"):
+        raise ValueError(f"a variant is NAME=PROBE ARGS with a new name (not ours/theirs): {text!r}")
+    return name, shlex.split(rest)
+
+
+def summarize_arm(runs: dict[str, list[dict[str, Any]]], arm: str) -> dict[str, Any]:
+    """One arm of ours against the bench client: each figure's medians,
+    spreads and ratio, at the client and on vLLM's /metrics (the referee)."""
+    return {"figures": {f: summarize_figure([r[f] for r in runs[arm]], [r[f] for r in runs["theirs"]], GOAL[f])
+                        for f in FIGURES},
+            "referee": {f: summarize_figure([r["referee"].get(f) for r in runs[arm]],
+                                            [r["referee"].get(f) for r in runs["theirs"]], GOAL[f])
+                        for f in FIGURES}}
 
 
 def one_level(srv: Server, shape: Shape, *, concurrency: int | None, rate: float | None, n: int, rounds: int,
               python: str, env: dict[str, str], timeout_s: float, log=print, checkpoint=None,
-              level_index: int = 0, warmup_run: bool = False) -> dict[str, Any]:
+              level_index: int = 0, warmup_run: bool = False,
+              variants: dict[str, list[str]] | None = None) -> dict[str, Any]:
+    """Every arm's rounds at one level, interleaved. variants: extra arms of
+    our burst (name -> probe options), each compared with the bench client
+    as ours is, so a suspected cause of a difference is measured side by
+    side on the same server rather than in a later run."""
+    variants = variants or {}
+    arms = ("ours", *variants, "theirs")
     metrics = MetricsClient(srv.url, None, model_name=None, timeout=30.0)
-    runs: dict[str, list[dict[str, Any]]] = {"ours": [], "theirs": []}
+    runs: dict[str, list[dict[str, Any]]] = {arm: [] for arm in arms}
     rng = random.SystemRandom()
     try:
         if warmup_run:  # one unrecorded run of ours at this level first
@@ -432,16 +467,19 @@ def one_level(srv: Server, shape: Shape, *, concurrency: int | None, rate: float
                          python=python, env=env, timeout_s=timeout_s)
             log(f"  warm-up run (not counted): {r['output_tps'] or 0:.0f} tok/s")
         for k in range(rounds):
-            order = round_order(level_index, k)
+            order = round_order(level_index, k, arms)
             for who in order:
                 seed = rng.randrange(1, 1 << 30)
                 before = metrics.try_fetch()
-                fn = run_ours if who == "ours" else run_theirs
-                r = fn(srv, shape, concurrency=concurrency, rate=rate, n=n, seed=seed, python=python, env=env,
-                       timeout_s=timeout_s)
+                if who == "theirs":
+                    r = run_theirs(srv, shape, concurrency=concurrency, rate=rate, n=n, seed=seed, python=python,
+                                   env=env, timeout_s=timeout_s)
+                else:
+                    r = run_ours(srv, shape, concurrency=concurrency, rate=rate, n=n, seed=seed, python=python,
+                                 env=env, timeout_s=timeout_s, extra=variants.get(who))
                 after = metrics.try_fetch()
                 r["referee"] = referee(before, after, r.get("duration_s"))
-                if who == "ours":
+                if who != "theirs":
                     without_warmup(r)
                 r["seed"] = seed
                 r["round"] = k
@@ -451,12 +489,12 @@ def one_level(srv: Server, shape: Shape, *, concurrency: int | None, rate: float
                     checkpoint({"concurrency": concurrency, "rate": rate, "n": n, "partial_runs": runs})
     finally:
         metrics.close()
-    figures = {f: summarize_figure([r[f] for r in runs["ours"]], [r[f] for r in runs["theirs"]], GOAL[f])
-               for f in FIGURES}
-    ref = {f: summarize_figure([r["referee"].get(f) for r in runs["ours"]],
-                               [r["referee"].get(f) for r in runs["theirs"]], GOAL[f]) for f in FIGURES}
-    return {"concurrency": concurrency, "rate": rate, "n": n, "rounds": rounds, "figures": figures,
-            "referee": ref, "runs": runs}
+    ours = summarize_arm(runs, "ours")
+    out = {"concurrency": concurrency, "rate": rate, "n": n, "rounds": rounds, "figures": ours["figures"],
+           "referee": ours["referee"], "runs": runs}
+    if variants:
+        out["variants"] = {name: {"args": args, **summarize_arm(runs, name)} for name, args in variants.items()}
+    return out
 
 
 def fmt_run(r: dict[str, Any]) -> str:
@@ -473,23 +511,32 @@ def fmt_run(r: dict[str, Any]) -> str:
 
 def format_level(lv: dict[str, Any]) -> str:
     name = f"concurrency {lv['concurrency']}" if lv["rate"] is None else f"rate {lv['rate']:g} req/s"
-    lines = [f"{name}, {lv['n']} requests x {lv['rounds']} rounds:",
-             f"  {'figure':12s} {'ours median':>12s} {'spread':>7s} {'theirs median':>14s} {'spread':>7s} "
+    lines = [f"{name}, {lv['n']} requests x {lv['rounds']} rounds:"]
+    arms = [("ours", lv)] + [(f"{v} ({' '.join(a['args'])})", a) for v, a in (lv.get("variants") or {}).items()]
+    for label, arm in arms:
+        if label != "ours":
+            lines.append(f"  variant {label} against the bench client:")
+        lines += _text_table(arm)
+    lines.append("  vLLM's view of each client's requests (medians over the rounds): " + phases(lv))
+    return "\n".join(lines)
+
+
+def _text_table(arm: dict[str, Any]) -> list[str]:
+    lines = [f"  {'figure':12s} {'ours median':>12s} {'spread':>7s} {'theirs median':>14s} {'spread':>7s} "
              f"{'ratio':>6s} goal   | vLLM referee ratio"]
+
+    def n(v: float | None, p: str = ".1f") -> str:
+        return "-" if v is None else format(v, p)
+
+    def pct(v: float | None) -> str:
+        return "-" if v is None else f"{v * 100:.1f}%"
     for f in FIGURES:
-        s, ref = lv["figures"][f], lv["referee"][f]
-
-        def n(v: float | None, p: str = ".1f") -> str:
-            return "-" if v is None else format(v, p)
-
-        def pct(v: float | None) -> str:
-            return "-" if v is None else f"{v * 100:.1f}%"
+        s, ref = arm["figures"][f], arm["referee"][f]
         ok = {True: "ok", False: "MISS", None: "-"}[s["within_goal"]]
         lines.append(f"  {f:12s} {n(s['ours_median']):>12s} {pct(s['ours_spread']):>7s} "
                      f"{n(s['theirs_median']):>14s} {pct(s['theirs_spread']):>7s} {n(s['ratio'], '.3f'):>6s} "
                      f"+-{s['goal'] * 100:.0f}% {ok:4s} | {n(ref['ratio'], '.3f')}")
-    lines.append("  vLLM's view of each client's requests (medians over the rounds): " + phases(lv))
-    return "\n".join(lines)
+    return lines
 
 
 def phases(lv: dict[str, Any]) -> str:
@@ -506,17 +553,23 @@ def phases(lv: dict[str, Any]) -> str:
                 xs.append(v)
         return f"{statistics.median(xs):.1f}" if xs else "-"
     return "; ".join(f"{who} queue {med(who, 'queue_mean_ms')} ms, prefill {med(who, 'prefill_mean_ms')} ms, "
-                     f"{med(who, 'prompt_tokens', True)} prompt tokens a request" for who in ("ours", "theirs"))
+                     f"{med(who, 'prompt_tokens', True)} prompt tokens a request" for who in lv.get("runs", {}))
 
 
 def markdown_level(lv: dict[str, Any]) -> str:
-    """One level as a Markdown table (for docs/benchmarks.md)."""
+    """One level as Markdown tables (for docs/benchmarks.md): ours, then each variant."""
     name = f"concurrency {lv['concurrency']}" if lv["rate"] is None else f"rate {lv['rate']:g} req/s (Poisson)"
-    out = [f"{name}, {lv['n']} requests a run, {lv['rounds']} rounds:", "",
-           "| figure | ours: median (spread) | bench client: median (spread) | ratio | goal | vLLM /metrics ratio |",
-           "|---|---|---|---|---|---|"]
+    out = [f"{name}, {lv['n']} requests a run, {lv['rounds']} rounds:", ""] + _markdown_table("ours", lv)
+    for v, arm in (lv.get("variants") or {}).items():
+        out += ["", f"variant `{v}` (`{' '.join(arm['args'])}`), same rounds:", ""] + _markdown_table(v, arm)
+    return "\n".join(out)
+
+
+def _markdown_table(label: str, arm: dict[str, Any]) -> list[str]:
+    out = [f"| figure | {label}: median (spread) | bench client: median (spread) | ratio | goal "
+           "| vLLM /metrics ratio |", "|---|---|---|---|---|---|"]
     for f in FIGURES:
-        s, ref = lv["figures"][f], lv["referee"][f]
+        s, ref = arm["figures"][f], arm["referee"][f]
 
         def n(v: float | None, whole: bool = f == "output_tps") -> str:
             return "-" if v is None else (f"{v:,.0f}" if whole else f"{v:,.1f}")
@@ -530,7 +583,7 @@ def markdown_level(lv: dict[str, Any]) -> str:
         out.append(f"| {f} | {n(s['ours_median'])} ({pct(s['ours_spread'])}) | {n(s['theirs_median'])} "
                    f"({pct(s['theirs_spread'])}) | {r(s['ratio'])} | ±{s['goal'] * 100:.0f} % {ok} "
                    f"| {r(ref['ratio'])} |")
-    return "\n".join(out)
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -557,8 +610,16 @@ def main(argv: list[str] | None = None) -> int:
                    help="start vLLM's bench client afresh for each run (default: one process kept for all runs)")
     p.add_argument("--warmup-run", action="store_true",
                    help="run our burst once, unrecorded, at each level before its rounds")
+    p.add_argument("--variant", action="append", default=[], metavar="NAME=ARGS",
+                   help="an extra arm of our burst, run with these probe options added and compared with the "
+                        "bench client as ours is, in the same rounds (e.g. quiet='--metrics-interval 30'); "
+                        "repeatable")
     p.add_argument("--json", metavar="FILE", help="write the levels, runs included, here")
     args = p.parse_args(argv)
+    try:
+        variants = dict(parse_variant(v) for v in args.variant)
+    except ValueError as exc:
+        p.error(str(exc))
     global KEEP_BENCH_PROCESS
     KEEP_BENCH_PROCESS = not args.bench_process_per_run
     if not args.concurrency and not args.rate:
@@ -589,7 +650,7 @@ def main(argv: list[str] | None = None) -> int:
                 Path(args.json).write_text(json.dumps({**out, "in_progress": partial}, indent=1))
         lv = one_level(srv, shape, concurrency=c, rate=r, n=n, rounds=args.rounds, python=args.bench_python,
                        env=env, timeout_s=args.timeout, log=lambda s: print(s, flush=True), checkpoint=checkpoint,
-                       level_index=li, warmup_run=args.warmup_run)
+                       level_index=li, warmup_run=args.warmup_run, variants=variants)
         levels.append(lv)
         print(format_level(lv), flush=True)
         if args.json:  # after every level: a run cut short keeps what it measured

@@ -19,7 +19,10 @@
 #                                            marked cut_short, unjudged
 #   bash .gpu9/bench/truth_h200.sh agree     our burst against the bench client (bench/agree_vllm_bench.py) at
 #                                            AGREE_C concurrencies and AGREE_R rates, AGREE_ROUNDS rounds
-#                                            (AGREE_RATE_SECONDS: each rate run's length, default 10)
+#                                            (AGREE_RATE_SECONDS: each rate run's length, default 10;
+#                                            AGREE_WAVES: requests per concurrency run / C, default 8;
+#                                            AGREE_VARIANT='NAME=PROBE ARGS': a third arm; AGREE_WARMUP=1:
+#                                            --warmup-run); each call writes agree-N.json/.log
 #   bash .gpu9/bench/truth_h200.sh stop      stops the server and packs everything
 set -u
 HERE=$(cd "$(dirname "$0")/.." && pwd)
@@ -49,9 +52,13 @@ bracket)
       | tee "$W/bracket${TRUTH_ONLY:+-$TRUTH_ONLY}.log"
   tar czf "$OUT/truth-h200.tgz" -C "$W" $(cd "$W" && ls *.json *.log 2>/dev/null) $([ -d "$W/data" ] && echo data);;
 agree)
+  N=1; while [ -f "$W/agree-$N.json" ] || [ -f "$W/agree-$N.log" ]; do N=$((N + 1)); done
+  EXTRA=(); [ -n "${AGREE_VARIANT:-}" ] && EXTRA+=(--variant "$AGREE_VARIANT")
+  [ "${AGREE_WARMUP:-0}" = 1 ] && EXTRA+=(--warmup-run)
   timeout ${TRUTH_DEADLINE_S:-560} python3 "$HERE/bench/agree_vllm_bench.py" --url http://127.0.0.1:8000 --model m03 \
       --tokenizer "$M" --concurrency ${AGREE_C-128 256} --rate ${AGREE_R-80} --rounds ${AGREE_ROUNDS:-3} \
-      --waves 8 --rate-seconds ${AGREE_RATE_SECONDS:-10} --json "$W/agree.json" 2>&1 | tee "$W/agree.log"
+      --waves ${AGREE_WAVES:-8} --rate-seconds ${AGREE_RATE_SECONDS:-10} "${EXTRA[@]}" --json "$W/agree-$N.json" \
+      2>&1 | tee "$W/agree-$N.log"
   # data: the searches' run records (a search and an agree in one call once lost them)
   tar czf "$OUT/truth-h200.tgz" -C "$W" $(cd "$W" && ls *.json *.log 2>/dev/null) $([ -d "$W/data" ] && echo data);;
 interleave)

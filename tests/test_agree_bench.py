@@ -56,6 +56,19 @@ def test_neither_client_always_opens_a_level():
         assert [r[0] for r in rounds].count("ours") == 2
 
 
+def test_with_a_variant_arm_each_arm_opens_a_level_and_runs_once_a_round():
+    arms = ("ours", "quiet", "theirs")
+    assert [A.round_order(li, 0, arms)[0] for li in range(3)] == ["ours", "quiet", "theirs"]
+    for li in range(3):
+        rounds = [A.round_order(li, k, arms) for k in range(3)]
+        assert all(sorted(r) == sorted(arms) for r in rounds)
+        assert sorted(r[0] for r in rounds) == sorted(arms)  # each opens the level once in 3 rounds
+    assert A.parse_variant("quiet=--metrics-interval 30") == ("quiet", ["--metrics-interval", "30"])
+    for bad in ("--metrics-interval 30", "ours=--x", "theirs=", "a b=--x"):
+        with pytest.raises(ValueError):
+            A.parse_variant(bad)
+
+
 def test_the_bench_clients_run_read_over_its_whole_load_alone():
     # Two slots. Warm-up: the first wave (gaps 20 ms); then whole load (30 ms); the last request
     # is sent at 0.65 s and the drain that follows runs lighter (5 ms). A figure over the whole
@@ -225,12 +238,21 @@ def test_agreement_bench_on_the_paced_stand_in(tmp_path, tiny_tokenizer):
         url = srv.stdout.readline().split()[-1]
         out = tmp_path / "agree.json"
         rc = A.main(["--url", url, "--tokenizer", str(tiny_tokenizer), "--concurrency", "2", "--rounds", "1",
-                     "--waves", "3", "--input-len", "20", "--output-len", "8", "--json", str(out)])
+                     "--waves", "3", "--input-len", "20", "--output-len", "8", "--json", str(out),
+                     "--variant", "busy=--metrics-interval 0.01"])
         assert rc == 0
         d = json.loads(out.read_text())
         (lv,) = d["levels"]
         runs = lv["runs"]
-        assert len(runs["ours"]) == 1 and len(runs["theirs"]) == 1
+        assert len(runs["ours"]) == 1 and len(runs["theirs"]) == 1 and len(runs["busy"]) == 1
+        # The variant's options reached its burst: it scraped /metrics every 10 ms where ours does every
+        # 250 ms (this run lasts ~0.2 s); and it is compared with the bench client as ours is.
+        busy, ours = runs["busy"][0], runs["ours"][0]
+        assert busy["client"]["metrics_samples"] >= 4 * ours["client"]["metrics_samples"] >= 4, (busy, ours)
+        assert busy["completed"] == 6 and lv["variants"]["busy"]["args"] == ["--metrics-interval", "0.01"]
+        assert lv["variants"]["busy"]["figures"]["output_tps"]["ratio"] is not None
+        assert "variant busy (--metrics-interval 0.01)" in A.format_level(lv)
+        assert "variant `busy`" in A.markdown_level(lv)
         for who in ("ours", "theirs"):
             r = runs[who][0]
             assert r["completed"] == 6 and r["output_tps"] > 0

@@ -705,6 +705,9 @@ async def run_burst_async(url: str, config: BurstConfig | None = None, *,
     result.send_lag = lag.to_dict() if lag is not None else None
     result.in_flight_peak = in_flight_peak
     result.client = health.to_dict()
+    # How often the burst scraped /metrics: each scrape is rendered by vLLM's
+    # API server, the process streaming the tokens being timed.
+    result.client["metrics_samples"] = sampler.samples
     return result
 
 
