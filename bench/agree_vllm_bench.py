@@ -69,6 +69,7 @@ from ernie_tui.engine_ctl.load import (
     stats,
     vllm_bench_ranges,
 )
+from ernie_tui.engine_ctl.load.metrics import E2E, INFERENCE
 
 # vLLM's prefill-phase histogram (v1); engine_ctl reads only the queue phase (QUEUE).
 PREFILL_TIME = ("vllm:request_prefill_time_seconds",)
@@ -141,7 +142,18 @@ def figures_from_bench_json(d: dict[str, Any]) -> dict[str, Any]:
             "ttft_p50_ms": get("p50_ttft_ms", "median_ttft_ms"), "ttft_p99_ms": get("p99_ttft_ms"),
             "itl_p50_ms": get("p50_itl_ms", "median_itl_ms"), "itl_p99_ms": get("p99_itl_ms"),
             "duration_s": get("duration"), "completed": get("completed"),
-            "output_tokens": get("total_output_tokens")}
+            "output_tokens": get("total_output_tokens"),
+            "in_flight_mean": in_flight_mean(get("mean_e2el_ms"), get("completed"), get("duration"))}
+
+
+def in_flight_mean(latency_mean_ms: float | None, completed: float | None, duration_s: float | None) -> float | None:
+    """Requests in flight on average over a run (Little's law: the sum of the
+    requests' latencies over the run's length). At a fixed concurrency C a
+    client that keeps its slots full reads just under C; one slow to refill
+    them (or whose server is slow to take them) reads lower."""
+    if latency_mean_ms is None or not completed or not duration_s:
+        return None
+    return latency_mean_ms / 1000.0 * completed / duration_s
 
 
 def steady_from_bench_detail(d: dict[str, Any]) -> dict[str, Any] | None:
@@ -192,7 +204,8 @@ def figures_from_burst_json(d: dict[str, Any]) -> dict[str, Any]:
         return None if v is None else float(v) * 1000.0
     return {"output_tps": d.get("output_tps"), "ttft_p50_ms": ms("ttft", "p50"), "ttft_p99_ms": ms("ttft", "p99"),
             "itl_p50_ms": ms("itl", "p50"), "itl_p99_ms": ms("itl", "p99"), "duration_s": d.get("duration_s"),
-            "completed": d.get("completed"), "output_tokens": d.get("output_tokens")}
+            "completed": d.get("completed"), "output_tokens": d.get("output_tokens"),
+            "in_flight_mean": in_flight_mean(ms("latency", "mean"), d.get("completed"), d.get("duration_s"))}
 
 
 # -- running the clients ----------------------------------------------------------------
@@ -227,6 +240,14 @@ def referee(before, after, duration_s: float | None) -> dict[str, float | None]:
     # shape would show here first).
     queue = histogram_delta(before, after, QUEUE)
     prefill = histogram_delta(before, after, PREFILL_TIME)
+    # The load each client kept on the server, by Little's law over its run:
+    # request-seconds from arrival to finish (the API server's clock), and in
+    # the engine (prefill + decode: what its log calls Running).
+    e2e = histogram_delta(before, after, E2E)
+    inference = histogram_delta(before, after, INFERENCE)
+
+    def per_s(h) -> float | None:
+        return h.sum / duration_s if h and h.count and duration_s else None
 
     def q(h, p: float) -> float | None:
         v = h.quantile(p) if h else None
@@ -243,7 +264,8 @@ def referee(before, after, duration_s: float | None) -> dict[str, float | None]:
             "queue_mean_ms": mean(queue), "prefill_mean_ms": mean(prefill),
             "prompt_tokens": counter_delta(before, after, PROMPT_TOKENS),
             "generation_tokens": gen,
-            "output_tps": gen / duration_s if gen is not None and duration_s else None}
+            "output_tps": gen / duration_s if gen is not None and duration_s else None,
+            "server_in_flight": per_s(e2e), "engine_running": per_s(inference)}
 
 
 class BenchWorker:
@@ -394,7 +416,11 @@ def run_ours(srv: Server, shape: Shape, *, concurrency: int | None, rate: float 
     # requests that would pull the window's TTFT quantiles down).
     out["vllm_view"] = {"ttft_p50_ms": _ms(v.get("ttft_p50_s")), "ttft_p99_ms": _ms(v.get("ttft_p99_s")),
                         "ttft_count": v.get("ttft_count"), "prompt_tokens": v.get("prompt_tokens"),
-                        "queue_mean_ms": _ms(v.get("queue_mean_s")), "output_tps": v.get("output_tps")}
+                        "queue_mean_ms": _ms(v.get("queue_mean_s")), "output_tps": v.get("output_tps"),
+                        "server_in_flight": in_flight_mean(_ms(v.get("e2e_mean_s")), v.get("requests_finished"),
+                                                           out.get("duration_s")),
+                        "engine_running": in_flight_mean(_ms(v.get("inference_mean_s")), v.get("requests_finished"),
+                                                         out.get("duration_s"))}
     out["send_lag"] = d.get("send_lag")
     out["client"] = d.get("client")
     out["errors"] = (d.get("errors") or {}).get("count")
@@ -409,7 +435,8 @@ def without_warmup(r: dict[str, Any]) -> None:
     own vLLM view instead, whose window opens after the warm-up (the ITL
     histogram needs nothing: a one-token answer has no gap)."""
     view = r.get("vllm_view") or {}
-    for key in ("ttft_p50_ms", "ttft_p99_ms", "ttft_count", "prompt_tokens", "queue_mean_ms"):
+    for key in ("ttft_p50_ms", "ttft_p99_ms", "ttft_count", "prompt_tokens", "queue_mean_ms", "server_in_flight",
+                "engine_running"):
         if view.get(key) is not None:
             r["referee"][key] = view[key]
     r["referee"]["after_warmup"] = view.get("ttft_count") is not None
@@ -506,7 +533,8 @@ def fmt_run(r: dict[str, Any]) -> str:
             f"[vLLM: {f(ref.get('output_tps'))} tok/s, TTFT p99 {f(ref.get('ttft_p99_ms'))} ms "
             f"(mean queue {f(ref.get('queue_mean_ms'), '.1f')}, prefill {f(ref.get('prefill_mean_ms'), '.1f')}), "
             f"ITL p99 {f(ref.get('itl_p99_ms'), '.1f')} ms, {f(ref.get('prompt_tokens'))} prompt tokens]  "
-            f"{f(r.get('wall_s'), '.0f')} s")
+            f"in flight: client {f(r.get('in_flight_mean'), '.1f')}, server {f(ref.get('server_in_flight'), '.1f')}, "
+            f"engine {f(ref.get('engine_running'), '.1f')}  {f(r.get('wall_s'), '.0f')} s")
 
 
 def format_level(lv: dict[str, Any]) -> str:
@@ -540,20 +568,23 @@ def _text_table(arm: dict[str, Any]) -> list[str]:
 
 
 def phases(lv: dict[str, Any]) -> str:
-    """Where each client's TTFT went by vLLM's clocks, and what it sent:
-    mean queue and prefill ms, prompt tokens per request."""
-    def med(who: str, key: str, per_request: bool = False) -> str:
+    """Where each client's TTFT went by vLLM's clocks, what it sent, and the
+    load it kept: mean queue and prefill ms, prompt tokens per request,
+    requests in flight at the client, the server and in the engine."""
+    def med(who: str, key: str, per_request: bool = False, own: bool = False) -> str:
         xs = []
         for r in lv.get("runs", {}).get(who, []):
             ref = r.get("referee") or {}
-            v = ref.get(key)
+            v = r.get(key) if own else ref.get(key)
             if v is not None and per_request:
                 v = v / ref["ttft_count"] if ref.get("ttft_count") else None
             if v is not None:
                 xs.append(v)
         return f"{statistics.median(xs):.1f}" if xs else "-"
     return "; ".join(f"{who} queue {med(who, 'queue_mean_ms')} ms, prefill {med(who, 'prefill_mean_ms')} ms, "
-                     f"{med(who, 'prompt_tokens', True)} prompt tokens a request" for who in lv.get("runs", {}))
+                     f"{med(who, 'prompt_tokens', True)} prompt tokens a request, in flight: client "
+                     f"{med(who, 'in_flight_mean', own=True)}, server {med(who, 'server_in_flight')}, engine "
+                     f"{med(who, 'engine_running')}" for who in lv.get("runs", {}))
 
 
 def markdown_level(lv: dict[str, Any]) -> str:

@@ -164,6 +164,9 @@ class Server:
         self.h_queue = Histogram("vllm:request_queue_time_seconds", "queued", lbl, buckets=E2E_BUCKETS, registry=r)
         self.h_prefill = Histogram("vllm:request_prefill_time_seconds", "prefill", lbl, buckets=TTFT_BUCKETS,
                                    registry=r)
+        # ... and slot to last token (prefill + decode), vLLM's "inference" phase.
+        self.h_inference = Histogram("vllm:request_inference_time_seconds", "in a slot", lbl,
+                                     buckets=E2E_BUCKETS, registry=r)
         # Every series exists from the start, as vLLM's do: a window opened
         # before the first request still has its counters to subtract from.
         for c in (self.c_preempt, self.c_gen, self.c_prompt, self.c_ok, self.c_prefix_q, self.c_prefix_hits):
@@ -377,6 +380,7 @@ def make_handler(srv: Server):
                 self.wfile.write(b"0\r\n\r\n")
                 self.wfile.flush()
                 srv.h_e2e.labels(m).observe(time.perf_counter() - t_arrive)
+                srv.h_inference.labels(m).observe(time.perf_counter() - t_slot)
                 srv.c_ok.labels(m).inc()
                 entry["end"] = time.monotonic()
             except (BrokenPipeError, ConnectionResetError):

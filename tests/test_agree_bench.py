@@ -251,6 +251,15 @@ def test_agreement_bench_on_the_paced_stand_in(tmp_path, tiny_tokenizer):
         assert busy["client"]["metrics_samples"] >= 4 * ours["client"]["metrics_samples"] >= 4, (busy, ours)
         assert busy["completed"] == 6 and lv["variants"]["busy"]["args"] == ["--metrics-interval", "0.01"]
         assert lv["variants"]["busy"]["figures"]["output_tps"]["ratio"] is not None
+        # The load each arm kept, by Little's law: 2 in flight at the client, the same at the server and
+        # in its slots (4 slots: no queue), a little under 2 for the ramp and drain of a 6-request run.
+        for who in ("ours", "busy", "theirs"):
+            r = runs[who][0]
+            client, server, engine = r["in_flight_mean"], r["referee"]["server_in_flight"], \
+                r["referee"]["engine_running"]
+            assert 1.2 < client <= 2.05 and 0.8 * client < server <= client * 1.05, (who, client, server)
+            assert 0.85 * server < engine <= server * 1.02, (who, server, engine)
+        assert "in flight: client " in A.phases(lv)
         assert "variant busy (--metrics-interval 0.01)" in A.format_level(lv)
         assert "variant `busy`" in A.markdown_level(lv)
         for who in ("ours", "theirs"):

@@ -207,6 +207,7 @@ class VllmView:
     itl_mean_s: float | None = None
     e2e_mean_s: float | None = None
     queue_mean_s: float | None = None
+    inference_mean_s: float | None = None  # prefill + decode, in the engine's batch
     generation_tokens: float | None = None
     prompt_tokens: float | None = None
     requests_finished: float | None = None
@@ -441,6 +442,7 @@ def _vllm_view(before: M.MetricsSnapshot | None, after: M.MetricsSnapshot | None
     itl = M.histogram_delta(before, after, M.ITL)
     e2e = M.histogram_delta(before, after, M.E2E)
     queue = M.histogram_delta(before, after, M.QUEUE)
+    inference = M.histogram_delta(before, after, M.INFERENCE)
     gen = M.counter_delta(before, after, M.GENERATION_TOKENS)
     return VllmView(
         ttft_mean_s=ttft.mean if ttft else None,
@@ -451,6 +453,7 @@ def _vllm_view(before: M.MetricsSnapshot | None, after: M.MetricsSnapshot | None
         itl_mean_s=itl.mean if itl else None,
         e2e_mean_s=e2e.mean if e2e else None,
         queue_mean_s=queue.mean if queue else None,
+        inference_mean_s=inference.mean if inference else None,
         generation_tokens=gen,
         prompt_tokens=M.counter_delta(before, after, M.PROMPT_TOKENS),
         requests_finished=M.counter_delta(before, after, M.REQUEST_SUCCESS),

@@ -55,6 +55,8 @@ TTFT = ("vllm:time_to_first_token_seconds",)
 ITL = ("vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds")
 E2E = ("vllm:e2e_request_latency_seconds",)
 QUEUE = ("vllm:request_queue_time_seconds",)
+# Prefill + decode: a request's time in the engine's running batch.
+INFERENCE = ("vllm:request_inference_time_seconds",)
 CACHE_CONFIG = ("vllm:cache_config_info",)
 # What a live chart needs: the fast path for pollers (see MetricsSnapshot.parse).
 LIVE_METRICS = (*PROMPT_TOKENS, *GENERATION_TOKENS, *REQUEST_SUCCESS, *PREEMPTIONS, *RUNNING, *WAITING,
