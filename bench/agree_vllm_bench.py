@@ -58,7 +58,9 @@ from pathlib import Path
 from typing import Any
 
 from ernie_tui.engine_ctl.load import (
+    E2E,
     GENERATION_TOKENS,
+    INFERENCE,
     ITL,
     PROMPT_TOKENS,
     QUEUE,
@@ -69,7 +71,6 @@ from ernie_tui.engine_ctl.load import (
     stats,
     vllm_bench_ranges,
 )
-from ernie_tui.engine_ctl.load.metrics import E2E, INFERENCE
 
 # vLLM's prefill-phase histogram (v1); engine_ctl reads only the queue phase (QUEUE).
 PREFILL_TIME = ("vllm:request_prefill_time_seconds",)

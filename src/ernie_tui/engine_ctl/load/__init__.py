@@ -44,7 +44,9 @@ from ernie_tui.engine_ctl.load.http_client import DEFAULT_READ_TIMEOUT_S, Served
 from ernie_tui.engine_ctl.load.http_errors import ProbeError, ProbeErrorKind, ProbeFailure
 from ernie_tui.engine_ctl.load.metrics import DEFAULT_TIMEOUT_S as METRICS_TIMEOUT_S
 from ernie_tui.engine_ctl.load.metrics import (
+    E2E,
     GENERATION_TOKENS,
+    INFERENCE,
     ITL,
     KV_USAGE,
     PREFIX_HITS,
@@ -111,8 +113,10 @@ __all__ = [
     "DEFAULT_TEMPERATURE",
     "DEFAULT_TOLERANCE",
     "DEFAULT_TOP_P",
+    "E2E",
     "GENERATION_TOKENS",
     "Histogram",
+    "INFERENCE",
     "ITL",
     "KV_USAGE",
     "LONG_PROMPT_TOKENS",
