@@ -245,8 +245,9 @@ def test_agreement_bench_on_the_paced_stand_in(tmp_path, tiny_tokenizer):
         (lv,) = d["levels"]
         runs = lv["runs"]
         assert len(runs["ours"]) == 1 and len(runs["theirs"]) == 1 and len(runs["busy"]) == 1
-        # The variant's options reached its burst: it scraped /metrics every 10 ms where ours does every
-        # 250 ms (this run lasts ~0.2 s); and it is compared with the bench client as ours is.
+        # The variant's options reached its burst: it scraped /metrics every 10 ms where ours takes one
+        # at the start (the default is one a second; this run lasts ~0.2 s); and it is compared with the
+        # bench client as ours is.
         busy, ours = runs["busy"][0], runs["ours"][0]
         assert busy["client"]["metrics_samples"] >= 4 * ours["client"]["metrics_samples"] >= 4, (busy, ours)
         assert busy["completed"] == 6 and lv["variants"]["busy"]["args"] == ["--metrics-interval", "0.01"]

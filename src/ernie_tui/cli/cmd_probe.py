@@ -23,7 +23,7 @@ from ernie_tui.cli.capacity_args import RATE_SEARCH, add_capacity_args
 from ernie_tui.cli.cmd_report import check_out, write_from_refs
 from ernie_tui.cli.errors import CliError
 from ernie_tui.cli.interruptible import run_interruptible
-from ernie_tui.engine_ctl.load import DEFAULT_TEMPERATURE, DEFAULT_TOP_P
+from ernie_tui.engine_ctl.load import DEFAULT_TEMPERATURE, DEFAULT_TOP_P, LOAD_SAMPLE_INTERVAL_S
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -70,10 +70,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     # --rate R and --arrivals are declared once, with the capacity options (capacity_args):
     # --burst N --rate R is an open-loop burst, --capacity --rate an open-loop search.
     b.add_argument("--arrival-seed", type=int, default=0, metavar="N", help="seed of the arrival times (default 0)")
-    b.add_argument("--metrics-interval", type=float, default=1.0, metavar="S",
+    b.add_argument("--metrics-interval", type=float, default=LOAD_SAMPLE_INTERVAL_S, metavar="S",
                    help="seconds between the /metrics samples taken while a burst runs (KV-cache and queue "
-                        "peaks; default 1). vLLM's API server renders each one, in the process that also "
-                        "streams every token: 4 a second showed in the tokens' timing (docs/load-generator.md)")
+                        f"peaks; default {LOAD_SAMPLE_INTERVAL_S:g}). vLLM's API server renders each one, in the "
+                        "process that also streams every token: 4 a second showed in the tokens' timing "
+                        "(docs/load-generator.md)")
     b.add_argument("--min-output-tokens", type=int, metavar="A",
                    help="draw each request's max_tokens uniformly from A..--max-tokens (seeded by --seed), as "
                         "vLLM's bench client --random-range-ratio does (a capacity search's built prompts too); "

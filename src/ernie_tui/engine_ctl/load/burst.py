@@ -114,13 +114,7 @@ class BurstConfig:
     chat: bool = False
     read_timeout_s: float = 120.0
     request_timeout_s: float = 600.0
-    # One /metrics sample a second: vLLM's API server renders each scrape in
-    # the process that streams the tokens being timed. At 4 a second, the
-    # client's ITL p99 read 1.1-1.2x the bench client's on an H200 while
-    # vLLM's own (engine-clock) histogram read them equal; on the paced
-    # stand-in, whose ITL is a flat 5 ms, p99 went 5.6 -> 6.3 ms, and on vLLM
-    # CPU the burst served 13 % fewer tok/s (docs/load-generator.md, row 14).
-    sample_interval_s: float = 1.0
+    sample_interval_s: float = M.LOAD_SAMPLE_INTERVAL_S  # 1 s; why not shorter: see there
     max_consecutive_failures: int | None = None  # default: 2 * concurrency
     settle_timeout_s: float = 3.0
     # The scrapes that open and close the burst's /metrics window: vLLM CPU

@@ -143,10 +143,7 @@ class RequestSettings:
     # failed the first level of 6 of 10 fresh servers, and the search settled
     # on 15 where the same preset carried 208).
     warmup: bool = True
-    # One /metrics sample a second, as a burst takes (BurstConfig): each is
-    # rendered by the process streaming the level's tokens, and at 4 a
-    # second that read in the level's ITL tail.
-    sample_interval_s: float = 1.0
+    sample_interval_s: float = M.LOAD_SAMPLE_INTERVAL_S  # 1 s, as a burst; why not shorter: see there
     # A level's opening and closing /metrics scrapes (its vLLM figures) may
     # take this long: vLLM CPU busy decoding on a loaded 2-core box took up
     # to 11 s to answer one, past the dashboard poller's 2 s; the level then
