@@ -7,6 +7,7 @@ import json
 from typing import Any
 
 from ernie_tui.cli.errors import CliError
+from ernie_tui.cli.stdout import print_whole
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -37,7 +38,7 @@ def _run(args) -> int:
     if args.json:
         # allow_nan=False: the parser drops figures no machine has, so the
         # output is strict JSON (never Infinity or NaN).
-        print(json.dumps(report.to_dict(include_stats=args.all_stats), indent=2, default=str, allow_nan=False))
+        print_whole(json.dumps(report.to_dict(include_stats=args.all_stats), indent=2, default=str, allow_nan=False))
     else:
         print(format_report(report, args.file))
     return 0

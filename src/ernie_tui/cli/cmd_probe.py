@@ -23,6 +23,7 @@ from ernie_tui.cli.capacity_args import RATE_SEARCH, add_capacity_args
 from ernie_tui.cli.cmd_report import check_out, write_from_refs
 from ernie_tui.cli.errors import CliError
 from ernie_tui.cli.interruptible import run_interruptible
+from ernie_tui.cli.stdout import print_whole
 from ernie_tui.engine_ctl.load import DEFAULT_TEMPERATURE, DEFAULT_TOP_P, LOAD_SAMPLE_INTERVAL_S
 
 
@@ -178,7 +179,7 @@ def _run_probe(args) -> int:
     result = run_probe(args.url, request=req, api_key=api_key, on_text=stream_out,
                          read_timeout=args.timeout or DEFAULT_READ_TIMEOUT_S)
     if args.json:
-        print(json.dumps(result.to_dict(), indent=2, ensure_ascii=False))
+        print_whole(json.dumps(result.to_dict(), indent=2, ensure_ascii=False))
     else:
         if result.text:
             print()
@@ -275,9 +276,9 @@ def _save_and_print(args, result, format_result, *, measured: bool):
     if args.json:
         out = result.to_dict()
         out["run_record"] = str(record.path) if record else None
-        print(json.dumps(out, indent=2, ensure_ascii=False))
+        print_whole(json.dumps(out, indent=2, ensure_ascii=False))
     else:
-        print(format_result(result))
+        print_whole(format_result(result))
         if record is not None:
             print(f"saved run record {record.path}")
     return record

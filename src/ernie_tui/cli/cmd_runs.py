@@ -6,6 +6,7 @@ import argparse
 import json
 
 from ernie_tui.cli.errors import CliError
+from ernie_tui.cli.stdout import print_whole
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -52,7 +53,7 @@ def _show(args) -> int:
     except RunStoreError as exc:
         raise CliError(str(exc)) from None
     if args.json:
-        print(json.dumps(rec.to_dict(), indent=1, ensure_ascii=False))
+        print_whole(json.dumps(rec.to_dict(), indent=1, ensure_ascii=False))
     else:
         print(describe(rec))
     return 0
