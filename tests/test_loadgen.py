@@ -304,6 +304,141 @@ def test_a_burst_scrapes_metrics_once_a_second_not_four_times(paced):
     assert r.kv_cache_usage_peak_pct is not None and r.running_peak == 4
 
 
+class _Poller:
+    """The dashboard's chart sampler in small: scrapes the server every
+    `interval` s into a LatestScrape, in its own thread, counting its scrapes."""
+
+    def __init__(self, url: str, interval: float) -> None:
+        import threading
+
+        from ernie_tui.engine_ctl.load import LatestScrape, MetricsClient
+
+        self.latest = LatestScrape()
+        self.client = MetricsClient(url)
+        self.url, self.interval, self.scrapes = url, interval, 0
+        self.halt = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        while not self.halt.is_set():
+            snap = self.client.try_fetch()
+            if snap is not None:
+                self.scrapes += 1
+                self.latest.put(self.url, snap)
+            self.halt.wait(self.interval)
+
+    def close(self) -> None:
+        self.halt.set()
+        self.thread.join(5)
+        self.client.close()
+
+
+def test_a_burst_reads_the_dashboards_scrapes_instead_of_scraping_again(paced):
+    """A burst run from the dashboard's probe pane used to scrape /metrics
+    once a second beside the chart sampler's own scrape: two renders a second
+    in the process that streams the tokens being timed. Given the dashboard's
+    scrapes (LatestScrape.feed), it takes its peaks from them and scrapes
+    nothing while the load runs; the feed of another server leaves it to
+    scrape for itself, and peaks are never lost."""
+    srv = paced("--slots", "4", "--ttft-ms", "20", "--itl-ms", "20")
+    poller = _Poller(srv.url, 0.5)
+    try:
+        # 6 waves of ~0.6 s: the burst's sampler looks once a second, at 0 (the
+        # poller's snapshot from before the burst: not counted), 1, 2, 3.
+        shared = run_burst(srv.url, BurstConfig(n=24, concurrency=4, max_tokens=30, **SHAPE),
+                           metrics_feed=poller.latest.feed(srv.url, max_age_s=1.25))
+        other = run_burst(srv.url, BurstConfig(n=16, concurrency=4, max_tokens=30, **SHAPE),
+                          metrics_feed=poller.latest.feed("http://127.0.0.1:9", max_age_s=1.25))
+    finally:
+        poller.close()
+    assert shared.completed == 24 and shared.duration_s > 3.0
+    assert shared.client["metrics_samples"] == 0, shared.client
+    assert 2 <= shared.client["metrics_samples_shared"] <= shared.duration_s + 1, shared.client
+    assert shared.kv_cache_usage_peak_pct is not None and shared.running_peak == 4
+    assert other.client["metrics_samples_shared"] == 0
+    assert 1 <= other.client["metrics_samples"] <= other.duration_s + 2, other.client
+    assert other.running_peak == 4
+
+
+def test_a_shared_scrape_counts_once_and_never_from_before_the_load():
+    """While the feed is live its snapshots stand for the sampler's scrapes:
+    one taken before the load began is not the load's (a queue left by the
+    level before), and one is counted once (a mean of the waiting queue must
+    not weigh one look twice). A feed with nothing fresh, or for another
+    server, leaves the sampler to scrape for itself."""
+    import time
+    from types import SimpleNamespace
+
+    from ernie_tui.engine_ctl.load import LatestScrape, MetricsSnapshot
+    from ernie_tui.engine_ctl.load.burst import shared_or_own
+
+    def snap(waiting: int) -> MetricsSnapshot:
+        return MetricsSnapshot.parse(f"vllm:num_requests_waiting{{model_name=\"m\"}} {waiting}\n")
+
+    own_scrapes = []
+
+    class Client:
+        def try_fetch(self, only=()):
+            own_scrapes.append(only)
+            return snap(0)
+
+    def sampler(feed):
+        return SimpleNamespace(feed=feed, since=time.monotonic(), samples=0, shared_samples=0, _last_shared=None)
+
+    latest = LatestScrape()
+    latest.put("http://h:8000/v1", snap(50))  # the last level's queue, scraped before this load
+    time.sleep(0.01)
+    s = sampler(latest.feed("http://h:8000", max_age_s=5.0))
+    assert shared_or_own(s, Client()) is None and not own_scrapes  # live but old: wait for the next
+    latest.put("http://h:8000", snap(7))
+    assert shared_or_own(s, Client()).waiting == 7 and s.shared_samples == 1
+    assert shared_or_own(s, Client()) is None and s.shared_samples == 1  # nothing new: nothing counted
+    assert not own_scrapes and s.samples == 0
+    elsewhere = sampler(latest.feed("http://other:8000", max_age_s=5.0))
+    assert shared_or_own(elsewhere, Client()).waiting == 0 and elsewhere.samples == 1
+    stale = sampler(latest.feed("http://h:8000", max_age_s=0.0))
+    time.sleep(0.01)
+    assert shared_or_own(stale, Client()).waiting == 0 and stale.samples == 1  # too old: scrape our own
+    assert len(own_scrapes) == 2
+
+
+def test_a_capacity_levels_queue_mean_weighs_each_shared_scrape_once():
+    """A capacity level's sampler reads the dashboard's scrapes as a burst's
+    does; its mean waiting queue (the saturation check) takes each scrape
+    once however often it looks, and it never scrapes while the feed is live."""
+    import time
+
+    from ernie_tui.engine_ctl.load import LatestScrape, MetricsSnapshot
+    from ernie_tui.engine_ctl.load.capacity_run import _MetricsSampler
+
+    class Client:
+        scrapes = 0
+
+        def try_fetch(self, only=()):
+            Client.scrapes += 1
+            return None
+
+        def close(self):
+            pass
+
+    def snap(waiting: int) -> MetricsSnapshot:
+        return MetricsSnapshot.parse(f"vllm:num_requests_waiting{{model_name=\"m\"}} {waiting}\n")
+
+    latest = LatestScrape()
+    latest.put("http://h:8000", snap(99))  # the dashboard's, from before the level: live, not the level's
+    time.sleep(0.01)
+    sampler = _MetricsSampler(Client(), 0.005, feed=latest.feed("http://h:8000", max_age_s=5.0))
+    sampler.start()
+    for waiting in (2, 10, 30):  # three scrapes, each looked at many times
+        time.sleep(0.05)
+        latest.put("http://h:8000", snap(waiting))
+    time.sleep(0.05)
+    sampler.stop()
+    assert sampler.shared_samples == 3 and sampler.waiting_mean == pytest.approx(14.0)
+    assert sampler.waiting_peak == 30 and Client.scrapes == 0
+
+
 @pytest.mark.parametrize("non_blocking", [False, True], ids=["blocking-pipe", "non-blocking-pipe"])
 def test_a_bursts_json_arrives_whole_through_a_full_pipe(paced, non_blocking):
     """On the H200 a burst's `--json` (~150 KB) reached the agreement bench

@@ -475,6 +475,39 @@ async def test_p_opens_the_probe_pane_in_the_dashboard(cpu_server):
         await wait_for(pilot, lambda: not isinstance(app.screen, ProbeScreen), 10, "the pane to close")
 
 
+async def test_a_burst_from_the_dashboard_reads_the_charts_scrapes_not_its_own():
+    """The dashboard's chart sampler scrapes /metrics once a second; a burst
+    from its probe pane used to scrape as often beside it, and vLLM renders
+    each scrape in the process streaming the tokens being timed. It now takes
+    its peaks from the dashboard's scrapes of the same server."""
+    from ernie_tui.tui.app import make_app
+    from test_loadgen import PacedServer
+
+    srv = PacedServer("--slots", "4", "--ttft-ms", "20", "--itl-ms", "20")
+    try:
+        app = make_app(mode="attach", attach_url=srv.url, include_user_presets=False, sample_interval=0.5)
+        async with app.run_test(size=(120, 40)) as pilot:
+            await wait_for(pilot, lambda: app.status is not None and app.status.state.value == "ready", 30,
+                           "the attached stand-in to be ready")
+            await pilot.press("p")
+            await wait_for(pilot, lambda: isinstance(app.screen, ProbeScreen), 10, "the probe pane")
+            screen = await _open_probe(pilot, app)
+            await pilot.press("ctrl+b")
+            await pilot.pause(0.1)
+            for wid, value in (("#pf-b-n", "24"), ("#pf-b-c", "4"), ("#pf-b-max", "30")):
+                screen.query_one(wid, Input).value = value
+            await pilot.press("ctrl+r")
+            await wait_for(pilot, lambda: screen.last_burst is not None and not screen.burst_running, 60,
+                           "the burst")
+            r = screen.last_burst
+            assert r.completed == 24 and r.duration_s > 3.0, shown(screen, "#pf-burst-result")
+            assert r.client["metrics_samples"] == 0, r.client
+            assert r.client["metrics_samples_shared"] >= 2, r.client
+            assert r.running_peak == 4 and r.kv_cache_usage_peak_pct is not None
+    finally:
+        srv.close()
+
+
 async def test_sweep_screen_capacity_mode_draws_every_presets_curve_and_the_front(tmp_path, tiny_model):
     # Two "servers" the sweep launches through its own process control: the
     # paced stand-in with 2 and with 4 slots. Under the same SLO the one with

@@ -42,6 +42,7 @@ from ernie_tui.engine_ctl.control import (
     find_detached,
 )
 from ernie_tui.engine_ctl.launch import apply_fix, diagnose_failure, run_preflight
+from ernie_tui.engine_ctl.load import LatestScrape
 from ernie_tui.engine_ctl.logs import ErrorKind, Severity
 from ernie_tui.presets import Preset, PresetBook, PresetError, load_presets
 from ernie_tui.presets.store import ensure_preset, save_preset
@@ -121,6 +122,9 @@ class ErnieApp(ShowsWorkerFailures, App[int]):
         self.bridge = None
         self.status = None
         self.report = None
+        # The chart sampler's newest /metrics scrape: a burst or search from the
+        # probe pane on this server reads it instead of scraping a second time.
+        self.latest_scrape = LatestScrape()
         self.exit_action: str = "none"  # "stop" | "leave" | "none": what run_dashboard must still do
         self.detach_record = None  # where a detached server was recorded (quit: leave)
         # run_dashboard's epilogue (stop or detach); set by the CLI so that a
@@ -272,7 +276,8 @@ class ErnieApp(ShowsWorkerFailures, App[int]):
     def _sample(self) -> None:
         worker = get_current_worker()
         sampler = Sampler(self.post_message, lambda: self.server, self.clock, self.config.sample_interval,
-                          self.config.resource_factory, self.config.metrics_factory, self.config.api_key)
+                          self.config.resource_factory, self.config.metrics_factory, self.config.api_key,
+                          latest=self.latest_scrape)
         sampler.run(lambda: worker.is_cancelled)
 
     def _replay(self, path: Path) -> None:

@@ -22,7 +22,7 @@ from typing import Callable
 import psutil
 
 from ernie_tui.engine_ctl.control import LogLines, LogRead, ReportPublished, ResourceSampler, StatusChanged
-from ernie_tui.engine_ctl.load import MetricsClient, MetricsError, MetricsSnapshot, derive_sample
+from ernie_tui.engine_ctl.load import LatestScrape, MetricsClient, MetricsError, MetricsSnapshot, derive_sample
 from ernie_tui.tui.messages import (
     LogBatch,
     LogEarlier,
@@ -100,8 +100,9 @@ class Sampler:
 
     def __init__(self, post: Post, get_server: Callable[[], object | None], clock: Callable[[], float],
                  interval: float = 1.0, resource_factory=None, metrics_factory=None,
-                 api_key: str | None = None):
+                 api_key: str | None = None, latest: LatestScrape | None = None):
         self.post = post
+        self.latest = latest  # each scrape, shared with a burst or search on the same server
         self.get_server = get_server
         self.clock = clock
         self.interval = interval
@@ -169,6 +170,8 @@ class Sampler:
                             problem = (exc.reason, self.clock())
                     else:
                         problem = None
+                        if self.latest is not None:
+                            self.latest.put(status.url, snap)
                         sample = derive_sample(prev, snap)
                         prev = snap
                         cc = snap.cache_config()

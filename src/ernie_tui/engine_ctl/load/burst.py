@@ -306,23 +306,50 @@ def build_prompts(config: BurstConfig, tokenizer: Any) -> list[BuiltPrompt]:
     return [builder.build(n) for n in plan_lengths(config)]
 
 
+def shared_or_own(sampler: Any, client: M.MetricsClient) -> M.MetricsSnapshot | None:
+    """A load sampler's next look at running/waiting/KV use. While the feed
+    is live (someone scrapes this server within its age) it stands for our
+    scrapes: its snapshot when a new one was taken since the sampler began,
+    else None (the last level's queue is not this one's, and a look counted
+    once is not counted again). Without a live feed, a scrape of our own.
+    `sampler` holds feed, since, samples, shared_samples and _last_shared (the
+    burst's and the capacity level's samplers alike)."""
+    if sampler.feed is not None:
+        newest = sampler.feed()
+        if newest is not None:
+            snap, taken = newest
+            if taken < sampler.since or snap is sampler._last_shared:
+                return None
+            sampler._last_shared = snap
+            sampler.shared_samples += 1
+            return snap
+    snap = client.try_fetch(only=(*M.RUNNING, *M.WAITING, *M.KV_USAGE))
+    if snap is not None:
+        sampler.samples += 1
+    return snap
+
+
 class _Sampler(threading.Thread):
     """Polls /metrics and the memory sampler while the burst runs. A thread,
     not a coroutine: both are blocking calls that must not stall the loop
     that timestamps the token stream."""
 
     def __init__(self, client: M.MetricsClient | None, memory_sampler: MemorySampler | None,
-                 interval: float) -> None:
+                 interval: float, feed: M.MetricsFeed | None = None) -> None:
         super().__init__(name="burst-sampler", daemon=True)
         self.client = client
         self.memory_sampler = memory_sampler
         self.interval = interval
+        self.feed = feed
         self.stop_event = threading.Event()
         self.kv_peak: float | None = None
         self.running_peak: float | None = None
         self.waiting_peak: float | None = None
         self.mem_peak: float | None = None
-        self.samples = 0
+        self.samples = 0  # scrapes of our own
+        self.shared_samples = 0  # snapshots the feed gave (someone else's scrapes)
+        self._last_shared: M.MetricsSnapshot | None = None
+        self.since = time.monotonic()  # the feed's snapshots from before this are not the load's
 
     @staticmethod
     def _max(a: float | None, b: float | None) -> float | None:
@@ -332,9 +359,8 @@ class _Sampler(threading.Thread):
 
     def sample_once(self) -> None:
         if self.client is not None:
-            snap = self.client.try_fetch(only=(*M.RUNNING, *M.WAITING, *M.KV_USAGE))
+            snap = shared_or_own(self, self.client)
             if snap is not None:
-                self.samples += 1
                 self.kv_peak = self._max(self.kv_peak, snap.kv_cache_usage_pct)
                 self.running_peak = self._max(self.running_peak, snap.running)
                 self.waiting_peak = self._max(self.waiting_peak, snap.waiting)
@@ -474,9 +500,13 @@ async def run_burst_async(url: str, config: BurstConfig | None = None, *,
                           cancel: threading.Event | None = None,
                           memory_sampler: MemorySampler | None = None,
                           use_metrics: bool = True,
+                          metrics_feed: M.MetricsFeed | None = None,
                           transport: str = "aiohttp") -> BurstResult:
     """Run a burst from inside an event loop. See run_burst.
 
+    metrics_feed: snapshots someone else already takes of this server (the
+    dashboard's, LatestScrape.feed), read instead of scraping while the load
+    runs; the burst scrapes for itself whenever the feed has none fresh.
     transport: new_async_client's ("aiohttp", or "httpx" as before)."""
     config = config or BurstConfig()
     config.validate()
@@ -643,7 +673,7 @@ async def run_burst_async(url: str, config: BurstConfig | None = None, *,
         if use_metrics and before is None:
             warnings.append("/metrics could not be read: no KV-cache peak and no vLLM view")
         sampler = _Sampler(M.MetricsClient(url, api_key, model_name=None) if before is not None else None,
-                           memory_sampler, config.sample_interval_s)
+                           memory_sampler, config.sample_interval_s, feed=metrics_feed)
         sampler.start()  # its first sample is taken at once, in its own thread
         health.start(config.gc_freeze)
         lag_task = asyncio.ensure_future(health.watch_loop())
@@ -711,6 +741,7 @@ async def run_burst_async(url: str, config: BurstConfig | None = None, *,
     # How often the burst scraped /metrics: each scrape is rendered by vLLM's
     # API server, the process streaming the tokens being timed.
     result.client["metrics_samples"] = sampler.samples
+    result.client["metrics_samples_shared"] = sampler.shared_samples
     return result
 
 
@@ -823,7 +854,9 @@ def run_burst(url: str, config: BurstConfig | None = None, **kwargs: Any) -> Bur
     kwargs: prompts, model, api_key, tokenizer, model_dir, progress(done,
     total), on_request(RequestRecord), cancel (threading.Event),
     memory_sampler (() -> bytes or None; an attribute `source` on it, if
-    any, is reported as memory_source), use_metrics, transport.
+    any, is reported as memory_source), use_metrics, metrics_feed
+    (LatestScrape.feed: someone else's scrapes of this server, read instead
+    of our own while they are fresh), transport.
     Call from a thread without a running event loop; inside one, await
     run_burst_async instead. The loop is uvloop's when it is installed.
     """

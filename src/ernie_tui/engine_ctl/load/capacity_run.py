@@ -38,7 +38,7 @@ from ernie_tui.engine_ctl.load import metrics as M
 from ernie_tui.engine_ctl.load import slo as S
 from ernie_tui.engine_ctl.load import stats
 from ernie_tui.engine_ctl.load.arrivals import arrival_stream
-from ernie_tui.engine_ctl.load.burst import BurstConfig, ClientHealth
+from ernie_tui.engine_ctl.load.burst import BurstConfig, ClientHealth, shared_or_own
 from ernie_tui.engine_ctl.load.http_client import ServedModel, base_url, new_async_client, resolve_model
 from ernie_tui.engine_ctl.load.http_errors import TRANSPORT_KINDS, ProbeFailure
 from ernie_tui.engine_ctl.load.probe import stream_request
@@ -54,10 +54,15 @@ class _MetricsSampler(threading.Thread):
     owns its client and closes it when it ends: a scrape under way when the
     level ends may outlast stop()'s wait."""
 
-    def __init__(self, client: M.MetricsClient, interval: float) -> None:
+    def __init__(self, client: M.MetricsClient, interval: float, feed: M.MetricsFeed | None = None) -> None:
         super().__init__(name="capacity-sampler", daemon=True)
         self.client = client
         self.interval = interval
+        self.feed = feed  # the dashboard's scrapes, read instead of ours while fresh (burst.shared_or_own)
+        self.samples = 0
+        self.shared_samples = 0
+        self._last_shared: M.MetricsSnapshot | None = None
+        self.since = time.monotonic()  # the feed's snapshots from before the level are not its own
         self.halt = threading.Event()
         self.kv_peak: float | None = None
         self.running_peak: float | None = None
@@ -73,7 +78,7 @@ class _MetricsSampler(threading.Thread):
 
     def _poll(self) -> None:
         while not self.halt.is_set():
-            snap = self.client.try_fetch(only=(*M.RUNNING, *M.WAITING, *M.KV_USAGE))
+            snap = shared_or_own(self, self.client)  # None: nothing new (a snapshot is counted once)
             if snap is not None:
                 for attr, value in (("kv_peak", snap.kv_cache_usage_pct), ("running_peak", snap.running),
                                     ("waiting_peak", snap.waiting)):
@@ -191,7 +196,8 @@ class HttpLevelRunner:
                  rules: C.LevelRules | None = None, settings: RequestSettings | None = None, *,
                  api_key: str | None = None, use_metrics: bool = True,
                  cancel: threading.Event | None = None, progress: Progress | None = None,
-                 arrivals: str = C.DEFAULT_ARRIVALS, seed: int = 0) -> None:
+                 arrivals: str = C.DEFAULT_ARRIVALS, seed: int = 0,
+                 metrics_feed: M.MetricsFeed | None = None) -> None:
         self.url = url
         self.model = model
         self.workload = workload
@@ -204,6 +210,7 @@ class HttpLevelRunner:
         self.progress = progress
         self.arrivals = arrivals
         self.seed = seed
+        self.metrics_feed = metrics_feed  # the dashboard's scrapes, read while fresh (LatestScrape.feed)
         self.metrics_missing = False
         self.server_warmed = False
         self._levels = 0
@@ -418,7 +425,8 @@ class HttpLevelRunner:
                 else:
                     # Its own client, with the poller's short timeout: a
                     # sample lost to a slow answer is only a sample.
-                    sampler = _MetricsSampler(M.MetricsClient(self.url, self.api_key), s.sample_interval_s)
+                    sampler = _MetricsSampler(M.MetricsClient(self.url, self.api_key), s.sample_interval_s,
+                                              feed=self.metrics_feed)
                     sampler.start()
             # The heap from before the level (prompts, tokenizer, imports,
             # earlier levels) out of the collector's reach while it runs, as
@@ -523,11 +531,14 @@ def run_capacity(url: str, slo: list[S.Objective], *, search_config: C.SearchCon
                  rules: C.LevelRules | None = None, settings: RequestSettings | None = None,
                  workload: Workload | None = None, burst_config: Any = None, tokenizer: Any = None,
                  model: str | None = None, api_key: str | None = None, use_metrics: bool = True,
-                 progress: Progress | None = None, cancel: threading.Event | None = None) -> C.CapacityResult:
+                 progress: Progress | None = None, cancel: threading.Event | None = None,
+                 metrics_feed: M.MetricsFeed | None = None) -> C.CapacityResult:
     """Search a live server's capacity under `slo`. Without a workload,
     prompts are built as a burst would (burst_config; the tokenizer is found
-    as the burst finds it). Blocking; call from a thread without a running
-    event loop. Never raises for server trouble: the result says."""
+    as the burst finds it). metrics_feed: the dashboard's scrapes of this
+    server (LatestScrape.feed), read by each level while fresh instead of
+    scraping again. Blocking; call from a thread without a running event
+    loop. Never raises for server trouble: the result says."""
     search_config = search_config or C.SearchConfig()
     rules = rules or C.LevelRules()
     if search_config.rate and rules.min_pass_s is None:
@@ -562,7 +573,7 @@ def run_capacity(url: str, slo: list[S.Objective], *, search_config: C.SearchCon
                         f"({served.max_model_len}): such requests fail and count as misses")
     kind = HttpRateRunner if search_config.rate else HttpLevelRunner
     runner = kind(url, served.id, workload, slo, rules, settings, api_key=api_key, use_metrics=use_metrics,
-                  cancel=cancel, progress=progress, arrivals=search_config.arrivals)
+                  cancel=cancel, progress=progress, arrivals=search_config.arrivals, metrics_feed=metrics_feed)
     result = C.search(runner, slo, search_config, progress=progress, cancel=cancel)
     result.seconds = time.monotonic() - t0
     result.config = _config_dict(search_config, rules, settings)

@@ -21,8 +21,9 @@ means the server restarted in between; that window gives None.
 from __future__ import annotations
 
 import math
+import threading
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, cast
 
@@ -459,6 +460,50 @@ def histogram_delta(before: MetricsSnapshot | None, after: MetricsSnapshot,
 
 
 # -- fetching --------------------------------------------------------------
+
+# A load's source of /metrics snapshots taken by someone else (LatestScrape.feed):
+# the newest one and when it was taken (time.monotonic()), or None when there
+# is none fresh enough to stand for a scrape of our own.
+MetricsFeed = Callable[[], "tuple[MetricsSnapshot, float] | None"]
+
+
+class LatestScrape:
+    """The newest /metrics snapshot a poller took of one server (the
+    dashboard's chart sampler, once a second), for a burst or a capacity level
+    on the same server to read instead of scraping it a second time: vLLM
+    renders every scrape in the process that streams the tokens being timed
+    (LOAD_SAMPLE_INTERVAL_S says what that costs). Thread-safe: the poller puts
+    from its thread, a load's sampler reads from its own."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._url: str | None = None
+        self._snap: MetricsSnapshot | None = None
+        self._at = 0.0  # time.monotonic() when it was put
+
+    def put(self, url: str, snap: MetricsSnapshot) -> None:
+        with self._lock:
+            self._url, self._snap, self._at = metrics_url(url), snap, time.monotonic()
+
+    def clear(self) -> None:
+        with self._lock:
+            self._url, self._snap = None, None
+
+    def newest(self, url: str, max_age_s: float) -> tuple[MetricsSnapshot, float] | None:
+        """The newest snapshot of `url`'s server and when it was put, if it is
+        younger than max_age_s; else None."""
+        key = metrics_url(url)
+        with self._lock:
+            if self._snap is None or self._url != key or time.monotonic() - self._at > max_age_s:
+                return None
+            return self._snap, self._at
+
+    def feed(self, url: str, max_age_s: float) -> MetricsFeed:
+        """A load's MetricsFeed for `url`. Where it answers None (the poller
+        watches another server, or has fallen behind by more than max_age_s)
+        the load scrapes for itself, so no peak goes unseen."""
+        return lambda: self.newest(url, max_age_s)
+
 
 def metrics_url(url: str) -> str:
     """Accept the server's base URL, its /v1 URL, or the /metrics URL itself."""

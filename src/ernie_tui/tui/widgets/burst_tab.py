@@ -30,6 +30,7 @@ from ernie_tui.engine_ctl.control import EngineMemory
 from ernie_tui.engine_ctl.load import (
     BurstConfig,
     BurstResult,
+    MetricsFeed,
     RunStoreError,
     format_burst,
     request_setup,
@@ -225,11 +226,24 @@ class BurstTab(ShowsWorkerFailures, Vertical):
         bar.update(total=config.n, progress=0)
         self.query_one("#pf-note", Static).update(f"0 / {config.n} requests")
         preset, report = self._tags()
-        self._burst_worker(self._run, config, cancel, self._pids(), preset, report)
+        self._burst_worker(self._run, config, cancel, self._pids(), preset, report, self._metrics_feed())
+
+    def _metrics_feed(self) -> MetricsFeed | None:
+        """The dashboard's own once-a-second scrapes of this server, for the
+        load to read instead of scraping it a second time (vLLM renders every
+        scrape in the process that streams the tokens being timed). None
+        where the app keeps none; the feed itself answers None for another
+        server or a stale scrape, and the load then scrapes for itself."""
+        latest = getattr(self.app, "latest_scrape", None)
+        if latest is None:
+            return None
+        interval = getattr(getattr(self.app, "config", None), "sample_interval", 1.0)
+        return latest.feed(self.target.url, max_age_s=2.5 * interval)
 
     @work(thread=True, group="pf-burst", exit_on_error=False)
     def _burst_worker(self, run: int, config: BurstConfig, cancel: threading.Event,
-                      pids: Callable[[], list[int]] | None, preset: Any, report: Any) -> None:
+                      pids: Callable[[], list[int]] | None, preset: Any, report: Any,
+                      metrics_feed: MetricsFeed | None = None) -> None:
         counts = {"ok": 0, "failed": 0}
 
         def on_request(rec) -> None:
@@ -248,7 +262,7 @@ class BurstTab(ShowsWorkerFailures, Vertical):
                     memory = None
             result = run_burst(t.url, config, api_key=t.api_key, model=t.served.id if t.served else None,
                                tokenizer=t.tokenizer, progress=progress, on_request=on_request,
-                               cancel=cancel, memory_sampler=memory)
+                               cancel=cancel, memory_sampler=memory, metrics_feed=metrics_feed)
         except Exception as exc:  # noqa: BLE001  run_burst reports server trouble in its result; a bug shows in the pane
             self.post_message(BurstDone(run, None, error=f"{type(exc).__name__}: {exc}"))
             return
@@ -335,11 +349,13 @@ class BurstTab(ShowsWorkerFailures, Vertical):
             f"{what} from the start until a level misses the SLO …", "$warning"), rate=search.rate)
         self.query_one("#pf-note", Static).update("")
         preset, report = self._tags()
-        self._capacity_worker(self._run, slo, search, rules, cfg, settings, cancel, preset, report)
+        self._capacity_worker(self._run, slo, search, rules, cfg, settings, cancel, preset, report,
+                              self._metrics_feed())
 
     @work(thread=True, group="pf-capacity", exit_on_error=False)
     def _capacity_worker(self, run: int, slo: list, search: Any, rules: Any, cfg: BurstConfig, settings: Any,
-                         cancel: threading.Event, preset: Any, report: Any) -> None:
+                         cancel: threading.Event, preset: Any, report: Any,
+                         metrics_feed: MetricsFeed | None = None) -> None:
         def progress(ev: dict[str, Any]) -> None:
             kind = ev.get("event")
             rate = ev.get("rate") is not None  # open loop: the load is a rate in req/s
@@ -356,7 +372,7 @@ class BurstTab(ShowsWorkerFailures, Vertical):
         try:
             result = run_capacity(t.url, slo, search_config=search, rules=rules, settings=settings, burst_config=cfg,
                                   tokenizer=t.tokenizer, model=t.served.id if t.served else None,
-                                  api_key=t.api_key, progress=progress, cancel=cancel)
+                                  api_key=t.api_key, progress=progress, cancel=cancel, metrics_feed=metrics_feed)
         except Exception as exc:  # noqa: BLE001  run_capacity reports server trouble in its result; a bug shows in the pane
             self.post_message(CapacityDone(run, None, error=f"{type(exc).__name__}: {exc}"))
             return
