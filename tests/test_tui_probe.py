@@ -369,6 +369,15 @@ async def _open_probe(pilot, app) -> ProbeScreen:
     return screen
 
 
+async def _press_p_when_ready(pilot, app) -> ProbeScreen:
+    """The dashboard's attached server ready, `p` opens its probe pane."""
+    await wait_for(pilot, lambda: app.status is not None and app.status.state.value == "ready", 60,
+                   "the attached server to be ready")
+    await pilot.press("p")
+    await wait_for(pilot, lambda: isinstance(app.screen, ProbeScreen), 10, "the probe pane")
+    return await _open_probe(pilot, app)
+
+
 @pytest.mark.vllm
 @pytest.mark.timeout(600)
 async def test_probe_pane_streams_and_shows_the_servers_usage(cpu_server):
@@ -465,11 +474,7 @@ async def test_p_opens_the_probe_pane_in_the_dashboard(cpu_server):
     app = make_app(mode="attach", attach_url=cpu_server.status.url, include_user_presets=False,
                    sample_interval=5.0)
     async with app.run_test(size=(120, 40)) as pilot:
-        await wait_for(pilot, lambda: app.status is not None and app.status.state.value == "ready", 60,
-                       "the attached server to be ready")
-        await pilot.press("p")
-        await wait_for(pilot, lambda: isinstance(app.screen, ProbeScreen), 10, "the probe pane")
-        screen = await _open_probe(pilot, app)
+        screen = await _press_p_when_ready(pilot, app)
         assert screen.url == app.status.url
         await pilot.press("escape")
         await wait_for(pilot, lambda: not isinstance(app.screen, ProbeScreen), 10, "the pane to close")
@@ -487,11 +492,7 @@ async def test_a_burst_from_the_dashboard_reads_the_charts_scrapes_not_its_own()
     try:
         app = make_app(mode="attach", attach_url=srv.url, include_user_presets=False, sample_interval=0.5)
         async with app.run_test(size=(120, 40)) as pilot:
-            await wait_for(pilot, lambda: app.status is not None and app.status.state.value == "ready", 30,
-                           "the attached stand-in to be ready")
-            await pilot.press("p")
-            await wait_for(pilot, lambda: isinstance(app.screen, ProbeScreen), 10, "the probe pane")
-            screen = await _open_probe(pilot, app)
+            screen = await _press_p_when_ready(pilot, app)
             await pilot.press("ctrl+b")
             await pilot.pause(0.1)
             for wid, value in (("#pf-b-n", "24"), ("#pf-b-c", "4"), ("#pf-b-max", "30")):
