@@ -368,10 +368,9 @@ def test_a_shared_scrape_counts_once_and_never_from_before_the_load():
     not weigh one look twice). A feed with nothing fresh, or for another
     server, leaves the sampler to scrape for itself."""
     import time
-    from types import SimpleNamespace
 
     from ernie_tui.engine_ctl.load import LatestScrape, MetricsSnapshot
-    from ernie_tui.engine_ctl.load.burst import shared_or_own
+    from ernie_tui.engine_ctl.load.metrics import LoadScrapes
 
     def snap(waiting: int) -> MetricsSnapshot:
         return MetricsSnapshot.parse(f"vllm:num_requests_waiting{{model_name=\"m\"}} {waiting}\n")
@@ -384,22 +383,22 @@ def test_a_shared_scrape_counts_once_and_never_from_before_the_load():
             return snap(0)
 
     def sampler(feed):
-        return SimpleNamespace(feed=feed, since=time.monotonic(), samples=0, shared_samples=0, _last_shared=None)
+        return LoadScrapes(Client(), feed)
 
     latest = LatestScrape()
     latest.put("http://h:8000/v1", snap(50))  # the last level's queue, scraped before this load
     time.sleep(0.01)
     s = sampler(latest.feed("http://h:8000", max_age_s=5.0))
-    assert shared_or_own(s, Client()) is None and not own_scrapes  # live but old: wait for the next
+    assert s.next() is None and not own_scrapes  # live but old: wait for the next
     latest.put("http://h:8000", snap(7))
-    assert shared_or_own(s, Client()).waiting == 7 and s.shared_samples == 1
-    assert shared_or_own(s, Client()) is None and s.shared_samples == 1  # nothing new: nothing counted
-    assert not own_scrapes and s.samples == 0
+    assert s.next().waiting == 7 and s.shared == 1
+    assert s.next() is None and s.shared == 1  # nothing new: nothing counted
+    assert not own_scrapes and s.own == 0
     elsewhere = sampler(latest.feed("http://other:8000", max_age_s=5.0))
-    assert shared_or_own(elsewhere, Client()).waiting == 0 and elsewhere.samples == 1
+    assert elsewhere.next().waiting == 0 and elsewhere.own == 1
     stale = sampler(latest.feed("http://h:8000", max_age_s=0.0))
     time.sleep(0.01)
-    assert shared_or_own(stale, Client()).waiting == 0 and stale.samples == 1  # too old: scrape our own
+    assert stale.next().waiting == 0 and stale.own == 1  # too old: scrape our own
     assert len(own_scrapes) == 2
 
 
@@ -435,7 +434,7 @@ def test_a_capacity_levels_queue_mean_weighs_each_shared_scrape_once():
         latest.put("http://h:8000", snap(waiting))
     time.sleep(0.05)
     sampler.stop()
-    assert sampler.shared_samples == 3 and sampler.waiting_mean == pytest.approx(14.0)
+    assert sampler.scrapes.shared == 3 and sampler.waiting_mean == pytest.approx(14.0)
     assert sampler.waiting_peak == 30 and Client.scrapes == 0
 
 

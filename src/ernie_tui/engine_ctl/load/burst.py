@@ -306,29 +306,6 @@ def build_prompts(config: BurstConfig, tokenizer: Any) -> list[BuiltPrompt]:
     return [builder.build(n) for n in plan_lengths(config)]
 
 
-def shared_or_own(sampler: Any, client: M.MetricsClient) -> M.MetricsSnapshot | None:
-    """A load sampler's next look at running/waiting/KV use. While the feed
-    is live (someone scrapes this server within its age) it stands for our
-    scrapes: its snapshot when a new one was taken since the sampler began,
-    else None (the last level's queue is not this one's, and a look counted
-    once is not counted again). Without a live feed, a scrape of our own.
-    `sampler` holds feed, since, samples, shared_samples and _last_shared (the
-    burst's and the capacity level's samplers alike)."""
-    if sampler.feed is not None:
-        newest = sampler.feed()
-        if newest is not None:
-            snap, taken = newest
-            if taken < sampler.since or snap is sampler._last_shared:
-                return None
-            sampler._last_shared = snap
-            sampler.shared_samples += 1
-            return snap
-    snap = client.try_fetch(only=(*M.RUNNING, *M.WAITING, *M.KV_USAGE))
-    if snap is not None:
-        sampler.samples += 1
-    return snap
-
-
 class _Sampler(threading.Thread):
     """Polls /metrics and the memory sampler while the burst runs. A thread,
     not a coroutine: both are blocking calls that must not stall the loop
@@ -337,19 +314,24 @@ class _Sampler(threading.Thread):
     def __init__(self, client: M.MetricsClient | None, memory_sampler: MemorySampler | None,
                  interval: float, feed: M.MetricsFeed | None = None) -> None:
         super().__init__(name="burst-sampler", daemon=True)
-        self.client = client
+        self.scrapes = M.LoadScrapes(client, feed) if client is not None else None
         self.memory_sampler = memory_sampler
         self.interval = interval
-        self.feed = feed
         self.stop_event = threading.Event()
         self.kv_peak: float | None = None
         self.running_peak: float | None = None
         self.waiting_peak: float | None = None
         self.mem_peak: float | None = None
-        self.samples = 0  # scrapes of our own
-        self.shared_samples = 0  # snapshots the feed gave (someone else's scrapes)
-        self._last_shared: M.MetricsSnapshot | None = None
-        self.since = time.monotonic()  # the feed's snapshots from before this are not the load's
+
+    @property
+    def samples(self) -> int:
+        """Scrapes of our own while the burst ran."""
+        return self.scrapes.own if self.scrapes is not None else 0
+
+    @property
+    def shared_samples(self) -> int:
+        """The feed's snapshots (someone else's scrapes) it read instead."""
+        return self.scrapes.shared if self.scrapes is not None else 0
 
     @staticmethod
     def _max(a: float | None, b: float | None) -> float | None:
@@ -358,8 +340,8 @@ class _Sampler(threading.Thread):
         return b if a is None else max(a, b)
 
     def sample_once(self) -> None:
-        if self.client is not None:
-            snap = shared_or_own(self, self.client)
+        if self.scrapes is not None:
+            snap = self.scrapes.next()
             if snap is not None:
                 self.kv_peak = self._max(self.kv_peak, snap.kv_cache_usage_pct)
                 self.running_peak = self._max(self.running_peak, snap.running)
@@ -379,8 +361,8 @@ class _Sampler(threading.Thread):
         finally:
             # Its own client, closed here: a scrape under way when the burst
             # ends may outlast stop()'s wait.
-            if self.client is not None:
-                self.client.close()
+            if self.scrapes is not None:
+                self.scrapes.client.close()
 
     def stop(self) -> None:
         self.stop_event.set()

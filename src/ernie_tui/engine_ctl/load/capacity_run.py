@@ -38,7 +38,7 @@ from ernie_tui.engine_ctl.load import metrics as M
 from ernie_tui.engine_ctl.load import slo as S
 from ernie_tui.engine_ctl.load import stats
 from ernie_tui.engine_ctl.load.arrivals import arrival_stream
-from ernie_tui.engine_ctl.load.burst import BurstConfig, ClientHealth, shared_or_own
+from ernie_tui.engine_ctl.load.burst import BurstConfig, ClientHealth
 from ernie_tui.engine_ctl.load.http_client import ServedModel, base_url, new_async_client, resolve_model
 from ernie_tui.engine_ctl.load.http_errors import TRANSPORT_KINDS, ProbeFailure
 from ernie_tui.engine_ctl.load.probe import stream_request
@@ -56,13 +56,8 @@ class _MetricsSampler(threading.Thread):
 
     def __init__(self, client: M.MetricsClient, interval: float, feed: M.MetricsFeed | None = None) -> None:
         super().__init__(name="capacity-sampler", daemon=True)
-        self.client = client
+        self.scrapes = M.LoadScrapes(client, feed)  # the dashboard's scrapes, read instead of ours while fresh
         self.interval = interval
-        self.feed = feed  # the dashboard's scrapes, read instead of ours while fresh (burst.shared_or_own)
-        self.samples = 0
-        self.shared_samples = 0
-        self._last_shared: M.MetricsSnapshot | None = None
-        self.since = time.monotonic()  # the feed's snapshots from before the level are not its own
         self.halt = threading.Event()
         self.kv_peak: float | None = None
         self.running_peak: float | None = None
@@ -74,11 +69,11 @@ class _MetricsSampler(threading.Thread):
         try:
             self._poll()
         finally:
-            self.client.close()
+            self.scrapes.client.close()
 
     def _poll(self) -> None:
         while not self.halt.is_set():
-            snap = shared_or_own(self, self.client)  # None: nothing new (a snapshot is counted once)
+            snap = self.scrapes.next()  # None: nothing new (a snapshot is counted once)
             if snap is not None:
                 for attr, value in (("kv_peak", snap.kv_cache_usage_pct), ("running_peak", snap.running),
                                     ("waiting_peak", snap.waiting)):

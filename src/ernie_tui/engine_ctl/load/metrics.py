@@ -485,10 +485,6 @@ class LatestScrape:
         with self._lock:
             self._url, self._snap, self._at = metrics_url(url), snap, time.monotonic()
 
-    def clear(self) -> None:
-        with self._lock:
-            self._url, self._snap = None, None
-
     def newest(self, url: str, max_age_s: float) -> tuple[MetricsSnapshot, float] | None:
         """The newest snapshot of `url`'s server and when it was put, if it is
         younger than max_age_s; else None."""
@@ -609,6 +605,39 @@ class MetricsClient:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class LoadScrapes:
+    """A load sampler's looks at running/waiting/KV use while its load runs
+    (the burst's and the capacity level's samplers alike). While the feed is
+    live (someone scrapes this server within its age) it stands for our
+    scrapes: its snapshot when a new one was taken since the load began, else
+    None (the last level's queue is not this one's, and a look counted once is
+    not counted again). Without a live feed, a scrape with our own client,
+    which is ours to close."""
+
+    def __init__(self, client: MetricsClient, feed: MetricsFeed | None = None) -> None:
+        self.client = client
+        self.feed = feed
+        self.since = time.monotonic()
+        self.own = 0  # scrapes of our own
+        self.shared = 0  # snapshots the feed gave (someone else's scrapes)
+        self._last_shared: MetricsSnapshot | None = None
+
+    def next(self) -> MetricsSnapshot | None:
+        if self.feed is not None:
+            newest = self.feed()
+            if newest is not None:
+                snap, taken = newest
+                if taken < self.since or snap is self._last_shared:
+                    return None
+                self._last_shared = snap
+                self.shared += 1
+                return snap
+        own = self.client.try_fetch(only=(*RUNNING, *WAITING, *KV_USAGE))
+        if own is not None:
+            self.own += 1
+        return own
 
 
 # -- history for charts ----------------------------------------------------
