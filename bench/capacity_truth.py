@@ -485,7 +485,9 @@ def report_mode(mode: str, m: dict[str, Any]) -> str:
     for i, srch in enumerate(m.get("searches") or []):
         loc = srch.get("local_bracket")
         lines.append(f"  our search {i + 1}: {mode} {srch.get('answer')} -> {srch.get('verdict')}"
-                     + (f" (local bracket [{loc['low']}, {loc['high']}): {srch.get('local_verdict')})" if loc else "")
+                     + (f" (local bracket [{loc['low']}, {loc['high']})"
+                        + (f" inconsistent {loc['inconsistent']}" if loc.get("inconsistent") else "")
+                        + f": {srch.get('local_verdict')})" if loc else "")
                      + f"; goodput {srch.get('goodput_output_tps') or 0:.0f} tok/s; {srch.get('wall_s') or 0:.0f} s")
     return "\n".join(lines)
 

@@ -160,6 +160,13 @@ def test_each_search_is_judged_against_the_rounds_around_it_too():
     (s,) = j["searches"]
     assert s["verdict"] == "inside" and s["local_verdict"] == "inside"
     assert T.judge(200, loc["low"], loc["high"], 0.10) == "one step"
+    # A local bracket that contradicts the order says so where it is printed: on an H200 two
+    # rounds met at 192 and both missed at 144, and a search answering 136 read 'under' [192, 224).
+    noisy = [run(144, False, 0), run(192, True, 10), run(224, False, 20),
+             run(144, False, 300), run(192, True, 310)]
+    m = {"bracket": T.bracket({144: [False], 192: [True], 224: [False]}),
+         "searches": [{"answer": 136, "local_bracket": T.local_bracket(noisy, 100, 250), "local_verdict": "under"}]}
+    assert "(local bracket [192.0, 224.0) inconsistent [144.0]: under)" in T.report_mode("concurrency", m)
     # A search from before runs had times (an earlier run's file) keeps the whole bracket's verdict alone.
     j = T.judged_files([{"modes": {"rate": {"runs": [{"level": 140.0, "meets": True}],
                                             "searches": [{"answer": 144.0}]}}}], 0.10)["rate"]
