@@ -9,6 +9,9 @@ neither always opens a level; --warmup-run adds an unrecorded run), for --rounds
 rounds; each run at concurrency C sends waves x C requests, so every slot is
 refilled ~waves times. Every run gets fresh prompts (new words for ours, a
 new --seed for theirs): a prompt seen before comes from vLLM's prefix cache.
+At a rate, the arms of one round send one arrival sequence: the bench
+client's --seed draws its gaps, and our burst's --arrival-seed, given the same
+number, replays them (engine_ctl.load.arrivals: numpy's draws in Python).
 
 The prompt shape is vLLM's random dataset's: `--random-input-len I
 --random-output-len O --random-range-ratio R`, which draws prompt AND output
@@ -393,7 +396,10 @@ def run_theirs(srv: Server, shape: Shape, *, concurrency: int | None, rate: floa
 
 
 def run_ours(srv: Server, shape: Shape, *, concurrency: int | None, rate: float | None, n: int, seed: int,
-             python: str, env: dict[str, str], timeout_s: float, extra: list[str] | None = None) -> dict[str, Any]:
+             python: str, env: dict[str, str], timeout_s: float, extra: list[str] | None = None,
+             arrival_seed: int | None = None) -> dict[str, Any]:
+    """Our burst; seed: its prompts; arrival_seed (default seed): its arrival
+    times at a rate, those of the bench client given the same --seed."""
     in_lo, in_hi, out_lo, out_hi = shape.ranges()
     argv = [python, "-m", "ernie_tui", "probe", "--url", srv.url, "--model", srv.model, "--tokenizer", srv.tokenizer,
             "--burst", str(n), "--min-tokens", str(in_lo), "--max-tokens-in", str(in_hi),
@@ -402,7 +408,7 @@ def run_ours(srv: Server, shape: Shape, *, concurrency: int | None, rate: float 
     if concurrency is not None:
         argv += ["--concurrency", str(concurrency)]
     if rate is not None:
-        argv += ["--rate", str(rate), "--arrival-seed", str(seed)]
+        argv += ["--rate", str(rate), "--arrival-seed", str(seed if arrival_seed is None else arrival_seed)]
     argv += extra or []  # a variant's own probe options (--variant), last so they win
     t = time.time()
     p = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=timeout_s, check=False)
@@ -496,20 +502,26 @@ def one_level(srv: Server, shape: Shape, *, concurrency: int | None, rate: float
             log(f"  warm-up run (not counted): {r['output_tps'] or 0:.0f} tok/s")
         for k in range(rounds):
             order = round_order(level_index, k, arms)
+            # At a rate every arm of a round sends one arrival sequence: the bench client's --seed
+            # draws its gaps (numpy's), ours replays them from the same seed (arrivals.LegacyGamma),
+            # so a round compares the clients, not two Poisson draws. Prompts stay fresh per arm.
+            arrivals = rng.randrange(1, 1 << 30)
             for who in order:
-                seed = rng.randrange(1, 1 << 30)
+                seed = arrivals if who == "theirs" else rng.randrange(1, 1 << 30)
                 before = metrics.try_fetch()
                 if who == "theirs":
                     r = run_theirs(srv, shape, concurrency=concurrency, rate=rate, n=n, seed=seed, python=python,
                                    env=env, timeout_s=timeout_s)
                 else:
                     r = run_ours(srv, shape, concurrency=concurrency, rate=rate, n=n, seed=seed, python=python,
-                                 env=env, timeout_s=timeout_s, extra=variants.get(who))
+                                 env=env, timeout_s=timeout_s, extra=variants.get(who), arrival_seed=arrivals)
                 after = metrics.try_fetch()
                 r["referee"] = referee(before, after, r.get("duration_s"))
                 if who != "theirs":
                     without_warmup(r)
                 r["seed"] = seed
+                if rate is not None:
+                    r["arrival_seed"] = arrivals
                 r["round"] = k
                 runs[who].append(r)
                 log(f"  round {k + 1} {who:6s}: {fmt_run(r)}")

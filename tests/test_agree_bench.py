@@ -69,6 +69,41 @@ def test_with_a_variant_arm_each_arm_opens_a_level_and_runs_once_a_round():
             A.parse_variant(bad)
 
 
+def test_at_a_rate_every_arm_of_a_round_sends_one_arrival_sequence(monkeypatch):
+    # Different Poisson draws for the two clients were noise in every rate ratio (on an H200 at
+    # 80 req/s the engine held ours longer in 2 of 3 rounds). Now a round's arms share the
+    # bench client's --seed as our --arrival-seed; the prompts stay each arm's own.
+    calls = []
+
+    def fake(who):
+        def run(srv, shape, *, seed, arrival_seed=None, **kw):
+            calls.append({"who": who, "seed": seed, "arrival_seed": seed if who == "theirs" else arrival_seed})
+            return {**{f: 1.0 for f in A.FIGURES}, "duration_s": 1.0, "completed": 1}
+        return run
+
+    class NoMetrics:
+        def __init__(self, *a, **kw):
+            pass
+
+        def try_fetch(self):
+            return None
+
+        def close(self):
+            pass
+    monkeypatch.setattr(A, "run_ours", fake("ours"))
+    monkeypatch.setattr(A, "run_theirs", fake("theirs"))
+    monkeypatch.setattr(A, "MetricsClient", NoMetrics)
+    A.one_level(A.Server("http://127.0.0.1:9", "m", "tok"), A.Shape(), concurrency=None, rate=80.0, n=800,
+                rounds=3, python=sys.executable, env={}, timeout_s=10, log=lambda *a: None,
+                variants={"quiet": ["--metrics-interval", "30"]})
+    assert len(calls) == 9
+    rounds = [calls[i:i + 3] for i in range(0, 9, 3)]
+    for rnd in rounds:
+        assert len({c["arrival_seed"] for c in rnd}) == 1  # one arrival sequence a round
+        assert len({c["seed"] for c in rnd}) == 3  # each arm its own prompts
+    assert len({rnd[0]["arrival_seed"] for rnd in rounds}) == 3  # a new sequence each round
+
+
 def test_the_bench_clients_run_read_over_its_whole_load_alone():
     # Two slots. Warm-up: the first wave (gaps 20 ms); then whole load (30 ms); the last request
     # is sent at 0.65 s and the drain that follows runs lighter (5 ms). A figure over the whole

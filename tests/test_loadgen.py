@@ -16,7 +16,13 @@ from pathlib import Path
 
 import pytest
 
-from ernie_tui.engine_ctl.load.arrivals import arrival_offsets, output_lengths, send_lag, vllm_bench_ranges
+from ernie_tui.engine_ctl.load.arrivals import (
+    LegacyGamma,
+    arrival_offsets,
+    output_lengths,
+    send_lag,
+    vllm_bench_ranges,
+)
 from ernie_tui.engine_ctl.load.burst import BurstConfig, format_burst, run_burst
 
 HERE = Path(__file__).resolve().parent
@@ -72,6 +78,46 @@ def test_poisson_arrivals_are_seeded_exponential_and_end_at_n_over_rate():
     even = arrival_offsets(2000, 40.0, "poisson", seed=3, burstiness=4.0)
     g4 = [even[0]] + [y - x for x, y in zip(even, even[1:], strict=False)]
     assert 0.4 < statistics.pstdev(g4) / statistics.fmean(g4) < 0.6
+
+
+def test_gaps_are_numpys_legacy_gamma_number_for_number():
+    # vLLM's bench client draws its gaps with np.random.gamma after np.random.seed(--seed):
+    # the same seed must give the same numbers here, at every burstiness (each shape takes its
+    # own path through numpy's legacy sampler: exponential, Johnk-type, Marsaglia-Tsang).
+    np = pytest.importorskip("numpy")
+    for seed in (0, 3, 2**31 + 7, 2**32 - 1):
+        for shape in (1.0, 0.3, 0.5, 2.0, 4.0):
+            rs = np.random.RandomState(seed)
+            want = [float(rs.gamma(shape, 0.0125)) for _ in range(2000)]
+            g = LegacyGamma(seed)
+            assert [g.gamma(shape, 0.0125) for _ in range(2000)] == want, (seed, shape)
+
+
+def test_a_burst_and_vllms_bench_client_send_one_arrival_sequence_for_one_seed(monkeypatch):
+    # vLLM's own schedule (its get_request, its gaps, sums and rescaling), read off a fake clock,
+    # against ours for the same seed: an agreement run at a rate then compares the two clients,
+    # not two draws of a Poisson process.
+    serve = pytest.importorskip("vllm.benchmarks.serve")
+    import asyncio
+
+    import numpy as np
+
+    for rate, burstiness, n, seed in ((80.0, 1.0, 800, 12345), (7.5, 0.5, 200, 99), (300.0, 4.0, 500, 7)):
+        clock = [0.0]
+
+        async def fake_sleep(dt, clock=clock):
+            clock[0] += dt
+
+        monkeypatch.setattr(serve.time, "time", lambda clock=clock: clock[0])
+        monkeypatch.setattr(serve.asyncio, "sleep", fake_sleep)
+
+        async def sent(rate=rate, burstiness=burstiness, n=n, clock=clock):
+            return [clock[0] async for _ in serve.get_request(list(range(n)), rate, burstiness)]
+        np.random.seed(seed)
+        theirs = asyncio.run(sent())
+        ours = arrival_offsets(n, rate, "poisson", seed=seed, burstiness=burstiness)
+        assert ours == pytest.approx(theirs, rel=1e-12, abs=1e-12)
+        assert ours != pytest.approx(arrival_offsets(n, rate, "poisson", seed=seed + 1, burstiness=burstiness))
 
 
 def test_constant_arrivals_and_bad_arguments():

@@ -70,7 +70,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="requests in flight (default 4); with --rate, a cap on them (default: none)")
     # --rate R and --arrivals are declared once, with the capacity options (capacity_args):
     # --burst N --rate R is an open-loop burst, --capacity --rate an open-loop search.
-    b.add_argument("--arrival-seed", type=int, default=0, metavar="N", help="seed of the arrival times (default 0)")
+    b.add_argument("--arrival-seed", type=int, default=0, metavar="N",
+                   help="seed of the arrival times (default 0); the same seed as vLLM's bench client --seed "
+                        "gives its arrival times")
     b.add_argument("--metrics-interval", type=float, default=LOAD_SAMPLE_INTERVAL_S, metavar="S",
                    help="seconds between the /metrics samples taken while a burst runs (KV-cache and queue "
                         f"peaks; default {LOAD_SAMPLE_INTERVAL_S:g}). vLLM's API server renders each one, in the "

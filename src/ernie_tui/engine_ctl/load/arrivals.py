@@ -14,10 +14,20 @@ are rescaled so the last request goes out at exactly n / rate: the figures
 of a short run then do not depend on the seed's luck in its total length
 (vLLM: "would have 1-2% gap from target_total_delay_s"). The capacity search
 can reuse `arrival_offsets` for its rate levels.
+
+The gaps are drawn as vLLM's bench client draws them, number for number:
+numpy's legacy `np.random.gamma` after `np.random.seed(seed)` (the client
+seeds numpy's global generator with its `--seed` and draws nothing else from
+it before the schedule). So a burst and a bench client run given one seed
+send one arrival sequence, and an agreement run between them at a rate
+compares the clients, not two draws of a Poisson process. Pure Python: both
+are a Mersenne Twister with the same doubles; only the seeding (numpy's
+init_genrand) and the gamma sampler (numpy's legacy one) are written here.
 """
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -51,7 +61,7 @@ def arrival_stream(rate: float, kind: str = "poisson", *, seed: int = 0,
     after one gap, as in vLLM's client (whose first sleep is the first gap).
     """
     _check(rate, kind, burstiness)
-    rng = random.Random(seed)
+    draw = LegacyGamma(seed)
     theta = 1.0 / (rate * burstiness)
     t = 0.0
     i = 0
@@ -60,8 +70,77 @@ def arrival_stream(rate: float, kind: str = "poisson", *, seed: int = 0,
         if kind == "constant":
             t = i / rate  # no float drift over a long level
         else:
-            t += rng.gammavariate(burstiness, theta)
+            t += draw.gamma(burstiness, theta)
         yield t
+
+
+class LegacyGamma:
+    """numpy.random.RandomState(seed).gamma(shape, scale), one value a call,
+    the same numbers (see the module's docstring for why). The seed is taken
+    modulo 2**32, as numpy's legacy seeding takes 32 bits."""
+
+    def __init__(self, seed: int) -> None:
+        # numpy's mt19937_seed (Knuth's init_genrand), as Python's random.setstate takes a state.
+        key = [seed & 0xFFFFFFFF]
+        for i in range(1, 624):
+            key.append((1812433253 * (key[-1] ^ (key[-1] >> 30)) + i) & 0xFFFFFFFF)
+        self._rng = random.Random()
+        self._rng.setstate((3, (*key, 624), None))  # 624: regenerate before the first number
+        self._gauss: float | None = None  # the polar method's second value, kept as numpy keeps it
+
+    def _double(self) -> float:
+        return self._rng.random()  # both: (a >> 5, b >> 6) of two 32-bit outputs, 53 bits
+
+    def _exponential(self) -> float:
+        return -math.log(1.0 - self._double())
+
+    def _normal(self) -> float:
+        if self._gauss is not None:
+            g, self._gauss = self._gauss, None
+            return g
+        while True:
+            x1 = 2.0 * self._double() - 1.0
+            x2 = 2.0 * self._double() - 1.0
+            r2 = x1 * x1 + x2 * x2
+            if 0.0 < r2 < 1.0:
+                break
+        f = math.sqrt(-2.0 * math.log(r2) / r2)
+        self._gauss = f * x1
+        return f * x2
+
+    def standard_gamma(self, shape: float) -> float:
+        if shape == 1.0:
+            return self._exponential()
+        if shape < 1.0:  # Johnk-type rejection, as numpy's legacy sampler
+            while True:
+                u = self._double()
+                v = self._exponential()
+                if u <= 1.0 - shape:
+                    x = u ** (1.0 / shape)
+                    if x <= v:
+                        return x
+                else:
+                    y = -math.log((1.0 - u) / shape)
+                    x = (1.0 - shape + shape * y) ** (1.0 / shape)
+                    if x <= v + y:
+                        return x
+        b = shape - 1.0 / 3.0  # Marsaglia and Tsang
+        c = 1.0 / math.sqrt(9.0 * b)
+        while True:
+            while True:
+                x = self._normal()
+                v = 1.0 + c * x
+                if v > 0.0:
+                    break
+            v = v * v * v
+            u = self._double()
+            if u < 1.0 - 0.0331 * (x * x) * (x * x):
+                return b * v
+            if math.log(u) < 0.5 * x * x + b * (1.0 - v + math.log(v)):
+                return b * v
+
+    def gamma(self, shape: float, scale: float) -> float:
+        return scale * self.standard_gamma(shape)
 
 
 def arrival_offsets(n: int, rate: float, kind: str = "poisson", *, seed: int = 0,
