@@ -7,11 +7,15 @@ and vLLM's bench client (`vllm bench serve`, run from the installed vllm as
 (who goes first alternates by round and flips from level to level, so
 neither always opens a level; --warmup-run adds an unrecorded run), for --rounds
 rounds; each run at concurrency C sends waves x C requests, so every slot is
-refilled ~waves times. Every run gets fresh prompts (new words for ours, a
-new --seed for theirs): a prompt seen before comes from vLLM's prefix cache.
-At a rate, the arms of one round send one arrival sequence: the bench
-client's --seed draws its gaps, and our burst's --arrival-seed, given the same
-number, replays them (engine_ctl.load.arrivals: numpy's draws in Python).
+refilled ~waves times. The arms of one round share one --seed, which draws
+the bench client's prompt and output lengths and, at a rate, its arrival
+times; our burst given the same --seed asks for the same lengths in the
+same order and replays the same arrivals (engine_ctl.load.arrivals: numpy's
+draws as vLLM's random dataset and get_request make them), so a round
+compares the clients, not two draws of a workload. Each round draws a new
+seed, and every run sends prompts never sent before (new words for ours,
+the round's own seed for theirs): a prompt seen before comes from vLLM's
+prefix cache.
 
 The prompt shape is vLLM's random dataset's: `--random-input-len I
 --random-output-len O --random-range-ratio R`, which draws prompt AND output
@@ -70,6 +74,7 @@ from ernie_tui.engine_ctl.load import (
     TTFT,
     MetricsClient,
     counter_delta,
+    drawn_lengths,
     histogram_delta,
     stats,
     vllm_bench_ranges,
@@ -392,14 +397,30 @@ def run_theirs(srv: Server, shape: Shape, *, concurrency: int | None, rate: floa
         xs = [x for x in d.get(key) or [] if isinstance(x, (int, float))]
         if xs:
             out[key] = {"min": min(xs), "max": max(xs), "mean": statistics.fmean(xs)}
+    out["lengths_unlike_ours"] = lengths_unlike_ours(d, shape, n, seed)
     return out
 
 
+def lengths_unlike_ours(d: dict[str, Any], shape: Shape, n: int, seed: int) -> dict[str, int] | None:
+    """How many of the bench client's requests, in order, had another prompt
+    or output length than our burst given the same --seed asks for: 0 and 0
+    when the round's two arms sent one workload (its output lengths are what
+    the server returned, all asked for under ignore_eos; its prompt lengths
+    are its prompts' token counts). None: its result holds no lengths."""
+    ins, outs = d.get("input_lens"), d.get("output_lens")
+    if not isinstance(ins, list) or not isinstance(outs, list) or len(ins) != n or len(outs) != n:
+        return None
+    in_lo, in_hi, out_lo, out_hi = shape.ranges()
+    want_in, want_out = drawn_lengths(n, (in_lo, in_hi), (out_lo, out_hi), seed=seed)
+    return {"prompt": sum(1 for a, b in zip(ins, want_in, strict=True) if a != b),
+            "output": sum(1 for a, b in zip(outs, want_out, strict=True) if a != b)}
+
+
 def run_ours(srv: Server, shape: Shape, *, concurrency: int | None, rate: float | None, n: int, seed: int,
-             python: str, env: dict[str, str], timeout_s: float, extra: list[str] | None = None,
-             arrival_seed: int | None = None) -> dict[str, Any]:
-    """Our burst; seed: its prompts; arrival_seed (default seed): its arrival
-    times at a rate, those of the bench client given the same --seed."""
+             python: str, env: dict[str, str], timeout_s: float, extra: list[str] | None = None) -> dict[str, Any]:
+    """Our burst; seed: its prompt and output lengths and, at a rate, its
+    arrival times, those of the bench client given the same --seed. Its
+    words are new every run (no --word-seed)."""
     in_lo, in_hi, out_lo, out_hi = shape.ranges()
     argv = [python, "-m", "ernie_tui", "probe", "--url", srv.url, "--model", srv.model, "--tokenizer", srv.tokenizer,
             "--burst", str(n), "--min-tokens", str(in_lo), "--max-tokens-in", str(in_hi),
@@ -408,7 +429,7 @@ def run_ours(srv: Server, shape: Shape, *, concurrency: int | None, rate: float 
     if concurrency is not None:
         argv += ["--concurrency", str(concurrency)]
     if rate is not None:
-        argv += ["--rate", str(rate), "--arrival-seed", str(seed if arrival_seed is None else arrival_seed)]
+        argv += ["--rate", str(rate), "--arrival-seed", str(seed)]
     argv += extra or []  # a variant's own probe options (--variant), last so they win
     t = time.time()
     p = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=timeout_s, check=False)
@@ -502,26 +523,24 @@ def one_level(srv: Server, shape: Shape, *, concurrency: int | None, rate: float
             log(f"  warm-up run (not counted): {r['output_tps'] or 0:.0f} tok/s")
         for k in range(rounds):
             order = round_order(level_index, k, arms)
-            # At a rate every arm of a round sends one arrival sequence: the bench client's --seed
-            # draws its gaps (numpy's), ours replays them from the same seed (arrivals.LegacyGamma),
-            # so a round compares the clients, not two Poisson draws. Prompts stay fresh per arm.
-            arrivals = rng.randrange(1, 1 << 30)
+            # Every arm of a round sends one workload: the bench client's --seed draws its lengths
+            # (numpy's default_rng) and its gaps (numpy's legacy gamma); ours, given the same seed,
+            # draws the same numbers, so a round compares the clients, not two draws. The prompts'
+            # words stay each run's own (ours new words, theirs its dataset's tokens).
+            seed = rng.randrange(1, 1 << 30)
             for who in order:
-                seed = arrivals if who == "theirs" else rng.randrange(1, 1 << 30)
                 before = metrics.try_fetch()
                 if who == "theirs":
                     r = run_theirs(srv, shape, concurrency=concurrency, rate=rate, n=n, seed=seed, python=python,
                                    env=env, timeout_s=timeout_s)
                 else:
                     r = run_ours(srv, shape, concurrency=concurrency, rate=rate, n=n, seed=seed, python=python,
-                                 env=env, timeout_s=timeout_s, extra=variants.get(who), arrival_seed=arrivals)
+                                 env=env, timeout_s=timeout_s, extra=variants.get(who))
                 after = metrics.try_fetch()
                 r["referee"] = referee(before, after, r.get("duration_s"))
                 if who != "theirs":
                     without_warmup(r)
                 r["seed"] = seed
-                if rate is not None:
-                    r["arrival_seed"] = arrivals
                 r["round"] = k
                 runs[who].append(r)
                 log(f"  round {k + 1} {who:6s}: {fmt_run(r)}")
@@ -547,7 +566,14 @@ def fmt_run(r: dict[str, Any]) -> str:
             f"(mean queue {f(ref.get('queue_mean_ms'), '.1f')}, prefill {f(ref.get('prefill_mean_ms'), '.1f')}), "
             f"ITL p99 {f(ref.get('itl_p99_ms'), '.1f')} ms, {f(ref.get('prompt_tokens'))} prompt tokens]  "
             f"in flight: client {f(r.get('in_flight_mean'), '.1f')}, server {f(ref.get('server_in_flight'), '.1f')}, "
-            f"engine {f(ref.get('engine_running'), '.1f')}  {f(r.get('wall_s'), '.0f')} s")
+            f"engine {f(ref.get('engine_running'), '.1f')}  {f(r.get('wall_s'), '.0f')} s{_unlike(r)}")
+
+
+def _unlike(r: dict[str, Any]) -> str:
+    u = r.get("lengths_unlike_ours")
+    if not u or not (u["prompt"] or u["output"]):
+        return ""  # none recorded, or the very lengths ours asks for
+    return f"  LENGTHS UNLIKE OURS: {u['prompt']} prompt, {u['output']} output of {r.get('completed')}"
 
 
 def format_level(lv: dict[str, Any]) -> str:

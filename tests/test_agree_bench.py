@@ -69,15 +69,16 @@ def test_with_a_variant_arm_each_arm_opens_a_level_and_runs_once_a_round():
             A.parse_variant(bad)
 
 
-def test_at_a_rate_every_arm_of_a_round_sends_one_arrival_sequence(monkeypatch):
-    # Different Poisson draws for the two clients were noise in every rate ratio (on an H200 at
-    # 80 req/s the engine held ours longer in 2 of 3 rounds). Now a round's arms share the
-    # bench client's --seed as our --arrival-seed; the prompts stay each arm's own.
+def test_every_arm_of_a_round_sends_one_workload_at_a_concurrency_and_at_a_rate(monkeypatch):
+    # Different draws for the two clients were noise in every ratio: on an H200 at 80 req/s the
+    # engine held ours longer in 2 of 3 rounds (two Poisson draws); on the paced stand-in with one
+    # arrival sequence the TTFT tail still differed round by round (two draws of output lengths).
+    # Now a round's arms share one --seed: the bench client's lengths and arrivals, replayed by ours.
     calls = []
 
     def fake(who):
-        def run(srv, shape, *, seed, arrival_seed=None, **kw):
-            calls.append({"who": who, "seed": seed, "arrival_seed": seed if who == "theirs" else arrival_seed})
+        def run(srv, shape, *, seed, rate, extra=None, **kw):
+            calls.append({"who": "quiet" if extra else who, "seed": seed, "rate": rate})
             return {**{f: 1.0 for f in A.FIGURES}, "duration_s": 1.0, "completed": 1}
         return run
 
@@ -93,15 +94,54 @@ def test_at_a_rate_every_arm_of_a_round_sends_one_arrival_sequence(monkeypatch):
     monkeypatch.setattr(A, "run_ours", fake("ours"))
     monkeypatch.setattr(A, "run_theirs", fake("theirs"))
     monkeypatch.setattr(A, "MetricsClient", NoMetrics)
-    A.one_level(A.Server("http://127.0.0.1:9", "m", "tok"), A.Shape(), concurrency=None, rate=80.0, n=800,
-                rounds=3, python=sys.executable, env={}, timeout_s=10, log=lambda *a: None,
-                variants={"quiet": ["--metrics-interval", "30"]})
-    assert len(calls) == 9
-    rounds = [calls[i:i + 3] for i in range(0, 9, 3)]
-    for rnd in rounds:
-        assert len({c["arrival_seed"] for c in rnd}) == 1  # one arrival sequence a round
-        assert len({c["seed"] for c in rnd}) == 3  # each arm its own prompts
-    assert len({rnd[0]["arrival_seed"] for rnd in rounds}) == 3  # a new sequence each round
+    for concurrency, rate in ((128, None), (None, 80.0)):
+        calls.clear()
+        lv = A.one_level(A.Server("http://127.0.0.1:9", "m", "tok"), A.Shape(), concurrency=concurrency, rate=rate,
+                         n=800, rounds=3, python=sys.executable, env={}, timeout_s=10, log=lambda *a: None,
+                         variants={"quiet": ["--metrics-interval", "30"]})
+        assert len(calls) == 9
+        rounds = [calls[i:i + 3] for i in range(0, 9, 3)]
+        for rnd in rounds:
+            assert {c["who"] for c in rnd} == {"ours", "quiet", "theirs"}
+            assert len({c["seed"] for c in rnd}) == 1  # one workload a round
+        assert len({rnd[0]["seed"] for rnd in rounds}) == 3  # a new one each round
+        assert [r["seed"] for r in lv["runs"]["theirs"]] == [rnd[0]["seed"] for rnd in rounds]
+
+
+def test_our_burst_gets_the_rounds_seed_for_lengths_and_arrivals_and_new_words(monkeypatch):
+    # The seed is the bench client's --seed: our --seed (lengths) and --arrival-seed take it; no
+    # --word-seed, so our prompts' words are new every run (never from vLLM's prefix cache).
+    seen = []
+
+    def fake_run(argv, **kw):
+        seen.append(argv)
+        return subprocess.CompletedProcess(argv, 0, stdout="{}", stderr="")
+    monkeypatch.setattr(A.subprocess, "run", fake_run)
+    monkeypatch.setattr(A, "figures_from_burst_json", lambda d: {"duration_s": 1.0})
+    for rate in (None, 80.0):
+        A.run_ours(A.Server("http://127.0.0.1:9", "m", "tok"), A.Shape(), concurrency=None if rate else 128,
+                   rate=rate, n=800, seed=4242, python=sys.executable, env={}, timeout_s=10)
+    closed, open_ = seen
+    assert closed[closed.index("--seed") + 1] == "4242" and "--arrival-seed" not in closed
+    assert open_[open_.index("--seed") + 1] == "4242" and open_[open_.index("--arrival-seed") + 1] == "4242"
+    assert not any("--word-seed" in argv for argv in seen)
+
+
+def test_the_bench_clients_lengths_are_checked_against_ours_request_by_request():
+    shape = A.Shape(165, 128, 0.8182)
+    in_lo, in_hi, out_lo, out_hi = shape.ranges()
+    ins, outs = A.drawn_lengths(50, (in_lo, in_hi), (out_lo, out_hi), seed=9)
+    assert A.lengths_unlike_ours({"input_lens": ins, "output_lens": outs}, shape, 50, 9) == {"prompt": 0, "output": 0}
+    outs2 = list(outs)
+    outs2[7] = 0  # a failed request: nothing returned
+    ins2 = [x + 1 for x in ins[:3]] + ins[3:]
+    assert A.lengths_unlike_ours({"input_lens": ins2, "output_lens": outs2}, shape, 50, 9) == {"prompt": 3,
+                                                                                              "output": 1}
+    assert A.lengths_unlike_ours({"input_lens": ins, "output_lens": outs}, shape, 50, 10)["output"] > 40
+    assert A.lengths_unlike_ours({"ttfts": [0.1]}, shape, 50, 9) is None
+    assert "LENGTHS UNLIKE OURS: 3 prompt, 1 output" in A.fmt_run(
+        {f: 1.0 for f in A.FIGURES} | {"output_tps": 1.0, "referee": {}, "completed": 50,
+                                       "lengths_unlike_ours": {"prompt": 3, "output": 1}})
 
 
 def test_the_bench_clients_run_read_over_its_whole_load_alone():

@@ -12,14 +12,16 @@ import statistics
 import subprocess
 import sys
 import urllib.request
+from itertools import islice
 from pathlib import Path
 
 import pytest
 
+from ernie_tui.engine_ctl.load import arrivals as A
 from ernie_tui.engine_ctl.load.arrivals import (
-    LegacyGamma,
     arrival_offsets,
-    output_lengths,
+    arrival_stream,
+    drawn_lengths,
     send_lag,
     vllm_bench_ranges,
 )
@@ -80,17 +82,22 @@ def test_poisson_arrivals_are_seeded_exponential_and_end_at_n_over_rate():
     assert 0.4 < statistics.pstdev(g4) / statistics.fmean(g4) < 0.6
 
 
-def test_gaps_are_numpys_legacy_gamma_number_for_number():
-    # vLLM's bench client draws its gaps with np.random.gamma after np.random.seed(--seed):
-    # the same seed must give the same numbers here, at every burstiness (each shape takes its
-    # own path through numpy's legacy sampler: exponential, Johnk-type, Marsaglia-Tsang).
-    np = pytest.importorskip("numpy")
+def test_an_endless_stream_draws_one_long_legacy_gamma_draw_across_its_chunks():
+    # vLLM's bench client draws all its gaps at once: np.random.gamma(shape, theta, size=n) after
+    # np.random.seed(--seed). An open-loop capacity level cannot know n and draws in chunks; the
+    # numbers must be the one long draw's, across chunk boundaries too (the legacy sampler keeps a
+    # spare normal between calls), at every burstiness (each shape takes its own path through
+    # numpy's sampler: exponential, Johnk-type, Marsaglia-Tsang), and for seeds over 32 bits.
+    import numpy as np
+
+    n = 3 * A._CHUNK + 17
     for seed in (0, 3, 2**31 + 7, 2**32 - 1):
-        for shape in (1.0, 0.3, 0.5, 2.0, 4.0):
-            rs = np.random.RandomState(seed)
-            want = [float(rs.gamma(shape, 0.0125)) for _ in range(2000)]
-            g = LegacyGamma(seed)
-            assert [g.gamma(shape, 0.0125) for _ in range(2000)] == want, (seed, shape)
+        for shape in (1.0, 0.3, 2.0):
+            np.random.seed(seed)
+            want = np.cumsum(np.random.gamma(shape, 1 / (40.0 * shape), size=n)).tolist()
+            got = list(islice(arrival_stream(40.0, "poisson", seed=seed, burstiness=shape), n))
+            assert got == pytest.approx(want, rel=1e-12), (seed, shape)
+    assert list(islice(arrival_stream(40.0, seed=2**32 + 5), 50)) == list(islice(arrival_stream(40.0, seed=5), 50))
 
 
 def test_a_burst_and_vllms_bench_client_send_one_arrival_sequence_for_one_seed(monkeypatch):
@@ -140,9 +147,12 @@ def test_the_bench_clients_range_ratio_applies_to_output_lengths_too():
     # asks for 23..233 tokens, not 128 each.
     assert vllm_bench_ranges(165, 128, 0.8182) == (29, 301, 23, 233)
     assert vllm_bench_ranges(128, 128, 0.0) == (128, 128, 128, 128)
-    lens = output_lengths(5000, 23, 233, seed=1)
+    ins, lens = drawn_lengths(5000, (29, 301), (23, 233), seed=1)
     assert min(lens) == 23 and max(lens) == 233
     assert statistics.fmean(lens) == pytest.approx(128, abs=3)
+    assert min(ins) == 29 and max(ins) == 301
+    with pytest.raises(ValueError):
+        drawn_lengths(3, (0, 5), (1, 1))
 
 
 @pytest.mark.vllm  # imports vLLM (~20 s on 2 cores), no server
@@ -159,6 +169,36 @@ def test_our_ranges_equal_vllms_own_sampler():
     ins, outs, _ = utils.get_sampling_params(np.random.default_rng(0), 20000, 0.8182, 165, 128, Tok())
     lo_in, hi_in, lo_out, hi_out = vllm_bench_ranges(165, 128, 0.8182)
     assert (int(ins.min()), int(ins.max()), int(outs.min()), int(outs.max())) == (lo_in, hi_in, lo_out, hi_out)
+
+
+@pytest.mark.vllm  # imports vLLM (~20 s on 2 cores), no server
+def test_a_burst_asks_for_the_lengths_vllms_random_dataset_draws_for_one_seed():
+    # vLLM's bench client with --seed S draws its requests' prompt and output lengths from
+    # np.random.default_rng(S) (get_sampling_params). Before, our --seed drew other lengths (Python's
+    # random), so at one concurrency the two clients' rounds differed in their output lengths, and
+    # the TTFT tail followed them. Now --seed S asks for its lengths, request by request.
+    utils = pytest.importorskip("vllm.benchmarks.datasets.utils")
+    import numpy as np
+
+    from ernie_tui.engine_ctl.load import burst as B
+
+    class Tok:
+        def num_special_tokens_to_add(self) -> int:
+            return 0
+
+        vocab_size = 1000
+
+    for n, seed, ratio, (i, o) in ((800, 12345, 0.8182, (165, 128)), (37, 7, 0.5, (1000, 64)), (5, 0, 0.0, (32, 8))):
+        ins, outs, _ = utils.get_sampling_params(np.random.default_rng(seed), n, ratio, i, o, Tok())
+        lo_in, hi_in, lo_out, hi_out = vllm_bench_ranges(i, o, ratio)
+        cfg = BurstConfig(n=n, min_tokens=lo_in, max_tokens_in=hi_in, max_tokens=hi_out,
+                          min_output_tokens=lo_out, seed=seed)
+        assert B.plan_lengths(cfg) == ins.tolist()
+        assert B.plan_output_lengths(cfg) == outs.tolist()
+    # Without drawn output lengths every request asks for max_tokens, and the prompt lengths are the same draw.
+    cfg = BurstConfig(n=50, min_tokens=10, max_tokens_in=90, max_tokens=16, seed=3)
+    assert B.plan_output_lengths(cfg) == [16] * 50
+    assert B.plan_lengths(cfg) == np.random.default_rng(3).integers(10, 91, size=50).tolist()
 
 
 # -- what a burst sends ----------------------------------------------------------------

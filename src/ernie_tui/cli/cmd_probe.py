@@ -79,13 +79,15 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "process that also streams every token: 4 a second showed in the tokens' timing "
                         "(docs/load-generator.md)")
     b.add_argument("--min-output-tokens", type=int, metavar="A",
-                   help="draw each request's max_tokens uniformly from A..--max-tokens (seeded by --seed), as "
+                   help="draw each request's max_tokens uniformly from A..--max-tokens (from --seed), as "
                         "vLLM's bench client --random-range-ratio does (a capacity search's built prompts too); "
                         "default: all --max-tokens")
     b.add_argument("--min-tokens", type=int, default=30, metavar="A", help="shortest prompt in tokens (default 30)")
     b.add_argument("--max-tokens-in", type=int, default=300, metavar="B",
                    help="longest prompt in tokens (default 300)")
-    b.add_argument("--seed", type=int, default=0, help="seed for the prompt lengths (default 0)")
+    b.add_argument("--seed", type=int, default=0,
+                   help="seed for the prompt and output lengths (default 0); with vLLM's bench client's ranges, "
+                        "its --seed of the same value draws the same lengths in the same order")
     b.add_argument("--word-seed", type=int, metavar="N",
                    help="seed for the prompts' words; default: new words every run, so a run repeated on the "
                         "same server is not served from vLLM's prefix cache (set it to resend the same prompts)")

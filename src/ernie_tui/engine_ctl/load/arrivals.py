@@ -18,17 +18,19 @@ can reuse `arrival_offsets` for its rate levels.
 The gaps are drawn as vLLM's bench client draws them, number for number:
 numpy's legacy `np.random.gamma` after `np.random.seed(seed)` (the client
 seeds numpy's global generator with its `--seed` and draws nothing else from
-it before the schedule). So a burst and a bench client run given one seed
-send one arrival sequence, and an agreement run between them at a rate
-compares the clients, not two draws of a Poisson process. Pure Python: both
-are a Mersenne Twister with the same doubles; only the seeding (numpy's
-init_genrand) and the gamma sampler (numpy's legacy one) are written here.
+it before the schedule). Here a `RandomState(seed)` of our own gives the same
+stream without touching numpy's global one. So a burst and a bench client
+run given one seed send one arrival sequence, and an agreement run between
+them at a rate compares the clients, not two draws of a Poisson process.
+
+The prompt and output lengths follow the same idea (`drawn_lengths`): vLLM's
+random dataset draws them with `np.random.default_rng(seed).integers`, all
+prompt lengths first, then all output lengths; the same seed gives ours.
 """
 
 from __future__ import annotations
 
 import math
-import random
 from collections.abc import Iterator
 from dataclasses import dataclass
 from itertools import islice
@@ -61,86 +63,27 @@ def arrival_stream(rate: float, kind: str = "poisson", *, seed: int = 0,
     after one gap, as in vLLM's client (whose first sleep is the first gap).
     """
     _check(rate, kind, burstiness)
-    draw = LegacyGamma(seed)
+    if kind == "constant":
+        i = 0
+        while True:
+            i += 1
+            yield i / rate  # no float drift over a long level
+    import numpy as np  # lazy: 0.2 s of import that only open-loop loads pay
+
+    # numpy's legacy seeding takes 32 bits; our seeds may be wider.
+    draw = np.random.RandomState(seed & 0xFFFFFFFF)
     theta = 1.0 / (rate * burstiness)
     t = 0.0
-    i = 0
     while True:
-        i += 1
-        if kind == "constant":
-            t = i / rate  # no float drift over a long level
-        else:
-            t += draw.gamma(burstiness, theta)
-        yield t
+        # Drawn in chunks: the legacy sampler takes the stream element by
+        # element (and keeps its spare normal across calls), so chunks of any
+        # size give the numbers one long draw of the bench client gives.
+        for gap in draw.gamma(burstiness, theta, size=_CHUNK).tolist():
+            t += gap
+            yield t
 
 
-class LegacyGamma:
-    """numpy.random.RandomState(seed).gamma(shape, scale), one value a call,
-    the same numbers (see the module's docstring for why). The seed is taken
-    modulo 2**32, as numpy's legacy seeding takes 32 bits."""
-
-    def __init__(self, seed: int) -> None:
-        # numpy's mt19937_seed (Knuth's init_genrand), as Python's random.setstate takes a state.
-        key = [seed & 0xFFFFFFFF]
-        for i in range(1, 624):
-            key.append((1812433253 * (key[-1] ^ (key[-1] >> 30)) + i) & 0xFFFFFFFF)
-        self._rng = random.Random()
-        self._rng.setstate((3, (*key, 624), None))  # 624: regenerate before the first number
-        self._gauss: float | None = None  # the polar method's second value, kept as numpy keeps it
-
-    def _double(self) -> float:
-        return self._rng.random()  # both: (a >> 5, b >> 6) of two 32-bit outputs, 53 bits
-
-    def _exponential(self) -> float:
-        return -math.log(1.0 - self._double())
-
-    def _normal(self) -> float:
-        if self._gauss is not None:
-            g, self._gauss = self._gauss, None
-            return g
-        while True:
-            x1 = 2.0 * self._double() - 1.0
-            x2 = 2.0 * self._double() - 1.0
-            r2 = x1 * x1 + x2 * x2
-            if 0.0 < r2 < 1.0:
-                break
-        f = math.sqrt(-2.0 * math.log(r2) / r2)
-        self._gauss = f * x1
-        return f * x2
-
-    def standard_gamma(self, shape: float) -> float:
-        if shape == 1.0:
-            return self._exponential()
-        if shape < 1.0:  # Johnk-type rejection, as numpy's legacy sampler
-            while True:
-                u = self._double()
-                v = self._exponential()
-                if u <= 1.0 - shape:
-                    x = u ** (1.0 / shape)
-                    if x <= v:
-                        return x
-                else:
-                    y = -math.log((1.0 - u) / shape)
-                    x = (1.0 - shape + shape * y) ** (1.0 / shape)
-                    if x <= v + y:
-                        return x
-        b = shape - 1.0 / 3.0  # Marsaglia and Tsang
-        c = 1.0 / math.sqrt(9.0 * b)
-        while True:
-            while True:
-                x = self._normal()
-                v = 1.0 + c * x
-                if v > 0.0:
-                    break
-            v = v * v * v
-            u = self._double()
-            if u < 1.0 - 0.0331 * (x * x) * (x * x):
-                return b * v
-            if math.log(u) < 0.5 * x * x + b * (1.0 - v + math.log(v)):
-                return b * v
-
-    def gamma(self, shape: float, scale: float) -> float:
-        return scale * self.standard_gamma(shape)
+_CHUNK = 256  # gaps drawn at a time by an endless stream
 
 
 def arrival_offsets(n: int, rate: float, kind: str = "poisson", *, seed: int = 0,
@@ -186,12 +129,25 @@ def send_lag(scheduled: list[float], actual: list[float | None], threshold_s: fl
                    max_s=max(lags) if lags else None)
 
 
-def output_lengths(n: int, low: int, high: int, seed: int = 0) -> list[int]:
-    """n output lengths (max_tokens) uniform in [low, high], from a seed."""
-    if not 1 <= low <= high:
-        raise ValueError(f"output lengths need 1 <= low ({low}) <= high ({high})")
-    rng = random.Random(seed)
-    return [rng.randint(low, high) for _ in range(n)]
+def drawn_lengths(n: int, prompt: tuple[int, int], output: tuple[int, int],
+                  seed: int = 0) -> tuple[list[int], list[int]]:
+    """n prompt lengths uniform in prompt=(low, high) and n output lengths
+    (max_tokens) uniform in output=(low, high), bounds inclusive, drawn as
+    vLLM's random dataset draws them for `vllm bench serve --seed S`:
+    `np.random.default_rng(S).integers`, all prompt lengths, then all
+    output lengths (its get_sampling_params). A range of one value draws
+    nothing, as numpy's own. So a burst with --seed S asks for the bench
+    client's lengths, request by request, when the ranges are its ranges
+    (vllm_bench_ranges)."""
+    for name, (low, high) in (("prompt", prompt), ("output", output)):
+        if not 1 <= low <= high:
+            raise ValueError(f"{name} lengths need 1 <= low ({low}) <= high ({high})")
+    import numpy as np  # lazy, see arrival_stream
+
+    rng = np.random.default_rng(seed)
+    ins = rng.integers(prompt[0], prompt[1] + 1, size=n).tolist()
+    outs = rng.integers(output[0], output[1] + 1, size=n).tolist()
+    return ins, outs
 
 
 def vllm_bench_ranges(input_len: int, output_len: int, range_ratio: float,
@@ -201,8 +157,6 @@ def vllm_bench_ranges(input_len: int, output_len: int, range_ratio: float,
     --random-range-ratio R`: (input_low, input_high, output_low, output_high),
     each uniform and inclusive. The ratio applies to the output too: O=128
     with R=0.8182 asks for 23..233 tokens, not 128 each."""
-    import math
-
     if not 0.0 <= range_ratio < 1.0:
         raise ValueError("range_ratio must be in [0, 1)")
     real_in = max(0, input_len - num_special_tokens)

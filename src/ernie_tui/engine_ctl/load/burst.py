@@ -3,8 +3,9 @@
 This is the source articles' "100 questions" test done so that the figures
 can be trusted and compared between presets:
 - prompt lengths are drawn uniformly from [min_tokens, max_tokens_in] with a
-  fixed seed, and each prompt is built with the served model's own tokenizer
-  so it is exactly that many tokens (checked against the server's usage);
+  fixed seed (as vLLM's random dataset draws them for the same --seed), and
+  each prompt is built with the served model's own tokenizer so it is
+  exactly that many tokens (checked against the server's usage);
   the same seed gives the same workload on every preset;
 - ignore_eos makes every request generate exactly max_tokens tokens, so two
   runs do the same work;
@@ -25,7 +26,7 @@ client, `vllm bench serve`):
   the requests in flight and a send that waits for it is late. Late sends
   are counted and their lag reported (send_lag).
 With `min_output_tokens`, each request's max_tokens is drawn uniformly from
-[min_output_tokens, max_tokens] (seeded), as the bench client's
+[min_output_tokens, max_tokens] (the same seed's draw), as the bench client's
 `--random-range-ratio` draws them: with equal output lengths the slots of a
 closed loop finish together and refill together, in synchronised waves
 whose prefills never compete with decodes, a different load from the
@@ -60,7 +61,7 @@ import psutil
 
 from ernie_tui.engine_ctl.load import metrics as M
 from ernie_tui.engine_ctl.load import runstore, stats
-from ernie_tui.engine_ctl.load.arrivals import ARRIVALS, DEFAULT_ARRIVALS, arrival_offsets, output_lengths, send_lag
+from ernie_tui.engine_ctl.load.arrivals import ARRIVALS, DEFAULT_ARRIVALS, arrival_offsets, drawn_lengths, send_lag
 from ernie_tui.engine_ctl.load.http_client import (
     ServedModel,
     base_url,
@@ -106,7 +107,9 @@ class BurstConfig:
     # (top_p) at every step: a different load.
     temperature: float | None = None
     top_p: float | None = None
-    seed: int = 0  # the prompt lengths: the same shape run after run
+    # The prompt and output lengths: the same shape run after run, and the
+    # lengths vLLM's bench client draws with `--seed` of the same value.
+    seed: int = 0
     # The prompts' words. None: new ones every run (new_word_seed), so a burst
     # run again on the same server is not served from vLLM's prefix cache;
     # set it to send the very same prompts again (to measure that cache).
@@ -162,6 +165,8 @@ class BurstConfig:
         if self.min_output_tokens is not None and not 1 <= self.min_output_tokens <= self.max_tokens:
             raise ValueError(f"output lengths need 1 <= min_output_tokens ({self.min_output_tokens}) "
                              f"<= max_tokens ({self.max_tokens})")
+        if self.seed < 0:
+            raise ValueError(f"the lengths' seed must be >= 0, got {self.seed}")
         if not 1 <= self.min_tokens <= self.max_tokens_in:
             raise ValueError(f"prompt lengths need 1 <= min ({self.min_tokens}) <= max ({self.max_tokens_in})")
         if self.max_tokens < 1:
@@ -280,17 +285,21 @@ class BurstResult:
 
 
 def plan_lengths(config: BurstConfig) -> list[int]:
-    """The burst's prompt lengths: uniform integers in [min, max], fixed seed."""
-    rng = random.Random(config.seed)
-    return [rng.randint(config.min_tokens, config.max_tokens_in) for _ in range(config.n)]
+    """The burst's prompt lengths, uniform in [min_tokens, max_tokens_in]
+    from config.seed (drawn_lengths: vLLM's random dataset's draw)."""
+    return _drawn(config)[0]
 
 
 def plan_output_lengths(config: BurstConfig) -> list[int]:
     """Each request's max_tokens: all max_tokens, or uniform in
-    [min_output_tokens, max_tokens] from the lengths' seed."""
-    if config.min_output_tokens is None:
-        return [config.max_tokens] * config.n
-    return output_lengths(config.n, config.min_output_tokens, config.max_tokens, seed=config.seed + 0x5EED)
+    [min_output_tokens, max_tokens], drawn with the prompt lengths."""
+    return _drawn(config)[1]
+
+
+def _drawn(config: BurstConfig) -> tuple[list[int], list[int]]:
+    low = config.min_output_tokens if config.min_output_tokens is not None else config.max_tokens
+    return drawn_lengths(config.n, (config.min_tokens, config.max_tokens_in), (low, config.max_tokens),
+                         seed=config.seed)
 
 
 def new_word_seed() -> int:
