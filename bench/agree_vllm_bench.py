@@ -26,7 +26,9 @@ our burst gets the same ranges (--min-tokens/--max-tokens-in,
 For each level it prints, per figure (output tok/s, TTFT p50/p99, ITL
 p50/p99), each client's median over the rounds, its spread ((max - min) /
 median) and the ratio ours / theirs, against the goal (tok/s within +-5 %,
-latencies within +-10 %); and as referee, vLLM's own /metrics for each
+latencies within +-10 %); the ratio round by round (a round's two runs
+share one workload: a client that differs reads higher in every round,
+a server's phases either way); and as referee, vLLM's own /metrics for each
 client's windows (TTFT and ITL histogram quantiles, generation tokens over
 the client's duration). Writes everything, runs included, to --json.
 
@@ -137,6 +139,17 @@ def summarize_figure(ours: list[float | None], theirs: list[float | None], goal:
             "ours_spread": so, "theirs_spread": st, "ratio": ratio, "goal": goal,
             "within_goal": None if ratio is None else abs(ratio - 1.0) <= goal + 1e-12,
             "spread_no_larger": None if so is None or st is None else so <= st + 1e-12}
+
+
+def per_round(s: dict[str, Any]) -> tuple[list[float | None], int, int]:
+    """A figure round by round: ours / theirs in each round (the two ran one
+    workload, one after the other), and in how many of the rounds with both
+    ours read higher. Server drift between rounds cancels in each pair: a
+    client that differs shows on one side in every round, a server's phases
+    on both sides."""
+    ratios = [o / t if o is not None and t else None for o, t in zip(s["ours"], s["theirs"], strict=False)]
+    known = [x for x in ratios if x is not None]
+    return ratios, sum(1 for x in known if x > 1.0), len(known)
 
 
 def figures_from_bench_json(d: dict[str, Any]) -> dict[str, Any]:
@@ -590,7 +603,7 @@ def format_level(lv: dict[str, Any]) -> str:
 
 def _text_table(arm: dict[str, Any]) -> list[str]:
     lines = [f"  {'figure':12s} {'ours median':>12s} {'spread':>7s} {'theirs median':>14s} {'spread':>7s} "
-             f"{'ratio':>6s} goal   | vLLM referee ratio"]
+             f"{'ratio':>6s} goal   | vLLM referee ratio | round by round"]
 
     def n(v: float | None, p: str = ".1f") -> str:
         return "-" if v is None else format(v, p)
@@ -602,8 +615,14 @@ def _text_table(arm: dict[str, Any]) -> list[str]:
         ok = {True: "ok", False: "MISS", None: "-"}[s["within_goal"]]
         lines.append(f"  {f:12s} {n(s['ours_median']):>12s} {pct(s['ours_spread']):>7s} "
                      f"{n(s['theirs_median']):>14s} {pct(s['theirs_spread']):>7s} {n(s['ratio'], '.3f'):>6s} "
-                     f"+-{s['goal'] * 100:.0f}% {ok:4s} | {n(ref['ratio'], '.3f')}")
+                     f"+-{s['goal'] * 100:.0f}% {ok:4s} | {n(ref['ratio'], '.3f'):>18s} | {_rounds(s)}")
     return lines
+
+
+def _rounds(s: dict[str, Any]) -> str:
+    ratios, higher, known = per_round(s)
+    each = " ".join("-" if x is None else f"{x:.3f}" for x in ratios)
+    return f"{each} (ours higher in {higher} of {known})"
 
 
 def phases(lv: dict[str, Any]) -> str:
@@ -637,7 +656,7 @@ def markdown_level(lv: dict[str, Any]) -> str:
 
 def _markdown_table(label: str, arm: dict[str, Any]) -> list[str]:
     out = [f"| figure | {label}: median (spread) | bench client: median (spread) | ratio | goal "
-           "| vLLM /metrics ratio |", "|---|---|---|---|---|---|"]
+           "| vLLM /metrics ratio | ratio round by round |", "|---|---|---|---|---|---|---|"]
     for f in FIGURES:
         s, ref = arm["figures"][f], arm["referee"][f]
 
@@ -652,7 +671,7 @@ def _markdown_table(label: str, arm: dict[str, Any]) -> list[str]:
         ok = {True: "met", False: "**missed**", None: "-"}[s["within_goal"]]
         out.append(f"| {f} | {n(s['ours_median'])} ({pct(s['ours_spread'])}) | {n(s['theirs_median'])} "
                    f"({pct(s['theirs_spread'])}) | {r(s['ratio'])} | ±{s['goal'] * 100:.0f} % {ok} "
-                   f"| {r(ref['ratio'])} |")
+                   f"| {r(ref['ratio'])} | {_rounds(s)} |")
     return out
 
 

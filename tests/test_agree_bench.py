@@ -47,6 +47,21 @@ def test_figure_summary_medians_spreads_ratio_and_goal():
     assert A.spread([]) is None and A.spread([5.0]) == 0.0
 
 
+def test_a_figure_is_also_read_round_by_round_as_pairs():
+    # Rounds share one workload, so each round is a pair: at rate 80 on an H200 (10 s runs) ours
+    # read higher in all 3 rounds, at 20 s in 1 of 3 with 2 rounds within 4 %. The medians' ratio
+    # alone does not tell the two apart.
+    s = A.summarize_figure([66.0, 65.0, 74.0], [56.0, 51.0, 50.0], 0.1)
+    ratios, higher, known = A.per_round(s)
+    assert ratios == pytest.approx([66 / 56, 65 / 51, 74 / 50]) and (higher, known) == (3, 3)
+    mixed = A.summarize_figure([64.0, None, 75.0], [106.0, 85.0, 80.0], 0.1)
+    assert A.per_round(mixed)[1:] == (0, 2) and A.per_round(mixed)[0][1] is None
+    lv = {"concurrency": None, "rate": 80.0, "n": 800, "rounds": 3,
+          "figures": {f: s for f in A.FIGURES}, "referee": {f: s for f in A.FIGURES}}
+    assert "| 1.179 1.275 1.480 (ours higher in 3 of 3) |" in A.markdown_level(lv)
+    assert "1.179 1.275 1.480 (ours higher in 3 of 3)" in A.format_level({**lv, "runs": {}})
+
+
 def test_neither_client_always_opens_a_level():
     firsts = [A.round_order(li, 0)[0] for li in range(4)]
     assert firsts == ["ours", "theirs", "ours", "theirs"]
