@@ -592,16 +592,17 @@ def _unlike(r: dict[str, Any]) -> str:
 def format_level(lv: dict[str, Any]) -> str:
     name = f"concurrency {lv['concurrency']}" if lv["rate"] is None else f"rate {lv['rate']:g} req/s"
     lines = [f"{name}, {lv['n']} requests x {lv['rounds']} rounds:"]
-    arms = [("ours", lv)] + [(f"{v} ({' '.join(a['args'])})", a) for v, a in (lv.get("variants") or {}).items()]
-    for label, arm in arms:
-        if label != "ours":
+    arms = [("ours", "ours", lv)] + [(v, f"{v} ({' '.join(a['args'])})", a)
+                                     for v, a in (lv.get("variants") or {}).items()]
+    for name, label, arm in arms:
+        if name != "ours":
             lines.append(f"  variant {label} against the bench client:")
-        lines += _text_table(arm)
+        lines += _text_table(arm, name)
     lines.append("  vLLM's view of each client's requests (medians over the rounds): " + phases(lv))
     return "\n".join(lines)
 
 
-def _text_table(arm: dict[str, Any]) -> list[str]:
+def _text_table(arm: dict[str, Any], label: str = "ours") -> list[str]:
     lines = [f"  {'figure':12s} {'ours median':>12s} {'spread':>7s} {'theirs median':>14s} {'spread':>7s} "
              f"{'ratio':>6s} goal   | vLLM referee ratio | round by round"]
 
@@ -615,14 +616,14 @@ def _text_table(arm: dict[str, Any]) -> list[str]:
         ok = {True: "ok", False: "MISS", None: "-"}[s["within_goal"]]
         lines.append(f"  {f:12s} {n(s['ours_median']):>12s} {pct(s['ours_spread']):>7s} "
                      f"{n(s['theirs_median']):>14s} {pct(s['theirs_spread']):>7s} {n(s['ratio'], '.3f'):>6s} "
-                     f"+-{s['goal'] * 100:.0f}% {ok:4s} | {n(ref['ratio'], '.3f'):>18s} | {_rounds(s)}")
+                     f"+-{s['goal'] * 100:.0f}% {ok:4s} | {n(ref['ratio'], '.3f'):>18s} | {_rounds(s, label)}")
     return lines
 
 
-def _rounds(s: dict[str, Any]) -> str:
+def _rounds(s: dict[str, Any], label: str = "ours") -> str:
     ratios, higher, known = per_round(s)
     each = " ".join("-" if x is None else f"{x:.3f}" for x in ratios)
-    return f"{each} (ours higher in {higher} of {known})"
+    return f"{each} ({label} higher in {higher} of {known})"
 
 
 def phases(lv: dict[str, Any]) -> str:
@@ -671,7 +672,7 @@ def _markdown_table(label: str, arm: dict[str, Any]) -> list[str]:
         ok = {True: "met", False: "**missed**", None: "-"}[s["within_goal"]]
         out.append(f"| {f} | {n(s['ours_median'])} ({pct(s['ours_spread'])}) | {n(s['theirs_median'])} "
                    f"({pct(s['theirs_spread'])}) | {r(s['ratio'])} | ±{s['goal'] * 100:.0f} % {ok} "
-                   f"| {r(ref['ratio'])} | {_rounds(s)} |")
+                   f"| {r(ref['ratio'])} | {_rounds(s, label)} |")
     return out
 
 

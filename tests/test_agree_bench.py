@@ -60,6 +60,10 @@ def test_a_figure_is_also_read_round_by_round_as_pairs():
           "figures": {f: s for f in A.FIGURES}, "referee": {f: s for f in A.FIGURES}}
     assert "| 1.179 1.275 1.480 (ours higher in 3 of 3) |" in A.markdown_level(lv)
     assert "1.179 1.275 1.480 (ours higher in 3 of 3)" in A.format_level({**lv, "runs": {}})
+    # A variant arm's rows name the variant.
+    with_variant = {**lv, "variants": {"quiet": {"args": ["--metrics-interval", "30"], **lv}}}
+    assert "(quiet higher in 3 of 3)" in A.markdown_level(with_variant)
+    assert "(quiet higher in 3 of 3)" in A.format_level({**with_variant, "runs": {}})
 
 
 def test_neither_client_always_opens_a_level():
