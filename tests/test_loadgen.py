@@ -153,6 +153,8 @@ def test_the_bench_clients_range_ratio_applies_to_output_lengths_too():
     assert min(ins) == 29 and max(ins) == 301
     with pytest.raises(ValueError):
         drawn_lengths(3, (0, 5), (1, 1))
+    with pytest.raises(ValueError, match="seed must be >= 0"):  # numpy's default_rng takes none below 0
+        BurstConfig(seed=-1).validate()
 
 
 @pytest.mark.vllm  # imports vLLM (~20 s on 2 cores), no server
