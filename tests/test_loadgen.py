@@ -157,8 +157,10 @@ def test_the_bench_clients_range_ratio_applies_to_output_lengths_too():
         BurstConfig(seed=-1).validate()
 
 
-@pytest.mark.vllm  # imports vLLM (~20 s on 2 cores), no server
-def test_our_ranges_equal_vllms_own_sampler():
+def _vllms_lengths(seed: int, n: int, ratio: float, input_len: int, output_len: int):
+    """The prompt and output lengths vLLM's random dataset draws (its own
+    get_sampling_params) for `--seed seed`, with a tokenizer adding no
+    special tokens, as numpy arrays."""
     utils = pytest.importorskip("vllm.benchmarks.datasets.utils")
     import numpy as np
 
@@ -168,7 +170,13 @@ def test_our_ranges_equal_vllms_own_sampler():
 
         vocab_size = 1000
 
-    ins, outs, _ = utils.get_sampling_params(np.random.default_rng(0), 20000, 0.8182, 165, 128, Tok())
+    ins, outs, _ = utils.get_sampling_params(np.random.default_rng(seed), n, ratio, input_len, output_len, Tok())
+    return ins, outs
+
+
+@pytest.mark.vllm  # imports vLLM (~20 s on 2 cores), no server
+def test_our_ranges_equal_vllms_own_sampler():
+    ins, outs = _vllms_lengths(0, 20000, 0.8182, 165, 128)
     lo_in, hi_in, lo_out, hi_out = vllm_bench_ranges(165, 128, 0.8182)
     assert (int(ins.min()), int(ins.max()), int(outs.min()), int(outs.max())) == (lo_in, hi_in, lo_out, hi_out)
 
@@ -179,19 +187,12 @@ def test_a_burst_asks_for_the_lengths_vllms_random_dataset_draws_for_one_seed():
     # np.random.default_rng(S) (get_sampling_params). Before, our --seed drew other lengths (Python's
     # random), so at one concurrency the two clients' rounds differed in their output lengths, and
     # the TTFT tail followed them. Now --seed S asks for its lengths, request by request.
-    utils = pytest.importorskip("vllm.benchmarks.datasets.utils")
     import numpy as np
 
     from ernie_tui.engine_ctl.load import burst as B
 
-    class Tok:
-        def num_special_tokens_to_add(self) -> int:
-            return 0
-
-        vocab_size = 1000
-
     for n, seed, ratio, (i, o) in ((800, 12345, 0.8182, (165, 128)), (37, 7, 0.5, (1000, 64)), (5, 0, 0.0, (32, 8))):
-        ins, outs, _ = utils.get_sampling_params(np.random.default_rng(seed), n, ratio, i, o, Tok())
+        ins, outs = _vllms_lengths(seed, n, ratio, i, o)
         lo_in, hi_in, lo_out, hi_out = vllm_bench_ranges(i, o, ratio)
         cfg = BurstConfig(n=n, min_tokens=lo_in, max_tokens_in=hi_in, max_tokens=hi_out,
                           min_output_tokens=lo_out, seed=seed)
