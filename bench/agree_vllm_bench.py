@@ -592,12 +592,10 @@ def _unlike(r: dict[str, Any]) -> str:
 def format_level(lv: dict[str, Any]) -> str:
     name = f"concurrency {lv['concurrency']}" if lv["rate"] is None else f"rate {lv['rate']:g} req/s"
     lines = [f"{name}, {lv['n']} requests x {lv['rounds']} rounds:"]
-    arms = [("ours", "ours", lv)] + [(v, f"{v} ({' '.join(a['args'])})", a)
-                                     for v, a in (lv.get("variants") or {}).items()]
-    for name, label, arm in arms:
-        if name != "ours":
-            lines.append(f"  variant {label} against the bench client:")
-        lines += _text_table(arm, name)
+    for arm_name, arm in [("ours", lv), *(lv.get("variants") or {}).items()]:
+        if arm_name != "ours":
+            lines.append(f"  variant {arm_name} ({' '.join(arm['args'])}) against the bench client:")
+        lines += _text_table(arm, arm_name)
     lines.append("  vLLM's view of each client's requests (medians over the rounds): " + phases(lv))
     return "\n".join(lines)
 
