@@ -153,6 +153,25 @@ def test_rate_keyed_levels_are_read_like_concurrency(tmp_path):
     assert "rate 12.0: undecided" in describe(back)
 
 
+def test_the_capacity_point_is_its_confirmation_and_a_ceiling_reads_as_a_lower_bound(tmp_path):
+    # A confirmed capacity has two passing levels at its load; the report
+    # draws and ranks the confirmation, whose figures the capacity reports.
+    rec = _record(LONE)
+    res = rec["results"]
+    confirmation = dict(res["levels"][-1], confirmation=True, goodput_output_tps=201.0, goodput_rps=12.5,
+                        ttft_p99_ms=512.0, requests=64)
+    res["levels"].append(confirmation)
+    res["capacity"].update(goodput_output_tps=201.0, goodput_rps=12.5, ttft_p99_ms=512.0, confirmed=True)
+    res["stop_reason"] = "max_concurrency"
+    other = RUNS / "20261201T105921-capacity-0b68a5.json"  # a second lone search: the two are ranked
+    data = load_report_data([str(_write(tmp_path, rec)), str(other)])
+    cap = data.curves[0].capacity
+    assert cap is not None and (cap.goodput_output_tps, cap.ttft_p99_ms, cap.requests) == (201.0, 512.0, 64)
+    row = next(r for r in data.comparisons[0].rows if r.preset == data.curves[0].name)
+    assert row.stats["goodput_output_tps"].median == 201.0
+    assert "≥ 8" in report_html(data)  # the search stopped at its ceiling: at least 8
+
+
 def test_a_burst_is_one_point_and_a_failed_first_level_no_capacity(store):
     data = load_report_data([BURST, FIRST_FAILED])
     burst, failed = data.curves

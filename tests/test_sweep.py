@@ -150,6 +150,41 @@ def test_capacity_sweep_ranks_by_goodput_not_raw_throughput():
     assert table[1]["goodput_output_tps"] == "331.0" and table[1]["rank"] == "1"
 
 
+def test_a_capacity_at_the_searchs_ceiling_reads_as_a_lower_bound():
+    # On an H200 the default --max-concurrency 256 ended long-doc's search
+    # with every level passing; its row read "256" like a found capacity.
+    runs = capacity_runs()
+    runs[2].capacity_stop = runs[3].capacity_stop = "bracketed"
+    runs[0].capacity_stop, runs[1].capacity_stop = "bracketed", "max_concurrency"
+    rows = fold(runs, ["a", "b", "c"])
+    md = to_markdown(rows)
+    assert "| ≥ 4.5 (4–5) |" in md and "| 4 (4–4) |" in md
+    assert "- **a**: ≥: a search reached its highest load allowed" in md and "- **b**" not in md
+    from ernie_tui.engine_ctl.report.build import _agg_text
+
+    assert _agg_text(rows[0], "capacity_concurrency") == "≥ 4.5 (4–5)"
+    assert _agg_text(rows[1], "capacity_concurrency") == "4 (4–4)"
+
+
+def test_a_sweeps_row_carries_the_confirmations_figures_as_the_capacity_does():
+    # The first, short level at the capacity's load and its confirmation
+    # read different figures; the row must carry the ones the search reports.
+    from ernie_tui.engine_ctl.control.sweep import fill_capacity_columns
+    from ernie_tui.engine_ctl.load import capacity as C
+    from test_capacity import RULES, SLO, SimServer
+
+    res = C.search(SimServer(12).runner(SLO, RULES), SLO, C.SearchConfig(confirm_waves=8))
+    cap = res.capacity
+    assert cap is not None and cap["confirmed"]
+    assert res.level(res.capacity_load).goodput_output_tps != pytest.approx(cap["goodput_output_tps"])
+    run = SweepRun("a", 0, "ok", mode="capacity")
+    fill_capacity_columns(run, res)
+    assert run.capacity_concurrency == cap["concurrency"] and run.capacity_stop == "bracketed"
+    assert (run.goodput_output_tps, run.goodput_rps, run.ttft_p99_ms, run.itl_p99_ms) == (
+        cap["goodput_output_tps"], cap["goodput_rps"], cap["ttft_p99_ms"], cap["itl_p99_ms"])
+    assert run.levels == len(res.levels) and run.requests == sum(lv.requests for lv in res.levels)
+
+
 def test_capacity_sweep_on_paced_stand_ins(tmp_path, tiny_model, capsys):
     # Two "servers" launched as presets through the sweep's own process
     # control: the paced stand-in with 2 and with 4 slots. Under the same SLO

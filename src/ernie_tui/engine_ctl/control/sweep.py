@@ -42,7 +42,7 @@ from ernie_tui.engine_ctl.control.server import EngineServer, ServerState
 from ernie_tui.engine_ctl.control.trial_load import LoadJob, LoadProcess, PeakMemory, run_load
 from ernie_tui.engine_ctl.control.trial_schedule import Trial, TrialScheduler, detect_gpu_ids
 from ernie_tui.engine_ctl.launch import next_free_port, port_is_free, run_preflight
-from ernie_tui.engine_ctl.load import BurstConfig, save_run
+from ernie_tui.engine_ctl.load import BurstConfig, CapacityResult, save_run
 from ernie_tui.engine_ctl.logs import EngineReport
 from ernie_tui.presets.model import LaunchSpec, Preset
 
@@ -262,12 +262,23 @@ def _fmt(value: Any, col: str) -> str:
     return str(value)
 
 
+CEILING_STOPS = ("max_concurrency", "max_rate")
+
+
+def at_ceiling(row: SweepRow) -> bool:
+    """Some run of the row stopped at the search's highest load allowed with
+    every level passing: its capacity is a lower bound, not a capacity."""
+    return any(r.status == "ok" and r.capacity_stop in CEILING_STOPS for r in row.runs)
+
+
 def cell(row: SweepRow, col: str) -> str:
     if col in MEASURED:
         agg = row.stats.get(col)
         if agg is None or agg.median is None:
             return "–"
         text = _fmt(agg.median, col)
+        if col in ("capacity_concurrency", "capacity_rate") and at_ceiling(row):
+            text = "≥ " + text
         if len([r for r in row.runs if r.status == "ok"]) > 1:
             text += f" ({_fmt(agg.low, col)}–{_fmt(agg.high, col)})"
         return text
@@ -286,6 +297,9 @@ def to_markdown(rows: list[SweepRow], title: str | None = None) -> str:
     for row in rows:
         lines.append("| " + " | ".join(cell(row, c).replace("|", "\\|") for c, _ in columns) + " |")
     notes = [f"- **{r.preset}**: {r.message}" for r in rows if r.status != "ok" and r.message]
+    notes += [f"- **{r.preset}**: ≥: a search reached its highest load allowed (--max-concurrency or --max-rate) "
+              "with every level passing, so that capacity is a lower bound; raise the ceiling to find it."
+              for r in rows if at_ceiling(r)]
     if rows and all(len([x for x in r.runs if x.status == "ok"]) <= 1 for r in rows):
         notes.append("- One run per preset: no spread was measured, so 'vs best' carries no noise "
                      "estimate; `--repeat 3` gives medians with min–max ranges.")
@@ -613,12 +627,25 @@ def _measure_capacity(run: SweepRun, capacity: CapacitySweep, burst_config: Burs
                    loader)
     if result is None:  # the search's child process died or raised: its row says how
         return
+    fill_capacity_columns(run, result)
+    if result.stop_reason == "cancelled" or cancel.is_set():
+        run.status, run.message = "cancelled", "cancelled during the capacity search"
+    elif result.stop_reason == "server_down":
+        run.status, run.message = "failed: capacity", result.stop_message
+    if options.save_records:
+        record = save_run("capacity", result.to_dict(), preset=preset, engine_report=report.to_dict(),
+                          url=spec.url, model=spec.served_model_name, notes=f"sweep repeat {run.repeat}")
+        run.record_id = record.id
+
+
+def fill_capacity_columns(run: SweepRun, result: CapacityResult) -> None:
+    """A finished search's answer in the run's capacity columns: the figures
+    of the level the capacity reports (its confirmation, when it had one)."""
     run.capacity_stop = result.stop_reason
     run.levels = len(result.levels)
     run.requests = sum(lv.requests for lv in result.levels)
     run.errors = sum(lv.failed for lv in result.levels)
-    load = result.capacity_load
-    at = result.level(load) if load is not None else None
+    at = result.capacity_level  # the confirmation's figures, as the search reports them
     if at is not None:
         if at.rate is not None:
             run.capacity_rate = at.rate
@@ -636,14 +663,6 @@ def _measure_capacity(run: SweepRun, capacity: CapacitySweep, burst_config: Burs
         else:
             run.capacity_concurrency = 0.0
         run.goodput_rps, run.goodput_output_tps = 0.0, 0.0
-    if result.stop_reason == "cancelled" or cancel.is_set():
-        run.status, run.message = "cancelled", "cancelled during the capacity search"
-    elif result.stop_reason == "server_down":
-        run.status, run.message = "failed: capacity", result.stop_message
-    if options.save_records:
-        record = save_run("capacity", result.to_dict(), preset=preset, engine_report=report.to_dict(),
-                          url=spec.url, model=spec.served_model_name, notes=f"sweep repeat {run.repeat}")
-        run.record_id = record.id
 
 
 def _load_job(kind: str, spec: LaunchSpec, preset: Preset, burst_config: BurstConfig, log_dir: Path, repeat: int,

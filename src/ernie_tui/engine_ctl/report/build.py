@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from ernie_tui import __version__
-from ernie_tui.engine_ctl.control import SweepRow
+from ernie_tui.engine_ctl.control import SweepRow, at_ceiling
 from ernie_tui.engine_ctl.report import figures as F
 from ernie_tui.engine_ctl.report.inputs import Comparison, Curve, ReportData, ReportError
 
@@ -209,6 +209,8 @@ def _agg_text(row: SweepRow, col: str) -> str:
         return "–"
     fmt = (lambda v: "–" if v is None else f"{v:g}") if col == "capacity_concurrency" else _fmt
     text = fmt(a.median)
+    if col == "capacity_concurrency" and at_ceiling(row):
+        text = "≥ " + text  # a search stopped at its highest load allowed: a lower bound
     if len([r for r in row.runs if r.status == "ok"]) > 1:
         text += f" ({fmt(a.low)}–{fmt(a.high)})"
     return text

@@ -244,8 +244,11 @@ def curve_of(rec: RunRecord) -> Curve:
         ckey = next((k for k in LEVEL_KEYS if _num(cap.get(k)) is not None), None)
         if ckey is not None:
             at = float(cap[ckey])
-            curve.capacity = (next((lv for lv in curve.levels if lv.key == ckey and lv.x == at), None)
-                              or level_of(cap))
+            # The last level at that load that passed: its confirmation, whose
+            # figures the capacity reports (the first look was a shorter level).
+            same = [lv for lv in curve.levels if lv.key == ckey and lv.x == at]
+            passed = [lv for lv in same if lv.raw.get("passed")]  # (a pass at a cap reads "undecided")
+            curve.capacity = passed[-1] if passed else (same[0] if same else level_of(cap))
     return curve
 
 
@@ -277,7 +280,8 @@ def _capacity_as_run(curve: Curve, repeat: int) -> SweepRun:
     ranked (spread, noise) by the sweep's own code."""
     cap = curve.capacity
     run = SweepRun(preset=curve.name, repeat=repeat, status="ok", mode="capacity",
-                   key_args=" ".join(f"--{k}={v}" for k, v in curve.engine_args.items()))
+                   key_args=" ".join(f"--{k}={v}" for k, v in curve.engine_args.items()),
+                   capacity_stop=curve.stop or None)
     if cap is not None:
         run.capacity_concurrency = cap.x
         run.goodput_rps, run.goodput_output_tps = cap.goodput_rps, cap.goodput_output_tps
