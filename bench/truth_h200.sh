@@ -24,6 +24,12 @@
 #                                            AGREE_VARIANT='NAME=PROBE ARGS': a third arm; AGREE_WARMUP=1:
 #                                            --warmup-run); each call writes agree-N.json/.log
 #   bash .gpu9/bench/truth_h200.sh stop      stops the server and packs everything
+#   bash .gpu9/bench/truth_h200.sh sweep     starts, in the background (it outlives the call), the product's own
+#                                            capacity sweep of SWEEP_PRESETS (default: the five of
+#                                            docs/capacity-h200.md) on GPU 0, one server per trial, SWEEP_REPEAT
+#                                            rounds, default search flags but --start-concurrency 16
+#   bash .gpu9/bench/truth_h200.sh sweepwait waits up to SWEEP_WAIT_S (default 540) for that sweep, then packs
+#                                            its output, logs and run records (call it back to back)
 set -u
 HERE=$(cd "$(dirname "$0")/.." && pwd)
 export PYTHONPATH=/root/stage/site:$HERE/src VLLM_USE_FLASHINFER_SAMPLER=0
@@ -87,6 +93,20 @@ search)
       --keep-records --json "$W/$TAG.json" -- ${TRUTH_SEARCH_ARGS:---start-concurrency 16} 2>&1 | tee "$W/$TAG.log"
   [ "${TRUTH_STOP:-0}" = 1 ] && { pkill -INT -f vllm.entrypoints.openai.api_server; sleep 5; }
   tar czf "$OUT/truth-h200.tgz" -C "$W" $(cd "$W" && ls *.json *.log 2>/dev/null) $([ -d "$W/data" ] && echo data);;
-*) echo "usage: truth_h200.sh start|bracket|interleave|search|agree|stop"; exit 2;;
+sweep)
+  python3 -m ernie_tui demo-model "$M" --shape ernie-4.5-0.3b | tail -1
+  mkdir -p "$W/sweep-logs"
+  setsid python3 -m ernie_tui --presets "$HERE/bench/presets-h200.toml" --model "$M" sweep \
+      ${SWEEP_PRESETS:-seed-A seed-C long-doc seed-A-seqs128 seed-A-batch16k} --capacity "${SLO[@]}" \
+      --start-concurrency 16 --repeat ${SWEEP_REPEAT:-1} --gpus 0 --gpus-per-trial 1 \
+      --log-dir "$W/sweep-logs" --out "$W/sweep.md" --out "$W/sweep.json" > "$W/sweep.log" 2>&1 < /dev/null &
+  echo "sweep started";;
+sweepwait)
+  for i in $(seq 1 ${SWEEP_WAIT_S:-540}); do pgrep -f 'ernie_tui --presets' > /dev/null || break; sleep 1; done
+  pgrep -f 'ernie_tui --presets' > /dev/null && echo "sweep still running after ${i} s" || echo "sweep done"
+  tail -c 3000 "$W/sweep.log"
+  tar czf "$OUT/truth-h200.tgz" -C "$W" $(cd "$W" && ls *.json *.log *.md 2>/dev/null) sweep-logs \
+      $([ -d "$W/data" ] && echo data);;
+*) echo "usage: truth_h200.sh start|bracket|interleave|search|agree|stop|sweep|sweepwait"; exit 2;;
 esac
 date -u
