@@ -27,7 +27,9 @@
 #   bash .gpu9/bench/truth_h200.sh sweep     starts, in the background (it outlives the call), the product's own
 #                                            capacity sweep of SWEEP_PRESETS (default: the five of
 #                                            docs/capacity-h200.md) on GPU 0, one server per trial, SWEEP_REPEAT
-#                                            rounds, default search flags but --start-concurrency 16
+#                                            rounds, default search flags but SWEEP_ARGS (default
+#                                            --start-concurrency 16 --max-concurrency 1024: at the default ceiling
+#                                            of 256, long-doc's search once passed every level, a lower bound)
 #   bash .gpu9/bench/truth_h200.sh sweepwait waits up to SWEEP_WAIT_S (default 540) for that sweep, then packs
 #                                            its output, logs and run records (call it back to back)
 set -u
@@ -98,7 +100,8 @@ sweep)
   mkdir -p "$W/sweep-logs"
   setsid python3 -m ernie_tui --presets "$HERE/bench/presets-h200.toml" --model "$M" sweep \
       ${SWEEP_PRESETS:-seed-A seed-C long-doc seed-A-seqs128 seed-A-batch16k} --capacity "${SLO[@]}" \
-      --start-concurrency 16 --repeat ${SWEEP_REPEAT:-1} --gpus 0 --gpus-per-trial 1 \
+      ${SWEEP_ARGS:---start-concurrency 16 --max-concurrency 1024} --repeat ${SWEEP_REPEAT:-1} --gpus 0 \
+      --gpus-per-trial 1 \
       --log-dir "$W/sweep-logs" --out "$W/sweep.md" --out "$W/sweep.json" > "$W/sweep.log" 2>&1 < /dev/null &
   echo "sweep started";;
 sweepwait)

@@ -66,7 +66,9 @@ def add_capacity_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--start-concurrency", type=int, default=DEFAULT_START, metavar="C",
                    help=f"first level (default {DEFAULT_START})")
     g.add_argument("--max-concurrency", type=int, default=DEFAULT_MAX_CONCURRENCY, metavar="C",
-                   help=f"highest level tried (default {DEFAULT_MAX_CONCURRENCY})")
+                   help=f"highest level tried (default {DEFAULT_MAX_CONCURRENCY}); a search that passes it "
+                        "stops there (stopped: max_concurrency) with a lower bound, which a sweep's table and "
+                        "a report show as '≥ C'")
     g.add_argument("--rate", type=float, nargs="?", const=RATE_SEARCH, default=None, metavar="R",
                    help="open loop, requests sent on schedule whether or not earlier ones finished (late sends "
                         "are counted): with --capacity (no value) search the highest request rate (req/s) meeting "
