@@ -694,10 +694,8 @@ class CapacityResult:
         one; the first, short level at the same load read other figures (on
         an H200, 15.4 k goodput tok/s where the confirmation read 12.5 k)."""
         load = self.capacity_load
-        if load is None:
-            return None
-        passed = [lv for lv in self.levels if lv.load == load and lv.passed and lv.stop != "cancelled"]
-        return passed[-1] if passed else self.level(load)
+        return next((lv for lv in reversed(self.levels)
+                     if lv.load == load and lv.passed and lv.stop != "cancelled"), None)
 
     @property
     def capacity_load(self) -> float | None:
