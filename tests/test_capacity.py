@@ -213,6 +213,21 @@ def test_result_json_shape_and_run_record():
     assert "capacity: concurrency 5" in C.format_capacity(res)
 
 
+def test_a_capacity_at_the_searchs_ceiling_is_printed_as_a_lower_bound():
+    # The stand-in carries 5; a ceiling of 4 stops the search with 4 passing:
+    # "concurrency 4" would read as a capacity the search found.
+    res = C.search(SimServer(5).runner(SLO, RULES), SLO, C.SearchConfig(max_concurrency=4, confirm_waves=0))
+    assert res.stop_reason == "max_concurrency" and res.capacity["concurrency"] == 4 and res.at_ceiling
+    text = C.format_capacity(res)
+    assert "capacity: concurrency ≥ 4 (a lower bound" in text, text
+    # found within the ceiling: a plain number
+    found = C.search(SimServer(5).runner(SLO, RULES), SLO, C.SearchConfig(confirm_waves=0))
+    assert not found.at_ceiling and "≥" not in C.format_capacity(found)
+    # nothing passed: no capacity, so nothing at a ceiling either
+    assert not C.CapacityResult(slo=[], capacity=None, levels=[], stop_reason="max_concurrency", stop_message="",
+                                seconds=0.0).at_ceiling
+
+
 # -- over HTTP: the paced stand-in ------------------------------------------------
 
 class PacedServer:

@@ -197,7 +197,7 @@ async def test_a_rate_search_in_the_burst_tab_shows_req_s_and_its_progress(paced
         assert [str(table.get_row_at(i)[0]) for i in range(3)] == ["4/s", "8/s", "8/s"]
         assert str(table.get_row_at(2)[6]).startswith("confirmed: pass")
         result = shown(screen, "#pf-cap-result")
-        assert "capacity: 8 req/s" in result and "stopped: max_rate" in result
+        assert "capacity: ≥ 8 req/s (a lower bound" in result and "stopped: max_rate" in result
         chart = screen.query_one(CapacityChart)
         assert chart.points_drawn == 3 and "in req/s" in chart.border_subtitle
 

@@ -97,7 +97,8 @@ async def test_burst_tab_capacity_search_on_real_vllm(cpu_server):
         assert sorted(set(while_running)) == list(range(n + 1)) and while_running == sorted(while_running), draws
         assert draws[-1] == (n, False) and chart.points_drawn == n
         assert screen.query_one("#pf-cap-levels", DataTable).row_count == n
-        assert f"capacity: concurrency {r.capacity['concurrency']}" in result
+        # 4 is the form's ceiling and it passed: a lower bound
+        assert f"capacity: concurrency ≥ {r.capacity['concurrency']}" in result
         assert "stopped: max_concurrency" in result and LOOSE_SLO in result
         # The figures agree with the run and with vLLM's own counters.
         for lv in r.levels:

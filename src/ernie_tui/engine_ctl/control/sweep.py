@@ -42,7 +42,7 @@ from ernie_tui.engine_ctl.control.server import EngineServer, ServerState
 from ernie_tui.engine_ctl.control.trial_load import LoadJob, LoadProcess, PeakMemory, run_load
 from ernie_tui.engine_ctl.control.trial_schedule import Trial, TrialScheduler, detect_gpu_ids
 from ernie_tui.engine_ctl.launch import next_free_port, port_is_free, run_preflight
-from ernie_tui.engine_ctl.load import BurstConfig, CapacityResult, save_run
+from ernie_tui.engine_ctl.load import CEILING_STOPS, BurstConfig, CapacityResult, save_run
 from ernie_tui.engine_ctl.logs import EngineReport
 from ernie_tui.presets.model import LaunchSpec, Preset
 
@@ -260,9 +260,6 @@ def _fmt(value: Any, col: str) -> str:
     if isinstance(value, float):
         return f"{value:,.0f}" if abs(value) >= 100 else f"{value:.2f}"
     return str(value)
-
-
-CEILING_STOPS = ("max_concurrency", "max_rate")
 
 
 def at_ceiling(row: SweepRow) -> bool:

@@ -18,6 +18,7 @@ from ernie_tui.engine_ctl.load.arrivals import (
 )
 from ernie_tui.engine_ctl.load.burst import BurstConfig, BurstResult, format_burst, run_burst
 from ernie_tui.engine_ctl.load.capacity import (
+    CEILING_STOPS,
     DEFAULT_ARRIVALS,
     DEFAULT_ATTAINMENT,
     DEFAULT_CONFIDENCE,
@@ -96,6 +97,7 @@ __all__ = [
     "BurstConfig",
     "BurstResult",
     "CHINESE_PROMPT",
+    "CEILING_STOPS",
     "CapacityResult",
     "DEFAULT_ARRIVALS",
     "DEFAULT_ATTAINMENT",

@@ -90,6 +90,9 @@ DEFAULT_STABILITY = 0.15
 # and varied by half across searches on an H200. 0: no confirmation.
 DEFAULT_CONFIRM_WAVES = 8
 MODES = ("concurrency", "rate")
+# Stops where every level up to the highest load allowed passed: the capacity
+# then is that ceiling, a lower bound, not a capacity the search found.
+CEILING_STOPS = ("max_concurrency", "max_rate")
 
 STOP_REASONS = {
     "bracketed": "the highest pass and the lowest fail are within the tolerance",
@@ -698,6 +701,13 @@ class CapacityResult:
                      if lv.load == load and lv.passed and lv.stop != "cancelled"), None)
 
     @property
+    def at_ceiling(self) -> bool:
+        """The search stopped at its highest load allowed with that load
+        passing: the capacity is at least that, shown as "≥" (on an H200 the
+        long-doc preset passed every level up to the default 256)."""
+        return bool(self.capacity) and self.stop_reason in CEILING_STOPS
+
+    @property
     def capacity_load(self) -> float | None:
         """The capacity as a number: its rate (open loop) or its concurrency."""
         if not self.capacity:
@@ -1047,10 +1057,12 @@ def format_capacity(r: CapacityResult) -> str:
                          f"{f(v.get('itl_p99_ms'))} ms, {f(v.get('requests_finished'), 'g')} requests")
     if r.capacity:
         c = r.capacity
-        what = f"rate {c.get('rate'):g} req/s" if rate and c.get("rate") is not None else \
-            f"concurrency {c['concurrency']}"
+        at_least = "≥ " if r.at_ceiling else ""
+        what = f"rate {at_least}{c.get('rate'):g} req/s" if rate and c.get("rate") is not None else \
+            f"concurrency {at_least}{c['concurrency']}"
         target = c.get("attainment_target")
         lines.append(f"capacity: {what}"
+                     + (" (a lower bound: every level up to the highest allowed met the SLO)" if at_least else "")
                      + ("" if c.get("decided", True) else " (its level was undecided at a cap)")
                      + (f", confirmed over {c['requests']} requests in {f(c.get('seconds'))} s"
                         if c.get("confirmed") else (", not confirmed (see the warning)"

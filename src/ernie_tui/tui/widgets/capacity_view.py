@@ -130,9 +130,12 @@ def describe_capacity(result: Any) -> Content:
     c = result.capacity
     if c:
         rate = c.get("rate") if getattr(result, "mode", "concurrency") == "rate" else None
+        # At the search's ceiling every level passed: a lower bound (raise max C / max req/s).
+        at_least = "≥ " if getattr(result, "at_ceiling", False) else ""
         head = Content.assemble(
             ("capacity: " if rate is not None else "capacity: concurrency ", "dim"),
-            (f"{rate:g} req/s" if rate is not None else str(c["concurrency"]), "bold $success"),
+            (at_least + (f"{rate:g} req/s" if rate is not None else str(c["concurrency"])), "bold $success"),
+            (" (a lower bound: raise the highest load allowed)" if at_least else "", "$warning"),
             ("" if c.get("decided", True) else " (its level was undecided at a cap)", "$warning"),
             ("  · goodput ", "dim"), (f"{_num(c['goodput_rps'], '.2f')} req/s", "bold"),
             (", ", "dim"), (f"{_num(c['goodput_output_tps'])} output tok/s", "bold"),
