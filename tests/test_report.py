@@ -153,6 +153,32 @@ def test_rate_keyed_levels_are_read_like_concurrency(tmp_path):
     assert "rate 12.0: undecided" in describe(back)
 
 
+def test_a_rate_capacity_is_compared_in_req_s_from_a_lone_search_and_from_a_rate_sweep(tmp_path):
+    # An open-loop search's capacity is a request rate: the comparison's
+    # capacity column says so, and a rate sweep (whose runs carry no
+    # concurrency) shows its rates rather than "–".
+    recs = []
+    for name, k in ((LONE, 1.5), ("20261201T105921-capacity-0b68a5", 2.0)):
+        rec = _record(name)
+        for lv in rec["results"]["levels"]:
+            lv["rate"] = float(lv.pop("concurrency")) * k
+        cap = rec["results"]["capacity"]
+        cap["rate"] = float(cap.pop("concurrency")) * k
+        recs.append(str(_write(tmp_path, rec)))
+    data = load_report_data(recs)
+    rows = data.comparisons[0].rows
+    assert all(r.stats["capacity_rate"].median is not None and r.stats["capacity_concurrency"].median is None
+               for r in rows)
+    html = report_html(data)
+    assert re.search(r"<td>12 req/s</td>", html) and re.search(r"<td>4 req/s</td>", html), html
+
+    sweep = _record(SWEEP)
+    for run in sweep["results"]["runs"]:
+        run["capacity_rate"], run["capacity_concurrency"] = run["capacity_concurrency"] * 3.0, None
+    html = report_html(load_report_data([str(_write(tmp_path, sweep))]))
+    assert re.search(r"<td>6 req/s \(6–6\)</td>", html) and re.search(r"<td>12 req/s \(12–12\)</td>", html), html
+
+
 def test_the_capacity_point_is_its_confirmation_and_a_ceiling_reads_as_a_lower_bound(tmp_path):
     # A confirmed capacity has two passing levels at its load; the report
     # draws and ranks the confirmation, whose figures the capacity reports.

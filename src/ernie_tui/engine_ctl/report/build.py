@@ -207,13 +207,21 @@ def _agg_text(row: SweepRow, col: str) -> str:
     a = row.stats.get(col)
     if a is None or a.median is None:
         return "–"
-    fmt = (lambda v: "–" if v is None else f"{v:g}") if col == "capacity_concurrency" else _fmt
-    text = fmt(a.median)
-    if col == "capacity_concurrency" and at_ceiling(row):
+    load = col in ("capacity_concurrency", "capacity_rate")
+    fmt = (lambda v: "–" if v is None else f"{v:g}") if load else _fmt
+    text = fmt(a.median) + (" req/s" if col == "capacity_rate" else "")
+    if load and at_ceiling(row):
         text = "≥ " + text  # a search stopped at its highest load allowed: a lower bound
     if len([r for r in row.runs if r.status == "ok"]) > 1:
         text += f" ({fmt(a.low)}–{fmt(a.high)})"
     return text
+
+
+def _capacity_text(row: SweepRow) -> str:
+    """The row's capacity: a request rate for open-loop searches (--rate),
+    else a concurrency (a rate sweep's rows carry no concurrency)."""
+    a = row.stats.get("capacity_rate")
+    return _agg_text(row, "capacity_rate" if a is not None and a.median is not None else "capacity_concurrency")
 
 
 def _comparison_html(cmp_: Comparison, index: int, curves: list[Curve]) -> str:
@@ -229,7 +237,7 @@ def _comparison_html(cmp_: Comparison, index: int, curves: list[Curve]) -> str:
         r = [_fmt(row.rank), row.preset, row.status, str(len(row.runs)), _agg_text(row, cmp_.score),
              row.vs_best or "–"]
         if capacity:
-            r += [_agg_text(row, "capacity_concurrency"), _agg_text(row, "ttft_p99_ms"),
+            r += [_capacity_text(row), _agg_text(row, "ttft_p99_ms"),
                   _agg_text(row, "itl_p99_ms"), "★ on the front" if row.preset in cmp_.front else ""]
         else:
             r += [_agg_text(row, "ttft_p50_ms"), _agg_text(row, "itl_p50_ms")]
