@@ -948,7 +948,7 @@ def search(run_level: LevelRunner, slo: Sequence[S.Objective], config: SearchCon
     rechecks = 0  # of the bracket's lowest fail (recheck); two at most: a search must end
     # The doubling may end on a pass (the top, or saturation): nothing to
     # bisect, but its capacity is confirmed all the same.
-    top_reason = reason if reason in ("max_concurrency", "max_rate", "saturated") else None
+    top_reason = reason if reason in (*CEILING_STOPS, "saturated") else None
     if top_reason is not None:
         reason = None
     while reason is None:

@@ -282,21 +282,18 @@ def _capacity_as_run(curve: Curve, repeat: int) -> SweepRun:
     run = SweepRun(preset=curve.name, repeat=repeat, status="ok", mode="capacity",
                    key_args=" ".join(f"--{k}={v}" for k, v in curve.engine_args.items()),
                    capacity_stop=curve.stop or None)
-    rate = curve.level_key == "rate"  # an open-loop search: its capacity is a request rate
+    failed = cap is None and curve.stop == "first_level_failed"  # no load met the SLO: 0
+    load = cap.x if cap is not None else 0.0 if failed else None
+    if curve.level_key == "rate":  # an open-loop search: its capacity is a request rate
+        run.capacity_rate = load
+    else:
+        run.capacity_concurrency = load
     if cap is not None:
-        if rate:
-            run.capacity_rate = cap.x
-        else:
-            run.capacity_concurrency = cap.x
         run.goodput_rps, run.goodput_output_tps = cap.goodput_rps, cap.goodput_output_tps
         run.output_tps, run.ttft_p50_ms, run.ttft_p99_ms = cap.output_tps, cap.ttft_p50_ms, cap.ttft_p99_ms
         run.itl_p50_ms, run.itl_p99_ms = cap.itl_p50_ms, cap.itl_p99_ms
-    elif curve.stop == "first_level_failed":
+    elif failed:
         run.goodput_rps, run.goodput_output_tps = 0.0, 0.0
-        if rate:
-            run.capacity_rate = 0.0
-        else:
-            run.capacity_concurrency = 0.0
     return run
 
 
