@@ -70,6 +70,7 @@ from ernie_tui.engine_ctl.load.http_client import (
     resolve_model,
 )
 from ernie_tui.engine_ctl.load.http_errors import TRANSPORT_KINDS, ProbeError, ProbeErrorKind, ProbeFailure
+from ernie_tui.engine_ctl.load.open_files import make_room
 from ernie_tui.engine_ctl.load.probe import stream_request
 from ernie_tui.engine_ctl.load.prompts import BuiltPrompt, PromptBuilder, find_tokenizer
 from ernie_tui.engine_ctl.load.stream_timing import ProbeRequest, ProbeResult
@@ -542,6 +543,22 @@ async def run_burst_async(url: str, config: BurstConfig | None = None, *,
     # loop's cap (0: none, every request may be in flight at once).
     cap = config.concurrency if config.concurrency > 0 else total
     slots = min(cap, total)
+    # The connector's limit is the cap: an open loop without one must not
+    # queue its sends behind a connection limit (a hidden late send).
+    connections = slots + 2
+    room = make_room(connections)
+    if room is not None and room.connections < connections:
+        if config.concurrency > 0 or not open_loop:
+            # A closed loop (or a capped open loop) would run out of files
+            # part-way, its requests failing as the server's errors.
+            return _failed_before_start(url, served.id, config,
+                                        ProbeError(ProbeErrorKind.OPEN_FILES, room.too_few(connections)))
+        # An uncapped open loop rarely has all its requests in flight: it
+        # keeps to the room, and a send beyond it waits for a connection.
+        connections = max(1, room.connections)
+        warnings.append(f"at most {connections:,} requests could be in flight (the open-file limit, "
+                        f"ulimit -n {room.soft:,}): a send beyond that waited for a connection, and its "
+                        "wait is in its TTFT")
     done = 0
     in_flight = 0
     in_flight_peak = 0
@@ -646,9 +663,6 @@ async def run_burst_async(url: str, config: BurstConfig | None = None, *,
 
     rec_itls: list[list[float]] = [[] for _ in range(total)]
     health = ClientHealth()
-    # The connector's limit is the cap: an open loop without one must not
-    # queue its sends behind a connection limit (a hidden late send).
-    connections = slots + 2
     async with new_async_client(api_key, config.read_timeout_s, max_connections=connections,
                                 transport=transport) as client:
         if config.warmup:

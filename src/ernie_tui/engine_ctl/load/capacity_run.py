@@ -41,6 +41,7 @@ from ernie_tui.engine_ctl.load.arrivals import arrival_stream
 from ernie_tui.engine_ctl.load.burst import BurstConfig, ClientHealth
 from ernie_tui.engine_ctl.load.http_client import ServedModel, base_url, new_async_client, resolve_model
 from ernie_tui.engine_ctl.load.http_errors import TRANSPORT_KINDS, ProbeFailure
+from ernie_tui.engine_ctl.load.open_files import make_room
 from ernie_tui.engine_ctl.load.probe import stream_request
 from ernie_tui.engine_ctl.load.prompts import find_tokenizer
 from ernie_tui.engine_ctl.load.stream_timing import ProbeRequest
@@ -403,6 +404,14 @@ class HttpLevelRunner:
         # New prompts for the most this level can send, built now, before anything is timed.
         self.workload.ensure(self._expected_requests(float(load), rules))
         conns = width + 2 if not rate else max(64, int(float(load) * 30) + 16)
+        room = make_room(conns)
+        if rate and room is not None and room.connections < conns:
+            # An open loop's in-flight set is rarely its connection cap (30 s
+            # of arrivals); the room left is, and a send past it waits.
+            conns = max(1, room.connections)
+            capped_at = conns
+        else:
+            capped_at = None
         async with new_async_client(self.api_key, s.read_timeout_s, max_connections=conns) as client:
             if s.warmup:
                 if not self.server_warmed:
@@ -505,6 +514,9 @@ class HttpLevelRunner:
         if wl.built_when_dry > dry_before:
             res.warnings.append(f"{wl.built_when_dry - dry_before} prompts were built during the level, on the loop "
                                 f"that times the streams: the prompts built ahead ran out")
+        if capped_at is not None and (res.running_peak is None or res.running_peak >= capped_at):
+            res.warnings.append(f"at most {capped_at:,} requests could be in flight (the open-file limit, "
+                                "ulimit -n): a send beyond that waited for a connection, and its wait is in its TTFT")
         if rate:
             res.late_sends, res.late_send_max_ms = late_n, round(late_max * 1000.0, 3)
             if late_n:
@@ -543,6 +555,7 @@ def run_capacity(url: str, slo: list[S.Objective], *, search_config: C.SearchCon
     rules.validate()
     t0 = time.monotonic()
     warnings: list[str] = []
+    search_config, no_room = _fit_ceiling(search_config, warnings)
 
     def failed(message: str) -> C.CapacityResult:
         return C.CapacityResult(slo=S.describe(slo), capacity=None, levels=[], stop_reason="server_down",
@@ -550,6 +563,8 @@ def run_capacity(url: str, slo: list[S.Objective], *, search_config: C.SearchCon
                                 config={**_config_dict(search_config, rules, settings)}, url=base_url(url),
                                 model=model, warnings=[message])
 
+    if no_room:
+        return failed(f"the search did not start: {no_room}")
     try:
         served: ServedModel = resolve_model(url, model, api_key)
     except ProbeFailure as exc:
@@ -586,6 +601,25 @@ def run_capacity(url: str, slo: list[S.Objective], *, search_config: C.SearchCon
         warnings.append("/metrics could not be read: no KV-cache, queue or vLLM figures, no saturation check")
     result.warnings = warnings + result.warnings
     return result
+
+
+def _fit_ceiling(config: C.SearchConfig, warnings: list[str]) -> tuple[C.SearchConfig, str | None]:
+    """The search's concurrency ceiling lowered to what the open-file limit
+    holds (each stream is a socket: a level past the limit fails on "Too
+    many open files", read as the server's errors), with a warning saying
+    so; or why not even the start fits. An open loop's connections are
+    fitted per level (HttpLevelRunner.run_async)."""
+    if config.rate:
+        return config, None
+    room = make_room(config.max_concurrency + 2)
+    if room is None or room.connections >= config.max_concurrency + 2:
+        return config, None
+    fits = room.connections - 2
+    if fits < config.start:
+        return config, room.too_few(config.start + 2)
+    warnings.append(f"the highest concurrency was lowered from {config.max_concurrency:,} to {fits:,}: "
+                    f"{room.too_few(config.max_concurrency + 2)}")
+    return replace(config, max_concurrency=fits), None
 
 
 def _config_dict(search_config: C.SearchConfig, rules: C.LevelRules, settings: RequestSettings) -> dict[str, Any]:

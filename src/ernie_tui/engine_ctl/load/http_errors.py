@@ -36,6 +36,7 @@ class ProbeErrorKind(StrEnum):
     STREAM_ERROR = "stream_error"
     BAD_RESPONSE = "bad_response"
     CANCELLED = "cancelled"
+    OPEN_FILES = "open_files"  # the load's sockets do not fit under ulimit -n (load/open_files.py)
 
 
 # Transport failures (as opposed to HTTP answers): the server is not there
