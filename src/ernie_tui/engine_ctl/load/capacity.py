@@ -71,7 +71,12 @@ log = logging.getLogger(__name__)
 #    run record read them from here) ------------------------------------------------
 DEFAULT_SLO = "ttft_p99=500ms itl_p99=50ms"
 DEFAULT_START = 1
-DEFAULT_MAX_CONCURRENCY = 256
+# vLLM's own default max_num_seqs on a GPU of 70 GiB or more (H100, H200:
+# an H200 ran 512 at once with none waiting; 256 on smaller ones). On an
+# H200 with the 0.3B model seed-A answered 288 and long-doc passed 256,
+# which a ceiling of 256 could only report as "≥ 256". Doubling stops at
+# the first fail, so a higher ceiling costs a server under 256 nothing.
+DEFAULT_MAX_CONCURRENCY = 1024
 DEFAULT_START_RATE = 1.0
 DEFAULT_MAX_RATE = 256.0
 DEFAULT_TOLERANCE = 0.10
@@ -704,7 +709,7 @@ class CapacityResult:
     def at_ceiling(self) -> bool:
         """The search stopped at its highest load allowed with that load
         passing: the capacity is at least that, shown as "≥" (on an H200 the
-        long-doc preset passed every level up to the default 256)."""
+        long-doc preset passed every level up to 256, the default then)."""
         return bool(self.capacity) and self.stop_reason in CEILING_STOPS
 
     @property
