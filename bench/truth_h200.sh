@@ -17,6 +17,8 @@
 #                                            TRUTH_DEADLINE_S's SIGTERM ends a running search's level (up to
 #                                            ~30 s more: give the device call that margin); its levels are kept,
 #                                            marked cut_short, unjudged
+#   bash .gpu9/bench/truth_h200.sh ilbg      the same, detached (it outlives the call); then
+#   bash .gpu9/bench/truth_h200.sh ilwait    waits up to TRUTH_WAIT_S (default 540) for it, then packs (back to back)
 #   bash .gpu9/bench/truth_h200.sh agree     our burst against the bench client (bench/agree_vllm_bench.py) at
 #                                            AGREE_C concurrencies and AGREE_R rates, AGREE_ROUNDS rounds
 #                                            (AGREE_RATE_SECONDS: each rate run's length, default 10;
@@ -28,8 +30,8 @@
 #                                            capacity sweep of SWEEP_PRESETS (default: the five of
 #                                            docs/capacity-h200.md) on GPU 0, one server per trial, SWEEP_REPEAT
 #                                            rounds, default search flags but SWEEP_ARGS (default
-#                                            --start-concurrency 16 --max-concurrency 1024: at the default ceiling
-#                                            of 256, long-doc's search once passed every level, a lower bound)
+#                                            --start-concurrency 16 --max-concurrency 1024: at 256, the default
+#                                            ceiling then, long-doc's search once passed every level, a lower bound)
 #   bash .gpu9/bench/truth_h200.sh sweepwait waits up to SWEEP_WAIT_S (default 540) for that sweep, then packs
 #                                            its output, logs and run records (call it back to back)
 set -u
@@ -43,6 +45,7 @@ date -u
 case "${1:-}" in
 start)
   nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
+  echo "open files: soft $(ulimit -Sn), hard $(ulimit -Hn)"
   python3 -m ernie_tui demo-model "$M" --shape ernie-4.5-0.3b | tail -1
   # seed-A: block 16, max_model_len 4096; everything else vLLM's default.
   setsid python3 -m vllm.entrypoints.openai.api_server --model "$M" --served-model-name m03 --port 8000 \
@@ -79,6 +82,22 @@ interleave)
       --timeout 500 --keep-records --json "$W/il-$MODE-$N.json" \
       -- ${TRUTH_SEARCH_ARGS:---start-concurrency 16} 2>&1 | tee "$W/il-$MODE-$N.log"
   tar czf "$OUT/truth-h200.tgz" -C "$W" $(cd "$W" && ls *.json *.log 2>/dev/null) $([ -d "$W/data" ] && echo data);;
+ilbg)
+  # interleave, detached (it outlives the call, as a sweep does); ilwait waits for it
+  MODE=${TRUTH_ONLY:?ilbg takes one mode: TRUTH_ONLY=concurrency or rate}
+  FROM=(); N=1; for f in "$W"/il-$MODE-*.json; do [ -f "$f" ] && { FROM+=(--bracket-from "$f"); N=$((N + 1)); }; done
+  LEVELS=(--concurrency ${TRUTH_C:-}); [ "$MODE" = rate ] && LEVELS=(--rate ${TRUTH_R:-})
+  setsid python3 "$HERE/bench/capacity_truth.py" --url http://127.0.0.1:8000 --model m03 \
+      --tokenizer "$M" "${SLO[@]}" "${LEVELS[@]}" --rate-seconds ${TRUTH_RATE_SECONDS:-10} \
+      --rounds ${TRUTH_ROUNDS:-1} --searches ${TRUTH_SEARCHES:-1} --only "$MODE" --interleave "${FROM[@]}" \
+      --timeout 500 --keep-records --json "$W/il-$MODE-$N.json" \
+      -- ${TRUTH_SEARCH_ARGS:---start-concurrency 16} > "$W/il-$MODE-$N.log" 2>&1 < /dev/null &
+  echo "interleave started: il-$MODE-$N";;
+ilwait)
+  for i in $(seq 1 ${TRUTH_WAIT_S:-540}); do pgrep -f 'bench/capacity_truth.py' > /dev/null || break; sleep 1; done
+  pgrep -f 'bench/capacity_truth.py' > /dev/null && echo "interleave still running after ${i} s" || echo "interleave done"
+  tail -n 40 "$(ls -t "$W"/il-*.log | head -1)"
+  tar czf "$OUT/truth-h200.tgz" -C "$W" $(cd "$W" && ls *.json *.log 2>/dev/null) $([ -d "$W/data" ] && echo data);;
 stop)
   pkill -INT -f vllm.entrypoints.openai.api_server; sleep 5
   tar czf "$OUT/truth-h200.tgz" -C "$W" $(cd "$W" && ls *.json *.log 2>/dev/null) $([ -d "$W/data" ] && echo data);;
@@ -110,6 +129,6 @@ sweepwait)
   tail -c 3000 "$W/sweep.log"
   tar czf "$OUT/truth-h200.tgz" -C "$W" $(cd "$W" && ls *.json *.log *.md 2>/dev/null) sweep-logs \
       $([ -d "$W/data" ] && echo data);;
-*) echo "usage: truth_h200.sh start|bracket|interleave|search|agree|stop|sweep|sweepwait"; exit 2;;
+*) echo "usage: truth_h200.sh start|bracket|interleave|ilbg|ilwait|search|agree|stop|sweep|sweepwait"; exit 2;;
 esac
 date -u
