@@ -92,10 +92,14 @@ ilbg)
       --rounds ${TRUTH_ROUNDS:-1} --searches ${TRUTH_SEARCHES:-1} --only "$MODE" --interleave "${FROM[@]}" \
       --timeout 500 --keep-records --json "$W/il-$MODE-$N.json" \
       -- ${TRUTH_SEARCH_ARGS:---start-concurrency 16} > "$W/il-$MODE-$N.log" 2>&1 < /dev/null &
+  echo $! > "$W/il.pid"
   echo "interleave started: il-$MODE-$N";;
 ilwait)
-  for i in $(seq 1 ${TRUTH_WAIT_S:-540}); do pgrep -f 'bench/capacity_truth.py' > /dev/null || break; sleep 1; done
-  pgrep -f 'bench/capacity_truth.py' > /dev/null && echo "interleave still running after ${i} s" || echo "interleave done"
+  # By its pid: `pgrep -f` on the script's name also matched the device call's own command line
+  # (when it named the script, e.g. in a pkill after the wait), and waited out every second given.
+  PID=$(cat "$W/il.pid")
+  for i in $(seq 1 ${TRUTH_WAIT_S:-540}); do kill -0 "$PID" 2> /dev/null || break; sleep 1; done
+  kill -0 "$PID" 2> /dev/null && echo "interleave still running after ${i} s" || echo "interleave done after ${i} s"
   tail -n 40 "$(ls -t "$W"/il-*.log | head -1)"
   tar czf "$OUT/truth-h200.tgz" -C "$W" $(cd "$W" && ls *.json *.log 2>/dev/null) $([ -d "$W/data" ] && echo data);;
 stop)
