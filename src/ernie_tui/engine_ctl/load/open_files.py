@@ -26,6 +26,10 @@ except ImportError:  # not on this platform (Windows): no limit to read or raise
 SPARE_FILES = 32
 # Open files assumed in use where /proc/self/fd cannot be read.
 ASSUMED_IN_USE = 64
+# Once raised, the soft limit goes this far (within the hard limit), not
+# just to one load's need: loads run side by side in one process (a sweep's
+# parallel trials) each count the room before the other opens its sockets.
+GENEROUS_LIMIT = 1 << 16
 
 
 @dataclass(frozen=True)
@@ -56,7 +60,8 @@ def _in_use() -> int:
 
 def make_room(connections: int) -> FileRoom | None:
     """Raise the soft open-file limit so `connections` more sockets fit
-    (never above the hard limit, never lowered); the room there is now.
+    (to GENEROUS_LIMIT or the hard limit, whichever is lower; never
+    lowered); the room there is now.
     None where the platform has no such limit."""
     if resource is None:
         return None
@@ -65,7 +70,7 @@ def make_room(connections: int) -> FileRoom | None:
     need = connections + in_use + SPARE_FILES
     unlimited_hard = hard == resource.RLIM_INFINITY
     if soft != resource.RLIM_INFINITY and soft < need:
-        target = need if unlimited_hard else min(need, hard)
+        target = max(need, GENEROUS_LIMIT) if unlimited_hard else min(max(need, GENEROUS_LIMIT), hard)
         if target > soft:
             try:
                 resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
