@@ -556,9 +556,7 @@ async def run_burst_async(url: str, config: BurstConfig | None = None, *,
         # An uncapped open loop rarely has all its requests in flight: it
         # keeps to the room, and a send beyond it waits for a connection.
         connections = max(1, room.connections)
-        warnings.append(f"at most {connections:,} requests could be in flight (the open-file limit, "
-                        f"ulimit -n {room.soft:,}): a send beyond that waited for a connection, and its "
-                        "wait is in its TTFT")
+        warnings.append(room.capped(connections))
     done = 0
     in_flight = 0
     in_flight_peak = 0

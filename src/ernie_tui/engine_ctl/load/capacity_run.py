@@ -404,14 +404,14 @@ class HttpLevelRunner:
         # New prompts for the most this level can send, built now, before anything is timed.
         self.workload.ensure(self._expected_requests(float(load), rules))
         conns = width + 2 if not rate else max(64, int(float(load) * 30) + 16)
-        room = make_room(conns)
-        if rate and room is not None and room.connections < conns:
-            # An open loop's in-flight set is rarely its connection cap (30 s
-            # of arrivals); the room left is, and a send past it waits.
+        # A closed loop's room was made once for the search's ceiling (_fit_ceiling);
+        # an open loop's in-flight set is rarely its connection cap (30 s of
+        # arrivals), so it keeps to the room left, and a send past it waits.
+        room = make_room(conns) if rate else None
+        if room is not None and room.connections < conns:
             conns = max(1, room.connections)
-            capped_at = conns
         else:
-            capped_at = None
+            room = None  # not held to the room: nothing to say
         async with new_async_client(self.api_key, s.read_timeout_s, max_connections=conns) as client:
             if s.warmup:
                 if not self.server_warmed:
@@ -514,9 +514,8 @@ class HttpLevelRunner:
         if wl.built_when_dry > dry_before:
             res.warnings.append(f"{wl.built_when_dry - dry_before} prompts were built during the level, on the loop "
                                 f"that times the streams: the prompts built ahead ran out")
-        if capped_at is not None and (res.running_peak is None or res.running_peak >= capped_at):
-            res.warnings.append(f"at most {capped_at:,} requests could be in flight (the open-file limit, "
-                                "ulimit -n): a send beyond that waited for a connection, and its wait is in its TTFT")
+        if room is not None and (res.running_peak is None or res.running_peak >= conns):
+            res.warnings.append(room.capped(conns))
         if rate:
             res.late_sends, res.late_send_max_ms = late_n, round(late_max * 1000.0, 3)
             if late_n:

@@ -5,10 +5,10 @@ shell's soft limit is often 1,024 (its hard limit far higher): a burst or a
 search level at concurrency 1,024 then runs out of files part-way, and its
 requests fail as "cannot connect ... Too many open files", read as the
 server's errors. A search would fail the level and answer a capacity the
-server never showed. So before a load starts, the soft limit is raised as
-far as the load needs (the hard limit allows it without privileges, as
-vLLM's own bench client does), and what still does not fit is said before
-anything is sent.
+server never showed. So before a load starts, the soft limit is raised
+(to GENEROUS_LIMIT or the hard limit, which allows it without privileges,
+as vLLM's own bench client does), and what still does not fit is said
+before anything is sent.
 """
 
 from __future__ import annotations
@@ -49,6 +49,11 @@ class FileRoom:
                 f"(ulimit -n {self.soft:,}, hard limit {hard}, {self.in_use} files already open): "
                 f"at most {self.connections:,} fit; raise the limit (`ulimit -n {need}` in the shell "
                 f"that starts ernie-tui, or the hard limit in /etc/security/limits.conf) or ask for less")
+
+    def capped(self, connections: int) -> str:
+        """Plain words for an open loop held to `connections` in flight."""
+        return (f"at most {connections:,} requests could be in flight (the open-file limit, ulimit -n "
+                f"{self.soft:,}): a send beyond that waited for a connection, and its wait is in its TTFT")
 
 
 def _in_use() -> int:
