@@ -106,3 +106,21 @@ def test_the_room_never_lowers_a_limit_and_counts_the_files_already_open():
     assert room is not None
     assert room.soft >= _SOFT or _SOFT == resource.RLIM_INFINITY
     assert room.connections >= 8 and room.in_use > 0
+
+
+@needs_room
+def test_an_open_loop_held_to_the_room_queues_its_sends_and_counts_none_as_the_servers_timeouts(paced):
+    # 80 req/s of ~2 s requests want ~160 connections; under 120 files some 60
+    # fit, so sends wait for a connection, for longer than the 5 s connect
+    # timeout by the end. That wait is this client's, not the server's: it
+    # belongs in those requests' TTFT (and the warning), not in failed requests.
+    srv = paced("--slots", "400", "--ttft-ms", "200", "--itl-ms", "250")
+    out = _probe(srv.url, (120, 120), "--burst", "400", "--rate", "80", "--min-output-tokens", "8")
+    assert out.returncode == 0, out.stderr
+    d = json.loads(out.stdout)
+    assert d["failed"] == 0, d["errors"]
+    assert d["completed"] == 400 and len(srv.requests()) == 400
+    assert any(w.startswith("at most ") and "waited for a connection" in w for w in d["warnings"]), d["warnings"]
+    # the later sends waited seconds for a connection (the stand-in answers
+    # its first token in 0.2 s), and that wait is in their TTFT
+    assert d["ttft"]["p99"] > 2.0, d["ttft"]

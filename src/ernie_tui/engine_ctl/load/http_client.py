@@ -150,7 +150,10 @@ def resolve_model(url: str, model: str | None = None, api_key: str | None = None
 
 def make_timeout(read_timeout: float = DEFAULT_READ_TIMEOUT_S,
                  connect_timeout: float = DEFAULT_CONNECT_TIMEOUT_S) -> httpx.Timeout:
-    return httpx.Timeout(connect=connect_timeout, read=read_timeout, write=read_timeout, pool=read_timeout)
+    # pool=None: a send that waits for a free connection (an open loop held to
+    # the open-file room) waits on this client, not on the server; its wait
+    # shows in its TTFT, and only the request's own deadline ends it.
+    return httpx.Timeout(connect=connect_timeout, read=read_timeout, write=read_timeout, pool=None)
 
 
 
@@ -181,8 +184,13 @@ def new_async_client(api_key: str | None = None, read_timeout: float = DEFAULT_R
 
         return aiohttp.ClientSession(
             headers=auth_headers(api_key), trust_env=False,
-            # total=None: stream_request applies its own deadline per request
-            timeout=aiohttp.ClientTimeout(total=None, connect=connect_timeout, sock_read=read_timeout),
+            # total=None: stream_request applies its own deadline per request.
+            # sock_connect, not connect: aiohttp's connect also times the wait
+            # for a free connection of the pool, and a send queued behind the
+            # open-file room would fail as "connecting ... timed out", this
+            # client's limit read as the server's. The wait shows in its TTFT.
+            timeout=aiohttp.ClientTimeout(total=None, connect=None, sock_connect=connect_timeout,
+                                          sock_read=read_timeout),
             connector=aiohttp.TCPConnector(limit=max_connections, limit_per_host=0, keepalive_timeout=60))
     if transport != "httpx":
         raise ValueError(f"unknown transport {transport!r}; choose one of {', '.join(TRANSPORTS)}")
