@@ -398,6 +398,7 @@ def run_theirs(srv: Server, shape: Shape, *, concurrency: int | None, rate: floa
         d = json.loads((Path(tmp) / "r.json").read_text())
     out = figures_from_bench_json(d)
     out["wall_s"] = time.time() - t
+    out["started_utc"] = time.strftime("%H:%M:%S", time.gmtime(t))  # to line up with gpu.log / box.jsonl
     out["percentiles_ms"] = {k: v for k, v in d.items()
                              if k.startswith(("p", "median_", "mean_")) and k.endswith("_ms")
                              and isinstance(v, (int, float))}
@@ -452,6 +453,7 @@ def run_ours(srv: Server, shape: Shape, *, concurrency: int | None, rate: float 
         raise RuntimeError(f"our burst failed ({p.returncode}): {(p.stderr or p.stdout)[-2000:]}") from exc
     out = figures_from_burst_json(d)
     out["wall_s"] = time.time() - t
+    out["started_utc"] = time.strftime("%H:%M:%S", time.gmtime(t))
     v = d.get("vllm") or {}
     # The burst's own vLLM view starts after its warm-up (C one-token
     # requests that would pull the window's TTFT quantiles down).

@@ -41,17 +41,23 @@ export XDG_DATA_HOME=/root/truth/data  # our searches' run records
 OUT=${OUT:-/tmp/truth-out}; mkdir -p "$OUT"; W=/root/truth; mkdir -p "$W"
 M=$W/m03
 SLO=(--slo ttft_p99=1000ms --slo itl_p99=50ms)
+pack() {  # everything the run wrote, into $OUT/truth-h200.tgz (extra paths: $@)
+  tar czf "$OUT/truth-h200.tgz" -C "$W" $(cd "$W" && ls *.json *.jsonl *.log *.md 2>/dev/null) \
+      $([ -d "$W/data" ] && echo data) "$@"
+}
 date -u
 case "${1:-}" in
 start)
   nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
   echo "open files: soft $(ulimit -Sn), hard $(ulimit -Hn)"
-  # The chip's own state every 5 s (packed with the rest as gpu.log): the thirteenth run's server
+  # The chip's own state every 5 s (packed with the rest as gpu.log) ... the thirteenth run's server
   # rose from 16 k to 26.5 k generated tok/s within ten minutes with nothing changed on our side.
   setsid nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,utilization.gpu \
       --format=csv -l 5 > "$W/gpu.log" 2>&1 < /dev/null &
   setsid bash -c 'while sleep 5; do date -u +%T; nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader; done' \
       > "$W/gpu-apps.log" 2>&1 < /dev/null &
+  # ... and the host's: CPU busy and steal shares, and which processes used the CPUs (box.jsonl).
+  setsid python3 "$HERE/bench/box_sampler.py" --every 5 --out "$W/box.jsonl" > /dev/null 2>&1 < /dev/null &
   python3 -m ernie_tui demo-model "$M" --shape ernie-4.5-0.3b | tail -1
   # seed-A: block 16, max_model_len 4096; everything else vLLM's default.
   setsid python3 -m vllm.entrypoints.openai.api_server --model "$M" --served-model-name m03 --port 8000 \
@@ -67,7 +73,7 @@ bracket)
       --rate-seconds ${TRUTH_RATE_SECONDS:-10} --rounds ${TRUTH_ROUNDS:-1} \
       ${TRUTH_ONLY:+--only $TRUTH_ONLY} --searches 0 --json "$W/bracket${TRUTH_ONLY:+-$TRUTH_ONLY}.json" 2>&1 \
       | tee "$W/bracket${TRUTH_ONLY:+-$TRUTH_ONLY}.log"
-  tar czf "$OUT/truth-h200.tgz" -C "$W" $(cd "$W" && ls *.json *.log 2>/dev/null) $([ -d "$W/data" ] && echo data);;
+  pack;;
 agree)
   N=1; while [ -f "$W/agree-$N.json" ] || [ -f "$W/agree-$N.log" ]; do N=$((N + 1)); done
   EXTRA=(); [ -n "${AGREE_VARIANT:-}" ] && EXTRA+=(--variant "$AGREE_VARIANT")
@@ -77,7 +83,7 @@ agree)
       --waves ${AGREE_WAVES:-8} --rate-seconds ${AGREE_RATE_SECONDS:-10} "${EXTRA[@]}" --json "$W/agree-$N.json" \
       2>&1 | tee "$W/agree-$N.log"
   # data: the searches' run records (a search and an agree in one call once lost them)
-  tar czf "$OUT/truth-h200.tgz" -C "$W" $(cd "$W" && ls *.json *.log 2>/dev/null) $([ -d "$W/data" ] && echo data);;
+  pack;;
 interleave)
   MODE=${TRUTH_ONLY:?interleave takes one mode: TRUTH_ONLY=concurrency or rate}
   FROM=(); N=1; for f in "$W"/il-$MODE-*.json; do [ -f "$f" ] && { FROM+=(--bracket-from "$f"); N=$((N + 1)); }; done
@@ -87,7 +93,7 @@ interleave)
       --rounds ${TRUTH_ROUNDS:-1} --searches ${TRUTH_SEARCHES:-1} --only "$MODE" --interleave "${FROM[@]}" \
       --timeout 500 --keep-records --json "$W/il-$MODE-$N.json" \
       -- ${TRUTH_SEARCH_ARGS:---start-concurrency 16} 2>&1 | tee "$W/il-$MODE-$N.log"
-  tar czf "$OUT/truth-h200.tgz" -C "$W" $(cd "$W" && ls *.json *.log 2>/dev/null) $([ -d "$W/data" ] && echo data);;
+  pack;;
 ilbg)
   # interleave, detached (it outlives the call, as a sweep does); ilwait waits for it
   MODE=${TRUTH_ONLY:?ilbg takes one mode: TRUTH_ONLY=concurrency or rate}
@@ -107,10 +113,10 @@ ilwait)
   for i in $(seq 1 ${TRUTH_WAIT_S:-540}); do kill -0 "$PID" 2> /dev/null || break; sleep 1; done
   kill -0 "$PID" 2> /dev/null && echo "interleave still running after ${i} s" || echo "interleave done after ${i} s"
   tail -n 40 "$(ls -t "$W"/il-*.log | head -1)"
-  tar czf "$OUT/truth-h200.tgz" -C "$W" $(cd "$W" && ls *.json *.log 2>/dev/null) $([ -d "$W/data" ] && echo data);;
+  pack;;
 stop)
   pkill -INT -f vllm.entrypoints.openai.api_server; sleep 5
-  tar czf "$OUT/truth-h200.tgz" -C "$W" $(cd "$W" && ls *.json *.log 2>/dev/null) $([ -d "$W/data" ] && echo data);;
+  pack;;
 search)
   # A bracket measured on an earlier machine (same server flags) can be carried in TRUTH_BRACKET.
   [ -n "${TRUTH_BRACKET:-}" ] && [ ! -f "$W/bracket.json" ] && cp "$TRUTH_BRACKET" "$W/bracket.json"
@@ -123,7 +129,7 @@ search)
       ${TRUTH_ONLY:+--only $TRUTH_ONLY} --timeout 500 \
       --keep-records --json "$W/$TAG.json" -- ${TRUTH_SEARCH_ARGS:---start-concurrency 16} 2>&1 | tee "$W/$TAG.log"
   [ "${TRUTH_STOP:-0}" = 1 ] && { pkill -INT -f vllm.entrypoints.openai.api_server; sleep 5; }
-  tar czf "$OUT/truth-h200.tgz" -C "$W" $(cd "$W" && ls *.json *.log 2>/dev/null) $([ -d "$W/data" ] && echo data);;
+  pack;;
 sweep)
   python3 -m ernie_tui demo-model "$M" --shape ernie-4.5-0.3b | tail -1
   mkdir -p "$W/sweep-logs"
@@ -137,8 +143,7 @@ sweepwait)
   for i in $(seq 1 ${SWEEP_WAIT_S:-540}); do pgrep -f 'ernie_tui --presets' > /dev/null || break; sleep 1; done
   pgrep -f 'ernie_tui --presets' > /dev/null && echo "sweep still running after ${i} s" || echo "sweep done"
   tail -c 3000 "$W/sweep.log"
-  tar czf "$OUT/truth-h200.tgz" -C "$W" $(cd "$W" && ls *.json *.log *.md 2>/dev/null) sweep-logs \
-      $([ -d "$W/data" ] && echo data);;
+  pack sweep-logs;;
 *) echo "usage: truth_h200.sh start|bracket|interleave|ilbg|ilwait|search|agree|stop|sweep|sweepwait"; exit 2;;
 esac
 date -u
