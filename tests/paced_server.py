@@ -39,6 +39,10 @@ Load-shaped pacing, each off unless asked for (the capacity search's tests):
   together then end apart, and a wave breaks up within a turnover;
 - --slow-every K --slow-ms X: every K-th decoding request waits X ms more
   for its first token (slow requests that come back last);
+- --busy-child: a child process titled as vLLM's engine core
+  (VLLM::EngineCore) that keeps one CPU core busy for as long as this
+  server lives, as vLLM's engine core did on an H200 (a server bound by a
+  single Python thread, for the capacity search's server-CPU note);
 - --stall-period-s P --stall-s S --stall-ms X: correlated latency. The clock
   starts at the first request that decodes more than one token; every
   request arriving in the last S seconds of each P-second period waits X ms
@@ -62,6 +66,7 @@ import json
 import os
 import random
 import socket
+import subprocess
 import sys
 import threading
 import time
@@ -429,6 +434,8 @@ def main(argv: list[str] | None = None) -> int:
                         "wait --stall-ms more for their first token")
     p.add_argument("--stall-s", type=float, default=0.0)
     p.add_argument("--stall-ms", type=float, default=0.0)
+    p.add_argument("--busy-child", action="store_true",
+                   help="a child titled VLLM::EngineCore keeps one CPU core busy while this server lives")
     p.add_argument("--model-name", default="paced")
     p.add_argument("--max-model-len", type=int, default=4096)
     # Launched as a preset's `launcher` it gets vLLM's command line: take the
@@ -439,6 +446,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.served_model_name:
         args.model_name = args.served_model_name
     srv = Server(args)
+    if args.busy_child:
+        # Spins until its parent is gone (its parent pid changes): a server
+        # killed outright leaves no busy orphan behind.
+        subprocess.Popen(["VLLM::EngineCore", "-c", "import os\nq = os.getppid()\nwhile os.getppid() == q: pass"],
+                         executable=sys.executable)
     httpd = _Http((args.host, args.port), make_handler(srv))
     host, port = httpd.server_address[:2]
     print(f"listening on http://{host}:{port}", flush=True)

@@ -21,9 +21,7 @@ it stopped answering; a server that never answered has none.
 
 from __future__ import annotations
 
-import ipaddress
 import os
-import socket
 import threading
 import time
 import tomllib
@@ -48,6 +46,8 @@ from ernie_tui.engine_ctl.load import (
     MetricsClient,
     MetricsError,
     MetricsSnapshot,
+    is_local_host,
+    listening_pid,
     only_metrics,
 )
 
@@ -225,7 +225,7 @@ class LocalMemory:
     def __init__(self, url: str, sampler_factory: Callable | None = None):
         parts = urlsplit(url if "://" in url else f"http://{url}")
         self.port = parts.port or (443 if parts.scheme == "https" else 80)
-        self.local = _is_local_host(parts.hostname or "")
+        self.local = is_local_host(parts.hostname or "")
         self._factory = sampler_factory
         self._sampler: ResourceSampler | None = None
         self._pid: int | None = None
@@ -259,7 +259,7 @@ class LocalMemory:
             self._pid, self._pid_at = None, -1e9
         if self._pid is None and now - self._pid_at >= self.PID_RECHECK_S:
             self._pid_at = now
-            self._pid = _listening_pid(self.port)
+            self._pid = listening_pid(self.port)
             self._tree_at = -1e9
         if self._pid is None:
             self._tree = []
@@ -271,37 +271,6 @@ class LocalMemory:
     def close(self) -> None:
         if self._sampler is not None:
             self._sampler.close()
-
-
-def _is_local_host(host: str) -> bool:
-    if host in ("localhost", socket.gethostname()):
-        return True
-    try:
-        addr = ipaddress.ip_address(host)
-    except ValueError:
-        return False
-    if addr.is_loopback or addr.is_unspecified:
-        return True
-    try:
-        import psutil
-
-        return any(a.address.split("%")[0] == host for addrs in psutil.net_if_addrs().values() for a in addrs)
-    except OSError:
-        return False
-
-
-def _listening_pid(port: int) -> int | None:
-    """The process listening on `port` here (only ones this user may see)."""
-    import psutil
-
-    try:
-        conns = psutil.net_connections(kind="tcp")
-    except (psutil.Error, OSError):
-        return None
-    for c in conns:
-        if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port and c.pid:
-            return c.pid
-    return None
 
 
 class ServerPoller:

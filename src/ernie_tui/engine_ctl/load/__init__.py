@@ -81,6 +81,7 @@ from ernie_tui.engine_ctl.load.prompts import (
 )
 from ernie_tui.engine_ctl.load.runstore import KINDS as RUN_KINDS
 from ernie_tui.engine_ctl.load.runstore import RunRecord, RunStoreError, list_runs, load_run, save_run
+from ernie_tui.engine_ctl.load.server_cpu import is_local_host, listening_pid
 from ernie_tui.engine_ctl.load.slo import Objective, limit_ms, parse_slo
 from ernie_tui.engine_ctl.load.stats import rate, relative_diff
 from ernie_tui.engine_ctl.load.stream_timing import (
@@ -164,6 +165,8 @@ __all__ = [
     "format_capacity",
     "format_probe",
     "front_of_rows",
+    "is_local_host",
+    "listening_pid",
     "histogram_delta",
     "limit_ms",
     "list_runs",

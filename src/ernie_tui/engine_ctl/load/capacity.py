@@ -331,6 +331,10 @@ class LevelResult:
     client_judge_max_ms: float | None = None
     client_built_during: int | None = None
     client_build_s: float | None = None
+    # A server on this machine: its busiest processes' CPU over the level
+    # ({what, pid, cpu_pct} with cpu_pct in % of one core; server_cpu.py).
+    # None: the server is elsewhere, or could not be read.
+    server_cpu: list[dict[str, Any]] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -1060,6 +1064,9 @@ def format_capacity(r: CapacityResult) -> str:
             lines.append(f"{'':>8} vLLM's histograms: TTFT p50 {f(v.get('ttft_p50_ms'))} p99 "
                          f"{f(v.get('ttft_p99_ms'))} ms, ITL p50 {f(v.get('itl_p50_ms'))} p99 "
                          f"{f(v.get('itl_p99_ms'))} ms, {f(v.get('requests_finished'), 'g')} requests")
+        if lv.server_cpu:
+            lines.append(f"{'':>8} server CPU (% of a core): "
+                         + ", ".join(f"{p['what']} {p['cpu_pct']:.0f}" for p in lv.server_cpu))
     if r.capacity:
         c = r.capacity
         at_least = "≥ " if r.at_ceiling else ""

@@ -44,6 +44,7 @@ from ernie_tui.engine_ctl.load.http_errors import TRANSPORT_KINDS, ProbeFailure
 from ernie_tui.engine_ctl.load.open_files import make_room
 from ernie_tui.engine_ctl.load.probe import stream_request
 from ernie_tui.engine_ctl.load.prompts import find_tokenizer
+from ernie_tui.engine_ctl.load.server_cpu import ServerCpuWatch, cpu_bound_note, server_pid
 from ernie_tui.engine_ctl.load.stream_timing import ProbeRequest
 from ernie_tui.engine_ctl.load.workload import WorkItem, Workload, burst_workload
 
@@ -193,8 +194,9 @@ class HttpLevelRunner:
                  api_key: str | None = None, use_metrics: bool = True,
                  cancel: threading.Event | None = None, progress: Progress | None = None,
                  arrivals: str = C.DEFAULT_ARRIVALS, seed: int = 0,
-                 metrics_feed: M.MetricsFeed | None = None) -> None:
+                 metrics_feed: M.MetricsFeed | None = None, server_pid: int | None = None) -> None:
         self.url = url
+        self.server_pid = server_pid  # a server on this machine: its CPU is read per level
         self.model = model
         self.workload = workload
         self.slo = slo
@@ -437,6 +439,9 @@ class HttpLevelRunner:
             # a burst does; the collection that precedes the freeze is untimed.
             health = ClientHealth()
             health.start(freeze=True)
+            cpu_watch = ServerCpuWatch(self.server_pid) if self.server_pid is not None else None
+            if cpu_watch is not None:
+                cpu_watch.start()
             t0 = time.perf_counter()
             if rate:
                 feeder = asyncio.ensure_future(sender(client))
@@ -479,6 +484,7 @@ class HttpLevelRunner:
                 await asyncio.gather(*refill, return_exceptions=True)
                 health.stop()
         elapsed = max(time.perf_counter() - t0, 1e-9)
+        server_cpu = cpu_watch.stop() if cpu_watch is not None else None
         if sampler is not None:
             sampler.halt.set()
         server: dict[str, Any] = {}
@@ -498,6 +504,7 @@ class HttpLevelRunner:
                 o.error_kind in TRANSPORT_KINDS for o in monitor.outcomes):
             stop_reason = "server_down"
         res = monitor.result(elapsed, stop_reason, server)
+        res.server_cpu = server_cpu
         lags = health.lags
         res.client_lag_p99_ms = S.ms(stats.percentile(lags, 99))
         res.client_lag_max_ms = S.ms(max(lags)) if lags else None
@@ -582,7 +589,8 @@ def run_capacity(url: str, slo: list[S.Objective], *, search_config: C.SearchCon
                         f"({served.max_model_len}): such requests fail and count as misses")
     kind = HttpRateRunner if search_config.rate else HttpLevelRunner
     runner = kind(url, served.id, workload, slo, rules, settings, api_key=api_key, use_metrics=use_metrics,
-                  cancel=cancel, progress=progress, arrivals=search_config.arrivals, metrics_feed=metrics_feed)
+                  cancel=cancel, progress=progress, arrivals=search_config.arrivals, metrics_feed=metrics_feed,
+                  server_pid=server_pid(url))
     result = C.search(runner, slo, search_config, progress=progress, cancel=cancel)
     result.seconds = time.monotonic() - t0
     result.config = _config_dict(search_config, rules, settings)
@@ -598,6 +606,9 @@ def run_capacity(url: str, slo: list[S.Objective], *, search_config: C.SearchCon
                         "share a prefix (or repeat) make TTFT and capacity look better than fresh traffic")
     if runner.metrics_missing:
         warnings.append("/metrics could not be read: no KV-cache, queue or vLLM figures, no saturation check")
+    cpu_bound = cpu_bound_note(result.levels)
+    if cpu_bound:
+        warnings.append(cpu_bound)
     result.warnings = warnings + result.warnings
     return result
 

@@ -1,0 +1,131 @@
+"""The serving processes' CPU per capacity level, where the server is local.
+
+On an H200 the 0.3B-shape stand-in's vLLM held its API server and engine core
+each at a whole core at every load while the GPU was at most 58 % busy: its
+capacity was bound by two Python threads. The search reads each local server
+process's CPU time over every level and says so when one was held at a core.
+The stand-in's --busy-child is such a process (titled VLLM::EngineCore)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+
+from ernie_tui.cli import main
+from ernie_tui.engine_ctl.load import LevelResult
+from ernie_tui.engine_ctl.load.server_cpu import SATURATED_PCT, ServerCpuWatch, cpu_bound_note, server_pid
+from test_loadgen import PacedServer
+
+
+@pytest.fixture
+def paced():
+    servers: list[PacedServer] = []
+
+    def start(*args: str) -> PacedServer:
+        servers.append(PacedServer(*args))
+        return servers[-1]
+
+    yield start
+    for s in servers:
+        s.close()
+
+
+def _children(pid: int, n: int) -> list[psutil.Process]:
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        kids = psutil.Process(pid).children(recursive=True)
+        if len(kids) >= n:
+            return kids
+        time.sleep(0.05)
+    raise AssertionError(f"process {pid} has no {n} children after 10 s")
+
+
+def test_a_busy_child_reads_as_a_core_and_its_idle_parent_as_next_to_nothing():
+    parent = subprocess.Popen([sys.executable, "-c",
+                               "import subprocess, sys, time\n"
+                               "subprocess.Popen(['VLLM::EngineCore', '-c', 'import os\\nq = os.getppid()\\n"
+                               "while os.getppid() == q: pass'], executable=sys.executable)\n"
+                               "time.sleep(60)"])
+    try:
+        (child,) = _children(parent.pid, 1)
+        watch = ServerCpuWatch(parent.pid)
+        watch.start()
+        time.sleep(1.5)
+        read = watch.stop()
+    finally:
+        parent.kill()
+        parent.wait()
+    assert read is not None
+    by_pid = {p["pid"]: p for p in read}
+    assert by_pid[child.pid]["what"] == "engine core"
+    assert by_pid[child.pid]["cpu_pct"] > 50  # a core, less what a busy 2-core box takes from it
+    assert by_pid[parent.pid]["cpu_pct"] < 20 and by_pid[parent.pid]["what"] == "server"
+    assert read[0]["pid"] == child.pid  # busiest first
+
+
+def test_a_gone_server_reads_as_nothing():
+    p = subprocess.Popen([sys.executable, "-c", "pass"])
+    p.wait()
+    watch = ServerCpuWatch(p.pid)
+    watch.start()
+    assert watch.stop() is None
+
+
+def test_the_server_pid_is_the_local_listener_and_none_elsewhere(paced):
+    srv = paced("--slots", "2")
+    assert server_pid(srv.url) == srv.proc.pid
+    assert server_pid(srv.url.replace("127.0.0.1", "localhost")) == srv.proc.pid
+    assert server_pid("http://192.0.2.7:8000") is None  # TEST-NET: not this machine, not read
+    assert server_pid("http://127.0.0.1:1") is None  # nothing listens there
+
+
+def _level(load: int, *cpu: float, rate: bool = False) -> LevelResult:
+    lv = LevelResult(concurrency=None if rate else load, requests=100, rate=float(load) if rate else None)
+    lv.server_cpu = [{"what": w, "pid": 10 + i, "cpu_pct": c} for i, (w, c) in
+                     enumerate(zip(("API server", "engine core"), cpu, strict=False))] or None
+    return lv
+
+
+def test_the_note_names_the_processes_held_at_a_core_and_the_lowest_load_where_they_were():
+    note = cpu_bound_note([_level(16, 40.0, 30.0), _level(64, 99.0, 92.0), _level(32, 95.0, 60.0)])
+    assert note is not None
+    assert note.startswith("the server's API server and engine core used a whole CPU core (>= 90 %, up to 99 %) "
+                           "in 2 of 3 levels, from concurrency 32:")
+    assert "not by the GPU alone" in note
+    assert "from 8 req/s" in (cpu_bound_note([_level(8, 91.0, rate=True)]) or "")
+    assert cpu_bound_note([_level(16, SATURATED_PCT - 0.1, 10.0)]) is None
+    assert cpu_bound_note([_level(16), _level(32)]) is None  # a server elsewhere: nothing read, nothing said
+
+
+def test_a_search_on_a_local_server_reads_its_processes_cpu_per_level_and_says_when_one_held_a_core(
+        paced, capsys):
+    srv = paced("--slots", "3", "--ttft-ms", "20", "--itl-ms", "20", "--busy-child")
+    code = main(["probe", "--url", srv.url, "--capacity", "--slo", "ttft_p90=200ms", "--max-concurrency", "2",
+                 "--level-time", "8", "--max-tokens", "16", "--min-tokens", "10", "--max-tokens-in", "40", "--json",
+                 "--no-save"])
+    out = json.loads(capsys.readouterr().out)
+    assert code == 0, out
+    child = _children(srv.proc.pid, 1)[0].pid
+    for lv in out["levels"]:
+        by_pid = {p["pid"]: p for p in lv["server_cpu"]}
+        assert set(by_pid) == {srv.proc.pid, child}
+        assert by_pid[child]["what"] == "engine core" and by_pid[child]["cpu_pct"] > 50
+    # The note is there exactly when a level read the child at 90 % or more (on a
+    # busy 2-core box it may get less of a core than that).
+    held = any(p["cpu_pct"] >= SATURATED_PCT for lv in out["levels"] for p in lv["server_cpu"])
+    said = [w for w in out["warnings"] if w.startswith("the server's engine core used a whole CPU core")]
+    assert bool(said) == held, (out["warnings"], [lv["server_cpu"] for lv in out["levels"]])
+
+
+def test_a_search_prints_the_server_cpu_under_each_level(paced, capsys):
+    srv = paced("--slots", "2", "--ttft-ms", "10", "--itl-ms", "10")
+    code = main(["probe", "--url", srv.url, "--capacity", "--slo", "ttft_p90=500ms", "--max-concurrency", "1",
+                 "--level-time", "8", "--max-tokens", "8", "--min-tokens", "4", "--max-tokens-in", "8", "--no-save"])
+    text = capsys.readouterr().out
+    assert code == 0, text
+    assert "server CPU (% of a core): server " in text
