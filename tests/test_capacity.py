@@ -476,7 +476,8 @@ def test_real_vllm_capacity_under_a_loose_slo(cpu_server, capsys):
         for lv in out["levels"]:
             print("\n" + json.dumps({k: lv.get(k) for k in ("concurrency", "requests", "ok", "failed", "passed",
                                                            "decided", "stop", "ttft_p50_ms", "ttft_p99_ms",
-                                                           "itl_p50_ms", "output_tps", "seconds", "errors")}))
+                                                           "itl_p50_ms", "output_tps", "seconds", "errors",
+                                                           "server_cpu")}))
         print(f"capacity {out['capacity']} stop {out['stop_reason']} {out['seconds']:.1f} s")
     assert code == 0, out
     assert out["capacity"] is not None and out["capacity"]["concurrency"] >= 1
@@ -487,6 +488,9 @@ def test_real_vllm_capacity_under_a_loose_slo(cpu_server, capsys):
     # No measured request was served from the prefix cache: no prompt repeats.
     assert [v["vllm"]["prefix_cache_hit_tokens"] for v in out["levels"]] == [0] * len(out["levels"]), out["levels"]
     assert out["workload"]["wrapped"] == 0 and out["workload"]["prompts"] >= out["workload"]["sent"]
+    # vLLM runs on this machine: every level read its API server's and its engine core's CPU
+    for v in out["levels"]:
+        assert {"API server", "engine core"} <= {p["what"] for p in v["server_cpu"] or []}, v["server_cpu"]
 
 
 @pytest.mark.vllm
