@@ -491,6 +491,10 @@ def test_real_vllm_capacity_under_a_loose_slo(cpu_server, capsys):
     # vLLM runs on this machine: every level read its API server's and its engine core's CPU
     for v in out["levels"]:
         assert {"API server", "engine core"} <= {p["what"] for p in v["server_cpu"] or []}, v["server_cpu"]
+    # ... and says it was bound by them only where one of those two was held at a core
+    held = any(p["what"] in ("API server", "engine core") and p["cpu_pct"] >= 90
+               for v in out["levels"] for p in v["server_cpu"])
+    assert held == any("used a whole CPU core" in w for w in out["warnings"]), out["warnings"]
 
 
 @pytest.mark.vllm

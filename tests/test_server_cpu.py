@@ -100,6 +100,10 @@ def test_the_note_names_the_processes_held_at_a_core_and_the_lowest_load_where_t
     assert "from 8 req/s" in (cpu_bound_note([_level(8, 91.0, rate=True)]) or "")
     assert cpu_bound_note([_level(16, SATURATED_PCT - 0.1, 10.0)]) is None
     assert cpu_bound_note([_level(16), _level(32)]) is None  # a server elsewhere: nothing read, nothing said
+    # A worker busy at a core (vLLM's CPU build runs the model there) is its job, not a bound: no note.
+    worker = _level(8, 40.0, 30.0)
+    worker.server_cpu = [*(worker.server_cpu or []), {"what": "Worker", "pid": 99, "cpu_pct": 97.0}]
+    assert cpu_bound_note([worker]) is None
 
 
 def test_a_search_on_a_local_server_reads_its_processes_cpu_per_level_and_says_when_one_held_a_core(
@@ -117,7 +121,8 @@ def test_a_search_on_a_local_server_reads_its_processes_cpu_per_level_and_says_w
         assert by_pid[child]["what"] == "engine core" and by_pid[child]["cpu_pct"] > 50
     # The note is there exactly when a level read the child at 90 % or more (on a
     # busy 2-core box it may get less of a core than that).
-    held = any(p["cpu_pct"] >= SATURATED_PCT for lv in out["levels"] for p in lv["server_cpu"])
+    held = any(p["what"] == "engine core" and p["cpu_pct"] >= SATURATED_PCT
+               for lv in out["levels"] for p in lv["server_cpu"])
     said = [w for w in out["warnings"] if w.startswith("the server's engine core used a whole CPU core")]
     assert bool(said) == held, (out["warnings"], [lv["server_cpu"] for lv in out["levels"]])
 
