@@ -52,17 +52,26 @@ start)
   echo "open files: soft $(ulimit -Sn), hard $(ulimit -Hn)"
   # The chip's own state every 5 s (packed with the rest as gpu.log) ... the thirteenth run's server
   # rose from 16 k to 26.5 k generated tok/s within ten minutes with nothing changed on our side.
+  # An earlier start's samplers (a call whose server never came up) would write into the same files.
+  [ -f "$W/samplers.pid" ] && kill $(cat "$W/samplers.pid") 2> /dev/null
+  rm -f "$W/box.jsonl"
   setsid nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,utilization.gpu \
       --format=csv -l 5 > "$W/gpu.log" 2>&1 < /dev/null &
+  echo $! > "$W/samplers.pid"
   setsid bash -c 'while sleep 5; do date -u +%T; nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader; done' \
       > "$W/gpu-apps.log" 2>&1 < /dev/null &
+  echo $! >> "$W/samplers.pid"
   # ... and the host's: CPU busy and steal shares, and which processes used the CPUs (box.jsonl).
   setsid python3 "$HERE/bench/box_sampler.py" --every 5 --out "$W/box.jsonl" > /dev/null 2>&1 < /dev/null &
+  echo $! >> "$W/samplers.pid"
   python3 -m ernie_tui demo-model "$M" --shape ernie-4.5-0.3b | tail -1
   # seed-A: block 16, max_model_len 4096; everything else vLLM's default.
   setsid python3 -m vllm.entrypoints.openai.api_server --model "$M" --served-model-name m03 --port 8000 \
       --block-size 16 --max-model-len 4096 ${TRUTH_SERVER_ARGS:-} > "$W/server.log" 2>&1 < /dev/null &
+  SRV=$!
   for i in $(seq 1 240); do
+    # A server that died (vLLM not staged: one call waited out 240 s for it) ends the wait.
+    kill -0 "$SRV" 2> /dev/null || { echo "the server exited after ${i} s:"; tail -n 5 "$W/server.log"; exit 1; }
     python3 -c "import urllib.request as u; u.urlopen('http://127.0.0.1:8000/health', timeout=2)" 2>/dev/null && break
     sleep 1
   done
