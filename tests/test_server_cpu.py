@@ -91,6 +91,34 @@ def _level(load: int, *cpu: float, rate: bool = False) -> LevelResult:
     return lv
 
 
+def test_api_servers_of_their_own_are_named_and_their_parent_reads_as_their_supervisor():
+    # `vllm serve --api-server-count 2`: the listening parent only supervises
+    # VLLM::APIServer_0 and _1, which answer the requests (one busy here).
+    spin = "import os\nq = os.getppid()\nwhile os.getppid() == q: pass"
+    idle = "import os, time\nq = os.getppid()\nwhile os.getppid() == q: time.sleep(0.1)"
+    parent = subprocess.Popen([sys.executable, "-c",
+                               "import subprocess, sys, time\n"
+                               f"subprocess.Popen(['VLLM::APIServer_0', '-c', {spin!r}], executable=sys.executable)\n"
+                               f"subprocess.Popen(['VLLM::APIServer_1', '-c', {idle!r}], executable=sys.executable)\n"
+                               "time.sleep(60)", "vllm"])
+    try:
+        _children(parent.pid, 2)
+        watch = ServerCpuWatch(parent.pid)
+        watch.start()
+        time.sleep(1.5)
+        read = watch.stop()
+    finally:
+        parent.kill()
+        parent.wait()
+    assert read is not None
+    whats = {p["what"]: p for p in read}
+    assert set(whats) == {"API server 0", "API server 1", "server supervisor"}
+    assert whats["API server 0"]["cpu_pct"] > 50 and whats["API server 1"]["cpu_pct"] < 20
+    lv = _level(16)
+    lv.server_cpu = [{**whats["API server 0"], "cpu_pct": 97.0}, whats["API server 1"]]
+    assert (cpu_bound_note([lv]) or "").startswith("the server's API server 0 used a whole CPU core")
+
+
 def test_the_note_names_the_processes_held_at_a_core_and_the_lowest_load_where_they_were():
     note = cpu_bound_note([_level(16, 40.0, 30.0), _level(64, 99.0, 92.0), _level(32, 95.0, 60.0)])
     assert note is not None

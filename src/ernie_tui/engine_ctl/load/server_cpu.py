@@ -78,10 +78,11 @@ def server_pid(url: str) -> int | None:
     return listening_pid(port)
 
 
-def _what(p: psutil.Process, root: int) -> str:
+def _what(p: psutil.Process, root: int, api_children: bool = False) -> str:
     """A process's part in the server: vLLM names its children by process
-    title (VLLM::EngineCore, VLLM::Worker_TP0); the listening one is the API
-    server."""
+    title (VLLM::EngineCore, VLLM::Worker_TP0, VLLM::APIServer_1); the
+    listening one is the API server, unless API servers of their own run
+    under it (`vllm serve --api-server-count N`: it only supervises them)."""
     try:
         cmd = p.cmdline()
     except psutil.Error:
@@ -89,13 +90,21 @@ def _what(p: psutil.Process, root: int) -> str:
     title = cmd[0] if cmd else ""
     if title.startswith("VLLM::"):
         name = title.split()[0][len("VLLM::"):]
+        if name.startswith("APIServer"):
+            return f"API server {name[len('APIServer'):].lstrip('_')}".rstrip()
         return "engine core" if name.startswith("EngineCore") else name
     if p.pid == root:
-        return "API server" if any("vllm" in c for c in cmd) else "server"
+        if not any("vllm" in c for c in cmd):
+            return "server"
+        return "server supervisor" if api_children else "API server"
     try:
         return p.name()
     except psutil.Error:
         return "?"
+
+
+def _is_api_server(what: str) -> bool:
+    return what == "API server" or what.startswith("API server ")
 
 
 def _cpu_s(p: psutil.Process) -> float | None:
@@ -137,11 +146,14 @@ class ServerCpuWatch:
         span = time.monotonic() - self._t0
         if not self._start or span <= 0:
             return None
+        whats = {p.pid: _what(p, self.pid) for p, _ in self._start}
+        api_children = any(_is_api_server(w) for pid, w in whats.items() if pid != self.pid)
         out = []
         for p, t in self._start:
             now = _cpu_s(p)
             if now is not None:
-                out.append(ProcessCpu(what=_what(p, self.pid), pid=p.pid, cpu_pct=round((now - t) / span * 100, 1)))
+                what = _what(p, self.pid, api_children) if p.pid == self.pid else whats[p.pid]
+                out.append(ProcessCpu(what=what, pid=p.pid, cpu_pct=round((now - t) / span * 100, 1)))
         out.sort(key=lambda x: -x.cpu_pct)
         return [asdict(x) for x in out[:KEEP]] or None
 
@@ -155,7 +167,8 @@ def cpu_bound_note(levels: Iterable[Any]) -> str | None:
     for lv in levels:
         procs = getattr(lv, "server_cpu", None) or []
         measured += bool(procs)
-        hot += [(lv, p) for p in procs if p["what"] in SINGLE_THREADED and p["cpu_pct"] >= SATURATED_PCT]
+        hot += [(lv, p) for p in procs
+                if (p["what"] in SINGLE_THREADED or _is_api_server(p["what"])) and p["cpu_pct"] >= SATURATED_PCT]
     if not hot:
         return None
     levels_hot = {id(lv): lv for lv, _ in hot}
