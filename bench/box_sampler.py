@@ -31,7 +31,8 @@ def _label(p: psutil.Process) -> str:
     except (psutil.Error, OSError):
         return p.name()
     text = " ".join(cmd)
-    for key, label in (("api_server", "vllm-api"), ("EngineCore", "vllm-engine"), ("ernie_tui", "ernie-tui"),
+    for key, label in (("api_server", "vllm-api"), ("VLLM::APIServer", "vllm-api"), ("EngineCore", "vllm-engine"),
+                       ("cli.main serve", "vllm-serve"), ("ernie_tui", "ernie-tui"), ("server_drift", "drift"),
                        ("agree_vllm_bench", "agree"), ("capacity_truth", "truth"), ("bench", "bench")):
         if key in text:
             return label
@@ -44,6 +45,11 @@ def sample(procs: dict[int, psutil.Process], min_pct: float) -> dict:
                  "cpu": {k: round(getattr(cpu, k), 1) for k in ("user", "system", "idle", "iowait", "steal")
                          if hasattr(cpu, k)},
                  "load1": round(psutil.getloadavg()[0], 2)}
+    try:  # the CPUs' mean clock: a host whose clock moves moves vLLM's Python with it (a VM may report a constant)
+        freq = psutil.cpu_freq()
+        out["mhz"] = round(freq.current) if freq and freq.current else None
+    except (OSError, NotImplementedError, AttributeError):
+        out["mhz"] = None
     seen = set()
     busy = []
     me = psutil.Process().pid

@@ -4,6 +4,10 @@
 # staged (/work/shared/gpu). Run from a folder holding src/ and bench/ (copied
 # to .gpu9 of the carry):
 #   bash .gpu9/bench/truth_h200.sh start     a seed-A server in a session of its own (outlives the call)
+#   bash .gpu9/bench/truth_h200.sh restart   stops that server and starts it again (TRUTH_SERVER_ARGS: more flags;
+#                                            TRUTH_API_SERVERS=N: `vllm serve --api-server-count N`; start takes both)
+#   bash .gpu9/bench/truth_h200.sh drift     vLLM's bench client alone, run after run at DRIFT_C for DRIFT_S seconds
+#                                            from now (bench/server_drift.py): does the server's speed move with age?
 #   bash .gpu9/bench/truth_h200.sh bracket   the bench client at each TRUTH_C level and TRUTH_R rate (TRUTH_ROUNDS
 #                                            rounds; TRUTH_ONLY: one mode, into bracket-MODE.json; a search joins
 #                                            every bracket*.json)
@@ -45,6 +49,37 @@ pack() {  # everything the run wrote, into $OUT/truth-h200.tgz (extra paths: $@)
   tar czf "$OUT/truth-h200.tgz" -C "$W" $(cd "$W" && ls *.json *.jsonl *.log *.md 2>/dev/null) \
       $([ -d "$W/data" ] && echo data) "$@"
 }
+start_server() {
+  # seed-A: block 16, max_model_len 4096; everything else vLLM's default. TRUTH_API_SERVERS=N: `vllm serve`
+  # (its CLI module: the staged vLLM has no console script) with --api-server-count N, which only it runs.
+  if [ -n "${TRUTH_API_SERVERS:-}" ]; then
+    LAUNCH=(-m vllm.entrypoints.cli.main serve "$M" --api-server-count "$TRUTH_API_SERVERS")
+  else
+    LAUNCH=(-m vllm.entrypoints.openai.api_server --model "$M")
+  fi
+  N=1; while [ -f "$W/server-$N.log" ]; do N=$((N + 1)); done
+  echo "server-$N: ${LAUNCH[*]} ${TRUTH_SERVER_ARGS:-}" | tee -a "$W/servers.txt"
+  setsid python3 "${LAUNCH[@]}" --served-model-name m03 --port 8000 \
+      --block-size 16 --max-model-len 4096 ${TRUTH_SERVER_ARGS:-} > "$W/server-$N.log" 2>&1 < /dev/null &
+  SRV=$!
+  echo $SRV > "$W/server.pid"
+  for i in $(seq 1 240); do
+    # A server that died (vLLM not staged: one call waited out 240 s for it) ends the wait.
+    kill -0 "$SRV" 2> /dev/null || { echo "the server exited after ${i} s:"; tail -n 5 "$W/server-$N.log"; exit 1; }
+    python3 -c "import urllib.request as u; u.urlopen('http://127.0.0.1:8000/health', timeout=2)" 2>/dev/null && break
+    sleep 1
+  done
+  date +%s.%N > "$W/ready_at"
+  echo "server ready after ${i} s"
+}
+stop_server() {  # the whole session setsid gave it (API servers, engine core, workers)
+  [ -f "$W/server.pid" ] || return 0
+  kill -INT -- -"$(cat "$W/server.pid")" 2> /dev/null
+  for i in $(seq 1 30); do kill -0 "$(cat "$W/server.pid")" 2> /dev/null || break; sleep 1; done
+  kill -KILL -- -"$(cat "$W/server.pid")" 2> /dev/null
+  sleep 2
+  rm -f "$W/server.pid"
+}
 date -u
 case "${1:-}" in
 start)
@@ -65,17 +100,19 @@ start)
   setsid python3 "$HERE/bench/box_sampler.py" --every 5 --out "$W/box.jsonl" > /dev/null 2>&1 < /dev/null &
   echo $! >> "$W/samplers.pid"
   python3 -m ernie_tui demo-model "$M" --shape ernie-4.5-0.3b | tail -1
-  # seed-A: block 16, max_model_len 4096; everything else vLLM's default.
-  setsid python3 -m vllm.entrypoints.openai.api_server --model "$M" --served-model-name m03 --port 8000 \
-      --block-size 16 --max-model-len 4096 ${TRUTH_SERVER_ARGS:-} > "$W/server.log" 2>&1 < /dev/null &
-  SRV=$!
-  for i in $(seq 1 240); do
-    # A server that died (vLLM not staged: one call waited out 240 s for it) ends the wait.
-    kill -0 "$SRV" 2> /dev/null || { echo "the server exited after ${i} s:"; tail -n 5 "$W/server.log"; exit 1; }
-    python3 -c "import urllib.request as u; u.urlopen('http://127.0.0.1:8000/health', timeout=2)" 2>/dev/null && break
-    sleep 1
-  done
-  echo "server ready after ${i} s";;
+  start_server;;
+restart)
+  # the same model under other server flags (TRUTH_SERVER_ARGS, TRUTH_API_SERVERS), samplers left running
+  stop_server
+  start_server;;
+drift)
+  # vLLM's bench client alone, run after run at DRIFT_C (default 128 256) for DRIFT_S s (default 420):
+  # does this server's speed move with its age (bench/server_drift.py)?
+  N=1; while [ -f "$W/drift-$N.json" ]; do N=$((N + 1)); done
+  timeout $(( ${DRIFT_S:-420} + 120 )) python3 "$HERE/bench/server_drift.py" --url http://127.0.0.1:8000 --model m03 \
+      --tokenizer "$M" --concurrency ${DRIFT_C:-128 256} --seconds ${DRIFT_S:-420} \
+      --ready-at "$(cat "$W/ready_at")" --json "$W/drift-$N.json" 2>&1 | tee "$W/drift-$N.log"
+  pack;;
 bracket)
   timeout ${TRUTH_DEADLINE_S:-560} python3 "$HERE/bench/capacity_truth.py" --url http://127.0.0.1:8000 --model m03 \
       --tokenizer "$M" "${SLO[@]}" --concurrency ${TRUTH_C:-128 160 192 256} --rate ${TRUTH_R:-} \
@@ -124,7 +161,7 @@ ilwait)
   tail -n 40 "$(ls -t "$W"/il-*.log | head -1)"
   pack;;
 stop)
-  pkill -INT -f vllm.entrypoints.openai.api_server; sleep 5
+  stop_server
   pack;;
 search)
   # A bracket measured on an earlier machine (same server flags) can be carried in TRUTH_BRACKET.
@@ -137,7 +174,7 @@ search)
       --tokenizer "$M" "${SLO[@]}" "${FROM[@]}" --searches ${TRUTH_SEARCHES:-2} \
       ${TRUTH_ONLY:+--only $TRUTH_ONLY} --timeout 500 \
       --keep-records --json "$W/$TAG.json" -- ${TRUTH_SEARCH_ARGS:---start-concurrency 16} 2>&1 | tee "$W/$TAG.log"
-  [ "${TRUTH_STOP:-0}" = 1 ] && { pkill -INT -f vllm.entrypoints.openai.api_server; sleep 5; }
+  [ "${TRUTH_STOP:-0}" = 1 ] && stop_server
   pack;;
 sweep)
   python3 -m ernie_tui demo-model "$M" --shape ernie-4.5-0.3b | tail -1
@@ -153,6 +190,7 @@ sweepwait)
   pgrep -f 'ernie_tui --presets' > /dev/null && echo "sweep still running after ${i} s" || echo "sweep done"
   tail -c 3000 "$W/sweep.log"
   pack sweep-logs;;
-*) echo "usage: truth_h200.sh start|bracket|interleave|ilbg|ilwait|search|agree|stop|sweep|sweepwait"; exit 2;;
+*) echo "usage: truth_h200.sh start|restart|drift|bracket|interleave|ilbg|ilwait|search|agree|stop|sweep|sweepwait"
+   exit 2;;
 esac
 date -u
