@@ -84,6 +84,29 @@ def test_the_server_pid_is_the_local_listener_and_none_elsewhere(paced):
     assert server_pid("http://127.0.0.1:1") is None  # nothing listens there
 
 
+def test_the_server_pid_of_api_servers_sharing_a_socket_is_the_vllm_process_above_them():
+    # `vllm serve --api-server-count 4` on an H200: the listener found was
+    # VLLM::APIServer_3, which read 8 % of a core and no engine core at all.
+    # Here a child titled so listens; its parent (vllm serve's command line)
+    # does not, and is the server.
+    listen = ("import os, socket, sys\nq = os.getppid()\ns = socket.socket()\ns.bind(('127.0.0.1', 0))\n"
+              "s.listen()\nprint(s.getsockname()[1], flush=True)\nimport time\n"
+              "while os.getppid() == q: time.sleep(0.1)")
+    parent = subprocess.Popen([sys.executable, "-c",
+                               "import subprocess, sys, time\n"
+                               f"subprocess.Popen(['VLLM::APIServer_3', '-c', {listen!r}], executable=sys.executable)\n"
+                               "time.sleep(60)", "vllm.entrypoints.cli.main", "serve"],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert parent.stdout is not None
+        port = int(parent.stdout.readline())
+        _children(parent.pid, 1)
+        assert server_pid(f"http://127.0.0.1:{port}") == parent.pid
+    finally:
+        parent.kill()
+        parent.wait()
+
+
 def _level(load: int, *cpu: float, rate: bool = False) -> LevelResult:
     lv = LevelResult(concurrency=None if rate else load, requests=100, rate=float(load) if rate else None)
     lv.server_cpu = [{"what": w, "pid": 10 + i, "cpu_pct": c} for i, (w, c) in

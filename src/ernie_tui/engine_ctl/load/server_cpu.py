@@ -18,6 +18,7 @@ import ipaddress
 import socket
 import time
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any, Iterable
 from urllib.parse import urlsplit
 
@@ -53,16 +54,48 @@ def is_local_host(host: str) -> bool:
         return False
 
 
+def _is_vllm_server(p: psutil.Process) -> bool:
+    """Whether a process is one of vLLM's serving processes by its command
+    line: a vllm.entrypoints module, the `vllm serve` script, or a VLLM::
+    process title."""
+    try:
+        cmd = p.cmdline()
+    except psutil.Error:
+        return False
+    if not cmd:
+        return False
+    return (cmd[0].startswith("VLLM::") or any("vllm.entrypoints" in c for c in cmd)
+            or (Path(cmd[0]).name == "vllm" and cmd[1:2] == ["serve"]))
+
+
+def _top(pid: int, listeners: set[int]) -> int:
+    """From a listening process up to the server's top one: past its
+    ancestors that listen too, then past vLLM ones that do not (`vllm serve
+    --api-server-count N` gives its N API servers one shared socket; the
+    process above them all holds the engine core, and is the server)."""
+    try:
+        p = psutil.Process(pid)
+        for a in p.parents():
+            if a.pid in listeners or _is_vllm_server(a):
+                pid = a.pid
+            else:
+                break
+    except psutil.Error:
+        pass
+    return pid
+
+
 def listening_pid(port: int) -> int | None:
-    """The process listening on `port` here (only ones this user may see)."""
+    """The top process of the server listening on `port` here (only ones
+    this user may see)."""
     try:
         conns = psutil.net_connections(kind="tcp")
     except (psutil.Error, OSError):
         return None
-    for c in conns:
-        if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port and c.pid:
-            return c.pid
-    return None
+    listeners = {c.pid for c in conns if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port and c.pid}
+    if not listeners:
+        return None
+    return _top(min(listeners), listeners)
 
 
 def server_pid(url: str) -> int | None:
