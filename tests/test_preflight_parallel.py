@@ -108,6 +108,16 @@ def test_headless_needs_vllm_serve(book, e03):
                 if "vllm serve" in p.message]
 
 
+def test_more_api_servers_need_vllm_serve(book, e03):
+    seed = book.get("seed-A")
+    p = find(run(seed, e03, h200(1), api_server_count=4), "only `vllm serve` runs 4", severity="warning")
+    assert "vllm.entrypoints.openai.api_server" in p.message and "launcher = [" in p.message
+    served = replace(seed, launcher=["vllm", "serve"])
+    for ok in (run(served, e03, h200(1), api_server_count=4), run(seed, e03, h200(1), api_server_count=1),
+               run(seed, e03, h200(1))):
+        assert not [x for x in ok.problems if "api_server_count" in x.message]
+
+
 def test_headless_needs_a_start_rank_past_the_heads(book, e03):
     preset = worker(book, data_parallel_address="127.0.0.1", data_parallel_start_rank=None)
     p = find(run(preset, e03, h200(2)), "no data_parallel_start_rank")

@@ -148,6 +148,10 @@ def test_the_note_names_the_processes_held_at_a_core_and_the_lowest_load_where_t
     assert note.startswith("the server's API server and engine core used a whole CPU core (>= 90 %, up to 99 %) "
                            "in 2 of 3 levels, from concurrency 32:")
     assert "not by the GPU alone" in note
+    assert "more API servers (vllm serve --api-server-count) do not lift a bound the engine core holds" in note
+    api_only = cpu_bound_note([_level(16, 97.0, 60.0)]) or ""
+    assert api_only.startswith("the server's API server used a whole CPU core")
+    assert "the engine core kept up: more API servers (api_server_count = N" in api_only
     assert "from 8 req/s" in (cpu_bound_note([_level(8, 91.0, rate=True)]) or "")
     assert cpu_bound_note([_level(16, SATURATED_PCT - 0.1, 10.0)]) is None
     assert cpu_bound_note([_level(16), _level(32)]) is None  # a server elsewhere: nothing read, nothing said

@@ -17,6 +17,8 @@ vllm/entrypoints/cli/serve.py), each with the preset change that fixes it:
   data_parallel_address: the address must be this machine's and the port
   free; a headless node must be able to reach it (a warning: the head may
   simply not be up yet);
+- api_server_count > 1 needs `vllm serve` as its launcher too (the module
+  parses it and starts one API server);
 - the Ray executor needs `ray` importable in the launcher's Python (found
   with importlib's find_spec in a short subprocess, never imported here).
 
@@ -185,6 +187,20 @@ def _check_head(c: CheckContext, lay: ParallelLayout) -> None:
               "nodes must use the same port", {"data_parallel_rpc_port": nxt} if nxt else None)
 
 
+def check_api_servers(c: CheckContext) -> None:
+    """api_server_count > 1 under the module launcher: it parses the flag and
+    starts one API server all the same (vLLM 0.26 and 0.32); only `vllm serve`
+    runs N of them. A warning, not an error: the server starts, with one."""
+    n = c.preset.get("api_server_count")
+    if isinstance(n, bool) or not isinstance(n, int) or n <= 1 or not _launcher_is_api_server_module(c):
+        return
+    c.add(ErrorKind.OTHER, "warning",
+          f"api_server_count = {n} with `python -m {API_SERVER_MODULE}` as the launcher: that module accepts "
+          f"--api-server-count but starts one API server whatever the count; only `vllm serve` runs {n}. "
+          "Set launcher = [\"/path/to/venv/bin/vllm\", \"serve\"]. (More API servers help where the API server "
+          "is the process held at a core, not the engine core: a capacity search says which)")
+
+
 def check_ray(c: CheckContext) -> None:
     lay = layout_of(c.preset)
     if not lay.uses_ray:
@@ -205,7 +221,7 @@ def check_ray(c: CheckContext) -> None:
 
 
 def checks() -> list:
-    return [("data_parallel", check_data_parallel), ("ray", check_ray)]
+    return [("data_parallel", check_data_parallel), ("api_servers", check_api_servers), ("ray", check_ray)]
 
 
-__all__ = ["check_data_parallel", "check_ray", "module_available", "checks"]
+__all__ = ["check_api_servers", "check_data_parallel", "check_ray", "module_available", "checks"]

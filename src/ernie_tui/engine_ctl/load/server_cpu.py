@@ -210,10 +210,19 @@ def cpu_bound_note(levels: Iterable[Any]) -> str | None:
     load = f"{rate:g} req/s" if rate is not None else f"concurrency {lowest.concurrency}"
     names = " and ".join(dict.fromkeys(p["what"] for _, p in hot))
     peak = max(p["cpu_pct"] for _, p in hot)
+    # Which one decides the fix: vLLM can run several API servers, never more
+    # than one engine core per engine (on an H200, four API servers left the
+    # engine core at a core and the throughput no higher).
+    if any(p["what"] == "engine core" for _, p in hot):
+        fix = ("more API servers (vllm serve --api-server-count) do not lift a bound the engine core holds; "
+               "only a faster host CPU, or data parallelism (an engine core each), does")
+    else:
+        fix = ("the engine core kept up: more API servers (api_server_count = N, with `vllm serve` as the "
+               "preset's launcher) spread the API server's work")
     return (f"the server's {names} used a whole CPU core (>= {SATURATED_PCT:.0f} %, up to {peak:.0f} %) in "
             f"{len(levels_hot)} of {measured} levels, from {load}: this capacity is bound by those processes' "
             f"single threads, not by the GPU alone, and moves with this host's CPU (another host, or a busy one, "
-            f"answers differently)")
+            f"answers differently); {fix}")
 
 
 __all__ = ["SATURATED_PCT", "ServerCpuWatch", "cpu_bound_note", "is_local_host", "listening_pid", "server_pid"]
