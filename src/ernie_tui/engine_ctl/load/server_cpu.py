@@ -215,7 +215,7 @@ def cpu_bound_note(levels: Iterable[Any]) -> str | None:
     # engine core at a core and the throughput no higher).
     if any(p["what"] == "engine core" for _, p in hot):
         fix = ("more API servers (vllm serve --api-server-count) do not lift a bound the engine core holds; "
-               "only a faster host CPU, or data parallelism (an engine core each), does")
+               "a faster host CPU does, or more engines (data parallelism: an engine core per GPU)")
     else:
         fix = ("the engine core kept up: more API servers (api_server_count = N, with `vllm serve` as the "
                "preset's launcher) spread the API server's work")
