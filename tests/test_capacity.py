@@ -884,7 +884,8 @@ def test_a_capacity_whose_confirmations_ran_out_is_reported_as_not_confirmed():
     assert res.capacity is not None and not res.capacity["confirmed"]
     failed = [lv.load for lv in res.levels if lv.confirmation and not lv.passed]
     assert len(failed) == 3 and res.capacity["confirmations_failed"] == failed
-    assert len(res.warnings) == 1 and res.warnings[0].startswith("the capacity is not confirmed")
+    assert len(res.warnings) == 2 and res.warnings[0].startswith("the capacity is not confirmed")
+    assert res.warnings[1].startswith("the server's speed moved during the search")  # it did: a slot a level
     assert ", ".join(f"{x:g}" for x in failed) in res.warnings[0]
     text = C.format_capacity(res)
     assert "not confirmed (see the warning)" in text and "warning: the capacity is not confirmed" in text
@@ -910,3 +911,48 @@ def test_the_capacity_level_is_the_run_whose_figures_the_capacity_reports(slots)
     assert first.goodput_output_tps != pytest.approx(at.goodput_output_tps)  # two runs, two readings
     assert (at.goodput_output_tps, at.ttft_p99_ms, at.requests) == (cap["goodput_output_tps"], cap["ttft_p99_ms"],
                                                                     cap["requests"])
+
+
+def test_a_server_whose_speed_moves_between_two_looks_at_one_load_is_said_to_have_moved():
+    # On an H200 one server's output tok/s at a fixed concurrency moved 13-25 %
+    # within five minutes under vLLM's own bench client, up on one server and
+    # down on the next. Here the server slows by 40 % after its sixth level:
+    # the confirmation at the capacity reads it (fewer tok/s than the level
+    # it confirms), and the search says the server moved, with the figures.
+    calls = []
+
+    def run(c, min_requests=None):
+        calls.append(c)
+        slow = len(calls) > 6
+        return SimServer(12, itl=0.014 if slow else 0.01, ttft=0.02, seed=len(calls)).runner(
+            S.parse_slo(["ttft_p90=400ms"]), RULES)(c, min_requests)
+
+    res = C.search(run, S.parse_slo(["ttft_p90=400ms"]), C.SearchConfig(start=4, max_concurrency=64, tolerance=0.1))
+    moved = res.speed_moved
+    assert moved is not None and moved["figure"] == "output_tps" and moved["change"] < -C.SPEED_MOVED_SHARE
+    first, later = (res.levels[i] for i in moved["levels"])
+    assert first.load == later.load == moved["load"] and later.output_tps < first.output_tps
+    (w,) = [w for w in res.warnings if w.startswith("the server's speed moved during the search")]
+    assert f"at concurrency {moved['load']:g} it read {first.output_tps:,.0f} output tok/s" in w
+    assert res.to_dict()["speed_moved"] == moved
+    assert "warning: the server's speed moved" in C.format_capacity(res)
+
+
+@pytest.mark.parametrize("slots", [3, 12, 37])
+def test_a_server_that_holds_its_pace_is_not_said_to_have_moved(slots):
+    res = C.search(SimServer(slots).runner(SLO, RULES), SLO, C.SearchConfig(confirm_waves=8, max_concurrency=512))
+    assert sum(1 for lv in res.levels if lv.load == res.capacity_load) >= 2  # measured twice: it was looked at
+    assert res.speed_moved is None and not [w for w in res.warnings if "speed moved" in w]
+
+
+def test_an_open_loop_reads_the_servers_speed_in_its_e2e():
+    def lv(rate, e2e, **kw):
+        return C.LevelResult(concurrency=None, rate=rate, requests=100, e2e_p50_ms=e2e, output_tps=500.0, **kw)
+    moved = C.speed_moved([lv(10.0, 800.0), lv(20.0, 900.0), lv(10.0, 1100.0, confirmation=True)])
+    assert moved is not None and moved["figure"] == "e2e_p50_ms" and moved["load"] == 10.0
+    assert moved["change"] == pytest.approx(1100 / 800 - 1)
+    assert "at 10 req/s it read a median E2E of 800 ms in one level and 1,100 ms in a later one (+38 %" in \
+        C.speed_moved_warning(moved, rate=True)
+    # a cancelled look, or one within the share, says nothing
+    assert C.speed_moved([lv(10.0, 800.0), lv(10.0, 1500.0, stop="cancelled")]) is None
+    assert C.speed_moved([lv(10.0, 800.0), lv(10.0, 880.0)]) is None

@@ -198,6 +198,23 @@ def test_the_capacity_point_is_its_confirmation_and_a_ceiling_reads_as_a_lower_b
     assert "≥ 8" in report_html(data)  # the search stopped at its ceiling: at least 8
 
 
+def test_a_capacity_shared_in_a_report_keeps_the_searchs_warnings(tmp_path):
+    # A search that says its capacity is not confirmed, or that the server's
+    # speed moved under it, must say so in the page it is shared as too.
+    rec = _record(LONE)
+    said = ["the capacity is not confirmed: the confirmations at 8 failed <after> their levels had passed",
+            "the server's speed moved during the search: at concurrency 4 it read 300 output tok/s ..."]
+    rec["results"]["warnings"] = said
+    data = load_report_data([str(_write(tmp_path, rec))])
+    assert data.curves[0].warnings == said
+    html = report_html(data)
+    assert '<ul class="warnings"><li>warning: the capacity is not confirmed' in html
+    assert "failed &lt;after&gt; their levels" in html  # escaped, as every text from a record
+    assert "warning: the server&#x27;s speed moved during the search" in html
+    quiet = report_html(load_report_data([str(RUNS / f"{LONE}.json")]))
+    assert '<ul class="warnings">' not in quiet  # the fixture's search warned of nothing
+
+
 def test_a_burst_is_one_point_and_a_failed_first_level_no_capacity(store):
     data = load_report_data([BURST, FIRST_FAILED])
     burst, failed = data.curves

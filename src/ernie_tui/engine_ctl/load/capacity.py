@@ -691,6 +691,10 @@ class CapacityResult:
     workload: dict[str, Any] | None = None
     warnings: list[str] = field(default_factory=list)
     mode: str = "concurrency"  # concurrency | rate (records made before rate: concurrency)
+    # The largest move of the server's speed between two measurements of one
+    # load in this search (speed_moved()), when past SPEED_MOVED_SHARE; None
+    # otherwise (and in records made before it).
+    speed_moved: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -1006,9 +1010,12 @@ def search(run_level: LevelRunner, slo: Sequence[S.Objective], config: SearchCon
     if best is not None and capacity is not None and (failed := failed_confirmations(best, levels, config)):
         capacity["confirmations_failed"] = failed
         warnings.append(unconfirmed_warning(best, failed))
+    moved = speed_moved(levels)
+    if moved is not None:
+        warnings.append(speed_moved_warning(moved, bool(rate)))
     return CapacityResult(slo=S.describe(slo), capacity=capacity, levels=levels, stop_reason=reason,
                           stop_message=STOP_REASONS.get(reason, reason), seconds=clock() - t0,
-                          config=asdict(config), mode=config.mode, warnings=warnings)
+                          config=asdict(config), mode=config.mode, warnings=warnings, speed_moved=moved)
 
 
 def failed_confirmations(best: LevelResult, levels: Sequence[LevelResult], config: SearchConfig) -> list[float]:
@@ -1032,6 +1039,59 @@ def unconfirmed_warning(best: LevelResult, failed: Sequence[float]) -> str:
             f"passed (the server carried less by then, or the short levels passed by luck); {best.load:g}{unit} "
             f"passed in a short level ({best.requests} requests in {best.seconds:.0f} s) and was not measured longer. "
             f"Rerun the search, or hold that load for minutes before planning with it")
+
+
+# A load measured twice in one search whose readings differ by more than
+# this share says the server's speed moved between them: the share a level's
+# own windows must agree within (DEFAULT_STABILITY), so a move past it is more
+# than a level's own sampling.
+SPEED_MOVED_SHARE = DEFAULT_STABILITY
+
+
+def speed_moved(levels: Sequence[LevelResult]) -> dict[str, Any] | None:
+    """The largest change of the server's speed between two measurements of
+    one load in a search (a level and its confirmation, a remeasure, a
+    recheck), when it passes SPEED_MOVED_SHARE, else None. Closed loop: the
+    output tok/s at that concurrency; open loop, where the offered rate sets
+    the tok/s, the median E2E at that rate (a slower server holds each
+    request longer).
+    Why: on an H200 one server's output tok/s at a fixed concurrency moved
+    13-25 % within five minutes under vLLM's own bench client (no warm-up:
+    up on one server, down on the next two), and back-to-back runs differed
+    by a median 17-28 %. A search answers for its own minutes; the operator
+    should know when those minutes held a server that did not hold still."""
+    by_load: dict[float, list[tuple[int, LevelResult]]] = {}
+    for i, lv in enumerate(levels):
+        if lv.stop in ("cancelled", "server_down") or not lv.requests:
+            continue
+        by_load.setdefault(lv.load, []).append((i, lv))
+    best: dict[str, Any] | None = None
+    for load, seen in by_load.items():
+        if len(seen) < 2:
+            continue
+        rate = seen[0][1].rate is not None
+        figure = "e2e_p50_ms" if rate else "output_tps"
+        vals = [(i, getattr(lv, figure)) for i, lv in seen if getattr(lv, figure)]
+        for a in range(len(vals)):
+            for b in range(a + 1, len(vals)):
+                (i0, v0), (i1, v1) = vals[a], vals[b]
+                change = v1 / v0 - 1.0
+                if abs(change) > SPEED_MOVED_SHARE and (best is None or abs(change) > abs(best["change"])):
+                    best = {"load": load, "figure": figure, "first": v0, "later": v1, "change": change,
+                            "levels": [i0, i1]}
+    return best
+
+
+def speed_moved_warning(moved: dict[str, Any], rate: bool) -> str:
+    load = f"{moved['load']:g} req/s" if rate else f"concurrency {moved['load']:g}"
+    if moved["figure"] == "output_tps":
+        read = f"{moved['first']:,.0f} output tok/s in one level and {moved['later']:,.0f} in a later one"
+    else:
+        read = f"a median E2E of {moved['first']:,.0f} ms in one level and {moved['later']:,.0f} ms in a later one"
+    return (f"the server's speed moved during the search: at {load} it read {read} ({moved['change'] * 100:+.0f} %, "
+            f"more than the {SPEED_MOVED_SHARE * 100:.0f} % a level's own windows agree within). The capacity is "
+            f"this server's in these minutes; a search run later may answer a step or more away. Run it more than "
+            f"once (sweep --repeat) before ranking presets on it")
 
 
 def format_capacity(r: CapacityResult) -> str:

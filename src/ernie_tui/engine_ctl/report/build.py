@@ -69,6 +69,7 @@ pre { background: #f6f8fa; padding: .6em; overflow-x: auto; white-space: pre-wra
 .figure svg { max-width: 100%; height: auto; }
 .note { color: #555; font-size: .9em; }
 details { margin: .3em 0 1em; }
+ul.warnings { color: #8a5300; background: #fff8e6; padding: .4em .4em .4em 1.6em; }
 """
 
 
@@ -197,6 +198,8 @@ def _curve_html(curve: Curve, index: int) -> str:
         f'<h2 id="run-{index}">{escape(F.curve_title(curve))} <span class="note">{escape(curve.run_id)}'
         f'{" · " + escape(curve.repeat) if curve.repeat else ""}</span></h2>',
         f"<p>{head}.</p>",
+        *([f'<ul class="warnings">{"".join(f"<li>warning: {escape(w)}</li>" for w in curve.warnings)}</ul>']
+          if curve.warnings else []),
         f'<div class="figure">{_svg_inline(fig, f"curve-{index}")}</div>',
         _levels_html(curve),
         "<details open><summary>What it ran on</summary>", _info_html(curve), "</details>",

@@ -102,6 +102,9 @@ class Curve:
     info: dict[str, Any] = field(default_factory=dict)  # what it ran on: label -> text
     engine_args: dict[str, Any] = field(default_factory=dict)
     repeat: str = ""  # "sweep repeat 1" and such
+    # What the run itself warned of (not confirmed, the server's speed moved,
+    # its CPU bound it, ...): a shared figure without them claims more than it knows.
+    warnings: list[str] = field(default_factory=list)
 
     @property
     def level_key(self) -> str:
@@ -215,7 +218,8 @@ def curve_of(rec: RunRecord) -> Curve:
     res = rec.results or {}
     info, args = _info(rec, res)
     curve = Curve(name=rec.preset_name or rec.id, run_id=rec.id, kind=rec.kind, timestamp=rec.timestamp,
-                  info=info, engine_args=args, repeat=rec.notes or "")
+                  info=info, engine_args=args, repeat=rec.notes or "",
+                  warnings=[str(w) for w in res.get("warnings") or [] if w])
     if rec.kind == "burst":
         cfg = res.get("config") or {}
         ttft, itl = res.get("ttft") or {}, res.get("itl") or {}
