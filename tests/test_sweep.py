@@ -166,6 +166,26 @@ def test_a_capacity_at_the_searchs_ceiling_reads_as_a_lower_bound():
     assert _agg_text(rows[1], "capacity_concurrency") == "4 (4–4)"
 
 
+def test_a_preset_whose_server_moved_during_its_searches_says_so_under_the_table():
+    from ernie_tui.engine_ctl.control.sweep import fill_capacity_columns
+    from ernie_tui.engine_ctl.load import capacity as C
+    from test_capacity import RULES, SLO, SimServer
+
+    steady = C.search(SimServer(12).runner(SLO, RULES), SLO, C.SearchConfig(confirm_waves=8))
+    moved = C.search(SimServer(12).runner(SLO, RULES), SLO, C.SearchConfig(confirm_waves=8))
+    moved.speed_moved = {"load": 12.0, "figure": "output_tps", "first": 1000.0, "later": 760.0,
+                         "change": -0.24, "levels": [3, 7]}
+    runs = []
+    for i, res in enumerate((steady, moved, steady)):
+        runs.append(SweepRun("a" if i < 2 else "b", i, "ok", mode="capacity"))
+        fill_capacity_columns(runs[-1], res)
+    assert [r.speed_moved_pct for r in runs] == [None, -24.0, None]
+    md = to_markdown(fold(runs, ["a", "b"]))
+    assert ("- **a**: the server's speed moved during 1 of its 2 searches (up to -24 % between two looks at one "
+            "load)") in md
+    assert "- **b**: the server's speed moved" not in md
+
+
 def test_a_sweeps_row_carries_the_confirmations_figures_as_the_capacity_does():
     # The first, short level at the capacity's load and its confirmation
     # read different figures; the row must carry the ones the search reports.

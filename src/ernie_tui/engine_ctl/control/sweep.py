@@ -94,6 +94,9 @@ class SweepRun:
     itl_p99_ms: float | None = None
     capacity_stop: str | None = None
     levels: int | None = None
+    # The search's server moved its speed between two looks at one load, by
+    # this many % (CapacityResult.speed_moved); None: it held still, or burst.
+    speed_moved_pct: float | None = None
     # Parallel sweeps: the GPU set and port the trial had, and when its
     # server existed (wall clock, from launch to stopped), to show which
     # trials ran side by side.
@@ -297,6 +300,15 @@ def to_markdown(rows: list[SweepRow], title: str | None = None) -> str:
     notes += [f"- **{r.preset}**: ≥: a search reached its highest load allowed (--max-concurrency or --max-rate) "
               "with every level passing, so that capacity is a lower bound; raise the ceiling to find it."
               for r in rows if at_ceiling(r)]
+    for r in rows:
+        moved = [x.speed_moved_pct for x in r.runs if x.status == "ok" and x.speed_moved_pct is not None]
+        if moved:
+            ok = len([x for x in r.runs if x.status == "ok"])
+            most = max(moved, key=abs)
+            notes.append(f"- **{r.preset}**: the server's speed moved during {len(moved)} of its {ok} searches "
+                         f"(up to {most:+.0f} % between two looks at one load): each answer is that server's in "
+                         "its own minutes; rank it against others only where repeats (--repeat) leave a gap "
+                         "wider than their spread.")
     if rows and all(len([x for x in r.runs if x.status == "ok"]) <= 1 for r in rows):
         notes.append("- One run per preset: no spread was measured, so 'vs best' carries no noise "
                      "estimate; `--repeat 3` gives medians with min–max ranges.")
@@ -639,6 +651,8 @@ def fill_capacity_columns(run: SweepRun, result: CapacityResult) -> None:
     """A finished search's answer in the run's capacity columns: the figures
     of the level the capacity reports (its confirmation, when it had one)."""
     run.capacity_stop = result.stop_reason
+    moved = result.speed_moved
+    run.speed_moved_pct = round(moved["change"] * 100, 1) if moved else None
     run.levels = len(result.levels)
     run.requests = sum(lv.requests for lv in result.levels)
     run.errors = sum(lv.failed for lv in result.levels)
