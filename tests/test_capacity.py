@@ -953,6 +953,7 @@ def test_an_open_loop_reads_the_servers_speed_in_its_e2e():
     assert moved["change"] == pytest.approx(1100 / 800 - 1)
     assert "at 10 req/s it read a median E2E of 800 ms in one level and 1,100 ms in a later one (+38 %" in \
         C.speed_moved_warning(moved, rate=True)
-    # a cancelled look, or one within the share, says nothing
+    # a cancelled look, one in which our client stood still, or one within the share, says nothing
     assert C.speed_moved([lv(10.0, 800.0), lv(10.0, 1500.0, stop="cancelled")]) is None
+    assert C.speed_moved([lv(10.0, 1500.0, client_lag_max_ms=C.CLIENT_STALL_MS), lv(10.0, 800.0)]) is None
     assert C.speed_moved([lv(10.0, 800.0), lv(10.0, 880.0)]) is None

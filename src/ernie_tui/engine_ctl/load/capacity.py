@@ -1062,7 +1062,9 @@ def speed_moved(levels: Sequence[LevelResult]) -> dict[str, Any] | None:
     should know when those minutes held a server that did not hold still."""
     by_load: dict[float, list[tuple[int, LevelResult]]] = {}
     for i, lv in enumerate(levels):
-        if lv.stop in ("cancelled", "server_down") or not lv.requests:
+        # A level our own client stood still in measured the client (it is
+        # measured again for that reason), not the server's speed.
+        if lv.stop in ("cancelled", "server_down") or not lv.requests or client_stalled(lv):
             continue
         by_load.setdefault(lv.load, []).append((i, lv))
     best: dict[str, Any] | None = None
