@@ -45,8 +45,7 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from agree_vllm_bench import Server, Shape, run_theirs  # noqa: E402
-from ernie_tui.engine_ctl.load import resolve_model  # noqa: E402
-from ernie_tui.engine_ctl.load.server_cpu import ServerCpuWatch, server_pid  # noqa: E402
+from ernie_tui.engine_ctl.load import ServerCpuWatch, resolve_model, server_pid  # noqa: E402
 
 
 def cpu_mhz() -> float | None:

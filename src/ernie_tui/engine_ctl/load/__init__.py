@@ -81,7 +81,7 @@ from ernie_tui.engine_ctl.load.prompts import (
 )
 from ernie_tui.engine_ctl.load.runstore import KINDS as RUN_KINDS
 from ernie_tui.engine_ctl.load.runstore import RunRecord, RunStoreError, list_runs, load_run, save_run
-from ernie_tui.engine_ctl.load.server_cpu import is_local_host, listening_pid
+from ernie_tui.engine_ctl.load.server_cpu import ServerCpuWatch, is_local_host, listening_pid, server_pid
 from ernie_tui.engine_ctl.load.slo import Objective, limit_ms, parse_slo
 from ernie_tui.engine_ctl.load.stats import rate, relative_diff
 from ernie_tui.engine_ctl.load.stream_timing import (
@@ -150,6 +150,7 @@ __all__ = [
     "RunStoreError",
     "SHORT_PROMPT",
     "ServedModel",
+    "ServerCpuWatch",
     "TTFT",
     "WAITING",
     "Workload",
@@ -186,5 +187,6 @@ __all__ = [
     "run_probe",
     "save_run",
     "send_lag",
+    "server_pid",
     "vllm_bench_ranges",
 ]
