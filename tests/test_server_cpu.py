@@ -45,14 +45,20 @@ def _children(pid: int, n: int) -> list[psutil.Process]:
     raise AssertionError(f"process {pid} has no {n} children after 10 s")
 
 
-def test_a_busy_child_reads_as_a_core_and_its_idle_parent_as_next_to_nothing():
-    parent = subprocess.Popen([sys.executable, "-c",
-                               "import subprocess, sys, time\n"
-                               "subprocess.Popen(['VLLM::EngineCore', '-c', 'import os\\nq = os.getppid()\\n"
-                               "while os.getppid() == q: pass'], executable=sys.executable)\n"
-                               "time.sleep(60)"])
+SPIN = "import os\nq = os.getppid()\nwhile os.getppid() == q: pass"
+IDLE = "import os, time\nq = os.getppid()\nwhile os.getppid() == q: time.sleep(0.1)"
+
+
+def _read_tree(children: list[tuple[str, str]], *parent_args: str):
+    """A parent running each child's code under its title (argv[0]), its
+    tree's CPU read over 1.5 s: (parent pid, children, the reading)."""
+    code = ("import subprocess, sys, time\n"
+            + "".join(f"subprocess.Popen([{title!r}, '-c', {body!r}], executable=sys.executable)\n"
+                      for title, body in children)
+            + "time.sleep(60)")
+    parent = subprocess.Popen([sys.executable, "-c", code, *parent_args])
     try:
-        (child,) = _children(parent.pid, 1)
+        kids = _children(parent.pid, len(children))
         watch = ServerCpuWatch(parent.pid)
         watch.start()
         time.sleep(1.5)
@@ -60,11 +66,16 @@ def test_a_busy_child_reads_as_a_core_and_its_idle_parent_as_next_to_nothing():
     finally:
         parent.kill()
         parent.wait()
+    return parent.pid, kids, read
+
+
+def test_a_busy_child_reads_as_a_core_and_its_idle_parent_as_next_to_nothing():
+    parent_pid, (child,), read = _read_tree([("VLLM::EngineCore", SPIN)])
     assert read is not None
     by_pid = {p["pid"]: p for p in read}
     assert by_pid[child.pid]["what"] == "engine core"
     assert by_pid[child.pid]["cpu_pct"] > 50  # a core, less what a busy 2-core box takes from it
-    assert by_pid[parent.pid]["cpu_pct"] < 20 and by_pid[parent.pid]["what"] == "server"
+    assert by_pid[parent_pid]["cpu_pct"] < 20 and by_pid[parent_pid]["what"] == "server"
     assert read[0]["pid"] == child.pid  # busiest first
 
 
@@ -117,22 +128,7 @@ def _level(load: int, *cpu: float, rate: bool = False) -> LevelResult:
 def test_api_servers_of_their_own_are_named_and_their_parent_reads_as_their_supervisor():
     # `vllm serve --api-server-count 2`: the listening parent only supervises
     # VLLM::APIServer_0 and _1, which answer the requests (one busy here).
-    spin = "import os\nq = os.getppid()\nwhile os.getppid() == q: pass"
-    idle = "import os, time\nq = os.getppid()\nwhile os.getppid() == q: time.sleep(0.1)"
-    parent = subprocess.Popen([sys.executable, "-c",
-                               "import subprocess, sys, time\n"
-                               f"subprocess.Popen(['VLLM::APIServer_0', '-c', {spin!r}], executable=sys.executable)\n"
-                               f"subprocess.Popen(['VLLM::APIServer_1', '-c', {idle!r}], executable=sys.executable)\n"
-                               "time.sleep(60)", "vllm"])
-    try:
-        _children(parent.pid, 2)
-        watch = ServerCpuWatch(parent.pid)
-        watch.start()
-        time.sleep(1.5)
-        read = watch.stop()
-    finally:
-        parent.kill()
-        parent.wait()
+    _, _, read = _read_tree([("VLLM::APIServer_0", SPIN), ("VLLM::APIServer_1", IDLE)], "vllm")
     assert read is not None
     whats = {p["what"]: p for p in read}
     assert set(whats) == {"API server 0", "API server 1", "server supervisor"}

@@ -53,6 +53,7 @@ after the running level.
 from __future__ import annotations
 
 import bisect
+import itertools
 import logging
 import math
 import threading
@@ -1074,13 +1075,11 @@ def speed_moved(levels: Sequence[LevelResult]) -> dict[str, Any] | None:
         rate = seen[0][1].rate is not None
         figure = "e2e_p50_ms" if rate else "output_tps"
         vals = [(i, getattr(lv, figure)) for i, lv in seen if getattr(lv, figure)]
-        for a in range(len(vals)):
-            for b in range(a + 1, len(vals)):
-                (i0, v0), (i1, v1) = vals[a], vals[b]
-                change = v1 / v0 - 1.0
-                if abs(change) > SPEED_MOVED_SHARE and (best is None or abs(change) > abs(best["change"])):
-                    best = {"load": load, "figure": figure, "first": v0, "later": v1, "change": change,
-                            "levels": [i0, i1]}
+        for (i0, v0), (i1, v1) in itertools.combinations(vals, 2):
+            change = v1 / v0 - 1.0
+            if abs(change) > SPEED_MOVED_SHARE and (best is None or abs(change) > abs(best["change"])):
+                best = {"load": load, "figure": figure, "first": v0, "later": v1, "change": change,
+                        "levels": [i0, i1]}
     return best
 
 

@@ -111,11 +111,11 @@ def server_pid(url: str) -> int | None:
     return listening_pid(port)
 
 
-def _what(p: psutil.Process, root: int, api_children: bool = False) -> str:
+def _what(p: psutil.Process, root: int) -> str:
     """A process's part in the server: vLLM names its children by process
     title (VLLM::EngineCore, VLLM::Worker_TP0, VLLM::APIServer_1); the
-    listening one is the API server, unless API servers of their own run
-    under it (`vllm serve --api-server-count N`: it only supervises them)."""
+    listening one is the API server (ServerCpuWatch.stop calls it the
+    supervisor where API servers of their own run under it)."""
     try:
         cmd = p.cmdline()
     except psutil.Error:
@@ -127,9 +127,7 @@ def _what(p: psutil.Process, root: int, api_children: bool = False) -> str:
             return f"API server {name[len('APIServer'):].lstrip('_')}".rstrip()
         return "engine core" if name.startswith("EngineCore") else name
     if p.pid == root:
-        if not any("vllm" in c for c in cmd):
-            return "server"
-        return "server supervisor" if api_children else "API server"
+        return "API server" if any("vllm" in c for c in cmd) else "server"
     try:
         return p.name()
     except psutil.Error:
@@ -180,13 +178,15 @@ class ServerCpuWatch:
         if not self._start or span <= 0:
             return None
         whats = {p.pid: _what(p, self.pid) for p, _ in self._start}
-        api_children = any(_is_api_server(w) for pid, w in whats.items() if pid != self.pid)
+        # `vllm serve --api-server-count N`: the listening parent only supervises its API servers.
+        if whats.get(self.pid) == "API server" and any(_is_api_server(w) for pid, w in whats.items()
+                                                       if pid != self.pid):
+            whats[self.pid] = "server supervisor"
         out = []
         for p, t in self._start:
             now = _cpu_s(p)
             if now is not None:
-                what = _what(p, self.pid, api_children) if p.pid == self.pid else whats[p.pid]
-                out.append(ProcessCpu(what=what, pid=p.pid, cpu_pct=round((now - t) / span * 100, 1)))
+                out.append(ProcessCpu(what=whats[p.pid], pid=p.pid, cpu_pct=round((now - t) / span * 100, 1)))
         out.sort(key=lambda x: -x.cpu_pct)
         return [asdict(x) for x in out[:KEEP]] or None
 
