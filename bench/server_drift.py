@@ -100,7 +100,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--timeout", type=float, default=300.0, help="seconds per run at most")
     p.add_argument("--seed", type=int, default=1, help="seeds the runs' seeds")
     p.add_argument("--json", metavar="FILE", help="write the runs and the summary here (after every run)")
+    p.add_argument("--cpus", help="run this script and its bench client on these CPUs only (e.g. 8,9,10: "
+                   "off a pinned server's cores, bench/pin_server.py)")
     args = p.parse_args(argv)
+    if args.cpus:
+        os.sched_setaffinity(0, {int(c) for c in args.cpus.split(",")})  # the bench client inherits it
     model = args.model or resolve_model(args.url).id
     srv = Server(args.url.rstrip("/"), model, args.tokenizer)
     shape = Shape(args.input_len, args.output_len, args.range_ratio)
@@ -116,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     runs: list[dict[str, Any]] = []
     out: dict[str, Any] = {"date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "url": srv.url, "model": model,
                            "argv": sys.argv[1:] if argv is None else argv, "server_pid": pid,
-                           "server_started": born, "ready_at": args.ready_at, "runs": runs}
+                           "server_started": born, "ready_at": args.ready_at, "cpus": args.cpus, "runs": runs}
     print(f"server {srv.url} model {model} pid {pid}; started "
           f"{'?' if born is None else time.strftime('%H:%M:%S', time.gmtime(born))} UTC", flush=True)
     t0 = time.time()

@@ -8,6 +8,11 @@
 #                                            TRUTH_API_SERVERS=N: `vllm serve --api-server-count N`; start takes both)
 #   bash .gpu9/bench/truth_h200.sh drift     vLLM's bench client alone, run after run at DRIFT_C for DRIFT_S seconds
 #                                            from now (bench/server_drift.py): does the server's speed move with age?
+#   bash .gpu9/bench/truth_h200.sh pindrift  drift in phases of DRIFT_PHASE_S (default 150) s at DRIFT_C, PIN_PHASES
+#                                            (default "u p u"): u, every server thread free to run anywhere; p, its
+#                                            engine core and API server pinned to physical cores of their own and the
+#                                            bench client kept off them (bench/pin_server.py). Does the wander come
+#                                            from where the kernel puts the busy threads?
 #   bash .gpu9/bench/truth_h200.sh bracket   the bench client at each TRUTH_C level and TRUTH_R rate (TRUTH_ROUNDS
 #                                            rounds; TRUTH_ONLY: one mode, into bracket-MODE.json; a search joins
 #                                            every bracket*.json)
@@ -80,6 +85,14 @@ stop_server() {  # the whole session setsid gave it (API servers, engine core, w
   sleep 2
   rm -f "$W/server.pid"
 }
+drift_run() {  # SECONDS [server_drift.py flags]: one drift-N.json/.log
+  local S=$1; shift
+  N=1; while [ -f "$W/drift-$N.json" ]; do N=$((N + 1)); done
+  echo "drift-$N: $S s $*" | tee -a "$W/servers.txt"
+  timeout $(( S + 120 )) python3 "$HERE/bench/server_drift.py" --url http://127.0.0.1:8000 --model m03 \
+      --tokenizer "$M" --concurrency ${DRIFT_C:-128 256} --seconds "$S" \
+      --ready-at "$(cat "$W/ready_at")" --json "$W/drift-$N.json" "$@" 2>&1 | tee "$W/drift-$N.log"
+}
 date -u
 case "${1:-}" in
 start)
@@ -99,6 +112,10 @@ start)
   # ... and the host's: CPU busy and steal shares, and which processes used the CPUs (box.jsonl).
   setsid python3 "$HERE/bench/box_sampler.py" --every 5 --out "$W/box.jsonl" > /dev/null 2>&1 < /dev/null &
   echo $! >> "$W/samplers.pid"
+  # ... and each CPU's speed (a timed loop on each), and where the server's busy threads ran (cpu.jsonl)
+  rm -f "$W/cpu.jsonl"
+  setsid python3 "$HERE/bench/cpu_watch.py" --every 2 --probe --out "$W/cpu.jsonl" > "$W/cpu_watch.err" 2>&1 < /dev/null &
+  echo $! >> "$W/samplers.pid"
   python3 -m ernie_tui demo-model "$M" --shape ernie-4.5-0.3b | tail -1
   start_server;;
 restart)
@@ -108,10 +125,22 @@ restart)
 drift)
   # vLLM's bench client alone, run after run at DRIFT_C (default 128 256) for DRIFT_S s (default 420):
   # does this server's speed move with its age (bench/server_drift.py)?
-  N=1; while [ -f "$W/drift-$N.json" ]; do N=$((N + 1)); done
-  timeout $(( ${DRIFT_S:-420} + 120 )) python3 "$HERE/bench/server_drift.py" --url http://127.0.0.1:8000 --model m03 \
-      --tokenizer "$M" --concurrency ${DRIFT_C:-128 256} --seconds ${DRIFT_S:-420} \
-      --ready-at "$(cat "$W/ready_at")" --json "$W/drift-$N.json" 2>&1 | tee "$W/drift-$N.log"
+  drift_run "${DRIFT_S:-420}"
+  pack;;
+pindrift)
+  # the same in phases of DRIFT_PHASE_S s, PIN_PHASES (default "u p u"; u: as started, p: pinned):
+  # is the wander where the kernel puts the busy threads?
+  PH=${DRIFT_PHASE_S:-150}
+  for phase in ${PIN_PHASES:-u p u}; do
+    if [ "$phase" = p ]; then
+      python3 "$HERE/bench/pin_server.py" --auto | tee -a "$W/pin.log"
+      CL=$(tail -n 1 "$W/pin.log" | python3 -c 'import json, sys; print(",".join(map(str, json.load(sys.stdin)["clients"])))')
+      drift_run "$PH" --cpus "$CL"
+    else
+      python3 "$HERE/bench/pin_server.py" --unpin | tee -a "$W/pin.log"
+      drift_run "$PH"
+    fi
+  done
   pack;;
 bracket)
   timeout ${TRUTH_DEADLINE_S:-560} python3 "$HERE/bench/capacity_truth.py" --url http://127.0.0.1:8000 --model m03 \
@@ -190,7 +219,7 @@ sweepwait)
   pgrep -f 'ernie_tui --presets' > /dev/null && echo "sweep still running after ${i} s" || echo "sweep done"
   tail -c 3000 "$W/sweep.log"
   pack sweep-logs;;
-*) echo "usage: truth_h200.sh start|restart|drift|bracket|interleave|ilbg|ilwait|search|agree|stop|sweep|sweepwait"
+*) echo "usage: truth_h200.sh start|restart|drift|pindrift|bracket|interleave|ilbg|ilwait|search|agree|stop|sweep|sweepwait"
    exit 2;;
 esac
 date -u

@@ -18,7 +18,13 @@ import pytest
 
 from ernie_tui.cli import main
 from ernie_tui.engine_ctl.load import LevelResult
-from ernie_tui.engine_ctl.load.server_cpu import SATURATED_PCT, ServerCpuWatch, cpu_bound_note, server_pid
+from ernie_tui.engine_ctl.load.server_cpu import (
+    SATURATED_PCT,
+    ServerCpuWatch,
+    cpu_bound_note,
+    server_pid,
+    server_processes,
+)
 from test_loadgen import PacedServer
 
 
@@ -77,6 +83,26 @@ def test_a_busy_child_reads_as_a_core_and_its_idle_parent_as_next_to_nothing():
     assert by_pid[child.pid]["cpu_pct"] > 50  # a core, less what a busy 2-core box takes from it
     assert by_pid[parent_pid]["cpu_pct"] < 20 and by_pid[parent_pid]["what"] == "server"
     assert read[0]["pid"] == child.pid  # busiest first
+
+
+def test_the_server_processes_are_the_top_one_and_its_descendants_each_with_its_part():
+    # bench/cpu_watch.py follows these processes' threads second by second
+    code = ("import subprocess, sys, time\n"
+            f"subprocess.Popen(['VLLM::EngineCore', '-c', {IDLE!r}], executable=sys.executable)\n"
+            f"subprocess.Popen(['VLLM::APIServer_1', '-c', {IDLE!r}], executable=sys.executable)\n"
+            "time.sleep(60)")
+    parent = subprocess.Popen([sys.executable, "-c", code, "vllm"])
+    try:
+        kids = _children(parent.pid, 2)
+        procs = server_processes(parent.pid)
+        assert procs[parent.pid] == "API server"  # the top one, a vllm command line
+        assert sorted(procs[k.pid] for k in kids) == ["API server 1", "engine core"]
+        assert len(procs) == 3
+    finally:
+        parent.kill()
+        parent.wait()
+    parent.wait()
+    assert server_processes(parent.pid) == {}  # gone: nothing, no error
 
 
 def test_a_gone_server_reads_as_nothing():

@@ -81,7 +81,13 @@ from ernie_tui.engine_ctl.load.prompts import (
 )
 from ernie_tui.engine_ctl.load.runstore import KINDS as RUN_KINDS
 from ernie_tui.engine_ctl.load.runstore import RunRecord, RunStoreError, list_runs, load_run, save_run
-from ernie_tui.engine_ctl.load.server_cpu import ServerCpuWatch, is_local_host, listening_pid, server_pid
+from ernie_tui.engine_ctl.load.server_cpu import (
+    ServerCpuWatch,
+    is_local_host,
+    listening_pid,
+    server_pid,
+    server_processes,
+)
 from ernie_tui.engine_ctl.load.slo import Objective, limit_ms, parse_slo
 from ernie_tui.engine_ctl.load.stats import rate, relative_diff
 from ernie_tui.engine_ctl.load.stream_timing import (
@@ -188,5 +194,6 @@ __all__ = [
     "save_run",
     "send_lag",
     "server_pid",
+    "server_processes",
     "vllm_bench_ranges",
 ]

@@ -134,6 +134,17 @@ def _what(p: psutil.Process, root: int) -> str:
         return "?"
 
 
+def server_processes(pid: int) -> dict[int, str]:
+    """The server whose top process is `pid` and each of its descendants,
+    with its part (_what); empty where it cannot be read."""
+    try:
+        top = psutil.Process(pid)
+        procs = [top, *top.children(recursive=True)]
+    except psutil.Error:
+        return {}
+    return {p.pid: _what(p, pid) for p in procs}
+
+
 def _is_api_server(what: str) -> bool:
     return what == "API server" or what.startswith("API server ")
 
