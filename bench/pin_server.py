@@ -45,7 +45,7 @@ def set_threads(pid: int, cpus: set[int]) -> int:
 
 def plan(all_cpus: list[int], sib: dict[int, list[int]], cores_each: int = 2) -> tuple[set[int], set[int], set[int]]:
     """(engine CPUs, API server CPUs, the rest): one CPU of each of 2 x cores_each physical cores, their
-    siblings left out of the rest. Starts from the second physical core (the first takes the host's interrupts)."""
+    siblings left out of the rest. Leaves the first physical core to the system (interrupts, daemons)."""
     physical: list[int] = []
     taken: set[int] = set()
     for cpu in all_cpus:
