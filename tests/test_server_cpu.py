@@ -89,14 +89,14 @@ def test_the_server_processes_are_the_top_one_and_its_descendants_each_with_its_
     # bench/cpu_watch.py follows these processes' threads second by second
     code = ("import subprocess, sys, time\n"
             f"subprocess.Popen(['VLLM::EngineCore', '-c', {IDLE!r}], executable=sys.executable)\n"
-            f"subprocess.Popen(['VLLM::APIServer_1', '-c', {IDLE!r}], executable=sys.executable)\n"
+            f"subprocess.Popen(['VLLM::Worker_TP0', '-c', {IDLE!r}], executable=sys.executable)\n"
             "time.sleep(60)")
     parent = subprocess.Popen([sys.executable, "-c", code, "vllm"])
     try:
         kids = _children(parent.pid, 2)
         procs = server_processes(parent.pid)
         assert procs[parent.pid] == "API server"  # the top one, a vllm command line
-        assert sorted(procs[k.pid] for k in kids) == ["API server 1", "engine core"]
+        assert sorted(procs[k.pid] for k in kids) == ["Worker_TP0", "engine core"]
         assert len(procs) == 3
     finally:
         parent.kill()

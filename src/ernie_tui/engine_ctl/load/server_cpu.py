@@ -114,8 +114,8 @@ def server_pid(url: str) -> int | None:
 def _what(p: psutil.Process, root: int) -> str:
     """A process's part in the server: vLLM names its children by process
     title (VLLM::EngineCore, VLLM::Worker_TP0, VLLM::APIServer_1); the
-    listening one is the API server (ServerCpuWatch.stop calls it the
-    supervisor where API servers of their own run under it)."""
+    listening one is the API server (_parts calls it the supervisor where
+    API servers of their own run under it)."""
     try:
         cmd = p.cmdline()
     except psutil.Error:
@@ -134,15 +134,24 @@ def _what(p: psutil.Process, root: int) -> str:
         return "?"
 
 
+def _parts(procs: Iterable[psutil.Process], root: int) -> dict[int, str]:
+    """Each process's part (_what), the top one's read beside the others'."""
+    whats = {p.pid: _what(p, root) for p in procs}
+    # `vllm serve --api-server-count N`: the listening parent only supervises its API servers.
+    if whats.get(root) == "API server" and any(_is_api_server(w) for pid, w in whats.items() if pid != root):
+        whats[root] = "server supervisor"
+    return whats
+
+
 def server_processes(pid: int) -> dict[int, str]:
     """The server whose top process is `pid` and each of its descendants,
-    with its part (_what); empty where it cannot be read."""
+    with its part; empty where it cannot be read."""
     try:
         top = psutil.Process(pid)
         procs = [top, *top.children(recursive=True)]
     except psutil.Error:
         return {}
-    return {p.pid: _what(p, pid) for p in procs}
+    return _parts(procs, pid)
 
 
 def _is_api_server(what: str) -> bool:
@@ -188,11 +197,7 @@ class ServerCpuWatch:
         span = time.monotonic() - self._t0
         if not self._start or span <= 0:
             return None
-        whats = {p.pid: _what(p, self.pid) for p, _ in self._start}
-        # `vllm serve --api-server-count N`: the listening parent only supervises its API servers.
-        if whats.get(self.pid) == "API server" and any(_is_api_server(w) for pid, w in whats.items()
-                                                       if pid != self.pid):
-            whats[self.pid] = "server supervisor"
+        whats = _parts((p for p, _ in self._start), self.pid)
         out = []
         for p, t in self._start:
             now = _cpu_s(p)
