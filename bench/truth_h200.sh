@@ -14,7 +14,7 @@
 #                                            bench client kept off them (bench/pin_server.py). Does the wander come
 #                                            from where the kernel puts the busy threads?
 #   bash .gpu9/bench/truth_h200.sh bracket   the bench client at each TRUTH_C level and TRUTH_R rate (TRUTH_ROUNDS
-#                                            rounds; TRUTH_ONLY: one mode, into bracket-MODE.json; a search joins
+#                                            rounds of TRUTH_WAVES (default 8) x C requests a run; TRUTH_ONLY: one mode, into bracket-MODE.json; a search joins
 #                                            every bracket*.json)
 #   bash .gpu9/bench/truth_h200.sh search    TRUTH_SEARCHES of our searches against that bracket (TRUTH_ONLY:
 #                                            concurrency or rate alone); packs everything into $OUT/truth-h200.tgz
@@ -145,7 +145,7 @@ pindrift)
 bracket)
   timeout ${TRUTH_DEADLINE_S:-560} python3 "$HERE/bench/capacity_truth.py" --url http://127.0.0.1:8000 --model m03 \
       --tokenizer "$M" "${SLO[@]}" --concurrency ${TRUTH_C:-128 160 192 256} --rate ${TRUTH_R:-} \
-      --rate-seconds ${TRUTH_RATE_SECONDS:-10} --rounds ${TRUTH_ROUNDS:-1} \
+      --rate-seconds ${TRUTH_RATE_SECONDS:-10} --rounds ${TRUTH_ROUNDS:-1} --waves ${TRUTH_WAVES:-8} \
       ${TRUTH_ONLY:+--only $TRUTH_ONLY} --searches 0 --json "$W/bracket${TRUTH_ONLY:+-$TRUTH_ONLY}.json" 2>&1 \
       | tee "$W/bracket${TRUTH_ONLY:+-$TRUTH_ONLY}.log"
   pack;;
@@ -165,7 +165,7 @@ interleave)
   LEVELS=(--concurrency ${TRUTH_C:-}); [ "$MODE" = rate ] && LEVELS=(--rate ${TRUTH_R:-})
   timeout ${TRUTH_DEADLINE_S:-560} python3 "$HERE/bench/capacity_truth.py" --url http://127.0.0.1:8000 --model m03 \
       --tokenizer "$M" "${SLO[@]}" "${LEVELS[@]}" --rate-seconds ${TRUTH_RATE_SECONDS:-10} \
-      --rounds ${TRUTH_ROUNDS:-1} --searches ${TRUTH_SEARCHES:-1} --only "$MODE" --interleave "${FROM[@]}" \
+      --rounds ${TRUTH_ROUNDS:-1} --waves ${TRUTH_WAVES:-8} --searches ${TRUTH_SEARCHES:-1} --only "$MODE" --interleave "${FROM[@]}" \
       --timeout 500 --keep-records --json "$W/il-$MODE-$N.json" \
       -- ${TRUTH_SEARCH_ARGS:---start-concurrency 16} 2>&1 | tee "$W/il-$MODE-$N.log"
   pack;;
@@ -176,7 +176,7 @@ ilbg)
   LEVELS=(--concurrency ${TRUTH_C:-}); [ "$MODE" = rate ] && LEVELS=(--rate ${TRUTH_R:-})
   setsid python3 "$HERE/bench/capacity_truth.py" --url http://127.0.0.1:8000 --model m03 \
       --tokenizer "$M" "${SLO[@]}" "${LEVELS[@]}" --rate-seconds ${TRUTH_RATE_SECONDS:-10} \
-      --rounds ${TRUTH_ROUNDS:-1} --searches ${TRUTH_SEARCHES:-1} --only "$MODE" --interleave "${FROM[@]}" \
+      --rounds ${TRUTH_ROUNDS:-1} --waves ${TRUTH_WAVES:-8} --searches ${TRUTH_SEARCHES:-1} --only "$MODE" --interleave "${FROM[@]}" \
       --timeout 500 --keep-records --json "$W/il-$MODE-$N.json" \
       -- ${TRUTH_SEARCH_ARGS:---start-concurrency 16} > "$W/il-$MODE-$N.log" 2>&1 < /dev/null &
   echo $! > "$W/il.pid"

@@ -1,8 +1,10 @@
 """bench/ uses engine_ctl as tui and cli do: through the districts' front
 doors (`from ernie_tui.engine_ctl.load import run_burst`), never their files.
 
-One exception, on purpose: bench/client_cpu.py imports load/probe.py as a
-module to swap its stream reader for the measurement.
+Two exceptions, on purpose: bench/client_cpu.py imports load/probe.py as a
+module to swap its stream reader for the measurement, and
+bench/level_client_cost.py imports load/capacity_run.py to run one capacity
+level directly, and once as levels ran before (asyncio's loop, the collector on).
 """
 
 import ast
@@ -10,7 +12,8 @@ from pathlib import Path
 
 BENCH = Path(__file__).resolve().parent.parent / "bench"
 DISTRICTS = {"logs", "launch", "load", "control", "report", "units"}
-ALLOWED = {("client_cpu.py", "ernie_tui.engine_ctl.load.probe")}
+ALLOWED = {("client_cpu.py", "ernie_tui.engine_ctl.load.probe"),
+           ("level_client_cost.py", "ernie_tui.engine_ctl.load.capacity_run")}
 
 
 def file_imports(root: Path = BENCH) -> list[str]:

@@ -332,6 +332,11 @@ class LevelResult:
     client_judge_max_ms: float | None = None
     client_built_during: int | None = None
     client_build_s: float | None = None
+    # The event loop that timed the streams ("uvloop" or "asyncio"): on
+    # plain asyncio the same client spent a third more CPU a token and, at
+    # 448 streams of 20 ms gaps, read ITL p99 47-62 ms where uvloop's (with
+    # the collector paused) read 26-27 (bench/level_client_cost.py).
+    client_loop: str | None = None
     # A server on this machine: its busiest processes' CPU over the level
     # ({what, pid, cpu_pct} with cpu_pct in % of one core; server_cpu.py).
     # None: the server is elsewhere, or could not be read.

@@ -39,7 +39,13 @@ from ernie_tui.engine_ctl.load import slo as S
 from ernie_tui.engine_ctl.load import stats
 from ernie_tui.engine_ctl.load.arrivals import arrival_stream
 from ernie_tui.engine_ctl.load.burst import BurstConfig, ClientHealth
-from ernie_tui.engine_ctl.load.http_client import ServedModel, base_url, new_async_client, resolve_model
+from ernie_tui.engine_ctl.load.http_client import (
+    ServedModel,
+    base_url,
+    fast_loop_factory,
+    new_async_client,
+    resolve_model,
+)
 from ernie_tui.engine_ctl.load.http_errors import TRANSPORT_KINDS, ProbeFailure
 from ernie_tui.engine_ctl.load.open_files import make_room
 from ernie_tui.engine_ctl.load.probe import stream_request
@@ -214,7 +220,15 @@ class HttpLevelRunner:
         self._levels = 0
 
     def __call__(self, load: Any, min_requests: int | None = None) -> C.LevelResult:
-        return asyncio.run(self.run_async(load, min_requests))
+        # uvloop's loop when installed, as a burst's. With the collector
+        # paused too (ClientHealth.start), a level of 448 streams against a
+        # stand-in whose every gap is 20 ms read ITL p99 26-27 ms on 33-36 us
+        # of CPU a token; on asyncio's loop with the collector running, 47-62
+        # ms on 47-48 us (vLLM's bench client: 42-44 ms; bench/
+        # level_client_cost.py). On an H200 at 288-512 streams such levels
+        # read 51-94 ms where vLLM's own histogram read under 50.
+        with asyncio.Runner(loop_factory=fast_loop_factory()) as runner:
+            return runner.run(self.run_async(load, min_requests))
 
     def _request(self, item: WorkItem, max_tokens: int | None = None) -> ProbeRequest:
         s = self.settings
@@ -437,8 +451,10 @@ class HttpLevelRunner:
             # The heap from before the level (prompts, tokenizer, imports,
             # earlier levels) out of the collector's reach while it runs, as
             # a burst does; the collection that precedes the freeze is untimed.
+            # And no collection while the level runs (its length is capped):
+            # see ClientHealth.start.
             health = ClientHealth()
-            health.start(freeze=True)
+            health.start(freeze=True, pause_collector=True)
             cpu_watch = ServerCpuWatch(self.server_pid) if self.server_pid is not None else None
             if cpu_watch is not None:
                 cpu_watch.start()
@@ -511,6 +527,7 @@ class HttpLevelRunner:
         res.client_gc_pause_max_ms = round(health.gc_pause_max_s * 1000.0, 3)
         res.client_gc_full = health.gc_count[2]
         res.client_judge_max_ms = round(judge_max * 1000.0, 3)
+        res.client_loop = "uvloop" if type(asyncio.get_running_loop()).__module__.startswith("uvloop") else "asyncio"
         res.client_built_during, res.client_build_s = built_n, round(built_s, 3)
         if res.client_lag_max_ms is not None and res.client_lag_max_ms > 50.0:
             beside = f"; beside it: GC pauses up to {res.client_gc_pause_max_ms:.0f} ms, the slowest judgement " \
