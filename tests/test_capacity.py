@@ -980,6 +980,44 @@ def test_a_server_that_holds_its_pace_is_not_said_to_have_moved(slots):
     assert res.speed_moved is None and not [w for w in res.warnings if "speed moved" in w]
 
 
+def _itl_level(c, ours, theirs, lag, passed=False):
+    # a level judged on ITL p99 50 ms: ours as we read it, theirs as vLLM's histogram read it
+    verdict = S.PASS if passed else S.FAIL
+    obj = {"objective": "itl_p99=50ms", "metric": "itl", "percentile": 99, "limit_ms": 50.0, "value_ms": ours,
+           "verdict": verdict}
+    return C.LevelResult(concurrency=c, requests=8 * c, passed=passed, decided=True, verdict=verdict,
+                         objectives=[obj], vllm={"itl_p99_ms": theirs, "itl_p50_ms": 20.0},
+                         client_lag_p99_ms=lag, output_tps=15000.0)
+
+
+def test_levels_that_miss_the_itl_objective_by_our_own_loop_lag_are_said_to_be_the_clients():
+    # On an H200 behind four API servers, 20 of 29 levels at 288-512 read ITL
+    # p99 51-94 ms against 50 while vLLM's own histogram put every one under
+    # 50 and its bench client passed 512; our loop lagged p99 34-80 ms. The
+    # searches answered 304-320 and said nothing of whose gaps those were.
+    levels = [_itl_level(256, 38.0, 41.0, 30.0, passed=True), _itl_level(512, 78.0, 49.6, 79.8),
+              _itl_level(384, 56.0, 49.4, 52.0), _itl_level(320, 64.9, 48.5, 69.9)]
+    note = C.client_itl_note(levels)
+    assert note is not None and note.startswith(
+        "3 level(s) from concurrency 320 missed itl_p99=50ms reading 56-78 ms where vLLM's own histogram read at "
+        "most 50 ms, while this client's event loop lagged up to p99 80 ms")
+    # not the client's: vLLM read over the limit too; our excess past the loop's lag; no vLLM view; passed
+    assert C.client_itl_note([_itl_level(512, 78.0, 62.0, 79.8)]) is None
+    assert C.client_itl_note([_itl_level(512, 95.0, 49.0, 30.0)]) is None
+    blind = _itl_level(512, 78.0, 49.0, 79.8)
+    blind.vllm = None
+    assert C.client_itl_note([blind]) is None
+    assert C.client_itl_note([_itl_level(256, 38.0, 41.0, 30.0, passed=True)]) is None
+
+    # and a search whose upper levels read so says it
+    def run(c, min_requests=None):
+        return _itl_level(c, 40.0, 41.0, 20.0, passed=True) if c < 300 else _itl_level(c, 70.0, 49.0, 60.0)
+    res = C.search(run, S.parse_slo(["itl_p99=50ms"]), C.SearchConfig(start=64, max_concurrency=1024,
+                                                                      confirm_waves=0))
+    assert res.capacity_load is not None and 256 <= res.capacity_load < 300
+    assert [w for w in res.warnings if "those token gaps were ours, not the server's" in w]
+
+
 def test_an_open_loop_reads_the_servers_speed_in_its_e2e():
     def lv(rate, e2e, **kw):
         return C.LevelResult(concurrency=None, rate=rate, requests=100, e2e_p50_ms=e2e, output_tps=500.0, **kw)
