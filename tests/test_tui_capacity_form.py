@@ -292,3 +292,31 @@ def tiny_model_dir_fixture():
     from vllm_support import tiny_model_dir
 
     return tiny_model_dir()
+
+
+async def test_the_sweep_screen_marks_a_preset_whose_server_moved_during_its_searches():
+    # The exported table said a search's server moved under it; the screen
+    # itself showed nothing, so the operator ranking presets on it did not know.
+    from ernie_tui.engine_ctl.control import SweepRun
+    from ernie_tui.presets import load_presets
+    from ernie_tui.tui.messages import SweepFinished
+
+    def run(preset, repeat, moved):
+        return SweepRun(preset, repeat, "ok", mode="capacity", capacity_concurrency=12,
+                        goodput_output_tps=1000.0, speed_moved_pct=moved)
+
+    book = load_presets([], include_user=False)
+    names = list(book.names())[:2]
+    screen = SweepScreen(book, model="m", is_serving=lambda: False)
+    app = Host(screen)
+    async with app.run_test(size=(160, 44)) as pilot:
+        await pilot.pause()
+        screen.names = names
+        screen._columns(capacity=True)
+        screen.post_message(SweepFinished([run(names[0], 0, None), run(names[0], 1, -24.0), run(names[1], 0, None)]))
+        await wait_for(pilot, lambda: len(screen.rows) == 2, 10, "the sweep's rows")
+        notes = shown(screen, "#sw-notes")
+        assert f"{names[0]}: the server's speed moved during 1 of its 2 searches (up to -24 %" in notes
+        assert f"{names[1]}:" not in notes
+        table = screen.query_one("#sw-table", DataTable)
+        assert str(table.get_row(names[0])[-1]) == "speed moved" and str(table.get_row(names[1])[-1]) == ""

@@ -36,6 +36,7 @@ from ernie_tui.engine_ctl.control.sweep import (
     fold,
     run_sweep,
     score_column,
+    speed_moved_note,
     sweep_meta,
     to_markdown,
 )
@@ -80,6 +81,7 @@ __all__ = [
     "run_sweep",
     "score_column",
     "servers_from_urls",
+    "speed_moved_note",
     "stop_detached",
     "sweep_meta",
     "to_markdown",

@@ -287,6 +287,20 @@ def cell(row: SweepRow, col: str) -> str:
     return _fmt(getattr(row, col), col)
 
 
+def speed_moved_note(row: SweepRow) -> str | None:
+    """What a row's searches saw of their server's speed moving (the
+    largest move), or None: for the Markdown table's notes and the
+    dashboard's sweep screen alike."""
+    moved = [x.speed_moved_pct for x in row.runs if x.status == "ok" and x.speed_moved_pct is not None]
+    if not moved:
+        return None
+    ok = len([x for x in row.runs if x.status == "ok"])
+    most = max(moved, key=abs)
+    return (f"the server's speed moved during {len(moved)} of its {ok} searches (up to {most:+.0f} % between two "
+            "looks at one load): each answer is that server's in its own minutes; rank it against others only "
+            "where repeats (--repeat) leave a gap wider than their spread")
+
+
 def to_markdown(rows: list[SweepRow], title: str | None = None) -> str:
     columns = columns_for(rows)
     lines = []
@@ -300,15 +314,7 @@ def to_markdown(rows: list[SweepRow], title: str | None = None) -> str:
     notes += [f"- **{r.preset}**: ≥: a search reached its highest load allowed (--max-concurrency or --max-rate) "
               "with every level passing, so that capacity is a lower bound; raise the ceiling to find it."
               for r in rows if at_ceiling(r)]
-    for r in rows:
-        moved = [x.speed_moved_pct for x in r.runs if x.status == "ok" and x.speed_moved_pct is not None]
-        if moved:
-            ok = len([x for x in r.runs if x.status == "ok"])
-            most = max(moved, key=abs)
-            notes.append(f"- **{r.preset}**: the server's speed moved during {len(moved)} of its {ok} searches "
-                         f"(up to {most:+.0f} % between two looks at one load): each answer is that server's in "
-                         "its own minutes; rank it against others only where repeats (--repeat) leave a gap "
-                         "wider than their spread.")
+    notes += [f"- **{r.preset}**: {moved}." for r in rows if (moved := speed_moved_note(r)) is not None]
     if rows and all(len([x for x in r.runs if x.status == "ok"]) <= 1 for r in rows):
         notes.append("- One run per preset: no spread was measured, so 'vs best' carries no noise "
                      "estimate; `--repeat 3` gives medians with min–max ranges.")

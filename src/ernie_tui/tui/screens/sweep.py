@@ -54,6 +54,7 @@ from ernie_tui.engine_ctl.control import (
     export_sweep,
     fold,
     run_sweep,
+    speed_moved_note,
     sweep_meta,
 )
 from ernie_tui.engine_ctl.launch import detect_machine, gpus_needed
@@ -595,11 +596,16 @@ class SweepScreen(ShowsWorkerFailures, Screen[None]):
                     continue
                 text = cell(row, key)
                 cells.append(status_text(text) if key == "status" else text)
-            cells.append(row.message)
+            moved = speed_moved_note(row)
+            cells.append(row.message or (Text("speed moved", style="bold yellow") if moved else ""))
             table.add_row(*cells, key=row.preset)
         self.call_after_refresh(self._hint_columns)
         notes = [Content.assemble((row.preset, "bold"), ": ", row.message)
                  for row in self.rows if row.status != "ok" and row.message]
+        # A search that saw its server's speed move is that server's in its own minutes: said here as the
+        # exported table says it, not only in each trial's record.
+        notes += [Content.assemble((row.preset, "bold"), ": ", (moved, "$warning"))
+                  for row in self.rows if (moved := speed_moved_note(row)) is not None]
         self.query_one("#sw-notes", Static).update(Content("\n").join(notes))
         if capacity:
             self._redraw_chart()
