@@ -651,10 +651,10 @@ def test_a_level_is_judged_off_the_loop_that_times_the_streams(paced, monkeypatc
 
 
 def test_a_level_streams_on_uvloop_with_the_collector_paused(paced):
-    # On an H200 behind four API servers, at 320-512 streams, a search (on
-    # asyncio's loop, 3-11 full collections a level) read ITL p99 56-93 ms
-    # where vLLM's own histogram read under 50 and its bench client 35-47:
-    # the client's loop, not the server, set the tail. Against a stand-in
+    # On an H200 behind four API servers, at 288-512 streams, searches (on
+    # asyncio's loop, 4-12 full collections a level) read ITL p99 51-94 ms
+    # where vLLM's own histogram read under 50 and its bench client passed
+    # 512: the client's loop, not the server, set the tail. Against a stand-in
     # whose every gap is 20 ms, uvloop and no collections took a 448-stream
     # level's p99 from 47-62 ms to 26-27 (vLLM's bench client: 42-44;
     # bench/level_client_cost.py). A level now runs on the burst's loop,
