@@ -14,8 +14,8 @@
 #                                            bench client kept off them (bench/pin_server.py). Does the wander come
 #                                            from where the kernel puts the busy threads?
 #   bash .gpu9/bench/truth_h200.sh bracket   the bench client at each TRUTH_C level and TRUTH_R rate (TRUTH_ROUNDS
-#                                            rounds of TRUTH_WAVES (default 8) x C requests a run; TRUTH_ONLY: one mode, into bracket-MODE.json; a search joins
-#                                            every bracket*.json)
+#                                            rounds of TRUTH_WAVES (default 8) x C requests a run; TRUTH_ONLY: one
+#                                            mode, into bracket-MODE.json; a search joins every bracket*.json)
 #   bash .gpu9/bench/truth_h200.sh search    TRUTH_SEARCHES of our searches against that bracket (TRUTH_ONLY:
 #                                            concurrency or rate alone); packs everything into $OUT/truth-h200.tgz
 #                                            and stops the server when TRUTH_STOP=1
