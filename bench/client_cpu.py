@@ -278,7 +278,11 @@ async def _run_ours(url: str, conc: int, n: int, tokens: int, kind: str) -> dict
             "ttft_sum": sum(r.ttft_s or 0.0 for r in ok), "errors": errors}
 
 
-async def _run_vllm_bench(url: str, conc: int, n: int, tokens: int) -> dict:
+async def vllm_bench_outputs(url: str, conc: int, n: int, tokens: int) -> tuple[list, float, float]:
+    """vLLM's bench client's request function, closed loop at `conc`: n
+    requests of `tokens` output tokens after one 1-token request per
+    connection. Its RequestFuncOutputs, the wall and the CPU seconds of the
+    timed part (bench/level_client_cost.py uses it too)."""
     import aiohttp
     from vllm.benchmarks.lib.endpoint_request_func import RequestFuncInput, async_request_openai_completions
 
@@ -305,6 +309,11 @@ async def _run_vllm_bench(url: str, conc: int, n: int, tokens: int) -> dict:
         cpu0, t0 = _cpu(), time.perf_counter()
         await asyncio.gather(*(worker() for _ in range(conc)))
         wall, cpu = time.perf_counter() - t0, _cpu() - cpu0
+    return results, wall, cpu
+
+
+async def _run_vllm_bench(url: str, conc: int, n: int, tokens: int) -> dict:
+    results, wall, cpu = await vllm_bench_outputs(url, conc, n, tokens)
     ok = [r for r in results if r.success]
     errors = sorted({r.error[-200:] for r in results if not r.success})[:3]
     return {"wall_s": wall, "cpu_s": cpu, "requests": len(ok), "tokens": sum(r.output_tokens or 0 for r in ok),

@@ -37,7 +37,6 @@ import resource
 import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve()
@@ -85,35 +84,14 @@ def run_level(url: str, conc: int, tokens: int, loop: str) -> dict:
             "lag_p99_ms": lv.client_lag_p99_ms, "lag_max_ms": lv.client_lag_max_ms,
             "gc_pause_max_ms": lv.client_gc_pause_max_ms, "gc_full": lv.client_gc_full,
             "judge_max_ms": lv.client_judge_max_ms, "cpu_s": cpu, "elapsed_s": lv.elapsed_s,
-            "loop": getattr(lv, "client_loop", None),
+            "loop": lv.client_loop,
             "rss_peak_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
 
 
 async def _bench_client(url: str, conc: int, n: int, tokens: int) -> dict:
-    import aiohttp
-    from vllm.benchmarks.lib.endpoint_request_func import RequestFuncInput, async_request_openai_completions
+    from client_cpu import vllm_bench_outputs
 
-    connector = aiohttp.TCPConnector(limit=conc, limit_per_host=conc, ttl_dns_cache=300, use_dns_cache=True,
-                                     keepalive_timeout=60, enable_cleanup_closed=True, force_close=False, ssl=False)
-    results = []
-    async with aiohttp.ClientSession(connector=connector, trust_env=True,
-                                     timeout=aiohttp.ClientTimeout(total=6 * 60 * 60)) as session:
-        api = url + "/v1/completions"
-
-        def inp(out_len: int) -> RequestFuncInput:
-            return RequestFuncInput(prompt="w " * 10, api_url=api, prompt_len=10, output_len=out_len,
-                                    model="m", ignore_eos=True)
-        await asyncio.gather(*(async_request_openai_completions(inp(1), session) for _ in range(conc)))
-        left = [n]
-
-        async def worker() -> None:
-            while left[0] > 0:
-                left[0] -= 1
-                results.append(await async_request_openai_completions(inp(tokens), session))
-
-        cpu0, t0 = _cpu(), time.perf_counter()
-        await asyncio.gather(*(worker() for _ in range(conc)))
-        wall, cpu = time.perf_counter() - t0, _cpu() - cpu0
+    results, wall, cpu = await vllm_bench_outputs(url, conc, n, tokens)
     ok = [r for r in results if r.success]
     gaps = [g for r in ok for g in r.itl]
     return {"itl_p50_ms": _pct(gaps, 50) * 1e3 if gaps else None, "itl_p99_ms": _pct(gaps, 99) * 1e3 if gaps else None,

@@ -588,6 +588,7 @@ class SweepScreen(ShowsWorkerFailures, Screen[None]):
         self.front = front_of_rows(self.rows) if capacity else set()
         table = self.query_one("#sw-table", DataTable)
         table.clear()
+        moved = {row.preset: speed_moved_note(row) for row in self.rows}
         for row in self.rows:
             cells: list[Any] = []
             for key, _ in self._table_columns(capacity):
@@ -596,16 +597,15 @@ class SweepScreen(ShowsWorkerFailures, Screen[None]):
                     continue
                 text = cell(row, key)
                 cells.append(status_text(text) if key == "status" else text)
-            moved = speed_moved_note(row)
-            cells.append(row.message or (Text("speed moved", style="bold yellow") if moved else ""))
+            cells.append(row.message or (Text("speed moved", style="bold yellow") if moved[row.preset] else ""))
             table.add_row(*cells, key=row.preset)
         self.call_after_refresh(self._hint_columns)
         notes = [Content.assemble((row.preset, "bold"), ": ", row.message)
                  for row in self.rows if row.status != "ok" and row.message]
         # A search that saw its server's speed move is that server's in its own minutes: said here as the
         # exported table says it, not only in each trial's record.
-        notes += [Content.assemble((row.preset, "bold"), ": ", (moved, "$warning"))
-                  for row in self.rows if (moved := speed_moved_note(row)) is not None]
+        notes += [Content.assemble((row.preset, "bold"), ": ", (note, "$warning"))
+                  for row in self.rows if (note := moved[row.preset]) is not None]
         self.query_one("#sw-notes", Static).update(Content("\n").join(notes))
         if capacity:
             self._redraw_chart()
