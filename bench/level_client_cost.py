@@ -43,7 +43,7 @@ HERE = Path(__file__).resolve()
 SRC = HERE.parent.parent / "src"
 CLIENT_CPU = HERE.parent / "client_cpu.py"
 
-CANDIDATES = ("level", "level, before", "vLLM bench client")
+CANDIDATES = ("level", "level, before", "level in processes", "vLLM bench client")
 
 
 def _cpu() -> float:
@@ -58,7 +58,7 @@ def _pct(xs: list[float], p: float) -> float | None:
     return xs[min(len(xs) - 1, max(0, round(p / 100.0 * (len(xs) - 1))))]
 
 
-def run_level(url: str, conc: int, tokens: int, loop: str) -> dict:
+def run_level(url: str, conc: int, tokens: int, loop: str, procs: int = 1) -> dict:
     # The level runner's module itself (tests/test_bench_imports.py allows it
     # here): one level run directly, and the "before" arm run as it ran then.
     import ernie_tui.engine_ctl.load.capacity_run as capacity_run
@@ -69,7 +69,7 @@ def run_level(url: str, conc: int, tokens: int, loop: str) -> dict:
     # Every level runs to the same count (8 turnovers) unless grossly over, so candidates compare like for like.
     rules = capacity_run.C.LevelRules(min_requests=8 * conc, max_requests=8 * conc)
     runner = capacity_run.HttpLevelRunner(url, "m", Workload(items, "fixed"), slo, rules,
-                                          capacity_run.RequestSettings(), use_metrics=False)
+                                          capacity_run.RequestSettings(client_procs=procs), use_metrics=False)
     cpu0 = _cpu()
     if loop == "before":
         health = capacity_run.ClientHealth
@@ -77,8 +77,11 @@ def run_level(url: str, conc: int, tokens: int, loop: str) -> dict:
         health.start = lambda self, freeze, pause_collector=False: start(self, freeze)  # type: ignore[method-assign]
         lv = asyncio.run(runner.run_async(conc))
     else:
-        lv = runner(conc)
-    cpu = _cpu() - cpu0
+        try:
+            lv = runner(conc)
+        finally:
+            runner.close()
+    cpu = _cpu() - cpu0 + sum(lv.client_procs_cpu_s or [])  # (the stream processes' time spent in the level)
     return {"itl_p50_ms": lv.itl_p50_ms, "itl_p99_ms": lv.itl_p99_ms, "ttft_p99_ms": lv.ttft_p99_ms,
             "output_tps": lv.output_tps, "requests": lv.requests, "verdict": lv.verdict, "stop": lv.stop,
             "lag_p99_ms": lv.client_lag_p99_ms, "lag_max_ms": lv.client_lag_max_ms,
@@ -107,7 +110,8 @@ def child_main(args: argparse.Namespace) -> None:
         out = asyncio.run(_bench_client(args.url, args.concurrency, args.requests, args.tokens))
     else:
         out = run_level(args.url, args.concurrency, args.tokens,
-                        "before" if args.candidate == "level, before" else "runner")
+                        "before" if args.candidate == "level, before" else "runner",
+                        procs=args.procs if args.candidate == "level in processes" else 1)
     print(json.dumps(out), flush=True)
 
 
@@ -141,7 +145,8 @@ def main_compare(args: argparse.Namespace) -> None:
                     _get(url + "/reset")
                     s0 = sum(srv.cpu_times()[:2])
                     argv = [sys.executable, str(HERE), "child", "--candidate", name, "--url", url,
-                            "--concurrency", str(conc), "--requests", str(n), "--tokens", str(args.tokens)]
+                            "--concurrency", str(conc), "--requests", str(n), "--tokens", str(args.tokens),
+                            "--procs", str(args.procs)]
                     out = subprocess.run(argv, capture_output=True, text=True, check=False)
                     if out.returncode != 0:
                         print(f"C={conc} {name}: failed\n{out.stderr[-2000:]}")
@@ -190,10 +195,12 @@ def main() -> None:
     c.add_argument("--concurrency", type=int, required=True)
     c.add_argument("--requests", type=int, required=True)
     c.add_argument("--tokens", type=int, required=True)
+    c.add_argument("--procs", type=int, default=2)
     ap.add_argument("--concurrency", type=int, nargs="+", default=[256, 448])
     ap.add_argument("--step-ms", type=float, default=20.0, help="the stand-in's engine step (every token gap)")
     ap.add_argument("--tokens", type=int, default=128, help="output tokens per request")
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--procs", type=int, default=2, help="stream processes of the 'level in processes' candidate")
     ap.add_argument("--candidates", nargs="+", default=list(CANDIDATES), choices=CANDIDATES)
     ap.add_argument("--json", help="write the rows here")
     args = ap.parse_args()

@@ -312,6 +312,7 @@ def _run_capacity(args) -> int:
                                         word_seed=args.word_seed, read_timeout_s=args.timeout or 120.0)
     except ValueError as exc:
         raise CliError(str(exc)) from exc
+    settings.client_procs = opts.client_procs
     api_key = _api_key(args.api_key_env)
     tokenizer = None
     if args.tokenizer and workload is None:

@@ -40,7 +40,7 @@ from ernie_tui.engine_ctl.load.capacity import (
     format_capacity,
     make_search,
 )
-from ernie_tui.engine_ctl.load.capacity_run import request_setup, run_capacity
+from ernie_tui.engine_ctl.load.capacity_run import RequestSettings, request_setup, run_capacity
 from ernie_tui.engine_ctl.load.http_client import DEFAULT_READ_TIMEOUT_S, ServedModel, resolve_model
 from ernie_tui.engine_ctl.load.http_errors import ProbeError, ProbeErrorKind, ProbeFailure
 from ernie_tui.engine_ctl.load.metrics import DEFAULT_TIMEOUT_S as METRICS_TIMEOUT_S
@@ -186,6 +186,7 @@ __all__ = [
     "rate",
     "ready_prompt",
     "relative_diff",
+    "RequestSettings",
     "request_setup",
     "resolve_model",
     "run_burst",

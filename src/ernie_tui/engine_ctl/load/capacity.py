@@ -337,6 +337,10 @@ class LevelResult:
     # 448 streams of 20 ms gaps, read ITL p99 47-62 ms where uvloop's (with
     # the collector paused) read 26-27 (bench/level_client_cost.py).
     client_loop: str | None = None
+    # The processes whose loops timed the streams (level_procs.py; 1: the
+    # search's own) and, with more than one, each one's CPU seconds.
+    client_procs: int | None = None
+    client_procs_cpu_s: list[float] | None = None
     # A server on this machine: its busiest processes' CPU over the level
     # ({what, pid, cpu_pct} with cpu_pct in % of one core; server_cpu.py).
     # None: the server is elsewhere, or could not be read.
@@ -1132,11 +1136,17 @@ def client_itl_note(levels: Sequence[LevelResult]) -> str | None:
     ours = [h["ours_ms"] for _, h in hits]
     theirs = max(h["vllm_ms"] for _, h in hits)
     lag = max(h["lag_p99_ms"] for _, h in hits)
+    procs = max((lv.client_procs or 1) for lv, _ in hits)
+    # One process (the eighteenth H200 run: lag p99 30-54 ms at 384-512
+    # streams with uvloop and the collector paused) can spread its streams
+    # over more; several already did: the machine's cores are the limit.
+    spread = ("spread its streams over processes (--client-procs 4, each on a core of its own)" if procs == 1 else
+              f"run it from a machine with more idle cores (its streams were already spread over {procs} processes)")
     return (f"{len(hits)} level(s) from {where} missed {hits[0][1]['objective']} reading {min(ours):.0f}-"
             f"{max(ours):.0f} ms where vLLM's own histogram read at most {theirs:.0f} ms, while this client's "
             f"event loop lagged up to p99 {lag:.0f} ms: those token gaps were ours, not the server's. The capacity "
             f"is a floor set by this client; check it against vLLM's bench client (bench/capacity_truth.py), or "
-            f"run the search from a machine with an idle core")
+            f"{spread}")
 
 
 def speed_moved_warning(moved: dict[str, Any], rate: bool) -> str:

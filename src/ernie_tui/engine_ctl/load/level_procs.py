@@ -1,0 +1,389 @@
+"""A closed-loop capacity level's streams spread over child processes.
+
+Why: one Python process cannot time 400-500 streams at 15-20 k tokens/s
+closely enough. On an H200 behind four API servers (docs/capacity-h200.md,
+eighteenth run), with the level already on uvloop and the collector paused,
+the search's loop still lagged p99 30-54 ms at concurrency 384-512 and read
+ITL p99 53-73 ms where vLLM's own histogram put every level under 50: the
+searches answered 352-384 below the bench client's [448, 512). Its judgements
+(up to 240 ms each, in a thread) share that process's interpreter too.
+
+So each child keeps its share of the level's slots busy on its own event
+loop (uvloop, collector paused) and sends back, per request, when it started
+and what it measured. The parent, the search, keeps the LevelMonitor, the
+judgements, the /metrics sampler and the server's CPU watch, and times no
+stream. The children live for the whole search (spawning one costs about a
+second of imports) and are told one level at a time.
+
+Times: a child stamps with time.perf_counter() less the parent's t0. On Linux
+that is CLOCK_MONOTONIC, one clock for every process of the machine, so a
+start in one child and an end in another fall on the same axis.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+import traceback
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from ernie_tui.engine_ctl.load import slo as S
+from ernie_tui.engine_ctl.load.burst import ClientHealth
+from ernie_tui.engine_ctl.load.http_client import fast_loop_factory, new_async_client
+from ernie_tui.engine_ctl.load.probe import stream_request
+from ernie_tui.engine_ctl.load.stream_timing import ProbeRequest
+
+# A child is a fresh interpreter (not a fork: the parent runs threads, the
+# dashboard's, the /metrics sampler, the judge, whose locks a fork would copy
+# mid-use; not multiprocessing's spawn either: it runs the parent's main
+# script again, which a script without a __main__ guard does not survive).
+# It talks over one end of a socket pair, its number in argv; everything else,
+# the API key too, comes over it.
+CHILD_CODE = "from ernie_tui.engine_ctl.load.level_procs import child_entry; child_entry()"
+# A child asks for more prompts when fewer than this many turnovers of its slots are left.
+REFILL_TURNOVERS = 2
+# How long the parent waits for a child to finish its part of a level, or to start.
+ANSWER_TIMEOUT_S = 60.0
+
+
+def supported() -> bool:
+    """Child processes need a pipe the parent's event loop can watch (add_reader): POSIX."""
+    return os.name == "posix"
+
+
+def split(slots: int, procs: int) -> list[int]:
+    """`slots` streams over at most `procs` children, as evenly as they go
+    (no child with none)."""
+    n = max(1, min(procs, slots))
+    base, extra = divmod(slots, n)
+    return [base + (1 if i < extra else 0) for i in range(n)]
+
+
+@dataclass
+class ChildTotals:
+    """What one child saw of its own process during a level."""
+
+    lags: list[float]
+    gc_full: int
+    gc_pause_max_s: float
+    cpu_s: float
+    loop: str
+
+
+# -- the child ---------------------------------------------------------------------
+
+def child_entry() -> None:
+    """`python -c CHILD_CODE FD`: the child's start."""
+    from multiprocessing.connection import Connection
+
+    conn = Connection(int(sys.argv[1]))
+    url, model, api_key, read_timeout_s, total_timeout_s = conn.recv()
+    child_main(conn, url, model, api_key, read_timeout_s, total_timeout_s)
+
+
+def _read_into(conn: Any, loop: asyncio.AbstractEventLoop, deliver: Callable[[Any], None],
+               last: tuple[str, ...]) -> threading.Thread:
+    """A thread that reads `conn` (blocking: the connection is never handed to
+    the event loop, whose non-blocking reads would split a message) and hands
+    each message to deliver() on `loop`; it ends after a message whose kind is
+    in `last`, or at the end of the pipe (deliver(("gone",)))."""
+    def read() -> None:
+        try:
+            while True:
+                msg = conn.recv()
+                loop.call_soon_threadsafe(deliver, msg)
+                if msg[0] in last:
+                    return
+        except (EOFError, OSError):
+            try:
+                loop.call_soon_threadsafe(deliver, ("gone",))
+            except RuntimeError:
+                pass  # the loop is closed: nobody is listening
+    t = threading.Thread(target=read, name="ernie-tui level pipe", daemon=True)
+    t.start()
+    return t
+
+
+def child_main(conn: Any, url: str, model: str, api_key: str | None, read_timeout_s: float,
+               total_timeout_s: float) -> None:
+    """A child's life: levels, one at a time, until told to quit or the parent goes."""
+    async def life() -> None:
+        inbox: asyncio.Queue[Any] = asyncio.Queue()
+        _read_into(conn, asyncio.get_running_loop(), inbox.put_nowait, ("quit",))
+        while True:
+            msg = await inbox.get()
+            if msg[0] in ("quit", "gone"):
+                return
+            if msg[0] == "level":
+                if await _child_level(conn, inbox, msg[1], url, model, api_key, read_timeout_s, total_timeout_s):
+                    return
+    try:
+        with asyncio.Runner(loop_factory=fast_loop_factory()) as runner:
+            runner.run(life())
+    except (EOFError, OSError, KeyboardInterrupt):
+        return  # the parent is gone: nothing to tell
+    except BaseException:  # noqa: BLE001 - told to the parent, who raises it; printing would scribble on a TUI
+        try:
+            conn.send(("error", traceback.format_exc()))
+        except (OSError, ValueError):
+            pass
+
+
+async def _child_level(conn: Any, inbox: asyncio.Queue[Any], spec: dict[str, Any], url: str, model: str,
+                       api_key: str | None, read_timeout_s: float, total_timeout_s: float) -> bool:
+    """One level's share; True when the parent said to quit (or went) meanwhile."""
+    loop = asyncio.get_running_loop()
+    slots: int = spec["slots"]
+    queue: deque[ProbeRequest] = deque(spec["requests"])
+    more = asyncio.Event()
+    stop = asyncio.Event()
+    go: asyncio.Future[float] = loop.create_future()
+    asked = False
+    quit_after = False
+
+    async def pump() -> None:
+        nonlocal asked, quit_after
+        while True:
+            msg = await inbox.get()
+            if msg[0] == "go" and not go.done():
+                go.set_result(msg[1])
+            elif msg[0] == "more":
+                queue.extend(msg[1])
+                asked = False
+                more.set()
+            elif msg[0] in ("stop", "quit", "gone"):
+                quit_after = quit_after or msg[0] != "stop"
+                stop.set()
+                if not go.done():
+                    go.cancel()
+
+    pumping = asyncio.ensure_future(pump())
+    health = ClientHealth()
+    try:
+        async with new_async_client(api_key, read_timeout_s, max_connections=slots + 2) as client:
+            warm = spec.get("warm")
+            if warm is not None:
+                # This child's connections opened before the level, so their
+                # set-up is not billed to its first TTFTs (the in-process
+                # level does the same with its own client).
+                await asyncio.gather(*(stream_request(client, url, warm, model, read_timeout=read_timeout_s,
+                                                      total_timeout=total_timeout_s)
+                                       for _ in range(min(slots, 64))))
+            conn.send(("ready",))
+            try:
+                t0 = await go
+            except asyncio.CancelledError:
+                if not stop.is_set():
+                    raise
+                conn.send(("end", ChildTotals([], 0, 0.0, 0.0, _loop_name())))
+                return quit_after
+            health.start(freeze=True, pause_collector=True)
+            cpu0 = time.process_time()
+            lag_task = asyncio.ensure_future(health.watch_loop())
+
+            async def one() -> None:
+                nonlocal asked
+                while not queue:
+                    more.clear()
+                    await more.wait()
+                request = queue.popleft()
+                if not asked and len(queue) < REFILL_TURNOVERS * slots:
+                    asked = True
+                    conn.send(("more", REFILL_TURNOVERS * slots))
+                t_s = time.perf_counter() - t0
+                conn.send(("s", t_s))
+                res = await stream_request(client, url, request, model, read_timeout=read_timeout_s,
+                                           total_timeout=total_timeout_s)
+                t_e = time.perf_counter() - t0
+                conn.send(("o", S.RequestOutcome(
+                    ok=res.ok, ttft_s=res.ttft_s, latency_s=res.latency_s, itls=list(res.itls),
+                    completion_tokens=res.completion_tokens, prompt_tokens=res.prompt_tokens,
+                    error_kind=res.error.kind if res.error else None, start_s=t_s, end_s=t_e)))
+
+            async def worker() -> None:
+                while not stop.is_set():
+                    await one()
+
+            tasks = [asyncio.ensure_future(worker()) for _ in range(slots)]
+            try:
+                await stop.wait()
+            finally:
+                # In flight at the stop: a window not counted, cancelled (vLLM
+                # aborts it) rather than drained at a lighter load, as in-process.
+                for t in tasks:
+                    t.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
+                lag_task.cancel()
+                await asyncio.gather(lag_task, return_exceptions=True)
+                health.stop()
+            conn.send(("end", ChildTotals(health.lags, health.gc_count[2], health.gc_pause_max_s,
+                                          time.process_time() - cpu0, _loop_name())))
+            return quit_after
+    finally:
+        pumping.cancel()
+
+
+def _loop_name() -> str:
+    return "uvloop" if type(asyncio.get_running_loop()).__module__.startswith("uvloop") else "asyncio"
+
+
+# -- the parent's side -------------------------------------------------------------
+
+class ChildFailed(RuntimeError):
+    """A child process died or raised; its traceback, where it sent one, is the message."""
+
+
+class LevelProcs:
+    """The children of one search: started at its first level, ended by close()."""
+
+    def __init__(self, procs: int, url: str, model: str, api_key: str | None, read_timeout_s: float,
+                 total_timeout_s: float) -> None:
+        self.procs = procs
+        self._args = (url, model, api_key, read_timeout_s, total_timeout_s)
+        self._children: list[tuple[Any, Any]] = []  # (process, connection)
+        self._level: list[tuple[Any, Any]] = []  # the children of the level begun
+        self._ended: list[asyncio.Future[Any]] = []
+        self._failure: list[str] = []
+
+    def start(self) -> None:
+        from multiprocessing.connection import Connection
+
+        if self._children:
+            return
+        # The child imports this package from where the parent found it.
+        root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+        for _ in range(self.procs):
+            ours, theirs = socket.socketpair()
+            p = subprocess.Popen([sys.executable, "-c", CHILD_CODE, str(theirs.fileno())], pass_fds=(theirs.fileno(),),
+                                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, env=env, close_fds=True)
+            theirs.close()
+            conn = Connection(ours.detach())
+            conn.send(self._args)
+            self._children.append((p, conn))
+
+    def close(self) -> None:
+        for _, conn in self._children:
+            try:
+                conn.send(("quit",))
+            except (OSError, ValueError):
+                pass
+        for p, conn in self._children:
+            try:
+                p.wait(5)
+            except subprocess.TimeoutExpired:
+                p.terminate()
+                p.wait(5)
+            conn.close()
+        self._children = []
+
+    async def begin(self, slots: int, requests: list[ProbeRequest], warm: ProbeRequest | None, take: Any,
+                    on_started: Any, on_outcome: Any, stop: asyncio.Event) -> float:
+        """Start one closed-loop level of `slots` streams over the children;
+        returns its t0 (the parent's perf_counter once every child is ready).
+
+        requests: prompts to hand out first (more come from take(n) as a
+        child asks); warm: a 1-token request each child sends on up to 64
+        of its connections first; on_started(t_s) and on_outcome(outcome)
+        run in the parent's loop as each request starts and ends. A child
+        that fails sets `stop` (finish() then raises ChildFailed)."""
+        self.start()
+        shares = split(slots, len(self._children))
+        self._level = children = self._children[:len(shares)]
+        loop = asyncio.get_running_loop()
+        ready = [loop.create_future() for _ in children]
+        self._ended = ended = [loop.create_future() for _ in children]
+        failure: list[str] = []
+        self._failure = failure
+
+        def fail(text: str) -> None:
+            if not failure:
+                failure.append(text)
+            for f in ready + ended:
+                if not f.done():
+                    f.set_exception(ChildFailed(text))
+                    f.exception()  # (retrieved here: the caller raises failure[0])
+            stop.set()
+
+        def deliver(i: int, conn: Any) -> Callable[[Any], None]:
+            def on_message(msg: Any) -> None:
+                kind = msg[0]
+                if kind == "s":
+                    on_started(msg[1])
+                elif kind == "o":
+                    on_outcome(msg[1])
+                elif kind == "more":
+                    conn.send(("more", take(msg[1])))
+                elif kind == "ready":
+                    if not ready[i].done():
+                        ready[i].set_result(None)
+                elif kind == "end":
+                    if not ended[i].done():
+                        ended[i].set_result(msg[1])
+                elif kind == "error":
+                    fail(f"a level's stream process failed:\n{msg[1]}")
+                elif kind == "gone":
+                    fail("a level's stream process ended unexpectedly (its pipe closed)")
+            return on_message
+
+        per = [requests[i::len(children)] for i in range(len(children))]
+        for i, ((_, conn), n) in enumerate(zip(children, shares, strict=True)):
+            _read_into(conn, loop, deliver(i, conn), ("end", "error"))
+            conn.send(("level", {"slots": n, "requests": per[i], "warm": warm}))
+        try:
+            await asyncio.wait_for(asyncio.gather(*ready), ANSWER_TIMEOUT_S)
+        except (asyncio.TimeoutError, ChildFailed):
+            if not failure:
+                failure.append(f"a level's stream process was not ready within {ANSWER_TIMEOUT_S:.0f} s")
+            await self.finish()  # raises ChildFailed(failure[0])
+            raise
+        t0 = time.perf_counter()
+        for _, conn in children:
+            conn.send(("go", t0))
+        return t0
+
+    async def finish(self) -> list[ChildTotals]:
+        """End the level begin() started: every child cancels what it has in
+        flight and sends its totals. ChildFailed if a child failed or did not answer."""
+        children, ended, failure = self._level, self._ended, self._failure
+        for _, conn in children:
+            try:
+                conn.send(("stop",))
+            except (OSError, ValueError):
+                pass
+        totals: list[ChildTotals] = []
+        try:
+            totals = list(await asyncio.wait_for(asyncio.gather(*ended), ANSWER_TIMEOUT_S))
+        except asyncio.TimeoutError:
+            if not failure:
+                failure.append(f"a level's stream process did not end its part within {ANSWER_TIMEOUT_S:.0f} s")
+        except ChildFailed:
+            pass  # failure[0] says
+        finally:
+            self._level, self._ended = [], []
+        if failure:
+            self._abandon()
+            raise ChildFailed(failure[0])
+        return totals
+
+    def _abandon(self) -> None:
+        """Children that failed or stopped answering: gone, and a fresh set at the next level."""
+        for p, conn in self._children:
+            if p.poll() is None:
+                p.terminate()
+            try:
+                p.wait(5)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait(5)
+            conn.close()
+        self._children = []
