@@ -272,19 +272,13 @@ class LevelProcs:
             self._children.append((p, conn))
 
     def close(self) -> None:
+        """Tell every child to quit, and end it if it does not within 5 s."""
         for _, conn in self._children:
             try:
                 conn.send(("quit",))
             except (OSError, ValueError):
                 pass
-        for p, conn in self._children:
-            try:
-                p.wait(5)
-            except subprocess.TimeoutExpired:
-                p.terminate()
-                p.wait(5)
-            conn.close()
-        self._children = []
+        self._end_children(wait_s=5.0)
 
     async def begin(self, slots: int, requests: list[ProbeRequest], warm: ProbeRequest | None, take: Any,
                     on_started: Any, on_outcome: Any, stop: asyncio.Event) -> float:
@@ -377,13 +371,18 @@ class LevelProcs:
 
     def _abandon(self) -> None:
         """Children that failed or stopped answering: gone, and a fresh set at the next level."""
+        self._end_children(wait_s=0.0)
+
+    def _end_children(self, wait_s: float) -> None:
+        """Each child given wait_s to exit, then terminated, then killed."""
         for p, conn in self._children:
-            if p.poll() is None:
-                p.terminate()
-            try:
-                p.wait(5)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait(5)
+            for end in (None, p.terminate, p.kill):
+                if end is not None and p.poll() is None:
+                    end()
+                try:
+                    p.wait(wait_s if end is None else 5.0)
+                    break
+                except subprocess.TimeoutExpired:
+                    continue
             conn.close()
         self._children = []
