@@ -89,6 +89,15 @@ def steady_meets(steady: dict[str, Any] | None, objectives: list[Any]) -> bool |
     return _meets(lambda o: steady.get(f"{o.metric}_p{o.percentile}_ms"), objectives)
 
 
+def referee_note(v: dict[str, Any]) -> str:
+    """vLLM's view of a bench-client run, for its progress line ('' without one)."""
+    if not v or v.get("ttft_p99_ms") is None:
+        return ""
+    queue = v.get("queue_mean_ms")
+    return (f"; vLLM's histograms: TTFT p99 {v['ttft_p99_ms']:.0f} ms, ITL p99 {v.get('itl_p99_ms') or 0:.1f} ms"
+            + (f", queue mean {queue:.0f} ms" if queue is not None else ""))
+
+
 def bracket(verdicts: dict[float, list[bool | None]]) -> dict[str, Any]:
     """From each level's per-round verdicts (True: met the SLO): the highest
     level whose rounds all met it ("low"), the lowest level above it whose
@@ -364,6 +373,7 @@ def main(argv: list[str] | None = None) -> int:
             Path(args.json).write_text(json.dumps({"judged_from": args.bracket_from, "modes": judged}, indent=1))
         return 0
     agree_vllm_bench.KEEP_BENCH_PROCESS = not args.bench_process_per_run
+    metrics = agree_vllm_bench.MetricsClient(args.url.rstrip("/"), None, model_name=None, timeout=30.0)
     earlier = joined_brackets(files)
     objectives = parse_slo(args.slo)
     model = args.model or resolve_model(args.url).id
@@ -404,6 +414,7 @@ def main(argv: list[str] | None = None) -> int:
             rate = float(lv) if mode == "rate" else None
             n = args.waves * int(lv) if mode == "concurrency" else max(1, round(lv * args.rate_seconds))
             t = time.time()
+            before = metrics.try_fetch()
             try:
                 r = run_theirs(srv, shape, concurrency=conc, rate=rate, n=n, seed=rng.randrange(1, 1 << 30),
                                python=args.bench_python, env=env, timeout_s=args.timeout, percentiles=pcts)
@@ -411,6 +422,10 @@ def main(argv: list[str] | None = None) -> int:
                 if Ending.signalled:  # the bench client died of the same SIGTERM: this run is lost, not failed
                     raise Stopped from None
                 raise
+            # vLLM's own view of the run (the referee, as in agree_vllm_bench):
+            # its mean wait in the queue says whether a long TTFT was the
+            # server queueing or the bench client's own process.
+            r["referee"] = agree_vllm_bench.referee(before, metrics.try_fetch(), r.get("duration_s"))
             met = run_meets(r["percentiles_ms"], objectives)
             st = r.get("steady")
             runs.append({"level": lv, "round": k, "meets": met, "meets_steady": steady_meets(st, objectives), **r,
@@ -420,7 +435,8 @@ def main(argv: list[str] | None = None) -> int:
                   f"({r['output_tps'] or 0:.0f} tok/s, TTFT p99 {r['ttft_p99_ms'] or 0:.0f} ms, ITL p99 "
                   f"{r['itl_p99_ms'] or 0:.1f} ms)"
                   + (f"; over its whole load ({st['share_of_gaps']:.0%} of gaps): TTFT p99 "
-                     f"{st['ttft_p99_ms'] or 0:.0f} ms, ITL p99 {st['itl_p99_ms'] or 0:.1f} ms" if st else ""),
+                     f"{st['ttft_p99_ms'] or 0:.0f} ms, ITL p99 {st['itl_p99_ms'] or 0:.1f} ms" if st else "")
+                  + referee_note(r["referee"]),
                   flush=True)
             if Ending.signalled:
                 raise Stopped

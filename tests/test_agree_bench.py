@@ -413,6 +413,9 @@ def test_one_bench_client_process_serves_a_whole_bracket_taken_in_two_calls(tmp_
                                                                         for r in c["runs"])
         # vLLM's detailed result carries per-request times: each run is read over its whole load too
         assert all(r["steady"]["gaps"] >= 0 and "itl_p99_ms" in r["steady"] for r in c["runs"])
+        # and vLLM's /metrics over each run, the referee: every request seen, and its wait in the queue
+        assert all(r["referee"]["ttft_count"] >= r["completed"] and r["referee"]["queue_mean_ms"] is not None
+                   for r in c["runs"])
         assert "rate" not in json.loads(conc.read_text())["modes"]
         # the search phase reads both files as one bracket
         assert T.main([*common, "--bracket-from", str(conc), "--bracket-from", str(rate), "--json", str(joined)]) == 0
