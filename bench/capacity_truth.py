@@ -355,6 +355,10 @@ def main(argv: list[str] | None = None) -> int:
                    help="seconds a bench run or a search may take; a search past it is ended as SIGTERM ends it "
                         "(its levels kept, marked cut_short)")
     p.add_argument("--json", metavar="FILE")
+    p.add_argument("--bench-procs", type=int, default=1, metavar="K",
+                   help="each bench run split over K bench clients side by side (each C/K or R/K, n/K prompts, "
+                        "its own seed), their requests pooled: one bench client's process near a core reads "
+                        "its own delays as the server's (default 1)")
     p.add_argument("--bench-process-per-run", action="store_true",
                    help="start vLLM's bench client afresh for each run (default: one process kept for all runs)")
     p.add_argument("--bracket-from", metavar="FILE", action="append", default=[],
@@ -417,7 +421,8 @@ def main(argv: list[str] | None = None) -> int:
             before = metrics.try_fetch()
             try:
                 r = run_theirs(srv, shape, concurrency=conc, rate=rate, n=n, seed=rng.randrange(1, 1 << 30),
-                               python=args.bench_python, env=env, timeout_s=args.timeout, percentiles=pcts)
+                               python=args.bench_python, env=env, timeout_s=args.timeout, percentiles=pcts,
+                               procs=args.bench_procs)
             except Exception:
                 if Ending.signalled:  # the bench client died of the same SIGTERM: this run is lost, not failed
                     raise Stopped from None

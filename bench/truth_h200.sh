@@ -14,7 +14,8 @@
 #                                            bench client kept off them (bench/pin_server.py). Does the wander come
 #                                            from where the kernel puts the busy threads?
 #   bash .gpu9/bench/truth_h200.sh bracket   the bench client at each TRUTH_C level and TRUTH_R rate (TRUTH_ROUNDS
-#                                            rounds of TRUTH_WAVES (default 8) x C requests a run; TRUTH_ONLY: one
+#                                            rounds of TRUTH_WAVES (default 8) x C requests a run, each split over
+#                                            TRUTH_BENCH_PROCS (default 1) bench clients; TRUTH_ONLY: one
 #                                            mode, into bracket-MODE.json; a search joins every bracket*.json)
 #   bash .gpu9/bench/truth_h200.sh search    TRUTH_SEARCHES of our searches against that bracket (TRUTH_ONLY:
 #                                            concurrency or rate alone); packs everything into $OUT/truth-h200.tgz
@@ -143,7 +144,7 @@ pindrift)
   done
   pack;;
 bracket)
-  timeout ${TRUTH_DEADLINE_S:-560} python3 "$HERE/bench/capacity_truth.py" --url http://127.0.0.1:8000 --model m03 \
+  timeout ${TRUTH_DEADLINE_S:-560} python3 "$HERE/bench/capacity_truth.py" --url http://127.0.0.1:8000 --model m03 --bench-procs "${TRUTH_BENCH_PROCS:-1}" \
       --tokenizer "$M" "${SLO[@]}" --concurrency ${TRUTH_C:-128 160 192 256} --rate ${TRUTH_R:-} \
       --rate-seconds ${TRUTH_RATE_SECONDS:-10} --rounds ${TRUTH_ROUNDS:-1} --waves ${TRUTH_WAVES:-8} \
       ${TRUTH_ONLY:+--only $TRUTH_ONLY} --searches 0 --json "$W/bracket${TRUTH_ONLY:+-$TRUTH_ONLY}.json" 2>&1 \
@@ -163,7 +164,7 @@ interleave)
   MODE=${TRUTH_ONLY:?interleave takes one mode: TRUTH_ONLY=concurrency or rate}
   FROM=(); N=1; for f in "$W"/il-$MODE-*.json; do [ -f "$f" ] && { FROM+=(--bracket-from "$f"); N=$((N + 1)); }; done
   LEVELS=(--concurrency ${TRUTH_C:-}); [ "$MODE" = rate ] && LEVELS=(--rate ${TRUTH_R:-})
-  timeout ${TRUTH_DEADLINE_S:-560} python3 "$HERE/bench/capacity_truth.py" --url http://127.0.0.1:8000 --model m03 \
+  timeout ${TRUTH_DEADLINE_S:-560} python3 "$HERE/bench/capacity_truth.py" --url http://127.0.0.1:8000 --model m03 --bench-procs "${TRUTH_BENCH_PROCS:-1}" \
       --tokenizer "$M" "${SLO[@]}" "${LEVELS[@]}" --rate-seconds ${TRUTH_RATE_SECONDS:-10} \
       --rounds ${TRUTH_ROUNDS:-1} --waves ${TRUTH_WAVES:-8} --searches ${TRUTH_SEARCHES:-1} --only "$MODE" --interleave "${FROM[@]}" \
       --timeout 500 --keep-records --json "$W/il-$MODE-$N.json" \
@@ -174,7 +175,7 @@ ilbg)
   MODE=${TRUTH_ONLY:?ilbg takes one mode: TRUTH_ONLY=concurrency or rate}
   FROM=(); N=1; for f in "$W"/il-$MODE-*.json; do [ -f "$f" ] && { FROM+=(--bracket-from "$f"); N=$((N + 1)); }; done
   LEVELS=(--concurrency ${TRUTH_C:-}); [ "$MODE" = rate ] && LEVELS=(--rate ${TRUTH_R:-})
-  setsid python3 "$HERE/bench/capacity_truth.py" --url http://127.0.0.1:8000 --model m03 \
+  setsid python3 "$HERE/bench/capacity_truth.py" --url http://127.0.0.1:8000 --model m03 --bench-procs "${TRUTH_BENCH_PROCS:-1}" \
       --tokenizer "$M" "${SLO[@]}" "${LEVELS[@]}" --rate-seconds ${TRUTH_RATE_SECONDS:-10} \
       --rounds ${TRUTH_ROUNDS:-1} --waves ${TRUTH_WAVES:-8} --searches ${TRUTH_SEARCHES:-1} --only "$MODE" --interleave "${FROM[@]}" \
       --timeout 500 --keep-records --json "$W/il-$MODE-$N.json" \
@@ -199,7 +200,7 @@ search)
   FROM=(); for f in "$W"/bracket*.json; do [ -f "$f" ] && FROM+=(--bracket-from "$f"); done
   # Without a bracket the script has no levels to search at (it once ran nothing, silently).
   [ ${#FROM[@]} -eq 0 ] && { echo "no $W/bracket*.json: run bracket first, or interleave"; exit 1; }
-  timeout ${TRUTH_DEADLINE_S:-540} python3 "$HERE/bench/capacity_truth.py" --url http://127.0.0.1:8000 --model m03 \
+  timeout ${TRUTH_DEADLINE_S:-540} python3 "$HERE/bench/capacity_truth.py" --url http://127.0.0.1:8000 --model m03 --bench-procs "${TRUTH_BENCH_PROCS:-1}" \
       --tokenizer "$M" "${SLO[@]}" "${FROM[@]}" --searches ${TRUTH_SEARCHES:-2} \
       ${TRUTH_ONLY:+--only $TRUTH_ONLY} --timeout 500 \
       --keep-records --json "$W/$TAG.json" -- ${TRUTH_SEARCH_ARGS:---start-concurrency 16} 2>&1 | tee "$W/$TAG.log"

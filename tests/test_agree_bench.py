@@ -436,6 +436,43 @@ def test_one_bench_client_process_serves_a_whole_bracket_taken_in_two_calls(tmp_
         srv.wait(10)
 
 
+@pytest.mark.vllm  # runs vLLM's bench client twice over (imports vLLM in each)
+def test_a_bench_run_split_over_two_bench_clients_keeps_its_concurrency_and_pools_their_requests(tiny_tokenizer):
+    # On an H200 one bench client's process sat at p90 86 % of a core at
+    # 448-512 streams; a run split over K of them, each with C/K, is the
+    # same load with K cores to read it.
+    srv = subprocess.Popen([sys.executable, str(ROOT / "tests" / "paced_server.py"), "--port", "0",
+                            "--slots", "8", "--ttft-ms", "20", "--itl-ms", "5"],
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    A.close_workers()
+    try:
+        url = srv.stdout.readline().split()[-1]
+        env = dict(__import__("os").environ)
+        r = A.run_theirs(A.Server(url, "tiny", str(tiny_tokenizer)), A.Shape(20, 8, 0.8182), concurrency=4,
+                         rate=None, n=24, seed=7, python=sys.executable, env=env, timeout_s=300, procs=2)
+        assert len(A._workers) == 2  # two bench clients, each kept for the next split run
+        assert r["bench_procs"] == 2 and r["completed"] == 24 and r["lengths_unlike_ours"] is None
+        assert r["output_tokens"] > 0 and r["duration_s"] > 0 and r["output_tps"] > 0
+        assert 20.0 <= r["ttft_p50_ms"] <= 200.0 and 4.0 <= r["itl_p50_ms"] <= 50.0, r
+        assert {"p99_ttft_ms", "p99_itl_ms", "p99_e2el_ms", "p99_tpot_ms"} <= set(r["percentiles_ms"])
+        assert r["steady"] is not None  # per-request times pooled on one clock
+        # the server saw both clients, never more than 4 requests at once (2 + 2)
+        with __import__("urllib.request").request.urlopen(url + "/requests", timeout=10) as resp:
+            log = [e for e in json.loads(resp.read()) if e["end"] is not None]
+        # (an end is logged just after the last bytes go out, when the client may already have sent
+        # its next request: ends taken 10 ms early, so that race does not read as one more in flight)
+        edges = sorted([(e["arrive"], 1) for e in log] + [(e["end"] - 0.01, -1) for e in log])
+        level = peak = 0
+        for _, d in edges:
+            level += d
+            peak = max(peak, level)
+        assert len(log) == 24 and peak <= 4, peak
+    finally:
+        A.close_workers()
+        srv.terminate()
+        srv.wait(10)
+
+
 def test_a_truth_call_cut_by_timeout_keeps_the_search_it_was_running(tmp_path, tiny_tokenizer):
     # The device call's `timeout` sends SIGTERM to the script's whole process
     # group. The running search died of it and the script with it: an H200
