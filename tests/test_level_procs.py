@@ -1,7 +1,7 @@
 """A capacity level's streams spread over child processes (engine_ctl/load/level_procs.py).
 
-On an H200 (eighteenth run) one process timing 384-512 streams lagged p99
-30-54 ms with uvloop and the collector paused, and read ITL p99 53-73 ms
+On an H200 (eighteenth run) one process timing 320-512 streams lagged p99
+14-54 ms with uvloop and the collector paused, and read ITL p99 50-73 ms
 where vLLM's histogram put every level under 50. These tests drive real
 child processes against the paced stand-in, whose gaps and slots are set.
 """
@@ -137,7 +137,7 @@ def test_a_stream_process_that_dies_ends_the_level_with_a_plain_error_and_the_ne
 
     async def level(kill: bool) -> list[LP.ChildTotals]:
         stop = asyncio.Event()
-        await procs.begin(4, take(8), None, take, started.append, outcomes.append, stop)
+        await procs.begin(LP.closed_specs(4, 2), take(8), None, take, started.append, outcomes.append, stop)
         if kill:
             while len(outcomes) < 4:
                 await asyncio.sleep(0.05)
@@ -160,7 +160,7 @@ def test_a_stream_process_that_dies_ends_the_level_with_a_plain_error_and_the_ne
         procs.close()
 
 
-def test_cli_search_takes_client_procs_and_a_rate_search_refuses_it(paced, capsys):
+def test_cli_search_takes_client_procs(paced, capsys):
     url = paced("--slots", "4", "--ttft-ms", "10", "--itl-ms", "10")
     code = main(["probe", "--url", url, "--capacity", "--client-procs", "2", "--slo", "ttft_p99=2s",
                  "--start-concurrency", "2", "--max-concurrency", "2", "--confirm-waves", "0",
@@ -170,9 +170,31 @@ def test_cli_search_takes_client_procs_and_a_rate_search_refuses_it(paced, capsy
     assert code == 0, out
     assert out["config"]["requests"]["client_procs"] == 2
     assert [lv["client_procs"] for lv in out["levels"]] == [2] * len(out["levels"]) and out["levels"]
-    code = main(["probe", "--url", url, "--capacity", "--rate", "--client-procs", "2"])
-    assert code != 0
-    assert "--client-procs is for concurrency searches" in capsys.readouterr().err
+    assert main(["probe", "--url", url, "--capacity", "--client-procs", "0"]) != 0
+    assert "--client-procs must be 1 or more" in capsys.readouterr().err
+
+
+def test_an_open_loop_level_over_two_stream_processes_sends_the_whole_rate_evenly(paced):
+    # 40 req/s evenly spaced, from two processes at 20 req/s each: staggered
+    # by 25 ms, together they must send one request every 25 ms, not two at once every 50.
+    url = paced("--slots", "64", "--ttft-ms", "10", "--itl-ms", "5")
+    items = [WorkItem(prompt=f"w{i} " * 10, max_tokens=8, prompt_tokens=10) for i in range(64)]
+    runner = R.HttpRateRunner(url, "paced", Workload(items, "fixed"), S.parse_slo(["ttft_p99=2s"]),
+                              C.LevelRules(min_requests=120, max_requests=120),
+                              R.RequestSettings(client_procs=2, warmup=False), use_metrics=False,
+                              arrivals="constant")
+    try:
+        lv = runner(40.0)
+    finally:
+        runner.close()
+    assert lv.client_procs == 2 and lv.passed and lv.requests >= 120, lv
+    assert lv.late_sends is not None and lv.late_sends <= 0.2 * lv.requests
+    arrive = sorted(e["arrive"] for e in _log(url))
+    gaps = sorted(b - a for a, b in zip(arrive, arrive[1:], strict=False))
+    span_rate = (len(arrive) - 1) / (arrive[-1] - arrive[0])
+    assert 34.0 <= span_rate <= 46.0, span_rate
+    assert 0.018 <= gaps[len(gaps) // 2] <= 0.032, gaps[len(gaps) // 2]  # the median gap: 25 ms
+    assert gaps[len(gaps) // 10] > 0.008, gaps[:10]  # not sent in pairs
 
 
 def test_a_sweep_hands_client_procs_to_each_presets_search():

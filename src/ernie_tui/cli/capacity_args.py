@@ -107,7 +107,8 @@ def add_capacity_args(p: argparse.ArgumentParser) -> None:
                    help="spread each level's streams over N processes of this machine, the search judging in its "
                         "own: one Python process timing 400+ streams at 15-20 k tokens/s reads token gaps longer "
                         "than the server made them (when the result warns the ITL tail was ours, try 4; each "
-                        "process wants a core of its own). Concurrency searches only (default 1: one process)")
+                        "process wants a core of its own). With --rate each process sends R/N req/s "
+                        "(default 1: one process)")
 
 
 @dataclass
@@ -144,8 +145,6 @@ def capacity_options(args: argparse.Namespace) -> CapacityOptions:
     procs = getattr(args, "client_procs", 1)
     if procs < 1:
         raise CliError("--client-procs must be 1 or more")
-    if procs > 1 and args.rate is not None:
-        raise CliError("--client-procs is for concurrency searches; a rate search (--rate) sends from one process")
     return CapacityOptions(slo, search, rules, args.workload, procs)
 
 

@@ -1137,7 +1137,7 @@ def client_itl_note(levels: Sequence[LevelResult]) -> str | None:
     theirs = max(h["vllm_ms"] for _, h in hits)
     lag = max(h["lag_p99_ms"] for _, h in hits)
     procs = max((lv.client_procs or 1) for lv, _ in hits)
-    # One process (the eighteenth H200 run: lag p99 30-54 ms at 384-512
+    # One process (the eighteenth H200 run: lag p99 14-54 ms at 320-512
     # streams with uvloop and the collector paused) can spread its streams
     # over more; several already did: the machine's cores are the limit.
     spread = ("spread its streams over processes (--client-procs 4, each on a core of its own)" if procs == 1 else

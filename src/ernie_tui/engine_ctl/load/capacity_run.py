@@ -47,7 +47,7 @@ from ernie_tui.engine_ctl.load.http_client import (
     resolve_model,
 )
 from ernie_tui.engine_ctl.load.http_errors import TRANSPORT_KINDS, ProbeFailure
-from ernie_tui.engine_ctl.load.level_procs import ChildTotals, LevelProcs
+from ernie_tui.engine_ctl.load.level_procs import ChildTotals, LevelProcs, closed_specs, open_specs
 from ernie_tui.engine_ctl.load.open_files import make_room
 from ernie_tui.engine_ctl.load.probe import stream_request
 from ernie_tui.engine_ctl.load.prompts import find_tokenizer
@@ -166,9 +166,9 @@ class RequestSettings:
     # starts only after the opening scrape).
     metrics_timeout_s: float = 15.0
     settle_timeout_s: float = 5.0
-    # A closed-loop level's streams over this many child processes
-    # (level_procs.py), the search keeping the judging; 1: in the search's
-    # own process. One process lagged p99 30-54 ms at 384-512 streams on an
+    # A level's streams over this many child processes (level_procs.py;
+    # an open loop's rate shared out), the search keeping the judging; 1: in the search's
+    # own process. One process lagged p99 14-54 ms at 320-512 streams on an
     # H200 and read ITL above vLLM's own histogram (eighteenth run).
     client_procs: int = 1
 
@@ -231,7 +231,7 @@ class HttpLevelRunner:
         self.server_warmed = False
         self._levels = 0
         self._procs: LevelProcs | None = None
-        if self.settings.client_procs > 1 and not self.open_loop:
+        if self.settings.client_procs > 1:
             self._procs = LevelProcs(self.settings.client_procs, url, model, api_key, self.settings.read_timeout_s,
                                      self.settings.request_timeout_s)
 
@@ -489,8 +489,13 @@ class HttpLevelRunner:
             if procs is not None:
                 # The stream processes open their connections, then start together.
                 warm = self._request(self.workload.warm_item, max_tokens=1) if s.warmup else None
+                if rate:
+                    specs = open_specs(float(load), procs.procs, connections=conns, arrivals=self.arrivals,
+                                       seed=self.seed * 1009 + self._levels, late_s=C.LATE_SEND_S)
+                else:
+                    specs = closed_specs(int(load), procs.procs)
                 try:
-                    t0_procs = await procs.begin(int(load), take(2 * int(load)), warm, take,
+                    t0_procs = await procs.begin(specs, take(sum(sp["refill"] for sp in specs)), warm, take,
                                                  lambda t: feed(partial(monitor.started, t)), on_outcome, stop)
                 except BaseException:
                     if sampler is not None:
@@ -508,11 +513,11 @@ class HttpLevelRunner:
             if cpu_watch is not None:
                 cpu_watch.start()
             t0 = time.perf_counter()
-            if rate:
-                feeder = asyncio.ensure_future(sender(client))
-            elif procs is not None:
+            if procs is not None:
                 feeder = None  # the stream processes began above; their t0 is the level's
                 t0 = t0_procs
+            elif rate:
+                feeder = asyncio.ensure_future(sender(client))
             else:
                 feeder = None
                 for _ in range(int(load)):
@@ -592,6 +597,8 @@ class HttpLevelRunner:
             res.client_loop = totals[0].loop if totals else None
             res.client_procs = len(totals)
             res.client_procs_cpu_s = [round(t.cpu_s, 3) for t in totals]
+            late_n = sum(t.late_sends for t in totals)
+            late_max = max((t.late_send_max_s for t in totals), default=0.0)
         else:
             lags = health.lags
             res.client_gc_pause_max_ms = round(health.gc_pause_max_s * 1000.0, 3)

@@ -1,15 +1,17 @@
-"""A closed-loop capacity level's streams spread over child processes.
+"""A capacity level's streams spread over child processes (a closed loop's
+slots shared out, or an open loop's rate).
 
 Why: one Python process cannot time 400-500 streams at 15-20 k tokens/s
 closely enough. On an H200 behind four API servers (docs/capacity-h200.md,
 eighteenth run), with the level already on uvloop and the collector paused,
-the search's loop still lagged p99 30-54 ms at concurrency 384-512 and read
-ITL p99 53-73 ms where vLLM's own histogram put every level under 50: the
+the search's loop still lagged p99 14-54 ms at concurrency 320-512 and read
+ITL p99 50-73 ms where vLLM's own histogram put every level under 50: the
 searches answered 352-384 below the bench client's [448, 512). Its judgements
 (up to 240 ms each, in a thread) share that process's interpreter too.
 
-So each child keeps its share of the level's slots busy on its own event
-loop (uvloop, collector paused) and sends back, per request, when it started
+So each child keeps its share of the level's slots busy (or sends its share
+of the rate on its own schedule) on its own event loop (uvloop, collector
+paused) and sends back, per request, when it started
 and what it measured. The parent, the search, keeps the LevelMonitor, the
 judgements, the /metrics sampler and the server's CPU watch, and times no
 stream. The children live for the whole search (spawning one costs about a
@@ -23,6 +25,7 @@ start in one child and an end in another fall on the same axis.
 from __future__ import annotations
 
 import asyncio
+import math
 import os
 import socket
 import subprocess
@@ -36,6 +39,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ernie_tui.engine_ctl.load import slo as S
+from ernie_tui.engine_ctl.load.arrivals import arrival_stream
 from ernie_tui.engine_ctl.load.burst import ClientHealth
 from ernie_tui.engine_ctl.load.http_client import fast_loop_factory, new_async_client
 from ernie_tui.engine_ctl.load.probe import stream_request
@@ -67,6 +71,28 @@ def split(slots: int, procs: int) -> list[int]:
     return [base + (1 if i < extra else 0) for i in range(n)]
 
 
+def closed_specs(slots: int, procs: int) -> list[dict[str, Any]]:
+    """A closed loop of `slots` streams, shared out over at most `procs` children."""
+    return [{"slots": n, "connections": n + 2, "refill": REFILL_TURNOVERS * n, "warm_n": min(n, 64)}
+            for n in split(slots, procs)]
+
+
+def open_specs(rate: float, procs: int, *, connections: int, arrivals: str, seed: int,
+               late_s: float) -> list[dict[str, Any]]:
+    """An open loop at `rate` req/s over `procs` children, each at rate/procs:
+    Poisson arrivals at R/K each (their own seeds) add up to Poisson arrivals
+    at R; evenly spaced ones are staggered by 1/R, so that together they are
+    evenly spaced at R (child i: i/R later than child 0, the first send still
+    at 1/R)."""
+    k = max(1, procs)
+    share = rate / k
+    conns = max(16, math.ceil(connections / k))
+    return [{"rate": share, "arrivals": arrivals, "seed": seed * 7919 + i,
+             "offset_s": (i + 1 - k) / rate if arrivals == "constant" else 0.0, "late_s": late_s,
+             "connections": conns, "refill": int(share * 4) + 16, "warm_n": min(conns, 64, math.ceil(share))}
+            for i in range(k)]
+
+
 @dataclass
 class ChildTotals:
     """What one child saw of its own process during a level."""
@@ -76,6 +102,8 @@ class ChildTotals:
     gc_pause_max_s: float
     cpu_s: float
     loop: str
+    late_sends: int = 0  # open loop: sends more than late_s behind their time
+    late_send_max_s: float = 0.0
 
 
 # -- the child ---------------------------------------------------------------------
@@ -139,9 +167,18 @@ def child_main(conn: Any, url: str, model: str, api_key: str | None, read_timeou
 
 async def _child_level(conn: Any, inbox: asyncio.Queue[Any], spec: dict[str, Any], url: str, model: str,
                        api_key: str | None, read_timeout_s: float, total_timeout_s: float) -> bool:
-    """One level's share; True when the parent said to quit (or went) meanwhile."""
+    """One level's share; True when the parent said to quit (or went) meanwhile.
+
+    spec: "slots" (closed loop: that many streams, each sending its next
+    request when its last ends) or "rate" (open loop: requests sent on this
+    child's arrival schedule, "arrivals" and "seed", shifted by "offset_s"),
+    "connections", "refill" (ask for that many more prompts when fewer are
+    left), "warm" (a 1-token request, sent on up to "warm_n" connections
+    first, or None) and "requests" (the first prompts)."""
     loop = asyncio.get_running_loop()
-    slots: int = spec["slots"]
+    slots: int = spec.get("slots") or 0
+    rate: float | None = spec.get("rate")
+    refill: int = spec["refill"]
     queue: deque[ProbeRequest] = deque(spec["requests"])
     more = asyncio.Event()
     stop = asyncio.Event()
@@ -168,7 +205,7 @@ async def _child_level(conn: Any, inbox: asyncio.Queue[Any], spec: dict[str, Any
     pumping = asyncio.ensure_future(pump())
     health = ClientHealth()
     try:
-        async with new_async_client(api_key, read_timeout_s, max_connections=slots + 2) as client:
+        async with new_async_client(api_key, read_timeout_s, max_connections=spec["connections"]) as client:
             warm = spec.get("warm")
             if warm is not None:
                 # This child's connections opened before the level, so their
@@ -176,7 +213,7 @@ async def _child_level(conn: Any, inbox: asyncio.Queue[Any], spec: dict[str, Any
                 # level does the same with its own client).
                 await asyncio.gather(*(stream_request(client, url, warm, model, read_timeout=read_timeout_s,
                                                       total_timeout=total_timeout_s)
-                                       for _ in range(min(slots, 64))))
+                                       for _ in range(spec["warm_n"])))
             conn.send(("ready",))
             try:
                 t0 = await go
@@ -195,9 +232,9 @@ async def _child_level(conn: Any, inbox: asyncio.Queue[Any], spec: dict[str, Any
                     more.clear()
                     await more.wait()
                 request = queue.popleft()
-                if not asked and len(queue) < REFILL_TURNOVERS * slots:
+                if not asked and len(queue) < refill:
                     asked = True
-                    conn.send(("more", REFILL_TURNOVERS * slots))
+                    conn.send(("more", refill))
                 t_s = time.perf_counter() - t0
                 conn.send(("s", t_s))
                 res = await stream_request(client, url, request, model, read_timeout=read_timeout_s,
@@ -208,24 +245,47 @@ async def _child_level(conn: Any, inbox: asyncio.Queue[Any], spec: dict[str, Any
                     completion_tokens=res.completion_tokens, prompt_tokens=res.prompt_tokens,
                     error_kind=res.error.kind if res.error else None, start_s=t_s, end_s=t_e)))
 
-            async def worker() -> None:
+            async def worker() -> None:  # closed loop: one slot
                 while not stop.is_set():
                     await one()
 
-            tasks = [asyncio.ensure_future(worker()) for _ in range(slots)]
+            late_n, late_max = 0, 0.0
+            tasks: set[asyncio.Future[None]] = set()
+
+            async def sender() -> None:  # open loop: on schedule, whatever is still out
+                nonlocal late_n, late_max
+                assert rate is not None
+                for due in arrival_stream(rate, spec["arrivals"], seed=spec["seed"]):
+                    due += spec["offset_s"]
+                    delay = due - (time.perf_counter() - t0)
+                    if delay > 0:
+                        await asyncio.sleep(delay)  # (cancelled at the stop)
+                    lag = (time.perf_counter() - t0) - due
+                    if lag > spec["late_s"]:
+                        late_n += 1
+                        late_max = max(late_max, lag)
+                    t = asyncio.ensure_future(one())
+                    tasks.add(t)
+                    t.add_done_callback(tasks.discard)
+
+            if rate is None:
+                tasks.update(asyncio.ensure_future(worker()) for _ in range(slots))
+            else:
+                tasks.add(asyncio.ensure_future(sender()))
             try:
                 await stop.wait()
             finally:
                 # In flight at the stop: a window not counted, cancelled (vLLM
                 # aborts it) rather than drained at a lighter load, as in-process.
-                for t in tasks:
+                out = list(tasks)
+                for t in out:
                     t.cancel()
-                await asyncio.gather(*tasks, return_exceptions=True)
+                await asyncio.gather(*out, return_exceptions=True)
                 lag_task.cancel()
                 await asyncio.gather(lag_task, return_exceptions=True)
                 health.stop()
             conn.send(("end", ChildTotals(health.lags, health.gc_count[2], health.gc_pause_max_s,
-                                          time.process_time() - cpu0, _loop_name())))
+                                          time.process_time() - cpu0, _loop_name(), late_n, late_max)))
             return quit_after
     finally:
         pumping.cancel()
@@ -280,19 +340,19 @@ class LevelProcs:
                 pass
         self._end_children(wait_s=5.0)
 
-    async def begin(self, slots: int, requests: list[ProbeRequest], warm: ProbeRequest | None, take: Any,
-                    on_started: Any, on_outcome: Any, stop: asyncio.Event) -> float:
-        """Start one closed-loop level of `slots` streams over the children;
-        returns its t0 (the parent's perf_counter once every child is ready).
+    async def begin(self, specs: list[dict[str, Any]], requests: list[ProbeRequest], warm: ProbeRequest | None,
+                    take: Any, on_started: Any, on_outcome: Any, stop: asyncio.Event) -> float:
+        """Start one level over the children, one spec each (closed_specs,
+        open_specs); returns its t0 (the parent's perf_counter once every
+        child is ready).
 
         requests: prompts to hand out first (more come from take(n) as a
-        child asks); warm: a 1-token request each child sends on up to 64
-        of its connections first; on_started(t_s) and on_outcome(outcome)
-        run in the parent's loop as each request starts and ends. A child
-        that fails sets `stop` (finish() then raises ChildFailed)."""
+        child asks); warm: a 1-token request each child sends on some of its
+        connections first; on_started(t_s) and on_outcome(outcome) run in
+        the parent's loop as each request starts and ends. A child that
+        fails sets `stop` (finish() then raises ChildFailed)."""
         self.start()
-        shares = split(slots, len(self._children))
-        self._level = children = self._children[:len(shares)]
+        self._level = children = self._children[:len(specs)]
         loop = asyncio.get_running_loop()
         ready = [loop.create_future() for _ in children]
         self._ended = ended = [loop.create_future() for _ in children]
@@ -330,9 +390,9 @@ class LevelProcs:
             return on_message
 
         per = [requests[i::len(children)] for i in range(len(children))]
-        for i, ((_, conn), n) in enumerate(zip(children, shares, strict=True)):
+        for i, ((_, conn), spec) in enumerate(zip(children, specs, strict=True)):
             _read_into(conn, loop, deliver(i, conn), ("end", "error"))
-            conn.send(("level", {"slots": n, "requests": per[i], "warm": warm}))
+            conn.send(("level", {**spec, "requests": per[i], "warm": warm}))
         try:
             await asyncio.wait_for(asyncio.gather(*ready), ANSWER_TIMEOUT_S)
         except (asyncio.TimeoutError, ChildFailed):
