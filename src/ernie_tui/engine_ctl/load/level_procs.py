@@ -59,7 +59,7 @@ ANSWER_TIMEOUT_S = 60.0
 
 
 def supported() -> bool:
-    """Child processes need a pipe the parent's event loop can watch (add_reader): POSIX."""
+    """A child inherits its end of the socket pair by descriptor (pass_fds): POSIX."""
     return os.name == "posix"
 
 
