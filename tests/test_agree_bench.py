@@ -272,7 +272,8 @@ def test_interleaved_rounds_and_searches_alternate_and_span_calls(tmp_path, monk
     # parts run for real in test_one_bench_client_process_serves_... and the CLI's tests.
     said: list[str] = []
 
-    def theirs(srv, shape, *, concurrency, rate, n, seed, python, env, timeout_s, percentiles):
+    def theirs(srv, shape, *, concurrency, rate, n, seed, python, env, timeout_s, percentiles, procs):
+        assert procs == 1  # (--bench-procs not given: one bench client a run)
         said.append(f"R{concurrency}")
         meets = concurrency <= 16
         # over its whole load alone the run reads worse: 16 misses there too
