@@ -47,7 +47,7 @@ from ernie_tui.engine_ctl.load.http_client import (
     resolve_model,
 )
 from ernie_tui.engine_ctl.load.http_errors import TRANSPORT_KINDS, ProbeFailure
-from ernie_tui.engine_ctl.load.level_procs import ChildTotals, LevelProcs, closed_specs, open_specs
+from ernie_tui.engine_ctl.load.level_procs import ChildTotals, LevelProcs, closed_specs, open_specs, request_outcome
 from ernie_tui.engine_ctl.load.open_files import make_room
 from ernie_tui.engine_ctl.load.probe import stream_request
 from ernie_tui.engine_ctl.load.prompts import find_tokenizer
@@ -392,31 +392,25 @@ class HttpLevelRunner:
 
         dry_before = wl.built_when_dry
 
-        async def one(client: Any) -> None:
-            nonlocal in_row
-            item = wl.take()
-            keep_ahead()
-            t_s = time.perf_counter() - t0
+        def on_started(t_s: float) -> None:
             feed(partial(monitor.started, t_s))
-            res = await stream_request(client, self.url, self._request(item), self.model,
-                                       read_timeout=s.read_timeout_s, total_timeout=s.request_timeout_s)
-            t_e = time.perf_counter() - t0
-            kind = res.error.kind if res.error else None
-            feed(partial(monitor.add, S.RequestOutcome(ok=res.ok, ttft_s=res.ttft_s, latency_s=res.latency_s,
-                                                       itls=list(res.itls), completion_tokens=res.completion_tokens,
-                                                       prompt_tokens=res.prompt_tokens, error_kind=kind,
-                                                       start_s=t_s, end_s=t_e)))
-            in_row = in_row + 1 if kind in TRANSPORT_KINDS else 0
-            if in_row >= max(4, 2 * width):
-                decide("server_down")
-            # (the verdict: at the level loop's 0.1 s tick, in a thread; see judge_in_thread)
 
-        def on_outcome(o: S.RequestOutcome) -> None:  # an outcome from a stream process
+        def on_outcome(o: S.RequestOutcome) -> None:  # a request's end, timed here or in a stream process
             nonlocal in_row
             feed(partial(monitor.add, o))
             in_row = in_row + 1 if o.error_kind in TRANSPORT_KINDS else 0
             if in_row >= max(4, 2 * width):
                 decide("server_down")
+            # (the verdict: at the level loop's 0.1 s tick, in a thread; see judge_in_thread)
+
+        async def one(client: Any) -> None:
+            item = wl.take()
+            keep_ahead()
+            t_s = time.perf_counter() - t0
+            on_started(t_s)
+            res = await stream_request(client, self.url, self._request(item), self.model,
+                                       read_timeout=s.read_timeout_s, total_timeout=s.request_timeout_s)
+            on_outcome(request_outcome(res, t_s, time.perf_counter() - t0))
 
         def take(n: int) -> list[ProbeRequest]:  # prompts for a stream process
             out = [self._request(wl.take()) for _ in range(n)]
@@ -496,7 +490,7 @@ class HttpLevelRunner:
                     specs = closed_specs(int(load), procs.procs)
                 try:
                     t0_procs = await procs.begin(specs, take(sum(sp["refill"] for sp in specs)), warm, take,
-                                                 lambda t: feed(partial(monitor.started, t)), on_outcome, stop)
+                                                 on_started, on_outcome, stop)
                 except BaseException:
                     if sampler is not None:
                         sampler.halt.set()

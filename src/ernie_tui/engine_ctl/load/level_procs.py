@@ -93,6 +93,15 @@ def open_specs(rate: float, procs: int, *, connections: int, arrivals: str, seed
             for i in range(k)]
 
 
+def request_outcome(res: Any, start_s: float, end_s: float) -> S.RequestOutcome:
+    """What a level keeps of one streamed request (a probe.ProbeResult), with
+    when it was sent and ended on the level's clock: in the search's own
+    process and in a stream process alike."""
+    return S.RequestOutcome(ok=res.ok, ttft_s=res.ttft_s, latency_s=res.latency_s, itls=list(res.itls),
+                            completion_tokens=res.completion_tokens, prompt_tokens=res.prompt_tokens,
+                            error_kind=res.error.kind if res.error else None, start_s=start_s, end_s=end_s)
+
+
 @dataclass
 class ChildTotals:
     """What one child saw of its own process during a level."""
@@ -239,11 +248,7 @@ async def _child_level(conn: Any, inbox: asyncio.Queue[Any], spec: dict[str, Any
                 conn.send(("s", t_s))
                 res = await stream_request(client, url, request, model, read_timeout=read_timeout_s,
                                            total_timeout=total_timeout_s)
-                t_e = time.perf_counter() - t0
-                conn.send(("o", S.RequestOutcome(
-                    ok=res.ok, ttft_s=res.ttft_s, latency_s=res.latency_s, itls=list(res.itls),
-                    completion_tokens=res.completion_tokens, prompt_tokens=res.prompt_tokens,
-                    error_kind=res.error.kind if res.error else None, start_s=t_s, end_s=t_e)))
+                conn.send(("o", request_outcome(res, t_s, time.perf_counter() - t0)))
 
             async def worker() -> None:  # closed loop: one slot
                 while not stop.is_set():
