@@ -111,6 +111,31 @@ def test_a_level_over_two_stream_processes_keeps_its_concurrency_and_reads_the_s
     assert _peak_in_flight(log) == 8
 
 
+def test_a_levels_vllm_window_opens_after_its_stream_processes_warm_up(paced):
+    # Each stream process opens its connections with 1-token requests of one
+    # prompt (the workload's warm item, already sent): vLLM serves their
+    # repeats from its prefix cache. Opened before them, the level's window
+    # billed those hits to the level (twentieth H200 run: 585,728 prompt
+    # tokens "during the levels" with distinct prompts) and counted the
+    # warm-ups among its finished requests.
+    url = paced("--slots", "16", "--ttft-ms", "20", "--itl-ms", "10")
+    items = [WorkItem(prompt=f"p{i} " * 10, max_tokens=16, prompt_tokens=10) for i in range(3000)]
+    runner = R.HttpLevelRunner(url, "paced", Workload(items, "fixed"), S.parse_slo(["ttft_p99=2s", "itl_p99=200ms"]),
+                               C.LevelRules(min_requests=150, max_requests=150), R.RequestSettings(client_procs=2),
+                               use_metrics=True)
+    try:
+        levels = [runner(8), runner(8)]
+    finally:
+        runner.close()
+    for lv in levels:
+        assert lv.vllm is not None, lv.warnings
+        assert lv.vllm["prefix_cache_hit_tokens"] == 0, lv.vllm
+        # (8 warm-ups a level, 4 a process): none among the finished, which
+        # the level's own sends bound (counted, discarded as warm-up, dropped)
+        sent = lv.requests + (lv.warmup_requests or 0) + (lv.dropped or 0)
+        assert lv.vllm["requests_finished"] <= sent, (lv.vllm, sent)
+
+
 def test_the_api_key_reaches_a_stream_process_by_pipe_not_argv_or_environment(paced):
     url = paced("--slots", "4")
     procs = LP.LevelProcs(1, url, "paced", "sekret-key-123", 10.0, 30.0)

@@ -34,7 +34,7 @@ import threading
 import time
 import traceback
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -346,7 +346,8 @@ class LevelProcs:
         self._end_children(wait_s=5.0)
 
     async def begin(self, specs: list[dict[str, Any]], requests: list[ProbeRequest], warm: ProbeRequest | None,
-                    take: Any, on_started: Any, on_outcome: Any, stop: asyncio.Event) -> float:
+                    take: Any, on_started: Any, on_outcome: Any, stop: asyncio.Event, *,
+                    when_ready: Callable[[], Awaitable[None]] | None = None) -> float:
         """Start one level over the children, one spec each (closed_specs,
         open_specs); returns its t0 (the parent's perf_counter once every
         child is ready).
@@ -354,8 +355,10 @@ class LevelProcs:
         requests: prompts to hand out first (more come from take(n) as a
         child asks); warm: a 1-token request each child sends on some of its
         connections first; on_started(t_s) and on_outcome(outcome) run in
-        the parent's loop as each request starts and ends. A child that
-        fails sets `stop` (finish() then raises ChildFailed)."""
+        the parent's loop as each request starts and ends; when_ready: awaited
+        once every child has opened its connections (warm-up done) and before
+        any starts the level. A child that fails sets `stop` (finish() then
+        raises ChildFailed)."""
         self.start()
         self._level = children = self._children[:len(specs)]
         loop = asyncio.get_running_loop()
@@ -405,6 +408,8 @@ class LevelProcs:
                 failure.append(f"a level's stream process was not ready within {ANSWER_TIMEOUT_S:.0f} s")
             await self.finish()  # raises ChildFailed(failure[0])
             raise
+        if when_ready is not None:
+            await when_ready()
         t0 = time.perf_counter()
         for _, conn in children:
             conn.send(("go", t0))
