@@ -111,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
                          max_tokens_in=args.max_tokens_in, max_tokens=args.max_tokens)
     capacity = None
     if args.capacity:
-        capacity = capacity_sweep(args)
+        capacity = capacity_sweep(args, max(1, len(gpu_ids) // (1 if per == "auto" else per)))
     logs = Path(args.log_dir) if args.log_dir else tmp / "logs"
 
     def progress(ev: dict) -> None:

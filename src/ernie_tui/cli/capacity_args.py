@@ -103,12 +103,12 @@ def add_capacity_args(p: argparse.ArgumentParser) -> None:
                         f"(default {DEFAULT_CONFIRM_WAVES}; 0: no confirmation)")
     g.add_argument("--confidence", type=float, default=DEFAULT_CONFIDENCE, metavar="P",
                    help=f"confidence of each bound (default {DEFAULT_CONFIDENCE:g})")
-    g.add_argument("--client-procs", type=int, default=1, metavar="N",
+    g.add_argument("--client-procs", default="auto", metavar="N",
                    help="spread each level's streams over N processes of this machine, the search judging in its "
                         "own: one Python process timing 400+ streams at 15-20 k tokens/s reads token gaps longer "
-                        "than the server made them (when the result warns the ITL tail was ours, try 4; each "
-                        "process wants a core of its own). With --rate each process sends R/N req/s "
-                        "(default 1: one process)")
+                        "than the server made them. Each process wants a core of its own. With --rate each "
+                        "process sends R/N req/s (default auto: one for every 4 usable cores, 1 to 4; "
+                        "1: the search's own process)")
 
 
 @dataclass
@@ -125,8 +125,10 @@ class CapacityOptions:
         return " ".join(str(o) for o in self.slo)
 
 
-def capacity_options(args: argparse.Namespace) -> CapacityOptions:
-    """Parse and check the capacity options; CliError with a plain message."""
+def capacity_options(args: argparse.Namespace, searches_at_once: int = 1) -> CapacityOptions:
+    """Parse and check the capacity options; CliError with a plain message.
+    searches_at_once: searches that will share this machine's cores (a
+    parallel sweep's trials), for --client-procs auto."""
     from ernie_tui.engine_ctl.load import make_search  # lazy: --help start-up
 
     if args.rate not in (None, RATE_SEARCH):
@@ -142,10 +144,23 @@ def capacity_options(args: argparse.Namespace) -> CapacityOptions:
                                          confirm_waves=args.confirm_waves)
     except ValueError as exc:
         raise CliError(str(exc)) from None
-    procs = getattr(args, "client_procs", 1)
+    return CapacityOptions(slo, search, rules, args.workload,
+                           client_procs(getattr(args, "client_procs", "auto"), searches_at_once))
+
+
+def client_procs(value: str | int, searches_at_once: int = 1) -> int:
+    """--client-procs: "auto" (level_procs.auto_procs) or a count of 1 or more."""
+    from ernie_tui.engine_ctl.load import auto_procs  # lazy: --help start-up
+
+    if value == "auto":
+        return auto_procs(searches_at_once=searches_at_once)
+    try:
+        procs = int(value)
+    except ValueError:
+        raise CliError(f"--client-procs takes auto or a count, not {value!r}") from None
     if procs < 1:
         raise CliError("--client-procs must be 1 or more")
-    return CapacityOptions(slo, search, rules, args.workload, procs)
+    return procs
 
 
 def load_workload(path: str | None, default_max_tokens: int):
@@ -160,12 +175,13 @@ def load_workload(path: str | None, default_max_tokens: int):
         raise CliError(str(exc)) from None
 
 
-def capacity_sweep(args: argparse.Namespace):
+def capacity_sweep(args: argparse.Namespace, searches_at_once: int = 1):
     """The sweep's CapacitySweep from the capacity options (the CLI's sweep and
-    bench/parallel_sweep.py share it)."""
+    bench/parallel_sweep.py share it); searches_at_once: its trials that run
+    side by side."""
     from ernie_tui.engine_ctl.control import CapacitySweep  # lazy: --help start-up
 
-    opts = capacity_options(args)
+    opts = capacity_options(args, searches_at_once)
     workload = load_workload(args.workload, args.max_tokens)
     return CapacitySweep(slo=opts.slo, search=opts.search, rules=opts.rules,
                          settings=RequestSettings(client_procs=opts.client_procs) if opts.client_procs > 1 else None,

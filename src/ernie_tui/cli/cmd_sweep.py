@@ -114,14 +114,16 @@ def _sweep(args) -> int:
         config.validate()
     except ValueError as exc:
         raise CliError(str(exc)) from None
+    gpu_ids = _gpu_plan(args)
     capacity = None
     if args.capacity:
         from ernie_tui.cli.capacity_args import capacity_sweep  # lazy: --help start-up
 
-        capacity = capacity_sweep(args)
+        # Parallel trials' searches share this machine's cores (--client-procs auto).
+        per = args.gpus_per_trial if isinstance(args.gpus_per_trial, int) else 1
+        capacity = capacity_sweep(args, max(1, len(gpu_ids) // per) if gpu_ids is not None else 1)
     elif args.slo or args.workload:
         raise CliError("--slo and --workload belong to --capacity")
-    gpu_ids = _gpu_plan(args)
     if gpu_ids is not None:
         own = [p.name for p in presets if "CUDA_VISIBLE_DEVICES" in p.env]
         if own:

@@ -43,6 +43,7 @@ from ernie_tui.engine_ctl.load.capacity import (
 from ernie_tui.engine_ctl.load.capacity_run import RequestSettings, request_setup, run_capacity
 from ernie_tui.engine_ctl.load.http_client import DEFAULT_READ_TIMEOUT_S, ServedModel, resolve_model
 from ernie_tui.engine_ctl.load.http_errors import ProbeError, ProbeErrorKind, ProbeFailure
+from ernie_tui.engine_ctl.load.level_procs import auto_procs
 from ernie_tui.engine_ctl.load.metrics import DEFAULT_TIMEOUT_S as METRICS_TIMEOUT_S
 from ernie_tui.engine_ctl.load.metrics import (
     E2E,
@@ -161,6 +162,7 @@ __all__ = [
     "WAITING",
     "Workload",
     "arrival_offsets",
+    "auto_procs",
     "arrival_stream",
     "burst_workload",
     "capacity_from_dict",

@@ -63,6 +63,31 @@ def supported() -> bool:
     return os.name == "posix"
 
 
+# `--client-procs auto`: a stream process for every this many usable cores,
+# at most AUTO_MAX. On a 16-core H200 host four brought a level's loop lag
+# p99 from 14-54 ms (one process, eighteenth run) to 1-4.5 ms, and its ITL
+# readings to or under vLLM's own histogram (nineteenth and twentieth runs;
+# two sessions, not one interleave). On 2 cores shared with the server two
+# processes read no better than one (docs/benchmarks.md): there it stays 1.
+AUTO_CORES_PER_PROC = 4
+AUTO_MAX = 4
+
+
+def auto_procs(cores: int | None = None, *, searches_at_once: int = 1) -> int:
+    """The stream processes a search uses unless told: one per
+    AUTO_CORES_PER_PROC of this process's usable cores (its share of them,
+    when searches_at_once run side by side, as a parallel sweep's), 1 to
+    AUTO_MAX; 1 where stream processes are not supported."""
+    if not supported():
+        return 1
+    if cores is None:
+        try:
+            cores = len(os.sched_getaffinity(0))
+        except (AttributeError, OSError):
+            cores = os.cpu_count() or 1
+    return max(1, min(AUTO_MAX, cores // max(1, searches_at_once) // AUTO_CORES_PER_PROC))
+
+
 def split(slots: int, procs: int) -> list[int]:
     """`slots` streams over at most `procs` children, as evenly as they go
     (no child with none)."""

@@ -60,7 +60,9 @@ from ernie_tui.engine_ctl.control import (
 from ernie_tui.engine_ctl.launch import detect_machine, gpus_needed
 from ernie_tui.engine_ctl.load import (
     BurstConfig,
+    RequestSettings,
     RunStoreError,
+    auto_procs,
     front_of_rows,
     limit_ms,
     save_run,
@@ -363,7 +365,9 @@ class SweepScreen(ShowsWorkerFailures, Screen[None]):
         if not self.query_one("#sw-capacity", Checkbox).value:
             return None
         slo, search, rules = self.query_one(CapacityForm).search()
-        return CapacitySweep(slo=slo, search=search, rules=rules)
+        procs = auto_procs()  # as the command line's --client-procs auto
+        return CapacitySweep(slo=slo, search=search, rules=rules,
+                             settings=RequestSettings(client_procs=procs) if procs > 1 else None)
 
     @on(Checkbox.Changed, "#sw-capacity")
     def _mode_changed(self, event: Checkbox.Changed) -> None:

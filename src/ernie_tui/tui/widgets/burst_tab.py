@@ -32,6 +32,7 @@ from ernie_tui.engine_ctl.load import (
     BurstResult,
     MetricsFeed,
     RunStoreError,
+    auto_procs,
     format_burst,
     request_setup,
     run_burst,
@@ -330,6 +331,7 @@ class BurstTab(ShowsWorkerFailures, Vertical):
                                       max_tokens=read_int(q("#pf-b-max", Input), "max_tokens"),
                                       ignore_eos=q("#pf-b-ignore-eos", Checkbox).value,
                                       chat=q("#pf-b-chat", Checkbox).value)
+        settings.client_procs = auto_procs()  # as the command line's --client-procs auto
         self._check_fits(cfg.max_tokens_in, cfg.max_tokens)
         return slo, search, rules, cfg, settings
 
