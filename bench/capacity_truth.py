@@ -51,7 +51,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import agree_vllm_bench  # noqa: E402
 from agree_vllm_bench import Server, Shape, run_theirs  # noqa: E402
-from ernie_tui.engine_ctl.load import parse_slo, resolve_model  # noqa: E402
+from ernie_tui.engine_ctl.load import ServerCpuWatch, parse_slo, resolve_model, server_pid  # noqa: E402
 
 _BENCH_METRIC = {"ttft": "ttft", "itl": "itl", "e2e": "e2el"}
 
@@ -96,6 +96,20 @@ def referee_note(v: dict[str, Any]) -> str:
     queue = v.get("queue_mean_ms")
     return (f"; vLLM's histograms: TTFT p99 {v['ttft_p99_ms']:.0f} ms, ITL p99 {v.get('itl_p99_ms') or 0:.1f} ms"
             + (f", queue mean {queue:.0f} ms" if queue is not None else ""))
+
+
+def server_cpu_note(procs: list[dict[str, Any]] | None) -> str:
+    """The server's busiest processes over a bench-client run, for its
+    progress line ('' when the server is not on this machine). Why: in the
+    eighteenth H200 run every one of the bench client's runs at 512 held one
+    of four API servers at 100-104 % of a core (the others at 5-50 %), and its
+    TTFT p50 rose to 0.4-1 s while vLLM's scheduler never saw a request
+    waiting: vLLM 0.26's API servers share one socket and whichever wakes
+    first accepts what is queued, so where a burst of connections lands
+    decides which one saturates. Our levels at 512 there held none above 81 %."""
+    if not procs:
+        return ""
+    return "; server CPU: " + ", ".join(f"{p['what']} {p['cpu_pct']:.0f} %" for p in procs)
 
 
 def bracket(verdicts: dict[float, list[bool | None]]) -> dict[str, Any]:
@@ -382,6 +396,7 @@ def main(argv: list[str] | None = None) -> int:
     objectives = parse_slo(args.slo)
     model = args.model or resolve_model(args.url).id
     srv = Server(args.url.rstrip("/"), model, args.tokenizer)
+    pid = server_pid(srv.url)  # a server on this machine: its processes' CPU per bench-client run
     shape = Shape(args.input_len, args.output_len, args.range_ratio)
     env = dict(os.environ)
     src = str(Path(__file__).resolve().parent.parent / "src")
@@ -419,6 +434,9 @@ def main(argv: list[str] | None = None) -> int:
             n = args.waves * int(lv) if mode == "concurrency" else max(1, round(lv * args.rate_seconds))
             t = time.time()
             before = metrics.try_fetch()
+            watch = ServerCpuWatch(pid) if pid is not None else None
+            if watch is not None:
+                watch.start()
             try:
                 r = run_theirs(srv, shape, concurrency=conc, rate=rate, n=n, seed=rng.randrange(1, 1 << 30),
                                python=args.bench_python, env=env, timeout_s=args.timeout, percentiles=pcts,
@@ -431,6 +449,7 @@ def main(argv: list[str] | None = None) -> int:
             # its mean wait in the queue says whether a long TTFT was the
             # server queueing or the bench client's own process.
             r["referee"] = agree_vllm_bench.referee(before, metrics.try_fetch(), r.get("duration_s"))
+            r["server_cpu"] = watch.stop() if watch is not None else None
             met = run_meets(r["percentiles_ms"], objectives)
             st = r.get("steady")
             runs.append({"level": lv, "round": k, "meets": met, "meets_steady": steady_meets(st, objectives), **r,
@@ -441,7 +460,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"{r['itl_p99_ms'] or 0:.1f} ms)"
                   + (f"; over its whole load ({st['share_of_gaps']:.0%} of gaps): TTFT p99 "
                      f"{st['ttft_p99_ms'] or 0:.0f} ms, ITL p99 {st['itl_p99_ms'] or 0:.1f} ms" if st else "")
-                  + referee_note(r["referee"]),
+                  + referee_note(r["referee"]) + server_cpu_note(r["server_cpu"]),
                   flush=True)
             if Ending.signalled:
                 raise Stopped

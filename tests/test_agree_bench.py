@@ -417,6 +417,8 @@ def test_one_bench_client_process_serves_a_whole_bracket_taken_in_two_calls(tmp_
         # and vLLM's /metrics over each run, the referee: every request seen, and its wait in the queue
         assert all(r["referee"]["ttft_count"] >= r["completed"] and r["referee"]["queue_mean_ms"] is not None
                    for r in c["runs"])
+        # and the server's processes' CPU over each run (it is on this machine): the stand-in's own
+        assert all(r["server_cpu"] and r["server_cpu"][0]["pid"] == srv.pid for r in c["runs"]), c["runs"][0]
         assert "rate" not in json.loads(conc.read_text())["modes"]
         # the search phase reads both files as one bracket
         assert T.main([*common, "--bracket-from", str(conc), "--bracket-from", str(rate), "--json", str(joined)]) == 0
@@ -549,3 +551,11 @@ def test_a_search_past_its_timeout_is_ended_as_sigterm_ends_it(tmp_path, tiny_to
     (search,) = json.loads(out.read_text())["modes"]["concurrency"]["searches"]
     assert search["cut_short"] and search["verdict"] == "cut short" and search["levels"], search
     assert 12 <= search["wall_s"] < 12 + T.SEARCH_WIND_DOWN_S
+
+
+def test_a_bench_runs_line_names_the_servers_busiest_processes():
+    # eighteenth H200 run, the bench client at 512: one API server held at a core
+    procs = [{"what": "API server 3", "pid": 1020, "cpu_pct": 103.8}, {"what": "engine core", "pid": 1016,
+                                                                      "cpu_pct": 102.7}]
+    assert T.server_cpu_note(procs) == "; server CPU: API server 3 104 %, engine core 103 %"
+    assert T.server_cpu_note(None) == "" and T.server_cpu_note([]) == ""
