@@ -82,14 +82,19 @@ def test_a_levels_slots_are_shared_out_evenly(slots, procs, want):
     assert LP.split(slots, procs) == want
 
 
+def _runner_over_two(url: str, *, prompts: int, use_metrics: bool) -> R.HttpLevelRunner:
+    """A closed-loop level runner over two stream processes, 150 requests a level, `prompts` distinct prompts."""
+    items = [WorkItem(prompt=f"w{i} " * 10, max_tokens=16, prompt_tokens=10) for i in range(prompts)]
+    return R.HttpLevelRunner(url, "paced", Workload(items, "fixed"), S.parse_slo(["ttft_p99=2s", "itl_p99=200ms"]),
+                             C.LevelRules(min_requests=150, max_requests=150), R.RequestSettings(client_procs=2),
+                             use_metrics=use_metrics)
+
+
 def test_a_level_over_two_stream_processes_keeps_its_concurrency_and_reads_the_servers_pace(paced):
     # 16 slots, 20 ms to the first token, 16 tokens 10 ms apart: at 8 in
     # flight nothing queues, so every figure is the stand-in's pacing.
     url = paced("--slots", "16", "--ttft-ms", "20", "--itl-ms", "10")
-    items = [WorkItem(prompt=f"w{i} " * 10, max_tokens=16, prompt_tokens=10) for i in range(64)]
-    runner = R.HttpLevelRunner(url, "paced", Workload(items, "fixed"), S.parse_slo(["ttft_p99=2s", "itl_p99=200ms"]),
-                               C.LevelRules(min_requests=150, max_requests=150), R.RequestSettings(client_procs=2),
-                               use_metrics=False)
+    runner = _runner_over_two(url, prompts=64, use_metrics=False)
     try:
         lv = runner(8)
         pids = [p.pid for p, _ in runner._procs._children]
@@ -119,10 +124,7 @@ def test_a_levels_vllm_window_opens_after_its_stream_processes_warm_up(paced):
     # tokens "during the levels" with distinct prompts) and counted the
     # warm-ups among its finished requests.
     url = paced("--slots", "16", "--ttft-ms", "20", "--itl-ms", "10")
-    items = [WorkItem(prompt=f"p{i} " * 10, max_tokens=16, prompt_tokens=10) for i in range(3000)]
-    runner = R.HttpLevelRunner(url, "paced", Workload(items, "fixed"), S.parse_slo(["ttft_p99=2s", "itl_p99=200ms"]),
-                               C.LevelRules(min_requests=150, max_requests=150), R.RequestSettings(client_procs=2),
-                               use_metrics=True)
+    runner = _runner_over_two(url, prompts=3000, use_metrics=True)  # distinct prompts: no hit of their own
     try:
         levels = [runner(8), runner(8)]
     finally:

@@ -169,7 +169,8 @@ class RequestSettings:
     # A level's streams over this many child processes (level_procs.py;
     # an open loop's rate shared out), the search keeping the judging; 1: in the search's
     # own process. One process lagged p99 14-54 ms at 320-512 streams on an
-    # H200 and read ITL above vLLM's own histogram (eighteenth run).
+    # H200 and read ITL above vLLM's own histogram (eighteenth run). The
+    # command line and the dashboard ask level_procs.auto_procs().
     client_procs: int = 1
 
 
