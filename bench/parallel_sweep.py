@@ -33,7 +33,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve()
 sys.path.insert(0, str(HERE.parent.parent / "src"))
 
-from ernie_tui.cli.capacity_args import add_capacity_args, capacity_sweep  # noqa: E402
+from ernie_tui.cli.capacity_args import add_capacity_args, capacity_sweep, trials_at_once  # noqa: E402
 from ernie_tui.engine_ctl.control import SweepOptions, SweepPlan, detect_gpu_ids, fold, run_sweep, score_column  # noqa: E402
 from ernie_tui.engine_ctl.load import BurstConfig  # noqa: E402
 from ernie_tui.presets import load_presets  # noqa: E402
@@ -111,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
                          max_tokens_in=args.max_tokens_in, max_tokens=args.max_tokens)
     capacity = None
     if args.capacity:
-        capacity = capacity_sweep(args, max(1, len(gpu_ids) // (1 if per == "auto" else per)))
+        capacity = capacity_sweep(args, trials_at_once(gpu_ids, per))
     logs = Path(args.log_dir) if args.log_dir else tmp / "logs"
 
     def progress(ev: dict) -> None:

@@ -175,6 +175,17 @@ def load_workload(path: str | None, default_max_tokens: int):
         raise CliError(str(exc)) from None
 
 
+def trials_at_once(gpu_ids: list[str] | None, gpus_per_trial: int | str | None) -> int:
+    """How many of a sweep's trials run side by side (their searches share
+    this machine's cores, for --client-procs auto): one without GPU ids (a
+    sequential sweep), else the GPUs over each trial's share ("auto": at
+    least one GPU a trial)."""
+    if gpu_ids is None:
+        return 1
+    per = gpus_per_trial if isinstance(gpus_per_trial, int) else 1
+    return max(1, len(gpu_ids) // per)
+
+
 def capacity_sweep(args: argparse.Namespace, searches_at_once: int = 1):
     """The sweep's CapacitySweep from the capacity options (the CLI's sweep and
     bench/parallel_sweep.py share it); searches_at_once: its trials that run

@@ -117,11 +117,9 @@ def _sweep(args) -> int:
     gpu_ids = _gpu_plan(args)
     capacity = None
     if args.capacity:
-        from ernie_tui.cli.capacity_args import capacity_sweep  # lazy: --help start-up
+        from ernie_tui.cli.capacity_args import capacity_sweep, trials_at_once  # lazy: --help start-up
 
-        # Parallel trials' searches share this machine's cores (--client-procs auto).
-        per = args.gpus_per_trial if isinstance(args.gpus_per_trial, int) else 1
-        capacity = capacity_sweep(args, max(1, len(gpu_ids) // per) if gpu_ids is not None else 1)
+        capacity = capacity_sweep(args, trials_at_once(gpu_ids, args.gpus_per_trial))
     elif args.slo or args.workload:
         raise CliError("--slo and --workload belong to --capacity")
     if gpu_ids is not None:
