@@ -181,3 +181,54 @@ def test_attainment_target_fails_a_level_whose_objectives_pass():
 def test_t_quantile_is_close_to_students():
     for df, exact in ((2, 2.920), (3, 2.353), (5, 2.015), (10, 1.812), (30, 1.697)):
         assert S.t_quantile(0.95, df) == pytest.approx(exact, rel=0.015)
+
+
+def _window(over: int, near: int, *, over_s: float = 0.104, near_s: float = 0.097, n: int = 200) -> list:
+    """One window of n TTFTs: `over` past a 100 ms limit, `near` just within it, the rest far within."""
+    return [ok(0.05)] * (n - over - near) + [ok(near_s)] * near + [ok(over_s)] * over
+
+
+def test_resolution_decides_a_level_at_its_limit_that_the_exact_test_leaves_open():
+    lim = S.parse_slo(["ttft_p99=100ms"])[0]
+    # p99 104 ms, 4 % over: the windows' shares within 100 ms (0.98-0.995)
+    # straddle 99 %, so the exact test cannot tell; within 95 ms every
+    # window is surely under 99 %: the p99 is surely past 95 ms.
+    over = [_window(k, 2) for k in (1, 4, 2, 3, 1)]
+    exact = S.judge_blocks(lim, over, 0.95)
+    assert exact.value_ms == pytest.approx(104) and exact.verdict == S.UNDECIDED
+    r = S.judge_blocks(lim, over, 0.95, resolution=0.05)
+    assert r.verdict == S.FAIL and r.how == "resolution"
+    assert r.band_ms == pytest.approx(95) and r.band_share_bound < 0.99
+    # p99 97 ms: the shares within 100 ms (0.985-1) straddle 99 % too, but
+    # every value is within 105 ms: the p99 is surely within 5 % of the limit.
+    under = [_window(k, 3) for k in (0, 3, 0, 2, 0)]
+    exact = S.judge_blocks(lim, under, 0.95)
+    assert exact.value_ms == pytest.approx(97) and exact.verdict == S.UNDECIDED
+    r = S.judge_blocks(lim, under, 0.95, resolution=0.05)
+    assert r.verdict == S.PASS and r.how == "resolution" and r.band_ms == pytest.approx(105)
+    # A band narrower than the tail is no help: the 104 ms values are past 103.
+    assert S.judge_blocks(lim, under, 0.95, resolution=0.03).verdict == S.UNDECIDED
+    # The level's evaluation carries it through.
+    assert S.evaluate_blocks(under, [lim], 0.95, resolution=0.05).verdict == S.PASS
+    assert S.evaluate_blocks(over, [lim], 0.95, resolution=0.05).verdict == S.FAIL
+
+
+def test_resolution_never_passes_a_percentile_read_past_the_limit_nor_fails_one_within():
+    lim = S.parse_slo(["ttft_p99=100ms"])[0]
+    # Far tails on either side, windows that disagree: a sample p99 past the
+    # limit is never a pass, one within it never a fail, whatever the band.
+    rng = random.Random(7)
+    for _ in range(40):
+        blocks = [_window(rng.randint(0, 5), rng.randint(0, 5), over_s=rng.uniform(0.1, 0.2),
+                          near_s=rng.uniform(0.06, 0.1)) for _ in range(rng.randint(2, 8))]
+        for res in (0.02, 0.05, 0.2):
+            r = S.judge_blocks(lim, blocks, 0.95, resolution=res)
+            if r.verdict == S.PASS:
+                assert r.value_ms <= 100
+            if r.verdict == S.FAIL and r.how == "resolution":
+                assert r.value_ms > 100
+    # A far tail that comes in some windows only stays open: within the limit
+    # by the sample, but the bound cannot place the p99 within 105 ms.
+    wide = [_window(k, 0, over_s=0.2) for k in (0, 4, 0, 3, 0)]
+    assert S.judge_blocks(lim, wide, 0.95).value_ms <= 100
+    assert S.judge_blocks(lim, wide, 0.95, resolution=0.05).verdict == S.UNDECIDED

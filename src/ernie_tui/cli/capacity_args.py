@@ -19,6 +19,7 @@ from ernie_tui.engine_ctl.load import (
     DEFAULT_MAX_REQUESTS,
     DEFAULT_MIN_REQUESTS,
     DEFAULT_MIN_WINDOWS,
+    DEFAULT_RESOLUTION,
     DEFAULT_SLO,
     DEFAULT_STABILITY,
     DEFAULT_START,
@@ -41,7 +42,8 @@ def add_capacity_args(p: argparse.ArgumentParser) -> None:
         "every request counted in the window it was sent in, to its end. A verdict needs --min-windows "
         "windows whose median latencies agree within --stability, and confidence from batch means over the "
         "windows (requests of one window share its batches, so they are not independent); a grossly "
-        "failing level stops at once. A level still open at --max-requests or --level-time goes by its "
+        "failing level stops at once; a percentile near its limit is decided to --resolution. A level "
+        "still open at --max-requests or --level-time goes by its "
         "point estimates and is marked undecided, and passes only if its last --min-windows windows' point "
         "estimates meet the SLO too, or miss it by no more than --stability beyond the level's pooled figure "
         "(a level that drifted is judged where it ended; one at a limit is not failed by its end's sampling). "
@@ -98,6 +100,12 @@ def add_capacity_args(p: argparse.ArgumentParser) -> None:
                    help=f"windows that must agree before a verdict (default {DEFAULT_MIN_WINDOWS})")
     g.add_argument("--stability", type=float, default=DEFAULT_STABILITY, metavar="F",
                    help=f"the windows' median E2E each within F of their average (default {DEFAULT_STABILITY:g})")
+    g.add_argument("--resolution", type=float, default=DEFAULT_RESOLUTION, metavar="F",
+                   help="how close to each limit a percentile is worth resolving, as a share of the limit: a "
+                        "level whose percentile reads within the limit also passes once the bound says it is "
+                        "within limit x (1 + F), and one reading past it also fails once the bound says it is "
+                        f"past limit x (1 - F) (default {DEFAULT_RESOLUTION:g}; 0: the exact limit only, which "
+                        "leaves levels at the limit undecided until --max-requests)")
     g.add_argument("--confirm-waves", type=int, default=DEFAULT_CONFIRM_WAVES, metavar="N",
                    help=f"measure the capacity again for N turnovers of its in-flight requests and report that run "
                         f"(default {DEFAULT_CONFIRM_WAVES}; 0: no confirmation)")
@@ -141,7 +149,7 @@ def capacity_options(args: argparse.Namespace, searches_at_once: int = 1) -> Cap
                                          attainment=args.attainment, rate=args.rate is not None,
                                          start_rate=args.start_rate, max_rate=args.max_rate, arrivals=args.arrivals,
                                          stability=args.stability, min_windows=args.min_windows,
-                                         confirm_waves=args.confirm_waves)
+                                         confirm_waves=args.confirm_waves, resolution=args.resolution)
     except ValueError as exc:
         raise CliError(str(exc)) from None
     return CapacityOptions(slo, search, rules, args.workload,

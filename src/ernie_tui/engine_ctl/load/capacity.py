@@ -89,6 +89,13 @@ DEFAULT_ATTAINMENT = 0.90
 DEFAULT_MIN_WINDOWS = 3
 DEFAULT_WINDOW_S = 1.0
 DEFAULT_STABILITY = 0.15
+# How close to a limit a level's percentile is worth resolving (a share of
+# the limit; slo.judge_blocks): a level reading within 5 % of it is decided
+# on its side of the limit once the bound backs that within the band. On an
+# H200 one concurrency read ITL p99 42 and 51 ms a minute apart (50 ms
+# limit), and the bench client's repeats differed as much: a band of 5 %
+# is finer than what the server itself holds still to.
+DEFAULT_RESOLUTION = 0.05
 # The capacity level is measured once more at the end, for this many
 # turnovers of its in-flight set (a closed loop's 8 x C requests: the bench
 # client's 8 waves), and its figures come from that run: a level decided in a
@@ -138,6 +145,8 @@ class LevelRules:
     # on max_requests); a fail needs no wait. None: run_capacity derives it
     # from the SLO and the search's tolerance (open_loop_hold_s); 0: none.
     min_pass_s: float | None = None
+    # See DEFAULT_RESOLUTION; 0: decide on the exact limit only.
+    resolution: float = DEFAULT_RESOLUTION
 
     def confirming(self, requests: int) -> LevelRules:
         """The rules of a confirmation (search's closing run): at least
@@ -165,6 +174,8 @@ class LevelRules:
             raise ValueError("the window must be more than zero seconds")
         if not 0 < self.stability < 1:
             raise ValueError("the stability is a share between 0 and 1, e.g. 0.15")
+        if not 0 <= self.resolution < 0.5:
+            raise ValueError("the resolution is a share of each limit, from 0 to under 0.5, e.g. 0.05")
 
 
 @dataclass
@@ -234,6 +245,7 @@ def make_search(slo: Sequence[str] | str, *, start: int = DEFAULT_START,
                 start_rate: float = DEFAULT_START_RATE, max_rate: float = DEFAULT_MAX_RATE,
                 arrivals: str = DEFAULT_ARRIVALS, stability: float = DEFAULT_STABILITY,
                 min_windows: int = DEFAULT_MIN_WINDOWS, confirm_waves: int = DEFAULT_CONFIRM_WAVES,
+                resolution: float = DEFAULT_RESOLUTION,
                 ) -> tuple[list[S.Objective], SearchConfig, LevelRules]:
     """The objectives, the search and the level rules from what a person
     typed (the command line's options, the dashboard's fields), checked:
@@ -246,7 +258,7 @@ def make_search(slo: Sequence[str] | str, *, start: int = DEFAULT_START,
     search.validate()
     rules = LevelRules(min_requests=min_requests, max_requests=max_requests, time_cap_s=level_time_s,
                        confidence=confidence, attainment_target=attainment, stability=stability,
-                       min_windows=min_windows)
+                       min_windows=min_windows, resolution=resolution)
     rules.validate()
     return objectives, search, rules
 
@@ -497,7 +509,8 @@ class LevelMonitor:
             counted = sum(len(b) for b in blocks)
             if self.windows >= self.rules.min_windows and counted >= self.min_requests:
                 self.stable = self._stable(blocks)
-                ev = S.evaluate_blocks(blocks, self.slo, self.rules.confidence, self.rules.attainment_target)
+                ev = S.evaluate_blocks(blocks, self.slo, self.rules.confidence, self.rules.attainment_target,
+                                       self.rules.resolution)
                 self.evaluation = ev
                 if ev.verdict == S.FAIL or (ev.verdict == S.PASS and self.stable and self.held()):
                     return "decided"
@@ -529,7 +542,8 @@ class LevelMonitor:
         k = self.rules.min_windows
         if len(blocks) <= k:
             return None
-        end = S.evaluate_blocks(blocks[-k:], self.slo, self.rules.confidence, self.rules.attainment_target)
+        end = S.evaluate_blocks(blocks[-k:], self.slo, self.rules.confidence, self.rules.attainment_target,
+                                self.rules.resolution)
         whole = {o.objective: o.value_ms for o in pooled.objectives} if pooled is not None else {}
         drift = 1.0 + self.rules.stability
 
@@ -580,7 +594,8 @@ class LevelMonitor:
         counted = [o for b in blocks for o in b]
         if counted and self.window_s is not None:
             span = self.windows * self.window_s
-            ev = S.evaluate_blocks(blocks, self.slo, self.rules.confidence, self.rules.attainment_target)
+            ev = S.evaluate_blocks(blocks, self.slo, self.rules.confidence, self.rules.attainment_target,
+                                   self.rules.resolution)
             if self.gross and stop == "decided":
                 ev.verdict = S.FAIL  # decided on everything answered after the warm-up (grossly over)
             outcomes = counted
