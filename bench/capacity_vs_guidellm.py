@@ -117,7 +117,8 @@ def start_server(kind: str, args: argparse.Namespace, workdir: Path) -> tuple[st
     if kind == "paced":
         argv = [sys.executable, str(ROOT / "tests" / "paced_server.py"), "--port", str(port),
                 "--slots", str(args.paced_slots), "--ttft-ms", str(args.paced_ttft_ms),
-                "--itl-ms", str(args.paced_itl_ms)]
+                "--itl-ms", str(args.paced_itl_ms), "--itl-knee", str(args.paced_itl_knee),
+                "--itl-slope-ms", str(args.paced_itl_slope_ms), "--itl-wander", str(args.paced_itl_wander)]
     else:
         # Prefix caching off: GuideLLM may send a prompt again at a later level
         # (and the tools follow each other on one server); a cache hit would
@@ -386,6 +387,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--paced-slots", type=int, default=8)
     p.add_argument("--paced-ttft-ms", type=float, default=30.0)
     p.add_argument("--paced-itl-ms", type=float, default=10.0)
+    p.add_argument("--paced-itl-knee", type=int, default=0,
+                   help="with --paced-itl-slope-ms: requests in slots beyond this slow every token gap")
+    p.add_argument("--paced-itl-slope-ms", type=float, default=0.0,
+                   help="ms each gap grows per request in a slot beyond --paced-itl-knee (0: off)")
+    p.add_argument("--paced-itl-wander", type=float, default=0.0,
+                   help="the stand-in's speed wanders within 1 +- F, one factor a second (0: off)")
     p.add_argument("--guidellm", default=None,
                    help="GuideLLM's command (default: guidellm on PATH); it conflicts with vLLM's pins, "
                         "so install it in a venv of its own and pass VENV/bin/guidellm")
@@ -482,7 +489,9 @@ def main(argv: list[str] | None = None) -> int:
              "tolerance": args.tolerance, "min_requests": args.min_requests, "max_requests": args.max_requests,
              "level_time_s": args.level_time, "confidence": args.confidence, "workdir": str(workdir)}
     if args.server == "paced":
-        setup["paced"] = {"slots": args.paced_slots, "ttft_ms": args.paced_ttft_ms, "itl_ms": args.paced_itl_ms}
+        setup["paced"] = {"slots": args.paced_slots, "ttft_ms": args.paced_ttft_ms, "itl_ms": args.paced_itl_ms,
+                          "itl_knee": args.paced_itl_knee, "itl_slope_ms": args.paced_itl_slope_ms,
+                          "itl_wander": args.paced_itl_wander}
     if args.json:
         print(json.dumps({"setup": setup, "rounds": rounds, "verdict": verdict}, indent=1))
     else:

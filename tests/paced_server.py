@@ -39,6 +39,16 @@ Load-shaped pacing, each off unless asked for (the capacity search's tests):
   together then end apart, and a wave breaks up within a turnover;
 - --slow-every K --slow-ms X: every K-th decoding request waits X ms more
   for its first token (slow requests that come back last);
+- --itl-knee K --itl-slope-ms X: the decode step slows with the batch, as
+  a GPU's does once it is no longer bound by reading the weights: every
+  gap between tokens grows by X ms for each request in a slot beyond K
+  (counted when the gap starts). Under an ITL objective the capacity is
+  then known: the largest concurrency whose gaps stay within the limit;
+- --itl-wander F --itl-wander-s P: the server's speed wanders, as a busy
+  host's does: every gap that starts in the same P-second period (from the
+  server's start) is scaled by one factor drawn within 1 +- F, seeded by the
+  period's number. Gaps of one period move together, so a level's windows
+  disagree and a percentile near its limit is hard to decide;
 - --busy-child: a child process titled as vLLM's engine core
   (VLLM::EngineCore) that keeps one CPU core busy for as long as this
   server lives, as vLLM's engine core did on an H200 (a server bound by a
@@ -159,6 +169,7 @@ class Server:
         self.decode_ends: dict[int, tuple[float, float]] = {}
         self.decoding_requests = 0  # requests that asked for more than one token
         self.stall_t0: float | None = None
+        self.t0 = time.perf_counter()  # --itl-wander's periods count from here
         self.seen_lock = threading.Lock()
         self.log: list[dict] = []
         self.log_lock = threading.Lock()
@@ -219,6 +230,23 @@ class Server:
             ttft = base + extra
             self.decode_ends[key] = (now + ttft, now + ttft + max(0, n_out - 1) * itl_s)
         return ttft, itl_s
+
+    def batch_extra_s(self) -> float:
+        """What the batch adds to the next gap between tokens (--itl-slope-ms
+        for each request in a slot beyond --itl-knee)."""
+        a = self.args
+        if not a.itl_slope_ms:
+            return 0.0
+        running, _waiting = self.slots.counts()
+        return max(0, running - a.itl_knee) * a.itl_slope_ms / 1000.0
+
+    def wander(self, now: float) -> float:
+        """The speed factor of the --itl-wander-s period `now` falls in."""
+        a = self.args
+        if not a.itl_wander or a.itl_wander_s <= 0:
+            return 1.0
+        k = int((now - self.t0) // a.itl_wander_s)
+        return 1.0 + a.itl_wander * random.Random(f"wander-{k}").uniform(-1.0, 1.0)
 
     def done(self, key: int) -> None:
         with self.pace_lock:
@@ -363,8 +391,10 @@ def make_handler(srv: Server):
                 ttft_s, itl_s = srv.paced_ttft_s(id(self), n_prompt, n_out, t_slot)
                 t_first = t_slot + ttft_s + srv.cold_delay_s(n_out)
                 prev = None
+                due = t_first
                 for k in range(1, n_out + 1):
-                    due = t_first + (k - 1) * itl_s
+                    if k > 1:
+                        due += (itl_s + srv.batch_extra_s()) * srv.wander(due)
                     delay = due - time.perf_counter()
                     if delay > 0:
                         time.sleep(delay)
@@ -426,6 +456,14 @@ def main(argv: list[str] | None = None) -> int:
                    help="TTFT added per other request still decoding when this one's prefill ends")
     p.add_argument("--itl-spread", type=float, default=0.0, metavar="F",
                    help="each decoding request's ITL drawn within itl x (1 +- F), seeded by its order")
+    p.add_argument("--itl-knee", type=int, default=int(env("PACED_ITL_KNEE", "0")), metavar="K",
+                   help="with --itl-slope-ms: requests in slots beyond K slow every gap (env PACED_ITL_KNEE)")
+    p.add_argument("--itl-slope-ms", type=float, default=float(env("PACED_ITL_SLOPE_MS", "0")), metavar="X",
+                   help="each gap between tokens grows X ms per request in a slot beyond --itl-knee "
+                        "(env PACED_ITL_SLOPE_MS)")
+    p.add_argument("--itl-wander", type=float, default=0.0, metavar="F",
+                   help="gaps that start in one --itl-wander-s period share one factor within 1 +- F")
+    p.add_argument("--itl-wander-s", type=float, default=1.0, metavar="P")
     p.add_argument("--slow-every", type=int, default=0, metavar="K",
                    help="every K-th decoding request waits --slow-ms more for its first token")
     p.add_argument("--slow-ms", type=float, default=0.0)

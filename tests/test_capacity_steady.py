@@ -352,6 +352,45 @@ def test_cli_rate_capacity_on_the_paced_stand_in(paced, capsys):
     assert out["capacity"]["attainment"] >= out["config"]["level"]["attainment_target"]
 
 
+def test_cli_search_finds_where_token_gaps_outgrow_an_itl_limit(paced, capsys):
+    # The second case: a server whose decoding slows with its batch.
+    # Each gap is 20 ms plus 4 ms for every request in a slot beyond 8, so
+    # the gaps are 20, 24, 28 ms at 8, 9, 10 in flight: an ITL p99 of 26 ms
+    # holds up to 9 (8 where the box adds 2 ms or more to a gap) and no further.
+    from ernie_tui.cli import main
+
+    url = paced("--ttft-ms", "20", "--itl-ms", "20", "--itl-knee", "8", "--itl-slope-ms", "4")
+    code = main(["probe", "--url", url, "--capacity", "--slo", "itl_p99=26ms", "--start-concurrency", "4",
+                 "--max-tokens", "32", "--min-tokens", "10", "--max-tokens-in", "40", "--client-procs", "1",
+                 "--json", "--no-save"])
+    out = json.loads(capsys.readouterr().out)
+    assert code == 0, out
+    levels = {lv["concurrency"]: lv for lv in out["levels"]}
+    print({c: (round(lv["itl_p50_ms"], 1), round(lv["itl_p99_ms"], 1), lv["verdict"]) for c, lv in levels.items()})
+    # The stand-in paced as set: the typical gap at 4 and at 16 in flight.
+    assert levels[4]["itl_p50_ms"] == pytest.approx(20, rel=0.15)
+    assert levels[16]["itl_p50_ms"] == pytest.approx(20 + 4 * 8, rel=0.15) and not levels[16]["passed"]
+    assert out["capacity"]["concurrency"] in (8, 9), out["capacity"]
+    assert out["capacity"]["itl_p99_ms"] <= 26.0
+
+
+def test_the_stand_ins_speed_wanders_by_period(paced):
+    # --itl-wander 0.9 over 0.2 s periods: every gap starting in one period is
+    # scaled by one factor within 0.1..1.9 (seeded by the period), so a
+    # burst's gaps spread around the 10 ms set; without it they sit at 10 ms.
+    # (Any 12 periods in a row hold factors whose p90 is 0.25 over their median.)
+    from ernie_tui.engine_ctl.load import BurstConfig, run_burst
+
+    cfg = BurstConfig(n=32, concurrency=4, min_tokens=10, max_tokens_in=20, max_tokens=40)
+    steady = run_burst(paced("--itl-ms", "10"), cfg, use_metrics=False).itl
+    wander = run_burst(paced("--itl-ms", "10", "--itl-wander", "0.9", "--itl-wander-s", "0.2"), cfg,
+                       use_metrics=False).itl
+    print(f"gaps p50/p90 steady {steady['p50']:.4f}/{steady['p90']:.4f}, wandering "
+          f"{wander['p50']:.4f}/{wander['p90']:.4f}")
+    assert steady["p50"] == pytest.approx(0.010, rel=0.1)
+    assert wander["p90"] - wander["p50"] > steady["p90"] - steady["p50"] + 0.0015
+
+
 def test_old_capacity_records_still_load():
     old = {"slo": ["ttft_p99=1s"], "capacity": {"concurrency": 4, "goodput_rps": 3.0, "goodput_output_tps": 48.0,
                                                  "ttft_p99_ms": 50.0, "itl_p99_ms": 10.0, "attainment": 1.0,
