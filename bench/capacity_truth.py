@@ -26,7 +26,9 @@ and just after it. Runs (and searches) from --bracket-from files are joined,
 so the alternation can span device calls; --judge-only re-judges such files
 with no server.
 
-Arguments after `--` go to every search as they are (e.g. level caps).
+Arguments after `--` go to every search as they are (e.g. level caps);
+--alternate ARGS adds more to every second search, for an A/B of two search
+settings on one server (each search records its own, `search_args`).
 The prompt shape is vLLM's random dataset's (--input-len, --output-len,
 --range-ratio, as bench/agree_vllm_bench.py); the search is given the same
 prompt range and output range (--min-output-tokens..--max-tokens: the bench
@@ -40,6 +42,7 @@ import argparse
 import json
 import os
 import random
+import shlex
 import signal
 import subprocess
 import sys
@@ -379,9 +382,14 @@ def main(argv: list[str] | None = None) -> int:
                    help="take the bracket's runs from an earlier --json of this script (same server) instead of "
                         "running the bench client again: one device call brackets, the next searches; give it "
                         "once per file to join brackets taken in several calls")
+    p.add_argument("--alternate", metavar="ARGS", default="",
+                   help="search options every second search of a call adds to those after `--` (one string, "
+                        "split as a shell would, e.g. '--resolution 0'): an A/B of two settings on one server, "
+                        "the searches taking turns; each search records the options it ran with (search_args)")
     p.add_argument("--keep-records", action="store_true",
                    help="let each search save its run record (for `ernie-tui report`)")
     args = p.parse_args(argv)
+    alternate = shlex.split(args.alternate)
     files = [json.loads(Path(f).read_text()) for f in args.bracket_from]
     if args.judge_only:
         judged = judged_files(files, args.tolerance)
@@ -466,11 +474,14 @@ def main(argv: list[str] | None = None) -> int:
                 raise Stopped
 
         def our_search(i: int) -> None:
-            s = run_search(srv, shape, args.slo, rate=mode == "rate", extra=extra, python=args.bench_python,
+            these = extra + (alternate if alternate and i % 2 else [])
+            s = run_search(srv, shape, args.slo, rate=mode == "rate", extra=these, python=args.bench_python,
                            env=env, timeout_s=args.timeout, keep_records=args.keep_records)
+            s["search_args"] = these
             searches.append(s)
             save(True)
-            print(f"  our search {i + 1}: {mode} {s.get('answer')}; goodput "
+            print(f"  our search {i + 1}" + (f" (with {' '.join(alternate)})" if these is not extra else "")
+                  + f": {mode} {s.get('answer')}; goodput "
                   f"{s.get('goodput_output_tps') or 0:.0f} tok/s; {s.get('wall_s', 0):.0f} s"
                   + (" (cut short by SIGTERM: its levels kept, its answer not judged)" if s.get("cut_short") else "")
                   + (f"; error: {s['error'][-300:]}" if "error" in s else ""), flush=True)
@@ -524,7 +535,9 @@ def report_mode(mode: str, m: dict[str, Any]) -> str:
                      f"borderline {sb['borderline']}")
     for i, srch in enumerate(m.get("searches") or []):
         loc = srch.get("local_bracket")
-        lines.append(f"  our search {i + 1}: {mode} {srch.get('answer')} -> {srch.get('verdict')}"
+        lines.append(f"  our search {i + 1}"
+                     + (f" ({' '.join(srch['search_args'])})" if srch.get("search_args") else "")
+                     + f": {mode} {srch.get('answer')} -> {srch.get('verdict')}"
                      + (f" (local bracket [{loc['low']}, {loc['high']})"
                         + (f" inconsistent {loc['inconsistent']}" if loc.get("inconsistent") else "")
                         + f": {srch.get('local_verdict')})" if loc else "")

@@ -21,7 +21,8 @@
 #                                            concurrency or rate alone); packs everything into $OUT/truth-h200.tgz
 #                                            and stops the server when TRUTH_STOP=1
 #   bash .gpu9/bench/truth_h200.sh interleave  TRUTH_ONLY's mode: bench-client rounds (TRUTH_ROUNDS, one run at each
-#                                            TRUTH_C or TRUTH_R level) alternating with TRUTH_SEARCHES of our searches,
+#                                            TRUTH_C or TRUTH_R level) alternating with TRUTH_SEARCHES of our searches
+#                                            (TRUTH_ALTERNATE='--resolution 0': every second search adds those options),
 #                                            round first; each call's il-MODE-N.json joins the earlier calls' (judge
 #                                            them all with capacity_truth.py --judge-only)
 #                                            TRUTH_DEADLINE_S's SIGTERM ends a running search's level (up to
@@ -166,7 +167,7 @@ interleave)
   LEVELS=(--concurrency ${TRUTH_C:-}); [ "$MODE" = rate ] && LEVELS=(--rate ${TRUTH_R:-})
   timeout ${TRUTH_DEADLINE_S:-560} python3 "$HERE/bench/capacity_truth.py" --url http://127.0.0.1:8000 --model m03 --bench-procs "${TRUTH_BENCH_PROCS:-1}" \
       --tokenizer "$M" "${SLO[@]}" "${LEVELS[@]}" --rate-seconds ${TRUTH_RATE_SECONDS:-10} \
-      --rounds ${TRUTH_ROUNDS:-1} --waves ${TRUTH_WAVES:-8} --searches ${TRUTH_SEARCHES:-1} --only "$MODE" --interleave "${FROM[@]}" \
+      --rounds ${TRUTH_ROUNDS:-1} --waves ${TRUTH_WAVES:-8} --searches ${TRUTH_SEARCHES:-1} --only "$MODE" --interleave "${FROM[@]}" ${TRUTH_ALTERNATE:+--alternate "$TRUTH_ALTERNATE"} \
       --timeout 500 --keep-records --json "$W/il-$MODE-$N.json" \
       -- ${TRUTH_SEARCH_ARGS:---start-concurrency 16} 2>&1 | tee "$W/il-$MODE-$N.log"
   pack;;
@@ -177,7 +178,7 @@ ilbg)
   LEVELS=(--concurrency ${TRUTH_C:-}); [ "$MODE" = rate ] && LEVELS=(--rate ${TRUTH_R:-})
   setsid python3 "$HERE/bench/capacity_truth.py" --url http://127.0.0.1:8000 --model m03 --bench-procs "${TRUTH_BENCH_PROCS:-1}" \
       --tokenizer "$M" "${SLO[@]}" "${LEVELS[@]}" --rate-seconds ${TRUTH_RATE_SECONDS:-10} \
-      --rounds ${TRUTH_ROUNDS:-1} --waves ${TRUTH_WAVES:-8} --searches ${TRUTH_SEARCHES:-1} --only "$MODE" --interleave "${FROM[@]}" \
+      --rounds ${TRUTH_ROUNDS:-1} --waves ${TRUTH_WAVES:-8} --searches ${TRUTH_SEARCHES:-1} --only "$MODE" --interleave "${FROM[@]}" ${TRUTH_ALTERNATE:+--alternate "$TRUTH_ALTERNATE"} \
       --timeout 500 --keep-records --json "$W/il-$MODE-$N.json" \
       -- ${TRUTH_SEARCH_ARGS:---start-concurrency 16} > "$W/il-$MODE-$N.log" 2>&1 < /dev/null &
   echo $! > "$W/il.pid"

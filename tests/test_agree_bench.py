@@ -314,6 +314,27 @@ def test_interleaved_rounds_and_searches_alternate_and_span_calls(tmp_path, monk
     assert second["ended_at"] <= min(r["started_at"] for r in m["runs"] if r["round"] == 2)
 
 
+def test_alternate_options_go_to_every_second_search_and_are_recorded(tmp_path, monkeypatch, capsys):
+    # An A/B on one server (e.g. --resolution 0 against the default): the searches take turns.
+    given: list[list[str]] = []
+
+    def search(srv, shape, slo, *, rate, extra, python, env, timeout_s, keep_records):
+        given.append(list(extra))
+        t = time.time()
+        return {"answer": 16, "started_at": t, "ended_at": t, "wall_s": 0.0}
+
+    monkeypatch.setattr(T, "run_search", search)
+    out = tmp_path / "ab.json"
+    assert T.main(["--url", "http://127.0.0.1:9", "--model", "m", "--tokenizer", "t", "--slo", "ttft_p99=1000ms",
+                   "--only", "concurrency", "--concurrency", "16", "--interleave", "--rounds", "0", "--searches", "3",
+                   "--alternate", "--resolution 0", "--json", str(out), "--", "--start-concurrency", "16"]) == 0
+    base = ["--start-concurrency", "16"]
+    assert given == [base, [*base, "--resolution", "0"], base]
+    searches = json.loads(out.read_text())["modes"]["concurrency"]["searches"]
+    assert [s["search_args"] for s in searches] == given
+    assert "our search 2 (with --resolution 0)" in capsys.readouterr().out
+
+
 def test_an_open_loop_search_is_found_only_among_the_capacity_options():
     help_text = subprocess.run([sys.executable, "-m", "ernie_tui", "probe", "--help"], capture_output=True,
                                text=True, check=True).stdout
