@@ -476,7 +476,7 @@ def judge_blocks(objective: Objective, blocks: Sequence[Sequence[RequestOutcome]
     past limit x (1 - resolution). Why: at a limit the share within it sits
     at NN %, and windows that share batches spread it wider than the gap,
     so the exact test needs many windows, or ends undecided. On an H200 the
-    levels nearest the limit ran 35-46 s each and ended undecided with ITL
+    levels nearest the limit ran 37-46 s each and ended undecided with ITL
     p99s of 44.7-57.3 ms (limit 50 ms), while one load read 42 and 51 ms a
     minute apart: the server's own spread, wider than the band."""
     q = objective.percentile / 100.0
