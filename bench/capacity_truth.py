@@ -474,13 +474,14 @@ def main(argv: list[str] | None = None) -> int:
                 raise Stopped
 
         def our_search(i: int) -> None:
-            these = extra + (alternate if alternate and i % 2 else [])
+            alt = bool(alternate) and i % 2 == 1
+            these = extra + alternate if alt else extra
             s = run_search(srv, shape, args.slo, rate=mode == "rate", extra=these, python=args.bench_python,
                            env=env, timeout_s=args.timeout, keep_records=args.keep_records)
             s["search_args"] = these
             searches.append(s)
             save(True)
-            print(f"  our search {i + 1}" + (f" (with {' '.join(alternate)})" if these is not extra else "")
+            print(f"  our search {i + 1}" + (f" (with {' '.join(alternate)})" if alt else "")
                   + f": {mode} {s.get('answer')}; goodput "
                   f"{s.get('goodput_output_tps') or 0:.0f} tok/s; {s.get('wall_s', 0):.0f} s"
                   + (" (cut short by SIGTERM: its levels kept, its answer not judged)" if s.get("cut_short") else "")
