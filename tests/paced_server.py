@@ -72,6 +72,7 @@ parallel sweep's test can see which GPUs each trial was given.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import random
@@ -89,6 +90,13 @@ TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75
                 20.0, 40.0, 80.0)
 ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0)
 E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0)
+
+
+@functools.lru_cache(maxsize=64)
+def _wander_draw(period: int) -> float:
+    """The --itl-wander draw of one period, within -1..1, seeded by its number
+    (cached: every gap of every request asks for it)."""
+    return random.Random(f"wander-{period}").uniform(-1.0, 1.0)
 
 
 class Slots:
@@ -245,8 +253,7 @@ class Server:
         a = self.args
         if not a.itl_wander or a.itl_wander_s <= 0:
             return 1.0
-        k = int((now - self.t0) // a.itl_wander_s)
-        return 1.0 + a.itl_wander * random.Random(f"wander-{k}").uniform(-1.0, 1.0)
+        return 1.0 + a.itl_wander * _wander_draw(int((now - self.t0) // a.itl_wander_s))
 
     def done(self, key: int) -> None:
         with self.pace_lock:

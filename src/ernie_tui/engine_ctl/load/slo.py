@@ -498,7 +498,7 @@ def judge_blocks(objective: Objective, blocks: Sequence[Sequence[RequestOutcome]
     elif low is not None and low >= q and base.value_ms is not None and base.value_ms <= base.limit_ms:
         verdict, how = PASS, "batch means"
     elif resolution > 0 and base.value_ms is not None and math.isfinite(base.value_ms):
-        verdict, how = _judge_band(base, per, q, limit, confidence, resolution)
+        verdict, how = _judge_band(base, per, counts, q, limit, confidence, resolution)
     else:
         verdict, how = UNDECIDED, "estimate"
     base.verdict, base.how = verdict, how
@@ -507,13 +507,12 @@ def judge_blocks(objective: Objective, blocks: Sequence[Sequence[RequestOutcome]
     return base
 
 
-def _judge_band(base: ObjectiveResult, per: list[list[float]], q: float, limit: float, confidence: float,
-                resolution: float) -> tuple[str, str]:
+def _judge_band(base: ObjectiveResult, per: list[list[float]], counts: list[int], q: float, limit: float,
+                confidence: float, resolution: float) -> tuple[str, str]:
     """judge_blocks' verdict within the resolution band: the side of the
     limit the sample percentile is on, where the bound on the share of
     values within the band's far edge backs it; else undecided. Records the
     edge and the bound on `base`."""
-    counts = [len(vals) for vals in per]
     if base.value_ms is not None and base.value_ms <= base.limit_ms:
         edge = limit * (1.0 + resolution)
         _share, bound, _high = share_bounds([_within(vals, edge) for vals in per], counts, confidence)
