@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The H200 run behind docs/benchmarks.md "our burst against vLLM's bench
+# The H200 run behind docs/lab/benchmarks/agree-vllm-bench.md "our burst against vLLM's bench
 # client": one device call, after vLLM 0.26.0 was staged (/work/shared/gpu).
 # Run from a folder holding src/ and bench/ (copied to .gpu9 of the carry):
 #   bash .gpu9/bench/agree_h200.sh       (results in $OUT/agree-h200.tgz)

@@ -721,7 +721,7 @@ def phases(lv: dict[str, Any]) -> str:
 
 
 def markdown_level(lv: dict[str, Any]) -> str:
-    """One level as Markdown tables (for docs/benchmarks.md): ours, then each variant."""
+    """One level as Markdown tables (for docs/lab/benchmarks/agree-vllm-bench.md): ours, then each variant."""
     name = f"concurrency {lv['concurrency']}" if lv["rate"] is None else f"rate {lv['rate']:g} req/s (Poisson)"
     out = [f"{name}, {lv['n']} requests a run, {lv['rounds']} rounds:", ""] + _markdown_table("ours", lv)
     for v, arm in (lv.get("variants") or {}).items():

@@ -1,6 +1,6 @@
 """Does the capacity search's own client lengthen the token gaps it judges?
 
-On the H200 (docs/capacity-h200.md, seventeenth run), behind four API
+On the H200 (docs/lab/capacity-h200/2026-12-04-run17.md, seventeenth run), behind four API
 servers at concurrency 320-512, the search's levels read ITL p99 56-93 ms
 where vLLM's own histogram put it under 50 ms and vLLM's bench client read
 35-47 ms at the same concurrency; the search's event loop lagged p99

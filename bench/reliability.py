@@ -14,7 +14,7 @@ Each row prints one line: PASS or FAIL, its figures (counts, seconds, peak
 RSS growth), then the problems it found, one per line; it exits 1 on a
 failure. Seeds are fixed (--seed), so a failure reruns the same way.
 tests/test_reliability.py runs every row at a small size; the full sizes
-and their figures are in docs/reliability.md.
+and their figures are in docs/lab/reliability.md.
 
 What each row checks:
 

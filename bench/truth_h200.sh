@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The H200 run behind docs/capacity-h200.md "the search against the bench
+# The H200 run behind docs/lab/capacity-h200/2026-12-01-run01.md "the search against the bench
 # client's bracket": device calls on one warm machine, after vLLM 0.26.0 was
 # staged (/work/shared/gpu). Run from a folder holding src/ and bench/ (copied
 # to .gpu9 of the carry):
@@ -39,7 +39,7 @@
 #   bash .gpu9/bench/truth_h200.sh stop      stops the server and packs everything
 #   bash .gpu9/bench/truth_h200.sh sweep     starts, in the background (it outlives the call), the product's own
 #                                            capacity sweep of SWEEP_PRESETS (default: the five of
-#                                            docs/capacity-h200.md) on GPU 0, one server per trial, SWEEP_REPEAT
+#                                            docs/lab/capacity-h200/) on GPU 0, one server per trial, SWEEP_REPEAT
 #                                            rounds, default search flags but SWEEP_ARGS (default
 #                                            --start-concurrency 16 --max-concurrency 1024: at 256, the default
 #                                            ceiling then, long-doc's search once passed every level, a lower bound)

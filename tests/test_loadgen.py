@@ -379,7 +379,7 @@ def test_a_burst_scrapes_metrics_once_a_second_not_four_times(paced):
     streams the tokens a burst times: at 4 scrapes a second the client's ITL
     p99 read 1.1-1.2x the bench client's on an H200 (vLLM's engine-clock
     histogram: equal), and on the paced stand-in (flat 5 ms ITL) p99 rose
-    5.6 -> 6.3 ms (docs/load-generator.md, row 14). A burst and a capacity level
+    5.6 -> 6.3 ms (docs/lab/load-generator.md, row 14). A burst and a capacity level
     take one a second by default."""
     from ernie_tui.engine_ctl.load.capacity_run import RequestSettings
 

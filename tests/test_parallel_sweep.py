@@ -221,7 +221,7 @@ def test_parallel_trials_own_their_gpus_and_halve_the_wall_time(tmp_path, tiny_m
     # shares the 2 cores: 2026-12-01 read 0.81-0.94 of the sequential time,
     # where this test asked for < 0.75 and failed fresh-clone runs (also on
     # the code before that day's change). The halving is measured where the
-    # trials' work is the GPUs' (docs/benchmarks.md, "On two H200s").
+    # trials' work is the GPUs' (docs/lab/benchmarks/parallel-sweep.md, "On two H200s").
     assert par_s < seq_s, (par_s, seq_s)
     alone = {row.preset: row for row in fold(seq, names)}
     beside = {row.preset: row for row in fold(par, names)}

@@ -1,7 +1,7 @@
 """The fault and fuzz rows of bench/reliability.py, small and seeded.
 
 Each test runs one row of the bench at a size that takes seconds (the full
-sizes and their figures are in docs/reliability.md) and checks its verdict
+sizes and their figures are in docs/lab/reliability.md) and checks its verdict
 and the figures that make it. The tests for defects the rows found sit next
 to them.
 """

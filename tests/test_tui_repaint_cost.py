@@ -4,7 +4,7 @@ A layout pass reflows and repaints the whole screen (10-20 ms on the dev
 box). Under a flood, the report changes up to 4 times a second (the log
 keeps bringing startup lines) and each change that added or removed a row
 cost two of them; every `?` open and close rebuilt the footer's key widgets
-and cost more (docs/benchmarks.md, "Dashboard overhead"). These tests count
+and cost more (docs/lab/benchmarks/tui-overhead.md, "Dashboard overhead"). These tests count
 the layout passes and the footer's widgets on the real app.
 """
 

@@ -1,5 +1,5 @@
 """Drawn lines are freed by their reference count, not left for a full
-collection (the log flood's key-press tail, docs/benchmarks.md)."""
+collection (the log flood's key-press tail, docs/lab/benchmarks/tui-overhead.md)."""
 
 from __future__ import annotations
 

@@ -77,7 +77,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="seconds between the /metrics samples taken while a burst runs (KV-cache and queue "
                         f"peaks; default {LOAD_SAMPLE_INTERVAL_S:g}). vLLM's API server renders each one, in the "
                         "process that also streams every token: 4 a second showed in the tokens' timing "
-                        "(docs/load-generator.md)")
+                        "(docs/lab/load-generator.md)")
     b.add_argument("--min-output-tokens", type=int, metavar="A",
                    help="draw each request's max_tokens uniformly from A..--max-tokens (from --seed), as "
                         "vLLM's bench client --random-range-ratio does (a capacity search's built prompts too); "

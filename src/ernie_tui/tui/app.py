@@ -194,7 +194,7 @@ class ErnieApp(ShowsWorkerFailures, App[int]):
         # thresholds a full collection (40-110 ms, on the UI thread) then ran
         # every 2-3 s and a key press met one in ~2 % of cases: key p99 ~100 ms.
         # Ten times fewer full collections (every ~25 s in a flood) took the
-        # p99 to ~55 ms for +9 MB RSS (bench/tui_overhead.py, docs/benchmarks.md).
+        # p99 to ~55 ms for +9 MB RSS (bench/tui_overhead.py, docs/lab/benchmarks/tui-overhead.md).
         gen0, gen1, _ = gc.get_threshold()
         gc.set_threshold(gen0, gen1, 100)
         # Most of that garbage was strips caching themselves: no longer (strip_cycles).

@@ -8,7 +8,7 @@ outlives its last use until a collection finds it; a line kept 0.2 s or more
 (the log pane redraws five times a second under a flood) reaches the oldest
 generation first, and a full collection had 4,400-10,600 such strips (plus
 their seven memo caches each) to free: 130-225 ms on the UI thread, which a
-key press then waited out (docs/benchmarks.md, "Dashboard overhead").
+key press then waited out (docs/lab/benchmarks/tui-overhead.md, "Dashboard overhead").
 
 Answering those two cases without memoising them returns the same strip, so
 nothing drawn changes; the strip is then freed by its reference count.

@@ -477,7 +477,7 @@ class EngineServer(_Watcher):
         # the foreground group get one). A session of its own also puts it in
         # an autogroup of its own, and on a 2-core box the client's TTFT p99
         # then stood apart from vLLM's (583 ms against 59 ms; in our session
-        # 93 against 96 ms: bench/autogroup.py, docs/benchmarks.md).
+        # 93 against 96 ms: bench/autogroup.py, docs/lab/benchmarks/autogroup.md).
         self.own_session = own_session
 
     @classmethod

@@ -4,7 +4,7 @@ or in a child process of its own.
 Parallel sweep trials are threads of one process. Their load generators,
 run in those threads, shared one interpreter and so one GIL: on two H200s
 the ITL p99 of a burst beside a neighbour's burst in the same process rose
-to 34-36 ms against 28-32 ms alone (docs/benchmarks.md). So in a parallel
+to 34-36 ms against 28-32 ms alone (docs/lab/benchmarks/parallel-sweep.md). So in a parallel
 sweep each trial's load runs in a child process (LoadProcess), started
 with the spawn context (the parent may be a threaded Textual app: a forked
 child would inherit its locks in whatever state they were) as the trial's

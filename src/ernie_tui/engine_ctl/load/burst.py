@@ -16,7 +16,7 @@ can be trusted and compared between presets:
 - afterwards vLLM's own view of the same window (its TTFT histogram and its
   generation-token counter) is put beside ours, with the differences.
 
-Two dispatch shapes (docs/load-generator.md compares them with vLLM's bench
+Two dispatch shapes (docs/lab/load-generator.md compares them with vLLM's bench
 client, `vllm bench serve`):
 - closed loop (the default): C requests in flight, all C sent at once at the
   start, each refilled as soon as one ends, as `--max-concurrency C` does;
@@ -38,7 +38,7 @@ Requests run on one asyncio loop with C workers pulling from a queue, over
 aiohttp on uvloop (when installed): the load generator must never be the
 bottleneck, and bench/client_cpu.py measured that pair at about a third of
 httpx's client CPU per streamed token and below vLLM's own bench client
-(docs/benchmarks.md). A
+(docs/lab/benchmarks/client-cpu.md). A
 killed server ends the burst with errors, not a hang: refused connections
 fail at once, dropped streams fail at once, a wedged server trips the read
 timeout, and after `max_consecutive_failures` transport failures in a row the

@@ -289,7 +289,7 @@ class HttpLevelRunner:
         levels that crossed that mark (sending 12.2-13.4 x its concurrency,
         against 6 x uncounted allowed here then) had its loop stand still for
         135-318 ms, and none of the 24 that did not for more than 90 ms
-        (docs/capacity-h200.md, fourth run). So the margin covers the most
+        (docs/lab/capacity-h200/2026-12-02-run04.md, fourth run). So the margin covers the most
         seen, with a turnover to spare."""
         if self.open_loop:
             # A passing level lasts its warm-up, its hold (min_pass_s) and a

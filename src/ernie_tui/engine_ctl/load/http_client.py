@@ -170,7 +170,7 @@ def new_async_client(api_key: str | None = None, read_timeout: float = DEFAULT_R
 
     transport "aiohttp" (the default; an aiohttp.ClientSession): its C HTTP
     parser costs about a third of httpx's CPU per streamed token
-    (bench/client_cpu.py, docs/benchmarks.md), and one read of it hands over
+    (bench/client_cpu.py, docs/lab/benchmarks/client-cpu.md), and one read of it hands over
     everything that arrived, so the events of one read share one timestamp
     and their gap is spread over their tokens. "httpx" (an
     httpx.AsyncClient, the client before) hands over one HTTP chunk at a

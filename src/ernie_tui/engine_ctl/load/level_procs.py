@@ -2,7 +2,7 @@
 slots shared out, or an open loop's rate).
 
 Why: one Python process cannot time 400-500 streams at 15-20 k tokens/s
-closely enough. On an H200 behind four API servers (docs/capacity-h200.md,
+closely enough. On an H200 behind four API servers (docs/lab/capacity-h200/2026-12-04-run18.md,
 eighteenth run), with the level already on uvloop and the collector paused,
 the search's loop still lagged p99 14-54 ms at concurrency 320-512 and read
 ITL p99 50-73 ms where vLLM's own histogram put every level under 50: the
@@ -68,7 +68,7 @@ def supported() -> bool:
 # p99 from 14-54 ms (one process, eighteenth run) to 1-4.5 ms, and its ITL
 # readings to or under vLLM's own histogram (nineteenth and twentieth runs;
 # two sessions, not one interleave). On 2 cores shared with the server two
-# processes read no better than one (docs/benchmarks.md): there it stays 1.
+# processes read no better than one (docs/lab/benchmarks/level-client-cost.md): there it stays 1.
 AUTO_CORES_PER_PROC = 4
 AUTO_MAX = 4
 

@@ -64,7 +64,7 @@ INFERENCE = ("vllm:request_inference_time_seconds",)
 # 1.1-1.2x the bench client's on an H200 while vLLM's own (engine-clock)
 # histogram read them equal; on the paced stand-in, whose ITL is a flat 5 ms,
 # p99 went 5.6 -> 6.3 ms, and on vLLM CPU a burst served 13 % fewer tok/s
-# (docs/load-generator.md, row 14).
+# (docs/lab/load-generator.md, row 14).
 LOAD_SAMPLE_INTERVAL_S = 1.0
 CACHE_CONFIG = ("vllm:cache_config_info",)
 # What a live chart needs: the fast path for pollers (see MetricsSnapshot.parse).

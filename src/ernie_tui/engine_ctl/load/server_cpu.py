@@ -3,7 +3,7 @@
 On an H200 the 0.3B-shape stand-in's vLLM kept its API server and its engine
 core each at a whole CPU core (100-106 %) at every concurrency from 128 to 512,
 while the GPU held its full clock at 120-225 W of 700 W and was at most 58 %
-busy, and the host's other 14 cores stood mostly idle (docs/capacity-h200.md,
+busy, and the host's other 14 cores stood mostly idle (docs/lab/capacity-h200/2026-12-04-run14.md,
 fourteenth run). Its capacity was set by two Python threads, not by the GPU:
 the same preset on a host with other CPUs answers differently, and an operator
 planning GPUs from that figure needs to know it. Each process's CPU time is

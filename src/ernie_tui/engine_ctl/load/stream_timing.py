@@ -167,7 +167,7 @@ class ProbeRequest:
     # Usage in every chunk gives each read's exact token count (exact ITL when
     # vLLM merges tokens into one chunk), but vLLM pays for it: on an H200 at
     # concurrency 256 it served 11-17 % fewer tokens/s with it than without
-    # (docs/benchmarks.md). A single probe keeps it; load (bursts, capacity
+    # (docs/lab/benchmarks/client-cpu.md). A single probe keeps it; load (bursts, capacity
     # levels) asks for usage only at the end, as vLLM's bench client does, and
     # counts one token per non-empty chunk, the final usage fixing the total.
     continuous_usage: bool = True

@@ -295,7 +295,7 @@ class FleetScreen(ShowsWorkerFailures, Screen):
         own queue goes idle, by which time the screen has drawn the frame with
         the moved cursor: the line came one frame later (the update timer,
         ~17-20 ms), and a re-layout another. Measured in tmux with 8 servers:
-        down/up p50 33 ms before, 9 ms after (docs/benchmarks.md)."""
+        down/up p50 33 ms before, 9 ms after (docs/lab/benchmarks/fleet-overhead.md)."""
         width, lines = detail.content_size.width, detail.content_size.height
         detail.update(text, layout=False)
         if not width or detail.get_content_height(detail.content_size, detail.content_size, width) != lines:

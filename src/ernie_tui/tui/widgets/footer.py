@@ -6,7 +6,7 @@ then a layout pass of the whole screen) each time its screen publishes
 (closing `?`), on every status update the dashboard refreshes bindings for.
 Nearly always the keys are the same as before. Under a log flood each
 rebuild cost a screen-wide layout and left the old widgets as reference
-cycles for a full collection (docs/benchmarks.md, the `?` key's tail).
+cycles for a full collection (docs/lab/benchmarks/tui-overhead.md, the `?` key's tail).
 """
 
 from __future__ import annotations

@@ -73,7 +73,7 @@ class _StripCache:
     ring, so each clear() (every prune under a flood, every `v`) left the
     ring and the up to 512 lines in it, with the strips derived from them,
     as one reference cycle for a full collection to free (130-225 ms on the
-    UI thread, docs/benchmarks.md)."""
+    UI thread, docs/lab/benchmarks/tui-overhead.md)."""
 
     def __init__(self, size: int) -> None:
         self.size = size

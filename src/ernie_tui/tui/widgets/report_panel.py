@@ -167,7 +167,7 @@ class ReportPanel(Vertical):
         # stylesheet), so more or fewer rows never move anything else. With
         # height auto, a log flood that keeps changing the report (4 times a
         # second) reflowed the whole screen twice per change: most of the
-        # dashboard's layout time under the flood (docs/benchmarks.md).
+        # dashboard's layout time under the flood (docs/lab/benchmarks/tui-overhead.md).
         self._put(body, Content("\n").join(rows), layout=False)
         self._phases(r)
 
