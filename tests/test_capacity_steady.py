@@ -177,7 +177,7 @@ def test_rate_search_on_a_simulated_open_loop():
 
 def _open_loop(keeps_up: float, slo: list, rules: C.LevelRules, decode_s: float = 1.0, calls: list | None = None):
     """A simulated server that keeps up with `keeps_up` req/s (an H200's
-    ~100-120 in docs/lab/capacity-h200/); past it each arrival queues behind
+    ~100-120 in docs/lab/capacity-h200/2026-12-02-run08.md); past it each arrival queues behind
     the work already waiting, so TTFT grows by (rate / keeps_up - 1) s a second."""
 
     def run(rate: float, min_requests: int | None = None) -> C.LevelResult:
