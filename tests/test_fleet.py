@@ -326,7 +326,7 @@ def test_local_server_memory_is_its_process_rss(tmp_path):
     proc = subprocess.Popen([sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1"],
                             cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        deadline = time.monotonic() + 20
+        deadline = time.monotonic() + 60
         while port_is_free("127.0.0.1", port)[0] and time.monotonic() < deadline:
             time.sleep(0.05)
         mem = LocalMemory(f"http://127.0.0.1:{port}",

@@ -68,7 +68,7 @@ def stand_ins(fixtures_dir, tmp_path):
             s.kill()
 
 
-async def wait_for(pilot, condition, timeout: float = 20.0, what: str = "condition") -> None:
+async def wait_for(pilot, condition, timeout: float = 60.0, what: str = "condition") -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if condition():

@@ -24,7 +24,7 @@ def refused_url() -> str:
     return f"http://127.0.0.1:{port}"
 
 
-async def wait_for(pilot, condition, timeout: float = 20.0, what: str = "condition") -> None:
+async def wait_for(pilot, condition, timeout: float = 60.0, what: str = "condition") -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if condition():
