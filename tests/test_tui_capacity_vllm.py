@@ -289,7 +289,7 @@ async def test_sweep_screen_capacity_mode_on_real_vllm(tmp_path, tiny_model):
         out = tmp_path / "sweep.json"
         screen.query_one("#sw-path", Input).value = str(out)
         await pilot.press("ctrl+s")
-        await pilot.pause(0.1)
+        await wait_for(pilot, lambda: out.is_file() and out.stat().st_size > 0, 60, "the saved sweep")
         data = json.loads(out.read_text())
         best = max(screen.runs, key=lambda r: r.goodput_output_tps or 0)
         assert {r["preset"]: r["rank"] for r in data["rows"]}[best.preset] == 1
