@@ -521,10 +521,14 @@ def test_a_capacity_levels_queue_mean_weighs_each_shared_scrape_once():
     time.sleep(0.01)
     sampler = _MetricsSampler(Client(), 0.005, feed=latest.feed("http://h:8000", max_age_s=5.0))
     sampler.start()
-    for waiting in (2, 10, 30):  # three scrapes, each looked at many times
-        time.sleep(0.05)
+    for n, waiting in enumerate((2, 10, 30), 1):  # three scrapes, each looked at many times
         latest.put("http://h:8000", snap(waiting))
-    time.sleep(0.05)
+        # Until the sampler has taken this one (not a fixed 50 ms: a busy box
+        # can hold its thread back longer), then a few more looks at it.
+        deadline = time.monotonic() + 60
+        while sampler.scrapes.shared < n and time.monotonic() < deadline:
+            time.sleep(0.005)
+        time.sleep(0.05)
     sampler.stop()
     assert sampler.scrapes.shared == 3 and sampler.waiting_mean == pytest.approx(14.0)
     assert sampler.waiting_peak == 30 and Client.scrapes == 0
