@@ -22,7 +22,7 @@ if [ "$WITH_VLLM" = 1 ] && ! "$V" -c "import vllm" >/dev/null 2>&1; then
   "$V" -m pip uninstall -q -y torchvision torchaudio torchcodec || true
 fi
 # Again whenever pyproject.toml changed since (or a test tool is missing).
-if ! "$V" -c "import ernie_tui, pytest, textual, hypothesis, matplotlib" >/dev/null 2>&1 \
+if ! "$V" -c "import ernie_tui, pytest, textual, hypothesis, matplotlib, xdist" >/dev/null 2>&1 \
    || [ ! -x .venv/bin/ruff ] || [ ! -x .venv/bin/mypy ] || [ ! -x .venv/bin/lint-imports ] \
    || [ pyproject.toml -nt .venv/.ernie-tui-installed ]; then
   "$V" -m pip install -q -e '.[test]'

@@ -3,6 +3,10 @@
 # (ruff, mypy on src/, import-linter's contracts; each one failing fails the
 # script), then pytest. Extra arguments go to pytest, e.g.
 # `scripts/test.sh -m "not vllm and not tmux"` for the fast tests alone.
+# pytest runs on TEST_WORKERS pytest-xdist workers (default 2; 0 runs it in
+# one process, as before): the real-vLLM and tmux tests all on one of them
+# (tests/conftest.py groups them, so one vLLM server runs at a time), the
+# stand-in tests, which mostly wait on their pacing, beside them.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh >/dev/null
@@ -10,4 +14,8 @@ B=.venv/bin
 "$B/ruff" check
 "$B/mypy"
 PYTHONPATH=src "$B/lint-imports"  # the contracts judge this tree's src/
+WORKERS=${TEST_WORKERS:-2}
+if [ "$WORKERS" != 0 ] && "$B/python" -c "import xdist" >/dev/null 2>&1; then
+  exec "$B/python" -m pytest -n "$WORKERS" --dist loadgroup "$@"
+fi
 exec "$B/python" -m pytest "$@"

@@ -20,6 +20,17 @@ ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "tests" / "fixtures" / "vllm-logs"
 
 
+def pytest_collection_modifyitems(config, items):
+    """Under pytest-xdist (`-n 2 --dist loadgroup`, as scripts/test.sh runs
+    it when xdist is installed), every real-vLLM and tmux test goes to one
+    worker: at most one vLLM server runs at a time, and the session's shared
+    server (cpu_server) is started once, by that worker. The other worker
+    runs the rest, most of which wait on stand-ins' pacing, not on the CPU."""
+    for item in items:
+        if item.get_closest_marker("vllm") or item.get_closest_marker("tmux"):
+            item.add_marker(pytest.mark.xdist_group("real-vllm"))
+
+
 @pytest.fixture(autouse=True)
 def _isolated_home(tmp_path_factory, monkeypatch):
     home = tmp_path_factory.mktemp("ernie-home")

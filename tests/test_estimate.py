@@ -234,12 +234,8 @@ def test_detect_machine_without_nvml(monkeypatch):
         detect_machine(platform="tpu")
 
 
-def test_real_detection_here_is_fast():
-    import time
-
-    t = time.perf_counter()
+def test_real_detection_here():
     m = detect_machine()
-    assert time.perf_counter() - t < 1.0
     assert m.platform in ("cuda", "cpu")
 
 

@@ -170,19 +170,19 @@ def test_a_stream_process_that_dies_ends_the_level_with_a_plain_error_and_the_ne
                 await asyncio.sleep(0.05)
             procs._children[0][0].kill()
             await asyncio.wait_for(stop.wait(), 20)  # the death stops the level
-        else:
-            await asyncio.sleep(1.0)
+        else:  # a few outcomes from the fresh children, however long a busy box takes to spawn them
+            deadline = time.monotonic() + 120
+            while len(outcomes) < 4 and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
         return await procs.finish()
 
     try:
         with pytest.raises(LP.ChildFailed, match="ended unexpectedly"):
             asyncio.run(level(kill=True))
         assert procs._children == []  # the rest were let go too
-        t = time.monotonic()
         outcomes.clear()
         totals = asyncio.run(level(kill=False))
-        assert len(totals) == 2 and outcomes and all(o.ok for o in outcomes), outcomes[:3]
-        assert time.monotonic() - t < 30
+        assert len(totals) == 2 and len(outcomes) >= 4 and all(o.ok for o in outcomes), outcomes[:3]
     finally:
         procs.close()
 

@@ -435,8 +435,11 @@ def test_a_burst_reads_the_dashboards_scrapes_instead_of_scraping_again(paced):
     try:
         # 6 waves of ~0.6 s: the burst's sampler looks once a second, at 0 (the
         # poller's snapshot from before the burst: not counted), 1, 2, 3.
+        # The feed counts as fresh for 30 s, not 1.25: a busy box held the
+        # poller's 0.5 s scrape back past 1.25 s and the burst rightly scraped
+        # for itself once (staleness itself: the sampler tests above).
         shared = run_burst(srv.url, BurstConfig(n=24, concurrency=4, max_tokens=30, **SHAPE),
-                           metrics_feed=poller.latest.feed(srv.url, max_age_s=1.25))
+                           metrics_feed=poller.latest.feed(srv.url, max_age_s=30.0))
         other = run_burst(srv.url, BurstConfig(n=16, concurrency=4, max_tokens=30, **SHAPE),
                           metrics_feed=poller.latest.feed("http://127.0.0.1:9", max_age_s=1.25))
     finally:
@@ -518,10 +521,14 @@ def test_a_capacity_levels_queue_mean_weighs_each_shared_scrape_once():
     time.sleep(0.01)
     sampler = _MetricsSampler(Client(), 0.005, feed=latest.feed("http://h:8000", max_age_s=5.0))
     sampler.start()
-    for waiting in (2, 10, 30):  # three scrapes, each looked at many times
-        time.sleep(0.05)
+    for n, waiting in enumerate((2, 10, 30), 1):  # three scrapes, each looked at many times
         latest.put("http://h:8000", snap(waiting))
-    time.sleep(0.05)
+        # Until the sampler has taken this one (not a fixed 50 ms: a busy box
+        # can hold its thread back longer), then a few more looks at it.
+        deadline = time.monotonic() + 60
+        while sampler.scrapes.shared < n and time.monotonic() < deadline:
+            time.sleep(0.005)
+        time.sleep(0.05)
     sampler.stop()
     assert sampler.scrapes.shared == 3 and sampler.waiting_mean == pytest.approx(14.0)
     assert sampler.waiting_peak == 30 and Client.scrapes == 0

@@ -46,7 +46,7 @@ def test_a_server_we_start_does_not_log_our_polling(fake_presets, tmp_path):  # 
                 assert client.get(f"{server.url}/metrics").status_code == 200
                 assert client.get(f"{server.url}/health").status_code == 200
             assert client.get(f"{server.url}/v1/models").status_code == 200
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 60
         text = ""
         while '"GET /v1/models' not in text and time.monotonic() < deadline:
             time.sleep(0.1)

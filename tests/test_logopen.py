@@ -224,7 +224,7 @@ def test_attach_follows_after_opening_with_the_files_numbers(restarted_log):
         watcher.close()
 
 
-def _wait(condition, timeout: float = 20.0) -> None:
+def _wait(condition, timeout: float = 60.0) -> None:
     import time
 
     deadline = time.monotonic() + timeout

@@ -106,8 +106,7 @@ def test_real_failure_caught_by_preflight_and_diagnosed(case, tiny_model, tmp_pa
         pre = preflight(preset, str(tiny_model))
         pre_s = time.perf_counter() - t
         caught = [p for p in pre.errors if p.kind == kind]
-        assert caught, [p.to_dict() for p in pre.problems]
-        assert pre_s < 1.0
+        assert caught, [p.to_dict() for p in pre.problems]  # (how much sooner: bench/preflight_vs_vllm.py)
 
         # 2. the real server, exactly as the dashboard launches it (argv, no shell)
         spec = preset.launch_spec(str(tiny_model))

@@ -48,7 +48,7 @@ def test_server_log_rotation_and_detach_record_are_private(fixtures_dir, open_um
     server = EngineServer(preset.launch_spec(), preset_name="fake")
     try:
         server.start()
-        deadline = time.time() + 15
+        deadline = time.time() + 60
         while server.report.lines == 0 and time.time() < deadline:
             time.sleep(0.02)
         assert server.status.state in (ServerState.STARTING, ServerState.READY)

@@ -141,7 +141,7 @@ def test_probe_streams_and_counts_tokens_like_the_server(vllm_server):
     assert r.ttft_s is not None and 0 < r.ttft_s <= r.latency_s
     assert r.itl_mean_s is not None and r.itl_p90_s is not None and r.output_tps > 0
     after = M.MetricsClient(url).fetch()
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + 60
     while M.counter_delta(before, after, M.GENERATION_TOKENS) != 32 and time.monotonic() < deadline:
         time.sleep(0.1)
         after = M.MetricsClient(url).fetch()
@@ -211,16 +211,14 @@ def test_killing_the_server_mid_burst_ends_with_errors(vllm_server):
             vllm_server.remember_tree()
             vllm_server.kill_group(signal.SIGKILL)
 
-    t = time.monotonic()
     r = B.run_burst(vllm_server.url, B.BurstConfig(n=60, concurrency=4, max_tokens=128, read_timeout_s=30),
                     progress=on_progress)
-    elapsed = time.monotonic() - t
     assert killed.is_set()
-    assert elapsed < 120, f"burst took {elapsed:.0f} s after the kill"
     assert 3 <= r.completed < 60
     assert r.errors["count"] == 60 - r.completed
     kinds = set(r.errors["by_kind"])
     assert kinds & {"disconnected", "connection_refused", "connect_error"}, r.errors
+    assert "timeout" not in kinds, r.errors  # the dead server's requests ended at once, none waited out 30 s
     assert r.errors["first"], r.errors
     deadline = time.monotonic() + 30
     while vllm_server.alive() and time.monotonic() < deadline:

@@ -8,10 +8,10 @@ from ernie_tui.engine_ctl.control.resources import ResourceSampler
 
 
 def test_without_nvml_falls_back_to_rss_and_says_so():
-    child = subprocess.Popen([sys.executable, "-c", "import time; x = bytearray(50_000_000); time.sleep(30)"])
+    child = subprocess.Popen([sys.executable, "-c", "import time; x = bytearray(50_000_000); print('held', flush=True)"
+                              "; time.sleep(30)"], stdout=subprocess.PIPE, text=True)
     try:
-        import time
-        time.sleep(0.5)
+        assert child.stdout.readline() == "held\n"  # its 50 MB are allocated (not: after a 0.5 s sleep)
         sampler = ResourceSampler(lambda: [child.pid], use_nvml=False)
         assert not sampler.nvml
         assert sampler.label.startswith("engine RSS (psutil;")

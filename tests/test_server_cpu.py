@@ -42,13 +42,13 @@ def paced():
 
 
 def _children(pid: int, n: int) -> list[psutil.Process]:
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         kids = psutil.Process(pid).children(recursive=True)
         if len(kids) >= n:
             return kids
         time.sleep(0.05)
-    raise AssertionError(f"process {pid} has no {n} children after 10 s")
+    raise AssertionError(f"process {pid} has no {n} children after 60 s")
 
 
 SPIN = "import os\nq = os.getppid()\nwhile os.getppid() == q: pass"
@@ -57,7 +57,8 @@ IDLE = "import os, time\nq = os.getppid()\nwhile os.getppid() == q: time.sleep(0
 
 def _read_tree(children: list[tuple[str, str]], *parent_args: str):
     """A parent running each child's code under its title (argv[0]), its
-    tree's CPU read over 1.5 s: (parent pid, children, the reading)."""
+    tree's CPU read over 1.5 s: (parent pid, children, the reading, each
+    child's CPU in % of a core as the kernel counted it over the same span)."""
     code = ("import subprocess, sys, time\n"
             + "".join(f"subprocess.Popen([{title!r}, '-c', {body!r}], executable=sys.executable)\n"
                       for title, body in children)
@@ -66,21 +67,39 @@ def _read_tree(children: list[tuple[str, str]], *parent_args: str):
     try:
         kids = _children(parent.pid, len(children))
         watch = ServerCpuWatch(parent.pid)
+        before = _cpu_seconds(kids)
+        t0 = time.monotonic()
         watch.start()
-        time.sleep(1.5)
+        time.sleep(1.5)  # the window read, not a wait for something to happen
         read = watch.stop()
+        used = _cpu_seconds(kids)
+        span = time.monotonic() - t0
     finally:
         parent.kill()
         parent.wait()
-    return parent.pid, kids, read
+    # What the kernel says each child used in the same window, in % of a core:
+    # the reading must agree with it, whatever share of a core a busy box left it.
+    kernel_pct = {pid: (used[pid] - before[pid]) / span * 100 for pid in used}
+    return parent.pid, kids, read, kernel_pct
+
+
+def _cpu_seconds(procs: list[psutil.Process]) -> dict[int, float]:
+    out = {}
+    for p in procs:
+        t = p.cpu_times()
+        out[p.pid] = t.user + t.system
+    return out
 
 
 def test_a_busy_child_reads_as_a_core_and_its_idle_parent_as_next_to_nothing():
-    parent_pid, (child,), read = _read_tree([("VLLM::EngineCore", SPIN)])
+    parent_pid, (child,), read, kernel_pct = _read_tree([("VLLM::EngineCore", SPIN)])
     assert read is not None
     by_pid = {p["pid"]: p for p in read}
     assert by_pid[child.pid]["what"] == "engine core"
-    assert by_pid[child.pid]["cpu_pct"] > 50  # a core, less what a busy 2-core box takes from it
+    # as much of a core as the kernel counted for it (a whole one on a quiet
+    # box; a busy 2-core box once left it less than half)
+    assert by_pid[child.pid]["cpu_pct"] == pytest.approx(kernel_pct[child.pid], abs=15), kernel_pct
+    assert by_pid[child.pid]["cpu_pct"] > 5
     assert by_pid[parent_pid]["cpu_pct"] < 20 and by_pid[parent_pid]["what"] == "server"
     assert read[0]["pid"] == child.pid  # busiest first
 
@@ -154,11 +173,13 @@ def _level(load: int, *cpu: float, rate: bool = False) -> LevelResult:
 def test_api_servers_of_their_own_are_named_and_their_parent_reads_as_their_supervisor():
     # `vllm serve --api-server-count 2`: the listening parent only supervises
     # VLLM::APIServer_0 and _1, which answer the requests (one busy here).
-    _, _, read = _read_tree([("VLLM::APIServer_0", SPIN), ("VLLM::APIServer_1", IDLE)], "vllm")
+    _, _, read, kernel_pct = _read_tree([("VLLM::APIServer_0", SPIN), ("VLLM::APIServer_1", IDLE)], "vllm")
     assert read is not None
     whats = {p["what"]: p for p in read}
     assert set(whats) == {"API server 0", "API server 1", "server supervisor"}
-    assert whats["API server 0"]["cpu_pct"] > 50 and whats["API server 1"]["cpu_pct"] < 20
+    assert whats["API server 0"]["cpu_pct"] == pytest.approx(kernel_pct[whats["API server 0"]["pid"]], abs=15), \
+        kernel_pct
+    assert whats["API server 0"]["cpu_pct"] > 5 and whats["API server 1"]["cpu_pct"] < 20
     lv = _level(16)
     lv.server_cpu = [{**whats["API server 0"], "cpu_pct": 97.0}, whats["API server 1"]]
     assert (cpu_bound_note([lv]) or "").startswith("the server's API server 0 used a whole CPU core")
@@ -195,7 +216,7 @@ def test_a_search_on_a_local_server_reads_its_processes_cpu_per_level_and_says_w
     for lv in out["levels"]:
         by_pid = {p["pid"]: p for p in lv["server_cpu"]}
         assert set(by_pid) == {srv.proc.pid, child}
-        assert by_pid[child]["what"] == "engine core" and by_pid[child]["cpu_pct"] > 50
+        assert by_pid[child]["what"] == "engine core" and by_pid[child]["cpu_pct"] > 5  # busy (the note: below)
     # The note is there exactly when a level read the child at 90 % or more (on a
     # busy 2-core box it may get less of a core than that).
     held = any(p["what"] == "engine core" and p["cpu_pct"] >= SATURATED_PCT

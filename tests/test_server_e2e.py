@@ -16,20 +16,31 @@ pytestmark = pytest.mark.vllm
 
 
 def kv_tokens_from_metrics(url: str) -> int:
-    text = httpx.get(f"{url}/metrics", timeout=5).text
+    text = httpx.get(f"{url}/metrics", timeout=30).text
     for family in text_string_to_metric_families(text):
         if family.name == "vllm:cache_config_info":
             return int(family.samples[0].labels["kv_cache_size_tokens"])
     raise AssertionError("no vllm:cache_config_info in /metrics")
 
 
-def no_engine_left(pids: list[int]) -> bool:
-    alive = []
+def remember(seen: dict[tuple[int, float], psutil.Process], pids: list[int]) -> None:
+    """Keep each engine process as psutil knows it (pid and start time), so
+    that a pid the busy box hands to a new process later (pid_max is 32768
+    here) is not taken for an engine process left running."""
     for pid in pids:
         try:
             p = psutil.Process(pid)
-            if p.status() != psutil.STATUS_ZOMBIE:
-                alive.append((pid, p.name()))
+            seen.setdefault((pid, p.create_time()), p)
+        except psutil.NoSuchProcess:
+            pass
+
+
+def no_engine_left(procs: list[psutil.Process]) -> bool:
+    alive = []
+    for p in procs:
+        try:
+            if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:  # is_running: same pid *and* start time
+                alive.append((p.pid, p.name()))
         except psutil.NoSuchProcess:
             pass
     assert not alive, f"engine processes left: {alive}"
@@ -38,12 +49,12 @@ def no_engine_left(pids: list[int]) -> bool:
 
 def test_lifecycle_start_restart_crash_stop(tmp_path):
     server = start_server("cpu-demo", tmp_path)
-    seen_pids: set[int] = set()
+    seen: dict[tuple[int, float], psutil.Process] = {}
     try:
         st = server.status
         assert st.state == ServerState.READY, (st, server.report.error)
-        seen_pids.update(server.engine_pids())
-        assert len(seen_pids) >= 2  # APIServer + EngineCore (+ worker)
+        remember(seen, server.engine_pids())
+        assert len(seen) >= 2  # APIServer + EngineCore (+ worker)
         report = server.report
         assert report.platform == "cpu" and report.block_size == 32
         assert report.kv_cache_tokens == kv_tokens_from_metrics(st.url) == 131072
@@ -53,7 +64,7 @@ def test_lifecycle_start_restart_crash_stop(tmp_path):
         server.restart(b64.launch_spec(str(tiny_model_dir()), port_override=free_port()), preset_name=b64.name)
         st = server.wait_ready(READY_TIMEOUT)
         assert st.state == ServerState.READY and st.preset_name == "cpu-demo-b64", (st, server.report.error)
-        seen_pids.update(server.engine_pids())
+        remember(seen, server.engine_pids())
         report = server.report
         assert report.block_size == 64
         assert report.kv_cache_tokens == kv_tokens_from_metrics(st.url) == 262144
@@ -75,7 +86,7 @@ def test_lifecycle_start_restart_crash_stop(tmp_path):
         assert "16" in st.error.message
         assert st.exit_code not in (None, 0)
     finally:
-        seen_pids.update(server.engine_pids())
+        remember(seen, server.engine_pids())
         server.stop()
     assert server.status.state in (ServerState.STOPPED, ServerState.CRASHED)
-    assert no_engine_left(sorted(seen_pids))
+    assert no_engine_left(list(seen.values()))

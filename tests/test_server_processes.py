@@ -51,7 +51,7 @@ def test_stop_escalates_until_every_process_is_gone(tmp_path, monkeypatch):
     monkeypatch.setattr(server_mod, "SIGTERM_GRACE", 0.5)
     server = EngineServer(spec_for(tmp_path, "hang"), preset_name="fake", log_path=tmp_path / "llm.log")
     server.start()
-    deadline = time.time() + 10
+    deadline = time.time() + 120
     while len(server.engine_pids()) < 2 and time.time() < deadline:
         time.sleep(0.05)
     pids = server.engine_pids()
@@ -73,18 +73,18 @@ def test_crash_reports_exit_code_and_root_cause(tmp_path, monkeypatch):
     events = []
     server.add_listener(events.append)
     server.start()
-    st = server.wait_ready(10)
+    st = server.wait_ready(120)  # returns at the crash; the bound is for a box too busy to start Python
     assert st.state == ServerState.CRASHED
     assert st.exit_code == 3
     assert st.error is not None and st.error.kind.value == "block_size_unsupported"
     # The launcher forked a child that ignores SIGINT and SIGTERM, then died: the
     # orphan left its tree but not its process group, and the crash ends it.
     group = st.pid
-    deadline = time.time() + server_mod.ORPHAN_GRACE + 5
+    deadline = time.time() + server_mod.ORPHAN_GRACE + 60
     while group_members(group) and time.time() < deadline:
         time.sleep(0.1)
     assert not group_members(group), "a crashed server's child is still running"
-    deadline = time.time() + 5
+    deadline = time.time() + 60
     while server.status.leftovers_ended != 1 and time.time() < deadline:
         time.sleep(0.05)
     assert server.status.leftovers_ended == 1  # the forked child; the crash panel says so
@@ -128,7 +128,7 @@ def test_live_progress_bar_moves_the_phase_before_its_line_ends(tmp_path):
     server.add_listener(seen.append)
     server.start()
     try:
-        deadline = time.time() + 15
+        deadline = time.time() + 60
         while server.status.phase != "cuda_graphs" and time.time() < deadline:
             time.sleep(0.05)
         assert server.status.phase == "cuda_graphs"
@@ -167,7 +167,7 @@ def test_start_stop_cycles_leave_no_log_open(tmp_path, fixtures_dir):
     try:
         for cycle in range(20):
             server.start()
-            deadline = time.time() + 15
+            deadline = time.time() + 60
             while server.report.lines == 0 and time.time() < deadline:  # the tailer has the file open
                 time.sleep(0.02)
             assert server.report.lines > 0, f"cycle {cycle}: nothing logged"

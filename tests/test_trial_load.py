@@ -34,13 +34,11 @@ def stubborn(conn, cancel) -> None:
 
 
 def test_a_load_that_raises_in_the_child_comes_back_as_its_error(tmp_path):
-    t0 = time.monotonic()
     out = run_in_child(job("no-such-kind", log_path=tmp_path / "load.log"), None, threading.Event())
     assert out.result is None and out.pid not in (None, os.getpid())
     assert out.error == "the load process raised ValueError: unknown load kind 'no-such-kind'"
     assert "Traceback" in out.detail
     assert "unknown load kind" in (tmp_path / "load.log").read_text()  # the child's stderr went to its log
-    assert time.monotonic() - t0 < 20
 
 
 def test_a_child_that_cannot_import_its_target_is_reported_not_waited_for(tmp_path, monkeypatch):
@@ -64,13 +62,10 @@ def test_a_child_that_ignores_cancel_and_sigterm_is_killed(tmp_path):
         seen.append(args)
         cancel.set()  # the child is up and loading: cancel it now
 
-    t0 = time.monotonic()
     out = run_in_child(job(), progress, cancel, target=stubborn, cancel_grace_s=0.5, kill_after_s=0.5)
-    took = time.monotonic() - t0
     assert seen == [(0, 1)]
     assert out.error == "the load process was killed after it did not stop within 0.5 s of the cancel " \
                         "(exit code -9)", out.error
-    assert took < 15, took
 
 
 def test_the_results_cross_the_process_boundary_whole():

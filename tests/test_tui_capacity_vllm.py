@@ -174,10 +174,10 @@ async def test_the_demos_default_search_finds_a_capacity_on_real_vllm(cpu_server
 
 async def _nothing_left_running(pilot, url: str) -> None:
     """vLLM runs no request any more, and its token counter stands still."""
-    deadline = time.monotonic() + 15
+    deadline = time.monotonic() + 60
     while (running := _running_requests(url)) and time.monotonic() < deadline:
         await pilot.pause(0.1)
-    assert running == 0, f"vLLM still runs {running} request(s) 15 s after the cancel"
+    assert running == 0, f"vLLM still runs {running} request(s) 60 s after the cancel"
     tokens = _scrape(url).total(M.GENERATION_TOKENS)
     await pilot.pause(1.0)
     assert _scrape(url).total(M.GENERATION_TOKENS) == tokens, "vLLM still generates after the cancel"
@@ -289,7 +289,7 @@ async def test_sweep_screen_capacity_mode_on_real_vllm(tmp_path, tiny_model):
         out = tmp_path / "sweep.json"
         screen.query_one("#sw-path", Input).value = str(out)
         await pilot.press("ctrl+s")
-        await pilot.pause(0.1)
+        await wait_for(pilot, lambda: out.is_file() and out.stat().st_size > 0, 60, "the saved sweep")
         data = json.loads(out.read_text())
         best = max(screen.runs, key=lambda r: r.goodput_output_tps or 0)
         assert {r["preset"]: r["rank"] for r in data["rows"]}[best.preset] == 1

@@ -80,7 +80,7 @@ class Recorder:
             s.close()
 
 
-async def wait_for(pilot, condition, timeout: float = 30.0, what: str = "condition") -> None:
+async def wait_for(pilot, condition, timeout: float = 60.0, what: str = "condition") -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if condition():

@@ -41,7 +41,7 @@ class Host(App[None]):
         self.push_screen(self._first)
 
 
-async def wait_for(pilot, condition, timeout: float = 30.0, what: str = "condition") -> None:
+async def wait_for(pilot, condition, timeout: float = 60.0, what: str = "condition") -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if condition():
@@ -79,8 +79,7 @@ async def test_probe_dead_url_says_connection_refused():
         assert screen.query_one("#pf-stats").has_class("-error")
         assert not screen.probe_running and not screen.query_one("#pf-send").disabled
         await pilot.press("escape")
-        await pilot.pause(0.1)
-        assert not isinstance(app.screen, ProbeScreen)
+        await wait_for(pilot, lambda: not isinstance(app.screen, ProbeScreen), what="the pane to close")
 
 
 
@@ -342,8 +341,7 @@ async def test_sweep_screen_shows_a_preflight_rejected_row(rejected_book, tmp_pa
         out = tmp_path / "table.md"
         screen.query_one("#sw-path", Input).value = str(out)
         await pilot.press("ctrl+s")
-        await pilot.pause(0.1)
-        assert "| cpu-bad |" in out.read_text()
+        await wait_for(pilot, lambda: out.is_file() and "| cpu-bad |" in out.read_text(), what="the saved table")
 
 
 async def test_sweep_refuses_while_the_dashboard_serves(rejected_book):
@@ -353,8 +351,8 @@ async def test_sweep_refuses_while_the_dashboard_serves(rejected_book):
         screen = app.screen
         screen.query_one("#sw-presets").select("cpu-bad")
         await pilot.press("ctrl+r")
-        await pilot.pause(0.1)
-        assert not screen.running and not screen.runs and screen.last_error == "serving"
+        await wait_for(pilot, lambda: screen.last_error == "serving", what="the refusal")
+        assert not screen.running and not screen.runs
         assert screen.query_one("#sw-refuse").has_class("-visible")
         assert "server is running" in shown(screen, "#sw-refuse")
         assert "Not started" in shown(screen, "#sw-phase")
@@ -401,7 +399,7 @@ async def test_probe_pane_streams_and_shows_the_servers_usage(cpu_server):
         assert f"completion {r.completion_tokens}" in stats and f"prompt {r.prompt_tokens}" in stats, stats
         assert f"finish_reason {r.finish_reason}" in stats and "TTFT" in stats and "ITL mean" in stats
         # vLLM's own count of generated tokens agrees with what the pane shows.
-        deadline = time.monotonic() + 5
+        deadline = time.monotonic() + 60
         after = M.MetricsClient(url).fetch()
         while M.counter_delta(before, after, M.GENERATION_TOKENS) != r.completion_tokens \
                 and time.monotonic() < deadline:

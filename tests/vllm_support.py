@@ -20,11 +20,15 @@ from ernie_tui.engine_ctl.launch.ports import free_port
 READY_TIMEOUT = 300.0
 
 
+MODEL_FILES = ("config.json", "tokenizer.json", "tokenizer_config.json", "model.safetensors")
 
 
 def tiny_model_dir() -> Path:
     target = Path.home() / ".cache" / "ernie-tui-tests" / "tiny-ernie"
-    if not (target / "model.safetensors").is_file():
+    # Every file, not only the weights: under pytest-xdist two workers can
+    # write it at once (each file lands whole, by os.replace, and the same
+    # seed makes the same bytes), and one must not read a half-moved set.
+    if not all((target / name).is_file() for name in MODEL_FILES):
         write_demo_model(target, "tiny", seed=0)
     return target
 

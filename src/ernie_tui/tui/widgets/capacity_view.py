@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
+from rich.cells import cell_len
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical, VerticalScroll
@@ -198,11 +199,18 @@ class CapacityView(Vertical):
         self.query_one("#pf-cap-result-box").border_title = "capacity"
         self.show_progress(None)
 
-    def _columns(self) -> None:
+    def _columns(self, rows: Sequence[list[Any]] = ()) -> None:
+        """The table's columns, each as wide as its label and its widest cell
+        in `rows`. Set here rather than measured by the DataTable on its next
+        idle pass: a frame drawn before that pass kept its rows cut at the
+        labels' widths (Textual caches the rendered rows), so a busy box showed
+        the flagged "76.0 (9.4×)" as "76.0 (9." until the next level."""
         table = self.query_one("#pf-cap-levels", DataTable)
         table.clear(columns=True)
-        for key, label in LEVEL_COLUMNS:
-            table.add_column("req/s sent" if key == "concurrency" and self.rate else label, key=key)
+        for j, (key, label) in enumerate(LEVEL_COLUMNS):
+            label = "req/s sent" if key == "concurrency" and self.rate else label
+            width = max([cell_len(label)] + [cell_len(str(row[j])) for row in rows])
+            table.add_column(label, key=key, width=width)
 
     def reset(self, slo: Sequence[Any], note: Content | str, rate: bool = False) -> None:
         """A new search under `slo` (slo.Objective): an empty chart whose
@@ -224,9 +232,10 @@ class CapacityView(Vertical):
         self.query_one(CapacityChart).show([CapacityCurve("this server", list(levels), capacity)],
                                            self._limit_ms, self._percentile)
         table = self.query_one("#pf-cap-levels", DataTable)
-        table.clear()
-        for i, lv in enumerate(levels):  # keyed by order: a rate search's levels have no concurrency
-            table.add_row(*level_cells(lv), key=f"level-{i}")
+        rows = [level_cells(lv) for lv in levels]
+        self._columns(rows)
+        for i, cells in enumerate(rows):  # keyed by order: a rate search's levels have no concurrency
+            table.add_row(*cells, key=f"level-{i}")
         self._show_gaps(levels)
 
     def show_progress(self, event: dict[str, Any] | None, level: int | None = None, load: str = "") -> None:
