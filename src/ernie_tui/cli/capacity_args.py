@@ -32,33 +32,46 @@ from ernie_tui.engine_ctl.load import (
 RATE_SEARCH = 0.0
 
 
+# The group's description in --help: how the search goes, from the first level to the confirmation.
+_SEARCH_HELP = (
+    "Concurrency (or, with --rate, the request rate) doubles from its start until a level misses the SLO, "
+    "then bisects between the highest pass and the lowest fail until they are within --tolerance. Each "
+    "level is measured in its steady state: a warm-up, not counted, until every request sent before the "
+    "first answer came back has ended; then windows of time (each as long as the warm-up, at least 1 s), "
+    "every request counted in the window it was sent in, to its end. A verdict needs --min-windows "
+    "windows whose median latencies agree within --stability, and confidence from batch means over the "
+    "windows (requests of one window share its batches, so they are not independent); a grossly "
+    "failing level stops at once; a percentile near its limit is decided to --resolution. A level "
+    "still open at --max-requests or --level-time goes by its "
+    "point estimates and is marked undecided, and passes only if its last --min-windows windows' point "
+    "estimates meet the SLO too, or miss it by no more than --stability beyond the level's pooled figure "
+    "(a level that drifted is judged where it ended; one at a limit is not failed by its end's sampling). "
+    "The SLO, as vLLM's bench client reports it: ttft and e2e percentiles over requests (a failed request "
+    "counts as infinitely slow), itl percentiles over every token gap of every request. A level passes "
+    "when every objective holds and its attainment - the share of good requests, as vLLM's --goodput "
+    "and DistServe count them (TTFT <= the ttft limit, TPOT = mean gap after the first token <= the itl "
+    "limit, E2E <= the e2e limit) - is at least --attainment; the capacity is never a level below it. "
+    "When the bracket closes, its lowest fail is measured once more (unless it was already measured "
+    "twice; not with --confirm-waves 0); the later measurement decides. "
+    "The capacity found is measured once more, for --confirm-waves turnovers of its requests in flight "
+    "(8 x concurrency requests: vLLM's bench client's 8 waves), and that longer run's figures are the "
+    "ones reported; if it fails, the next lower pass is confirmed instead (three confirmations at most: "
+    "after three failures the capacity is reported as not confirmed, with a warning). A failing level in which "
+    "this client's own event loop stood still for 0.5 s or more is measured once more."
+)
+
+
 def add_capacity_args(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group(
-        "capacity search (--capacity)",
-        "Concurrency (or, with --rate, the request rate) doubles from its start until a level misses the SLO, "
-        "then bisects between the highest pass and the lowest fail until they are within --tolerance. Each "
-        "level is measured in its steady state: a warm-up, not counted, until every request sent before the "
-        "first answer came back has ended; then windows of time (each as long as the warm-up, at least 1 s), "
-        "every request counted in the window it was sent in, to its end. A verdict needs --min-windows "
-        "windows whose median latencies agree within --stability, and confidence from batch means over the "
-        "windows (requests of one window share its batches, so they are not independent); a grossly "
-        "failing level stops at once; a percentile near its limit is decided to --resolution. A level "
-        "still open at --max-requests or --level-time goes by its "
-        "point estimates and is marked undecided, and passes only if its last --min-windows windows' point "
-        "estimates meet the SLO too, or miss it by no more than --stability beyond the level's pooled figure "
-        "(a level that drifted is judged where it ended; one at a limit is not failed by its end's sampling). "
-        "The SLO, as vLLM's bench client reports it: ttft and e2e percentiles over requests (a failed request "
-        "counts as infinitely slow), itl percentiles over every token gap of every request. A level passes "
-        "when every objective holds and its attainment - the share of good requests, as vLLM's --goodput "
-        "and DistServe count them (TTFT <= the ttft limit, TPOT = mean gap after the first token <= the itl "
-        "limit, E2E <= the e2e limit) - is at least --attainment; the capacity is never a level below it. "
-        "When the bracket closes, its lowest fail is measured once more (unless it was already measured "
-        "twice; not with --confirm-waves 0); the later measurement decides. "
-        "The capacity found is measured once more, for --confirm-waves turnovers of its requests in flight "
-        "(8 x concurrency requests: vLLM's bench client's 8 waves), and that longer run's figures are the "
-        "ones reported; if it fails, the next lower pass is confirmed instead (three confirmations at most: "
-        "after three failures the capacity is reported as not confirmed, with a warning). A failing level in which "
-        "this client's own event loop stood still for 0.5 s or more is measured once more.")
+    """The capacity search's options, one group of --help, in this order."""
+    g = p.add_argument_group("capacity search (--capacity)", _SEARCH_HELP)
+    _add_objectives(g)
+    _add_levels(g)
+    _add_verdict_rules(g)
+    _add_confirmation(g)
+
+
+def _add_objectives(g: argparse._ArgumentGroup) -> None:
+    """What a level must meet, and the prompts it is sent."""
     g.add_argument("--slo", action="append", default=[], metavar="METRIC_pNN=LIMIT",
                    help="an objective, e.g. ttft_p99=500ms or itl_p99=50ms or e2e_p90=2s (metric ttft, itl or "
                         f"e2e; p50, p90, p95 or p99); repeat for several (default, as the dashboard's: {DEFAULT_SLO})")
@@ -66,6 +79,10 @@ def add_capacity_args(p: argparse.ArgumentParser) -> None:
                    help='replay real prompts: one JSON object a line, {"prompt": "...", "max_tokens": 128} '
                         "(max_tokens optional, else --max-tokens); default: built prompts of "
                         "--min-tokens..--max-tokens-in tokens")
+
+
+def _add_levels(g: argparse._ArgumentGroup) -> None:
+    """Which levels are tried: concurrency, or request rate with --rate."""
     g.add_argument("--start-concurrency", type=int, default=DEFAULT_START, metavar="C",
                    help=f"first level (default {DEFAULT_START})")
     g.add_argument("--max-concurrency", type=int, default=DEFAULT_MAX_CONCURRENCY, metavar="C",
@@ -84,6 +101,10 @@ def add_capacity_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--arrivals", choices=ARRIVALS, default=DEFAULT_ARRIVALS,
                    help=f"with --rate: Poisson arrivals (exponential gaps, as vLLM's bench client) or evenly spaced "
                         f"(default {DEFAULT_ARRIVALS})")
+
+
+def _add_verdict_rules(g: argparse._ArgumentGroup) -> None:
+    """When the search stops, and how much one level is measured before its verdict."""
     g.add_argument("--tolerance", type=float, default=DEFAULT_TOLERANCE, metavar="F",
                    help=f"stop when (lowest fail - highest pass) / highest pass <= F (default {DEFAULT_TOLERANCE:g})")
     g.add_argument("--attainment", type=float, default=DEFAULT_ATTAINMENT, metavar="F",
@@ -106,6 +127,10 @@ def add_capacity_args(p: argparse.ArgumentParser) -> None:
                         "within limit x (1 + F), and one reading past it also fails once the bound says it is "
                         f"past limit x (1 - F) (default {DEFAULT_RESOLUTION:g}; 0: the exact limit only, which "
                         "leaves levels at the limit undecided until --max-requests)")
+
+
+def _add_confirmation(g: argparse._ArgumentGroup) -> None:
+    """The capacity measured again, the bounds' confidence, and the client's processes."""
     g.add_argument("--confirm-waves", type=int, default=DEFAULT_CONFIRM_WAVES, metavar="N",
                    help=f"measure the capacity again for N turnovers of its in-flight requests and report that run "
                         f"(default {DEFAULT_CONFIRM_WAVES}; 0: no confirmation)")

@@ -17,7 +17,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from typing import Callable
+from typing import Any, Callable
 
 import psutil
 
@@ -112,100 +112,160 @@ class Sampler:
         self.points: deque[ChartPoint] = deque(maxlen=int(MAX_WINDOW / max(interval, 0.05)) + 10)
 
     def run(self, cancelled: Cancelled) -> None:
-        cache: dict = {"key": None, "pids": [], "at": 0.0}
-
-        def pids() -> list[int]:
-            """The engine's process tree, re-read every 5 s (psutil walks /proc
-            for it) or when the server's pid changes."""
-            server = self.get_server()
-            if server is None:
-                return []
-            key = (id(server), server.status.pid)
-            now = time.monotonic()
-            if key != cache["key"] or now - cache["at"] > 5.0:
-                try:
-                    cache["pids"] = list(server.engine_pids())
-                except (OSError, psutil.Error):  # the processes went away between two looks
-                    cache["pids"] = []
-                cache["key"], cache["at"] = key, now
-            return cache["pids"]
-
-        resources = (self.resource_factory or ResourceSampler)(pids=pids)
-        client = None
-        client_url = None
-        prev = None
-        kv_tokens: int | None = None
-        problem: tuple[str, float] | None = None  # (what is wrong with /metrics, since when)
+        """One chart point an interval, until cancelled: memory, then /metrics
+        while the server is ready, then the whole series posted."""
+        resources = (self.resource_factory or ResourceSampler)(pids=_EnginePids(self.get_server))
+        metrics = _MetricsReader(self._connect, self.latest, self.clock)
         try:
             next_at = time.monotonic()
             while not cancelled():
-                server = self.get_server()
-                status = server.status if server is not None else None
-                running = bool(status and status.running)
-                mem: tuple[float, ...] = ()
-                totals: tuple[float, ...] = ()
-                if running or resources.nvml:
-                    try:
-                        ms = resources.sample()
-                    except (OSError, psutil.Error):  # the processes went away between two looks
-                        ms = None
-                    if ms is not None:
-                        if ms.source == "nvml":
-                            mem = tuple(g.used_bytes / GIB for g in ms.gpus)
-                            totals = tuple(g.total_bytes / GIB for g in ms.gpus)
-                        elif ms.engine_bytes:
-                            mem = (ms.engine_bytes / GIB,)
-                sample = None
-                if status is not None and status.state.value == "ready" and status.url:
-                    if client is None or client_url != status.url:
-                        if client is not None:
-                            client.close()
-                        client = (self.metrics_factory or MetricsClient)(status.url, api_key=self.api_key)
-                        client_url, prev = status.url, None
-                    try:
-                        snap = _fetch_needed(client)
-                    except MetricsError as exc:
-                        # Say it, rather than look like a server that has not answered yet.
-                        if problem is None or problem[0] != exc.reason:
-                            problem = (exc.reason, self.clock())
-                    else:
-                        problem = None
-                        if self.latest is not None:
-                            self.latest.put(status.url, snap)
-                        sample = derive_sample(prev, snap)
-                        prev = snap
-                        cc = snap.cache_config()
-                        if cc is not None and cc.kv_cache_size_tokens is not None:
-                            kv_tokens = cc.kv_cache_size_tokens
-                else:
-                    prev = None  # a restart resets the counters: no rate across it
-                    problem = None  # not asked while the server is not ready
-                    if not running:
-                        kv_tokens = None
-                now = self.clock()
-                self.points.append(ChartPoint(
-                    t=now, mem_gib=mem,
-                    prompt_tps=sample.prompt_tps if sample else None,
-                    gen_tps=sample.generation_tps if sample else None,
-                    kv_pct=sample.kv_cache_usage_pct if sample else None,
-                    running=int(sample.running) if sample and sample.running is not None else None,
-                    waiting=int(sample.waiting) if sample and sample.waiting is not None else None,
-                ))
-                self.post(SeriesUpdate(tuple(self.points), memory_label=resources.label,
-                                       memory_source="nvml" if resources.nvml else "rss",
-                                       gpu_totals=totals, kv_tokens_metrics=kv_tokens, now=now,
-                                       metrics_error=problem[0] if problem else None,
-                                       metrics_error_since=problem[1] if problem else None))
-                next_at += self.interval
-                delay = next_at - time.monotonic()
-                if delay < 0:
-                    next_at = time.monotonic()
-                    delay = 0
-                _sleep(delay, cancelled)
+                self._sample_once(resources, metrics)
+                next_at = _wait_for_next(next_at, self.interval, cancelled)
         finally:
-            if client is not None:
-                client.close()
+            metrics.close()
             resources.close()
+
+    def _connect(self, url: str):
+        """A /metrics client for the server at `url`."""
+        return (self.metrics_factory or MetricsClient)(url, api_key=self.api_key)
+
+    def _sample_once(self, resources, metrics: _MetricsReader) -> None:
+        """Memory and /metrics as one chart point, then the series to the charts."""
+        server = self.get_server()
+        status = server.status if server is not None else None
+        running = bool(status and status.running)
+        mem, totals = _memory(resources, running)
+        sample = metrics.read(status, running)
+        now = self.clock()
+        self.points.append(_chart_point(now, mem, sample))
+        problem = metrics.problem
+        self.post(SeriesUpdate(tuple(self.points), memory_label=resources.label,
+                               memory_source="nvml" if resources.nvml else "rss",
+                               gpu_totals=totals, kv_tokens_metrics=metrics.kv_tokens, now=now,
+                               metrics_error=problem[0] if problem else None,
+                               metrics_error_since=problem[1] if problem else None))
+
+
+class _EnginePids:
+    """The engine's process tree, re-read every 5 s (psutil walks /proc for
+    it) or when the server's pid changes. Called by the ResourceSampler."""
+
+    def __init__(self, get_server: Callable[[], object | None]):
+        self.get_server = get_server
+        self.key: tuple[int, object] | None = None
+        self.pids: list[int] = []
+        self.at = 0.0
+
+    def __call__(self) -> list[int]:
+        server = self.get_server()
+        if server is None:
+            return []
+        key = (id(server), server.status.pid)
+        now = time.monotonic()
+        if key != self.key or now - self.at > 5.0:
+            try:
+                self.pids = list(server.engine_pids())
+            except (OSError, psutil.Error):  # the processes went away between two looks
+                self.pids = []
+            self.key, self.at = key, now
+        return self.pids
+
+
+def _memory(resources, running: bool) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """(GiB used, GiB in all): per GPU from NVML, else the engine's RSS alone
+    (no total); nothing while no engine runs and NVML is not there."""
+    if not (running or resources.nvml):
+        return (), ()
+    try:
+        ms = resources.sample()
+    except (OSError, psutil.Error):  # the processes went away between two looks
+        return (), ()
+    if ms is None:
+        return (), ()
+    if ms.source == "nvml":
+        return tuple(g.used_bytes / GIB for g in ms.gpus), tuple(g.total_bytes / GIB for g in ms.gpus)
+    if ms.engine_bytes:
+        return (ms.engine_bytes / GIB,), ()
+    return (), ()
+
+
+class _MetricsReader:
+    """The ready server's /metrics: one client per URL, the previous scrape
+    (for rates), the KV cache size it reports, and what is wrong with
+    /metrics since when."""
+
+    def __init__(self, connect: Callable[[str], Any], latest: LatestScrape | None, clock: Callable[[], float]):
+        self.connect = connect
+        self.latest = latest
+        self.clock = clock
+        self.client: Any = None  # a MetricsClient, or what the metrics_factory made
+        self.client_url: str | None = None
+        self.prev: MetricsSnapshot | None = None
+        self.kv_tokens: int | None = None
+        self.problem: tuple[str, float] | None = None  # (what is wrong with /metrics, since when)
+
+    def read(self, status, running: bool):
+        """The rates since the last scrape, or None: the server is not ready,
+        or /metrics failed (then `problem` says why)."""
+        if status is None or status.state.value != "ready" or not status.url:
+            self.prev = None  # a restart resets the counters: no rate across it
+            self.problem = None  # not asked while the server is not ready
+            if not running:
+                self.kv_tokens = None
+            return None
+        self._client_for(status.url)
+        try:
+            snap = _fetch_needed(self.client)
+        except MetricsError as exc:
+            # Say it, rather than look like a server that has not answered yet.
+            if self.problem is None or self.problem[0] != exc.reason:
+                self.problem = (exc.reason, self.clock())
+            return None
+        self.problem = None
+        if self.latest is not None:
+            self.latest.put(status.url, snap)
+        sample = derive_sample(self.prev, snap)
+        self.prev = snap
+        cc = snap.cache_config()
+        if cc is not None and cc.kv_cache_size_tokens is not None:
+            self.kv_tokens = cc.kv_cache_size_tokens
+        return sample
+
+    def _client_for(self, url: str) -> None:
+        """A new client when the URL changed; its counters start afresh."""
+        if self.client is None or self.client_url != url:
+            if self.client is not None:
+                self.client.close()
+            self.client = self.connect(url)
+            self.client_url, self.prev = url, None
+
+    def close(self) -> None:
+        if self.client is not None:
+            self.client.close()
+
+
+def _chart_point(now: float, mem: tuple[float, ...], sample) -> ChartPoint:
+    """One point of the charts; the /metrics figures None without a sample."""
+    return ChartPoint(
+        t=now, mem_gib=mem,
+        prompt_tps=sample.prompt_tps if sample else None,
+        gen_tps=sample.generation_tps if sample else None,
+        kv_pct=sample.kv_cache_usage_pct if sample else None,
+        running=int(sample.running) if sample and sample.running is not None else None,
+        waiting=int(sample.waiting) if sample and sample.waiting is not None else None,
+    )
+
+
+def _wait_for_next(next_at: float, interval: float, cancelled: Cancelled) -> float:
+    """Sleep to the next tick, `interval` after `next_at`; a late tick starts
+    the schedule afresh from now rather than catching up."""
+    next_at += interval
+    delay = next_at - time.monotonic()
+    if delay < 0:
+        next_at = time.monotonic()
+        delay = 0
+    _sleep(delay, cancelled)
+    return next_at
 
 
 # The few metric families the charts and the report read. A real vLLM

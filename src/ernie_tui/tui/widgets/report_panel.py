@@ -27,6 +27,52 @@ def _row(label: str, *value: str | tuple[str, str]) -> Content:
     return Content.assemble((f"{label:<12}", "dim"), *value)
 
 
+def _model_row(r) -> Content:
+    model = r.model or "–"
+    return _row("model", (model.rstrip("/").rsplit("/", 1)[-1], "bold"), (f"  {r.architecture or ''}", "dim"))
+
+
+def _args_row(r) -> Content:
+    """The non-default args, less those the other rows show."""
+    args = {k: v for k, v in (r.non_default_args or {}).items() if k not in _HIDDEN_ARGS}
+    args_text = " ".join(f"{k}={fmt.size_arg(v)}" for k, v in args.items()) or "(defaults)"
+    return _row("args", args_text)
+
+
+def _layout_row(r) -> Content:
+    """Block size, max model len and the attention backend."""
+    return _row("block · len", (fmt.integer(r.block_size), "bold"), " · ",
+                (fmt.integer(r.max_model_len), "bold"),
+                ("   attention ", "dim"), (r.attention_backend or "–", "bold"),
+                (" (implied on CPU)" if r.attention_implied else "", "dim"))
+
+
+def _weights(r) -> str:
+    """The weights' size and load time, whichever the log gave."""
+    if r.weights_gib is not None:
+        weights = fmt.gib(r.weights_gib)
+        if r.weights_load_seconds is not None:
+            weights += f", loaded in {fmt.seconds(r.weights_load_seconds)}"
+        return weights
+    if r.weights_load_seconds is not None:
+        return f"loaded in {fmt.seconds(r.weights_load_seconds)} (size not logged)"
+    return "–"
+
+
+def _concurrency_row(r) -> Content:
+    conc = f"{r.max_concurrency:.2f}×" if r.max_concurrency is not None else "–"
+    at = f" at {fmt.integer(r.max_model_len)} tokens/request" if r.max_model_len and r.max_concurrency else ""
+    return _row("concurrency", (conc, "bold"), at)
+
+
+def _graphs_row(r) -> Content:
+    """CUDA graphs' capture time and memory, and the engine's init time."""
+    graphs = "n/a on CPU" if r.platform == "cpu" else (
+        f"{fmt.seconds(r.cuda_graph_seconds)}, {fmt.gib(r.cuda_graph_gib)}"
+        if r.cuda_graph_seconds is not None else "–")
+    return _row("CUDA graphs", graphs, ("   init engine ", "dim"), fmt.seconds(r.init_engine_seconds))
+
+
 class ReportPanel(Vertical):
     def __init__(self, *, id: str | None = None):
         super().__init__(id=id)
@@ -109,26 +155,32 @@ class ReportPanel(Vertical):
                 "[dim]args, attention backend, weights, KV cache, concurrency.[/]"), layout=False)
             self._phases(None)
             return
-        rows: list[Content] = []
-        model = r.model or "–"
-        rows.append(_row("model", (model.rstrip("/").rsplit("/", 1)[-1], "bold"),
-                         (f"  {r.architecture or ''}", "dim")))
-        args = {k: v for k, v in (r.non_default_args or {}).items() if k not in _HIDDEN_ARGS}
-        args_text = " ".join(f"{k}={fmt.size_arg(v)}" for k, v in args.items()) or "(defaults)"
-        rows.append(_row("args", args_text))
-        rows.append(_row("block · len", (fmt.integer(r.block_size), "bold"), " · ",
-                         (fmt.integer(r.max_model_len), "bold"),
-                         ("   attention ", "dim"), (r.attention_backend or "–", "bold"),
-                         (" (implied on CPU)" if r.attention_implied else "", "dim")))
-        if r.weights_gib is not None:
-            weights = fmt.gib(r.weights_gib)
-            if r.weights_load_seconds is not None:
-                weights += f", loaded in {fmt.seconds(r.weights_load_seconds)}"
-        elif r.weights_load_seconds is not None:
-            weights = f"loaded in {fmt.seconds(r.weights_load_seconds)} (size not logged)"
-        else:
-            weights = "–"
-        rows.append(_row("weights", weights))
+        # No layout pass: the body has a fixed height (1fr of the panel, the
+        # stylesheet), so more or fewer rows never move anything else. With
+        # height auto, a log flood that keeps changing the report (4 times a
+        # second) reflowed the whole screen twice per change: most of the
+        # dashboard's layout time under the flood (docs/lab/benchmarks/tui-overhead.md).
+        self._put(body, Content("\n").join(self._report_rows(r)), layout=False)
+        self._phases(r)
+
+    def _report_rows(self, r) -> list[Content]:
+        """The report's rows, top to bottom; the estimate and the parser's
+        notice only when there is one."""
+        rows = [_model_row(r), _args_row(r), _layout_row(r), _row("weights", _weights(r)), self._kv_row(r),
+                _concurrency_row(r), _graphs_row(r)]
+        for i, rank in enumerate(parallel_ranks(getattr(r, "ranks", []))):
+            # Every rank of a parallel server with its pid and its own figures.
+            rows.append(_row("ranks" if i == 0 else "", (rank.name, "bold"), (f" pid {rank.pid}", "dim"),
+                             *self._rank_figures(rank)))
+        if self._estimate is not None:
+            rows.append(self._estimate_row(r, self._estimate))
+        notice = parser_error_notice(r)
+        if notice:  # the log parser's own bug: a field may be missing above
+            rows.append(_row("parser", (notice, "bold $error")))
+        return rows
+
+    def _kv_row(self, r) -> Content:
+        """The KV cache the log gave, and whether /metrics agrees with it."""
         if r.kv_cache_gib is None and r.kv_cache_tokens is None:
             kv_parts: list[str | tuple[str, str]] = [("– (after KV profiling)", "dim")]
         else:
@@ -139,37 +191,18 @@ class ReportPanel(Vertical):
                 kv_parts.append(("  ✔ /metrics agrees", "$success"))
             else:
                 kv_parts.append((f"  ≠ /metrics {self._kv_metrics:,}", "bold $error"))
-        rows.append(_row("KV cache", *kv_parts))
-        conc = f"{r.max_concurrency:.2f}×" if r.max_concurrency is not None else "–"
-        at = f" at {fmt.integer(r.max_model_len)} tokens/request" if r.max_model_len and r.max_concurrency else ""
-        rows.append(_row("concurrency", (conc, "bold"), at))
-        graphs = "n/a on CPU" if r.platform == "cpu" else (
-            f"{fmt.seconds(r.cuda_graph_seconds)}, {fmt.gib(r.cuda_graph_gib)}"
-            if r.cuda_graph_seconds is not None else "–")
-        rows.append(_row("CUDA graphs", graphs, ("   init engine ", "dim"), fmt.seconds(r.init_engine_seconds)))
-        for i, rank in enumerate(parallel_ranks(getattr(r, "ranks", []))):
-            # Every rank of a parallel server with its pid and its own figures.
-            rows.append(_row("ranks" if i == 0 else "", (rank.name, "bold"), (f" pid {rank.pid}", "dim"),
-                             *self._rank_figures(rank)))
-        est = self._estimate
-        if est is not None:
-            parts: list[str | tuple[str, str]] = [(f"{fmt.gib(est.kv_cache_gib)} = {est.kv_cache_tokens:,} tokens, "
-                                                   f"{est.max_concurrency:.2f}×", "")]
-            if r.kv_cache_tokens and est.kv_cache_tokens:
-                err = (est.kv_cache_tokens - r.kv_cache_tokens) / r.kv_cache_tokens * 100
-                parts.append((f"  {err:+.1f}% vs the log", "$success" if abs(err) <= 10 else "bold $warning"))
-            parts.append(("  (preflight)", "dim"))
-            rows.append(_row("estimate", *parts))
-        notice = parser_error_notice(r)
-        if notice:  # the log parser's own bug: a field may be missing above
-            rows.append(_row("parser", (notice, "bold $error")))
-        # No layout pass: the body has a fixed height (1fr of the panel, the
-        # stylesheet), so more or fewer rows never move anything else. With
-        # height auto, a log flood that keeps changing the report (4 times a
-        # second) reflowed the whole screen twice per change: most of the
-        # dashboard's layout time under the flood (docs/lab/benchmarks/tui-overhead.md).
-        self._put(body, Content("\n").join(rows), layout=False)
-        self._phases(r)
+        return _row("KV cache", *kv_parts)
+
+    @staticmethod
+    def _estimate_row(r, est) -> Content:
+        """Preflight's estimate, and how far it was from what the log says."""
+        parts: list[str | tuple[str, str]] = [(f"{fmt.gib(est.kv_cache_gib)} = {est.kv_cache_tokens:,} tokens, "
+                                               f"{est.max_concurrency:.2f}×", "")]
+        if r.kv_cache_tokens and est.kv_cache_tokens:
+            err = (est.kv_cache_tokens - r.kv_cache_tokens) / r.kv_cache_tokens * 100
+            parts.append((f"  {err:+.1f}% vs the log", "$success" if abs(err) <= 10 else "bold $warning"))
+        parts.append(("  (preflight)", "dim"))
+        return _row("estimate", *parts)
 
     @staticmethod
     def _rank_figures(rank) -> list[str | tuple[str, str]]:
