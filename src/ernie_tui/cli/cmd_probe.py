@@ -124,7 +124,7 @@ def _run(args) -> int:
             raise CliError("--report belongs to --capacity (for a burst: ernie-tui report RUN --out FILE)")
         if args.no_save:
             raise CliError("--report draws the run record: drop --no-save")
-        check_out(args.report)
+        check_out(args.report, "--report")
     if args.burst is None and not args.capacity:
         # A single probe keeps the articles' sampling settings (Chainlit's); a
         # burst and a capacity search send the server's defaults unless given,
