@@ -5,6 +5,7 @@ of an empty file says so and fails."""
 
 from __future__ import annotations
 
+import json
 import textwrap
 
 import pytest
@@ -111,5 +112,17 @@ def test_a_refused_url_prints_just_the_reason(mode, capsys):
     assert main(["probe", "--url", _refused_url(), *mode, "--no-save"]) == 1
     out, err = capsys.readouterr()
     assert out == ""  # no table of dashes, no empty table header
-    assert "did not start: connection refused" in err
+    assert err.startswith("ernie-tui: error: ") and "did not start: connection refused" in err
     assert len(err.strip().splitlines()) == 1
+
+
+def test_a_refused_probe_says_its_error_as_every_command_does(capsys):
+    # It said `error (connection_refused): ...` on stdout (issue #44, 12b):
+    # now `ernie-tui: error: connection_refused: ...` on stderr, the kind kept.
+    assert main(["probe", "--url", _refused_url()]) == 1
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert err.startswith("ernie-tui: error: connection_refused: connection refused by "), err
+    assert len(err.strip().splitlines()) == 1
+    assert main(["probe", "--url", _refused_url(), "--json"]) == 1  # JSON keeps the kind as a field
+    assert json.loads(capsys.readouterr().out)["error"]["kind"] == "connection_refused"
