@@ -83,6 +83,41 @@ def test_left_running_server_is_adopted_and_stopped(book, tmp_path):
         first.stop()
 
 
+def test_ready_in_after_taking_back_is_the_starts_not_its_age(book, tmp_path):
+    """"ready in 6:21" after taking a server back was its age; it had started
+    in 42.8 s (issue #44, 6). The record keeps when the start became ready."""
+    first, pid = leave_running(book, "fake-a", tmp_path)
+    try:
+        record = paths.state_dir() / RECORD
+        info = json.loads(record.read_text())
+        took = info["ready_at"] - info["started_at"]
+        assert 0 < took < 30
+        # As if it had been left running five minutes ago: the age is 300 s
+        # more, the start took what it took.
+        info["started_at"] -= 300.0
+        info["ready_at"] -= 300.0
+        record.write_text(json.dumps(info))
+        adopted = EngineServer.adopt(find_detached())
+        adopted.watch()
+        st = adopted.wait_ready(15)
+        assert st.state == ServerState.READY
+        assert st.ready_at == info["ready_at"] and st.ready_at - st.started_at == pytest.approx(took)
+        assert st.uptime() > 300  # the age, which "up" shows
+        adopted.close()
+
+        # A record from before ready_at was kept: no "ready in" rather than the age.
+        del info["ready_at"]
+        record.write_text(json.dumps(info))
+        older = EngineServer.adopt(find_detached())
+        older.watch()
+        st = older.wait_ready(15)
+        assert st.state == ServerState.READY and st.ready_at is None
+        older.close()
+    finally:
+        reap(first)
+        first.stop()
+
+
 def test_stale_record_is_cleared(tmp_path):
     proc = psutil.Popen([sys.executable, "-c", "pass"])
     proc.wait()

@@ -730,10 +730,33 @@ def test_cli_parse_log_json(fixtures_dir, capsys):
     assert cli_main(["parse-log", "--json", str(fixtures_dir / CPU / "ok_block32_len2048.log")]) == 0
     d = json.loads(capsys.readouterr().out)
     assert d["vllm_version"] == "0.32.0" and d["platform"] == "cpu" and d["block_size"] == 32
-    assert d["kv_cache_tokens"] == 65536 and d["max_concurrency"] == 32.0 and d["ready"] is True
+    assert d["kv_cache_tokens"] == 65536 and d["max_concurrency"] == 32.0 and d["was_ready"] is True
     assert d["error"] is None and d["phases"]["load_weights"] == 0.01
     assert d["attention_backend"] == "CPU_ATTN" and d["attention_implied"] is True  # issue #18, 8
     assert d["max_model_len"] == 2048 and d["kv_cache_gib"] == 0.0625
+
+
+def test_cli_parse_log_json_of_a_stopped_server_is_not_ready(fixtures_dir, capsys, tmp_path):
+    # The capture ends with its SIGINT shutdown. It said "state": "stopped"
+    # beside "ready": true and "phase": "ready" (issue #44, 7): a script that
+    # reads `ready` thought the server served.
+    log = fixtures_dir / CPU / "ok_block32_len2048.log"
+    assert cli_main(["parse-log", "--json", str(log)]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["state"] == "stopped" and d["ready"] is False and d["phase"] == "shutdown"
+    assert d["was_ready"] is True and d["startup_phase"] == "ready"
+    # The same log cut before its shutdown: serving, and every field says so.
+    lines = log.read_text().splitlines(keepends=True)
+    serving = tmp_path / "serving.log"
+    serving.write_text("".join(lines[:next(i for i, line in enumerate(lines) if "[shutdown]" in line)]))
+    assert cli_main(["parse-log", "--json", str(serving)]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert (d["state"], d["ready"], d["was_ready"], d["phase"]) == ("ready", True, True, "ready")
+    # A start that failed was never ready; its phase says failed, the start's furthest phase is kept.
+    assert cli_main(["parse-log", "--json", str(fixtures_dir / CPU / "fail_kv_too_small.log")]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert (d["state"], d["ready"], d["was_ready"], d["phase"]) == ("failed", False, False, "failed")
+    assert d["startup_phase"] not in (None, "ready", "failed")
 
 
 def test_cli_parse_log_json_error(fixtures_dir, capsys):

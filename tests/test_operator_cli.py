@@ -5,6 +5,7 @@ of an empty file says so and fails."""
 
 from __future__ import annotations
 
+import json
 import textwrap
 
 import pytest
@@ -111,5 +112,46 @@ def test_a_refused_url_prints_just_the_reason(mode, capsys):
     assert main(["probe", "--url", _refused_url(), *mode, "--no-save"]) == 1
     out, err = capsys.readouterr()
     assert out == ""  # no table of dashes, no empty table header
-    assert "did not start: connection refused" in err
+    assert err.startswith("ernie-tui: error: ") and "did not start: connection refused" in err
     assert len(err.strip().splitlines()) == 1
+
+
+def test_a_refused_probe_says_its_error_as_every_command_does(capsys):
+    # It said `error (connection_refused): ...` on stdout (issue #44, 12b):
+    # now `ernie-tui: error: connection_refused: ...` on stderr, the kind kept.
+    assert main(["probe", "--url", _refused_url()]) == 1
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert err.startswith("ernie-tui: error: connection_refused: connection refused by "), err
+    assert len(err.strip().splitlines()) == 1
+    assert main(["probe", "--url", _refused_url(), "--json"]) == 1  # JSON keeps the kind as a field
+    assert json.loads(capsys.readouterr().out)["error"]["kind"] == "connection_refused"
+
+
+def test_presets_show_command_falls_back_to_the_demo_model_as_check_does(monkeypatch, capsys):
+    # `presets show seed-C --command` failed with "names no model" where
+    # `check` and the demo's dashboard use the demo model (issue #44, 12c).
+    # One rule (cli/model_choice.py): --model, else the preset's own or
+    # $ERNIE_TUI_MODEL, else the demo model once it is written.
+    from ernie_tui import paths
+    from ernie_tui.demo_model import write_demo_model
+
+    monkeypatch.delenv("ERNIE_TUI_MODEL", raising=False)
+    assert main(["presets", "show", "seed-C", "--command"]) == 1  # nothing to fall back to yet
+    assert "names no model" in capsys.readouterr().err
+    demo = paths.demo_model_dir()
+    write_demo_model(demo, "tiny")
+    assert main(["presets", "show", "seed-C", "--command"]) == 0
+    out, err = capsys.readouterr()
+    assert f"--model {demo} " in out and f"using the demo model {demo}" in err
+    main(["check", "seed-C", "--platform", "cpu", "--no-port"])
+    out, err = capsys.readouterr()
+    assert f"model {demo}" in out and "model checks skipped" not in out and f"using the demo model {demo}" in err
+    # --model, a preset's own model and $ERNIE_TUI_MODEL come first, and need no note.
+    assert main(["presets", "show", "seed-C", "--command", "--model", "/models/mine"]) == 0
+    out, err = capsys.readouterr()
+    assert "--model /models/mine " in out and "demo model" not in err
+    monkeypatch.setenv("ERNIE_TUI_MODEL", "/models/env")
+    assert main(["presets", "show", "seed-C", "--command"]) == 0
+    out, err = capsys.readouterr()
+    assert "--model /models/env " in out and "demo model" not in err

@@ -89,6 +89,23 @@ def test_private_helpers(tmp_path, open_umask):
     assert mode(old) == 0o600 and old.read_text() == "xy"
 
 
+def test_demo_model_files_and_folders_are_private(tmp_path, open_umask, capsys):
+    # `ernie-tui demo-model DIR` wrote 0644 files in 0755 folders (issue #44, 11).
+    target = tmp_path / "models" / "tiny"
+    assert main(["demo-model", str(target)]) == 0
+    assert "wrote tiny model" in capsys.readouterr().out
+    files = sorted(p for p in target.iterdir())
+    assert {p.name for p in files} >= {"config.json", "model.safetensors", "tokenizer.json"}
+    assert {p.name: mode(p) for p in files} == {p.name: 0o600 for p in files}
+    assert mode(target) == 0o700 and mode(target.parent) == 0o700  # both made by it
+    # The dashboard's own copy (`ernie-tui demo`), under the data dir.
+    from ernie_tui.cli.cmd_demo import ensure_demo_model
+
+    own = Path(ensure_demo_model())
+    capsys.readouterr()
+    assert all(mode(p) == 0o600 for p in own.iterdir()) and mode(own) == 0o700
+
+
 def test_presets_show_masks_secret_looking_env(tmp_path, capsys):
     toml = tmp_path / "p.toml"
     toml.write_text('''

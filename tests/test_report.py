@@ -304,7 +304,9 @@ def test_svg_is_valid_xml_with_its_text(store, tmp_path):
     root = ET.parse(out).getroot()
     assert root.tag.endswith("svg")
     texts = {"".join(t.itertext()) for t in root.iter("{http://www.w3.org/2000/svg}text")}
-    assert {"c=1", "c=2", "c=4", "c=8"} <= texts
+    assert {"1", "2", "4", "8", "concurrency"} <= texts  # the load axis: each level where it was measured
+    ids = {el.get("id") for el in root.iter() if el.get("id")}
+    assert {"level-c=1-undecided", "level-c=8-undecided", "capacity", "slo-ttft_p99"} <= ids
     assert "capacity c=8" in texts and "SLO ttft_p99 400 ms" in texts
 
 

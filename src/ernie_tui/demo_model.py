@@ -21,6 +21,8 @@ from pathlib import Path
 
 import numpy as np
 
+from ernie_tui import paths
+
 SPECIAL_TOKENS = ["<pad>", "<s>", "</s>", "<unk>"]  # ids 0..3, as ERNIE-4.5 has pad 0, bos 1, eos 2
 
 # Plain words so a demo prompt reads like English; the rest of a large
@@ -163,7 +165,7 @@ def _write_safetensors(path: Path, shape: ModelShape, seed: int) -> int:
     raw = json.dumps(header, separators=(",", ":")).encode()
     raw += b" " * (-len(raw) % 8)  # the format pads the header to 8 bytes
     count = 0
-    with open(path, "wb") as f:
+    with open(path, "wb", opener=paths.private_opener) as f:
         f.write(struct.pack("<Q", len(raw)))
         f.write(raw)
         for name, dims in tensors:
@@ -207,23 +209,28 @@ CHAT_TEMPLATE = (
 )
 
 
+def _write_text(path: Path, text: str) -> None:
+    """A model file, 0600 like every file ernie-tui writes (paths.private_opener)."""
+    with open(path, "w", encoding="utf-8", opener=paths.private_opener) as f:
+        f.write(text)
+
+
 def write_demo_model(directory: str | Path, shape: str = "tiny", seed: int = 0) -> dict:
     """Write config, weights and tokenizer into DIRECTORY; return a summary."""
     if shape not in SHAPES:
         raise ValueError(f"unknown shape {shape!r}; choose one of {', '.join(SHAPES)}")
     spec = SHAPES[shape]
-    out = Path(directory)
-    out.mkdir(parents=True, exist_ok=True)
+    out = paths.private_dir(directory)  # folders it makes are 0700, as every other ernie-tui writes
     words = vocabulary(spec.vocab_size)
     # Write into a temp dir beside the target, then move files in, so a
     # half-written model is never served.
     with tempfile.TemporaryDirectory(dir=out, prefix=".writing-") as tmp:
         t = Path(tmp)
-        (t / "config.json").write_text(json.dumps(_config(spec), indent=2))
-        (t / "generation_config.json").write_text(json.dumps(
+        _write_text(t / "config.json", json.dumps(_config(spec), indent=2))
+        _write_text(t / "generation_config.json", json.dumps(
             {"bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0}, indent=2))
-        (t / "tokenizer.json").write_text(json.dumps(_tokenizer_json(words), ensure_ascii=False))
-        (t / "tokenizer_config.json").write_text(json.dumps({
+        _write_text(t / "tokenizer.json", json.dumps(_tokenizer_json(words), ensure_ascii=False))
+        _write_text(t / "tokenizer_config.json", json.dumps({
             "tokenizer_class": "PreTrainedTokenizerFast",
             "bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>", "pad_token": "<pad>",
             "add_bos_token": False, "add_eos_token": False,
@@ -231,7 +238,7 @@ def write_demo_model(directory: str | Path, shape: str = "tiny", seed: int = 0) 
             "clean_up_tokenization_spaces": False,
             "chat_template": CHAT_TEMPLATE,
         }, indent=2))
-        (t / "special_tokens_map.json").write_text(json.dumps(
+        _write_text(t / "special_tokens_map.json", json.dumps(
             {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>", "pad_token": "<pad>"}))
         params = _write_safetensors(t / "model.safetensors", spec, seed)
         for f in t.iterdir():

@@ -141,6 +141,29 @@ def _fsync_dir(directory: Path) -> None:
         pass  # a file system that cannot sync a folder: the replace is still atomic
 
 
+class OutPathError(ValueError):
+    """A file the user asked for cannot be written where they said (message for people)."""
+
+
+def out_file(path: str | os.PathLike[str]) -> Path:
+    """`path` as a file to write where the user named it (--out, --csv,
+    --report, the sweep screen's export), once its folder is known to be
+    there. A missing folder is refused, as `cp` refuses one, rather than
+    made: a typo'd path would otherwise grow folders (0755, at the root even)
+    and the file land where nobody looks. OutPathError says what is wrong."""
+    target = Path(path).expanduser()
+    folder = target.parent
+    if not folder.exists():
+        raise OutPathError(f"{path}: no such directory {folder} (make it first, or name another)")
+    if not folder.is_dir():
+        raise OutPathError(f"{path}: {folder} is not a directory")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise OutPathError(f"{path}: cannot write into {folder}: permission denied")
+    if target.is_dir():
+        raise OutPathError(f"{path}: is a directory; name a file in it")
+    return target
+
+
 def _chmod(path: Path, mode: int) -> None:
     try:
         os.chmod(path, mode)

@@ -7,7 +7,9 @@ httpx, vLLM helpers) happen inside each command's run function, so `--help`
 stays fast.
 
 Errors meant for people are raised as CliError (or PresetError) and printed
-as one line with exit status 1, never a traceback.
+as one line with exit status 1, never a traceback. Output piped into a
+reader that stops early (`| head`) ends quietly with status 141, as a
+process ended by SIGPIPE (`ls`, `git`) reports in the shell.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from ernie_tui import __version__
 from ernie_tui.cli.dashboard import run_dashboard
 from ernie_tui.cli.errors import CliError
 from ernie_tui.cli.shared_options import SubcommandsAction, shared_options
+from ernie_tui.cli.stdout import end_quietly_on_closed_stdout, stdout_reader_gone
 
 __all__ = ["CliError", "build_parser", "main"]
 
@@ -71,7 +74,15 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command is None:
             return run_dashboard(args)
-        return int(args.run(args) or 0)
+        code = int(args.run(args) or 0)
+        sys.stdout.flush()  # here, not at the interpreter's exit: a reader gone is met below
+        return code
+    except BrokenPipeError:
+        # `ernie-tui runs show ID --json | head -c 10`: end as `ls` and `git`
+        # do, without a word. A broken pipe that is not stdout's is a fault.
+        if not stdout_reader_gone():
+            raise
+        return end_quietly_on_closed_stdout()
     except (CliError, PresetError) as exc:
         print(f"ernie-tui: error: {exc}", file=sys.stderr)
         return 1

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 from ernie_tui.cli.errors import CliError
 from ernie_tui.cli.shared_options import shared_options
@@ -44,8 +45,12 @@ def _run(args) -> int:
                                  env=env)
     except ValueError as exc:
         raise CliError(str(exc)) from None
-    model = args.model
-    result = run_preflight(preset, model, machine)
+    from ernie_tui.cli.model_choice import model_for  # lazy: --help start-up
+
+    choice = model_for(preset, args.model)
+    if choice.note:
+        print(f"note: {choice.note}", file=sys.stderr)
+    result = run_preflight(preset, choice.model, machine)
     if args.no_port:
         result.problems = [p for p in result.problems if p.kind.value != "port_in_use"]
         result.ok = not result.errors

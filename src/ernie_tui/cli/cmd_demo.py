@@ -37,10 +37,11 @@ def _demo_model(args) -> int:
 
 
 def ensure_demo_model() -> str:
-    from ernie_tui.demo_model import write_demo_model  # lazy: --help start-up
+    from ernie_tui.cli.model_choice import demo_model_written  # lazy: --help start-up
+    from ernie_tui.demo_model import write_demo_model
 
     target = paths.demo_model_dir()
-    if not (target / "model.safetensors").is_file():
+    if not demo_model_written():
         paths.private_dir(target.parent)  # the data dir is ernie-tui's own: 0700
         print(f"writing the tiny demo model to {target} ...")
         write_demo_model(target, "tiny")

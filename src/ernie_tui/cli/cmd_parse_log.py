@@ -16,7 +16,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                                    "version, platform, KV cache size, startup phases, readiness, and the root "
                                    "cause of a failure.")
     p.add_argument("file", metavar="FILE", help="the log file")
-    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.add_argument("--json", action="store_true",
+                   help="print the report as JSON: `state` is the log's last word (starting, ready, stopped, "
+                        "failed); `ready` is true only while it serves, `was_ready` if it ever did")
     p.add_argument("--all-stats", action="store_true",
                    help="with --json: include every periodic stats sample (default: the last one)")
     p.set_defaults(run=_run)

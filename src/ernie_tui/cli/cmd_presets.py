@@ -110,7 +110,11 @@ def _show(args) -> int:
     preset = book.get(args.name)
     _warn(_typo_warnings([preset]))
     if args.command:
-        spec = preset.launch_spec(args.model)
+        from ernie_tui.cli.model_choice import model_for  # lazy: --help start-up
+
+        choice = model_for(preset, args.model)
+        _warn([f"note: {choice.note}"] if choice.note else [])
+        spec = preset.launch_spec(choice.model)
         env_shown = masked_env(spec.display_env(), spec.secret_env_keys)
         if args.json:
             print(json.dumps({"argv": spec.argv, "env": env_shown}, indent=2))

@@ -124,7 +124,7 @@ def _run(args) -> int:
             raise CliError("--report belongs to --capacity (for a burst: ernie-tui report RUN --out FILE)")
         if args.no_save:
             raise CliError("--report draws the run record: drop --no-save")
-        check_out(args.report)
+        check_out(args.report, "--report")
     if args.burst is None and not args.capacity:
         # A single probe keeps the articles' sampling settings (Chainlit's); a
         # burst and a capacity search send the server's defaults unless given,
@@ -155,6 +155,7 @@ def _run_probe(args) -> int:
         ProbeRequest,
         find_tokenizer,
         format_probe,
+        probe_error_lines,
         ready_prompt,
         run_probe,
     )
@@ -187,7 +188,13 @@ def _run_probe(args) -> int:
     else:
         if result.text:
             print()
-        print(format_probe(result))
+        # The error reads as every command's does (`ernie-tui: error: KIND: ...`,
+        # on stderr); what was measured before it, if anything, on stdout.
+        for line in probe_error_lines(result):
+            print(f"ernie-tui: error: {line}", file=sys.stderr)
+        measured = format_probe(result, errors=False)
+        if measured:
+            print(measured)
     return 0 if result.ok else 1
 
 
@@ -275,7 +282,7 @@ def _save_and_print(args, result, format_result, *, measured: bool):
         # Nothing was sent (a refused URL, no model): a table of dashes says
         # nothing; the reason is the whole answer.
         for line in result.warnings or [getattr(result, "stop_message", "") or "nothing was measured"]:
-            print(f"ernie-tui: {line}", file=sys.stderr)
+            print(f"ernie-tui: error: {line}", file=sys.stderr)
         return
     if args.json:
         out = result.to_dict()

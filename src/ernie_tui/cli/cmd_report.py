@@ -6,6 +6,7 @@ import argparse
 import sys
 
 from ernie_tui.cli.errors import CliError
+from ernie_tui.cli.out_paths import check_out_files
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -30,8 +31,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(run=_report)
 
 
-def check_out(paths: list[str]) -> None:
-    """Refuse a bad suffix before anything runs (CliError)."""
+def check_out(paths: list[str], option: str = "--out") -> None:
+    """Refuse a bad suffix or a missing folder before anything runs (CliError)."""
     from pathlib import Path
 
     from ernie_tui.engine_ctl.report import FORMATS  # lazy: --help start-up
@@ -39,6 +40,7 @@ def check_out(paths: list[str]) -> None:
     for out in paths:
         if Path(out).suffix.lower() not in FORMATS:
             raise CliError(f"a report must end in .html, .png or .svg, got {out}")
+    check_out_files(option, paths)
     if paths:  # every format draws: find out now, not after a sweep's hours
         try:
             import matplotlib  # noqa: F401
@@ -73,6 +75,7 @@ def _report(args) -> int:
     if not args.out and not args.csv:
         raise CliError("say where: --out FILE.html (or .png/.svg) and/or --csv FILE.csv")
     check_out(args.out)
+    check_out_files("--csv", [args.csv] if args.csv else [])
     written = write_from_refs(args.runs, args.out, args.csv, args.title, args.runs_dir)
     print(f"wrote {', '.join(written)}", file=sys.stderr)
     return 0

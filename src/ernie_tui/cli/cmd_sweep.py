@@ -11,6 +11,7 @@ from ernie_tui.cli.capacity_args import add_capacity_args
 from ernie_tui.cli.cmd_report import check_out, write_from_refs
 from ernie_tui.cli.errors import CliError
 from ernie_tui.cli.interruptible import run_interruptible
+from ernie_tui.cli.out_paths import check_out_files
 from ernie_tui.cli.shared_options import shared_options
 
 
@@ -98,11 +99,12 @@ def _sweep(args) -> int:
     for out in args.out:
         if Path(out).suffix.lower() not in (".csv", ".json", ".md"):
             raise CliError(f"--out must end in .csv, .json or .md, got {out}")
+    check_out_files("--out", args.out)
     if args.repeat < 1:
         raise CliError("--repeat must be at least 1")
     if args.report:
 
-        check_out(args.report)
+        check_out(args.report, "--report")
     book = load_presets(args.presets)
     model = args.model
     presets = [book.get(n) for n in args.names]

@@ -35,3 +35,38 @@ def print_whole(text: str) -> None:
             select.select([], [fd], [])
             continue
         data = data[n:]
+
+
+# 128 + SIGPIPE: what a shell reports for `ls | head` or `git log | head`,
+# whose writer the kernel ends with SIGPIPE. The same status here lets a
+# `set -o pipefail` script treat ernie-tui as it treats them; 0 would claim
+# the whole output was delivered, and it was not.
+EXIT_READER_GONE = 141
+
+
+def stdout_reader_gone() -> bool:
+    """Whether stdout is a pipe (or socket) whose reader has closed it: the
+    kernel flags a write end with no reader as an error (POLLERR) at once.
+    Tells a `| head` that stopped reading from a broken pipe elsewhere (a
+    child's stdin, a socket), which is a real failure and is not hidden."""
+    try:
+        fd = sys.__stdout__.fileno() if sys.__stdout__ is not None else 1
+        poller = select.poll()
+        poller.register(fd, select.POLLOUT)
+        events = poller.poll(0)
+    except (AttributeError, OSError, ValueError):
+        return False
+    return any(ev & (select.POLLERR | select.POLLHUP) for _, ev in events)
+
+
+def end_quietly_on_closed_stdout() -> int:
+    """The reader of stdout left (`| head -c 10`): stop writing, say nothing,
+    and point stdout at /dev/null so the interpreter's last flush of what is
+    still buffered does not raise again at exit. Returns the exit status."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.__stdout__.fileno() if sys.__stdout__ is not None else 1)
+        os.close(devnull)
+    except (AttributeError, OSError, ValueError):
+        pass
+    return EXIT_READER_GONE

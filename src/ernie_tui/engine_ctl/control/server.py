@@ -471,6 +471,11 @@ class EngineServer(_Watcher):
         self._health_trusted = True
         self._stopping = False
         self.adopted = False  # a server a previous dashboard left running, taken back
+        # When a server taken back became ready: its record's ready_at (the
+        # start's, not the moment we took it back, which would make "ready in"
+        # its age); None with _ready_at_unknown for a record too old to say.
+        self._adopted_ready_at: float | None = None
+        self._ready_at_unknown = False
         # False (default): a process group of its own in our session; True:
         # setsid, a session of its own. Either way its pid is its group id and
         # the terminal's SIGHUP never reaches it (only the session leader and
@@ -499,6 +504,11 @@ class EngineServer(_Watcher):
         create_time = record.get("create_time")
         server._proc = _Adopted(pid, float(create_time) if isinstance(create_time, (int, float)) else None)
         server.adopted = True
+        ready_at = record.get("ready_at")
+        if isinstance(ready_at, (int, float)):
+            server._adopted_ready_at = float(ready_at)
+        else:  # left before it was ready (null): it becomes ready while we watch; absent: not known
+            server._ready_at_unknown = "ready_at" not in record
         server._remember_tree()
         server._set_status(url=str(record.get("url") or spec.url).rstrip("/"), state=ServerState.STARTING,
                            phase="connecting", pid=pid, started_at=record.get("started_at"))
@@ -545,6 +555,7 @@ class EngineServer(_Watcher):
                 raise ServerError(f"cannot run {self.spec.argv[0]}: {exc.strerror or exc}") from None
         self._procs_seen = {}
         self.adopted = False
+        self._adopted_ready_at, self._ready_at_unknown = None, False
         self._remember_tree()
         self._begin_log(log)
         self._stopping = False
@@ -623,7 +634,8 @@ class EngineServer(_Watcher):
         # time tells a reused pid from ours. No env: it may hold the API key.
         return paths.write_private_text(paths.state_dir() / DETACHED_FILE, json.dumps(
             {"pid": st.pid, "pgid": st.pid, "create_time": create_time, "url": st.url, "preset": st.preset_name,
-             "log_path": str(st.log_path), "started_at": st.started_at, "host": spec.host, "port": spec.port,
+             "log_path": str(st.log_path), "started_at": st.started_at, "ready_at": st.ready_at,
+             "host": spec.host, "port": spec.port,
              "model": spec.model, "served_model_name": spec.served_model_name, "argv": list(spec.argv)}))
 
     def engine_pids(self) -> list[int]:
@@ -709,9 +721,17 @@ class EngineServer(_Watcher):
                 confirmed = serving and seen is not None and (
                     not self._health_trusted or now - seen > READY_CONFIRM_S)
                 if healthy or confirmed:
-                    self._set_status(state=ServerState.READY, phase="ready", ready_at=time.time())
+                    self._set_status(state=ServerState.READY, phase="ready", ready_at=self._ready_time())
             if not busy:
                 time.sleep(0.1)
+
+    def _ready_time(self) -> float | None:
+        """When the server became ready, for "ready in": now, for a start we
+        watch; for one taken back, the time its record kept (None when an
+        older record did not keep it: better no figure than its age)."""
+        if self._adopted_ready_at is not None:
+            return self._adopted_ready_at
+        return None if self._ready_at_unknown else time.time()
 
     def _reap_orphans(self) -> None:
         """After the launcher died on its own, end what it left behind in its

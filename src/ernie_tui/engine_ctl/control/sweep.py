@@ -370,7 +370,7 @@ def export_sweep(rows: list[SweepRow], path: str | Path, meta: dict[str, Any] | 
         text = to_json(rows, meta)
     else:
         raise ValueError(f"--out must end in .csv, .json or .md, got {p.name}")
-    p.parent.mkdir(parents=True, exist_ok=True)
+    p = paths.out_file(p)  # its folder must be there (OutPathError, a ValueError)
     tmp = p.with_name(p.name + ".tmp")
     tmp.write_text(text, encoding="utf-8")
     tmp.replace(p)

@@ -72,7 +72,7 @@ from ernie_tui.engine_ctl.load.metrics import (
     only_metrics,
 )
 from ernie_tui.engine_ctl.load.pareto import front_of_rows
-from ernie_tui.engine_ctl.load.probe import format_probe, run_probe
+from ernie_tui.engine_ctl.load.probe import format_probe, probe_error_lines, run_probe
 from ernie_tui.engine_ctl.load.prompts import (
     CHINESE_PROMPT,
     LONG_PROMPT_TOKENS,
@@ -175,6 +175,7 @@ __all__ = [
     "format_burst",
     "format_capacity",
     "format_probe",
+    "probe_error_lines",
     "front_of_rows",
     "is_local_host",
     "listening_pid",

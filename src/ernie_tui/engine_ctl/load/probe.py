@@ -286,22 +286,32 @@ def run_probe(url: str, prompt: str | None = None, *, request: ProbeRequest | No
                                       read_timeout=read_timeout, total_timeout=total_timeout))
 
 
-def format_probe(r: ProbeResult) -> str:
-    """A few plain lines for a terminal."""
+def probe_error_lines(r: ProbeResult) -> list[str]:
+    """What went wrong, its kind first ("connection_refused: connection
+    refused by ..."), and the model's limit for a prompt too long; [] when
+    nothing did. The CLI prints them as its errors (`ernie-tui: error: ...`)."""
+    if not r.error:
+        return []
+    lines = [f"{r.error.kind}: {r.error.message}"]
+    if r.error.kind is ProbeErrorKind.PROMPT_TOO_LONG and r.error.max_model_len:
+        extra = f"; the prompt has {r.error.prompt_tokens}" if r.error.prompt_tokens else ""
+        lines.append(f"the model's limit (max_model_len) is {r.error.max_model_len} tokens{extra}")
+    return lines
+
+
+def format_probe(r: ProbeResult, errors: bool = True) -> str:
+    """A few plain lines for a terminal; `errors=False` leaves out the
+    error lines (probe_error_lines), for a caller that prints them apart."""
     def ms(v: float | None) -> str:
         return "-" if v is None else f"{v * 1000:.1f} ms"
 
     def num(v: float | None, unit: str = "") -> str:
         return "-" if v is None else f"{v:.1f}{unit}"
 
-    lines = []
-    if r.error:
-        lines.append(f"error ({r.error.kind}): {r.error.message}")
-        if r.error.kind is ProbeErrorKind.PROMPT_TOO_LONG and r.error.max_model_len:
-            extra = f"; the prompt has {r.error.prompt_tokens}" if r.error.prompt_tokens else ""
-            lines.append(f"the model's limit (max_model_len) is {r.error.max_model_len} tokens{extra}")
-        if r.chunks == 0:
-            return "\n".join(lines)  # nothing was measured; figures of dashes only add noise
+    said = probe_error_lines(r) if errors else []
+    lines = [f"error: {said[0]}", *said[1:]] if said else []
+    if r.error and r.chunks == 0:
+        return "\n".join(lines)  # nothing was measured; figures of dashes only add noise
     lines.append(f"model {r.model}  endpoint {r.endpoint}  finish_reason {r.finish_reason or '-'}")
     lines.append(f"TTFT {ms(r.ttft_s)}  ITL mean {ms(r.itl_mean_s)}  p90 {ms(r.itl_p90_s)}  "
                  f"latency {ms(r.latency_s)}")
@@ -318,7 +328,8 @@ __all__ = [
     "LONG_PROMPT_TOKENS", "LocalTokenizer", "ProbeError", "ProbeFailure", "ProbeRequest", "ProbeResult",
     "PromptBuilder", "READY_PROMPTS", "SHORT_PROMPT", "SSEEvent", "SSEParser", "ServedModel",
     "ServerTokenizer", "StreamState", "base_url", "decode_payload", "error_from_response", "find_tokenizer",
-    "format_probe", "list_models", "long_prompt", "parse_too_long", "probe_async", "ready_prompt",
+    "format_probe", "list_models", "long_prompt", "parse_too_long", "probe_async", "probe_error_lines",
+    "ready_prompt",
     "resolve_model", "run_probe", "stream_request", "new_async_client", "warm_client", "fast_loop_factory",
     "TRANSPORTS",
 ]

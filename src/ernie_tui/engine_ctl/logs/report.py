@@ -121,8 +121,18 @@ class EngineReport:
         return "ready" if self.ready else "starting"
 
     def to_dict(self, include_stats: bool = False) -> dict[str, Any]:
+        """The report for a script (`parse-log --json`, run records). Its
+        fields agree with `state`, the log's last word: `ready` is true only
+        while the server serves (a stopped or failed one had been ready:
+        `was_ready`), and `phase` is "shutdown" or "failed" once it is;
+        `startup_phase` keeps the furthest phase its start reached."""
         d = asdict(self)
-        d["state"] = self.state
+        state = self.state
+        d["state"] = state
+        d["ready"] = state == "ready"
+        d["was_ready"] = self.ready
+        d["startup_phase"] = self.phase
+        d["phase"] = {"stopped": "shutdown", "failed": "failed"}.get(state, self.phase)
         d["error"] = self.error.to_dict() if self.error else None
         if not include_stats:
             d["stats"] = [asdict(s) for s in self.stats[-1:]]

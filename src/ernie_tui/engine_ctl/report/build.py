@@ -19,7 +19,7 @@ from html import escape
 from pathlib import Path
 from typing import Any
 
-from ernie_tui import __version__
+from ernie_tui import __version__, paths
 from ernie_tui.engine_ctl.control import SweepRow, at_ceiling
 from ernie_tui.engine_ctl.report import figures as F
 from ernie_tui.engine_ctl.report.inputs import Comparison, Curve, ReportData, ReportError
@@ -310,7 +310,7 @@ def network_refs(html_text: str) -> list[str]:
 def write_report(data: ReportData, out: str | Path, title: str | None = None, dpi: float | None = None) -> Path:
     """Write FILE.html (the page), FILE.png or FILE.svg (every picture on one
     canvas; `dpi` sets a PNG's resolution, 100 by default)."""
-    p = Path(out)
+    p = _out_file(out)
     suffix = p.suffix.lower()
     if suffix not in FORMATS:
         raise ReportError(f"the report must end in .html, .png or .svg, got {p.name}")
@@ -319,7 +319,6 @@ def write_report(data: ReportData, out: str | Path, title: str | None = None, dp
     else:
         fig = F.overview_figure(data.curves, data.comparisons)
         payload = F.render(fig, suffix[1:], salt=p.stem, dpi=dpi)
-    p.parent.mkdir(parents=True, exist_ok=True)
     tmp = p.with_name(p.name + ".tmp")
     tmp.write_bytes(payload)
     tmp.replace(p)
@@ -327,8 +326,15 @@ def write_report(data: ReportData, out: str | Path, title: str | None = None, dp
 
 
 def write_csv(data: ReportData, out: str | Path) -> Path:
-    p = Path(out)
-    p.parent.mkdir(parents=True, exist_ok=True)
+    p = _out_file(out)
     p.write_text(levels_csv(data), encoding="utf-8")
     return p
 
+
+
+def _out_file(out: str | Path) -> Path:
+    """The file to write, its folder there (paths.out_file), as a ReportError."""
+    try:
+        return paths.out_file(out)
+    except paths.OutPathError as exc:
+        raise ReportError(str(exc)) from None

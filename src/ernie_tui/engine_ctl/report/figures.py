@@ -3,10 +3,21 @@ no display, nothing fetched): PNG or SVG bytes. matplotlib is the optional
 `report` extra; without it every function here raises ReportError saying
 how to install it.
 
+One look should give the capacity, the SLO and the knee (vLLM's
+plot_pareto and GuideLLM's report are the bar). So each run is a row whose
+title states what it found, and every panel has the load on its x axis
+(concurrency or request rate, the order the search walked, so lines never
+zigzag): TTFT and ITL against the SLO's line, throughput with its knee, and
+attainment. A latency axis spanning more than a decade is logarithmic, so
+passing levels and the SLO line are not squashed under one slow level.
+The SLO line and the capacity are labelled on the plot itself; those labels
+are moved apart when they would overlap, and nothing else is written beside
+points (the axes carry the values).
+
 SVG keeps its text as text (svg.fonttype "none"), so a browser draws it with
 a local font and a test can find the labels, and each artist that matters
 carries an id (gid): level-<label>-<verdict>, slo-<metric>, capacity,
-front-<preset>.
+front-<preset>, attainment-<label>, overlay-<trial>.
 """
 
 from __future__ import annotations
@@ -18,7 +29,8 @@ from ernie_tui.engine_ctl.report.inputs import Comparison, Curve, Level, ReportE
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
-    from matplotlib.figure import Figure
+    from matplotlib.figure import Figure, SubFigure
+    from matplotlib.text import Text
 
 INSTALL_HINT = "the report's pictures need matplotlib: pip install 'ernie-tui[report]'"
 
@@ -28,6 +40,9 @@ VERDICT_STYLE = {  # marker, colour, filled
     "undecided": ("o", "#777777", False),
     "": ("D", "#4575b4", True),  # a burst: no verdict
 }
+SLO_COLOUR = "#d73027"
+PALETTE = ["#4575b4", "#d73027", "#1a9850", "#984ea3", "#ff7f00", "#a65628", "#f781bf", "#666666"]
+LOG_SPAN = 10.0  # a latency axis whose values span this factor or more is drawn on a log scale
 
 
 def _mpl() -> Any:
@@ -41,10 +56,14 @@ def _mpl() -> Any:
 
 def new_figure(width: float, height: float) -> "Figure":
     _mpl()
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    # Figure() (not pyplot): no global state, no GUI, safe from any thread.
-    return Figure(figsize=(width, height), dpi=100, layout="constrained")
+    # Figure() (not pyplot): no global state, no GUI, safe from any thread;
+    # an Agg canvas of its own measures the labels (finish()).
+    fig = Figure(figsize=(width, height), dpi=100, layout="constrained")
+    FigureCanvasAgg(fig)
+    return fig
 
 
 def render(fig: "Figure", fmt: str, salt: str = "ernie-tui", dpi: float | None = None) -> bytes:
@@ -73,53 +92,147 @@ def latency_name(curve: Curve, metric: str) -> str:
     return own[0] if own else f"{metric}_p99"
 
 
-def draw_latency(ax: "Axes", curve: Curve, metric: str) -> None:
-    """Output tok/s (x) against `metric`'s percentile (p99, or the SLO's), a
-    point per level with its verdict, the SLO limit as a line, the capacity ringed."""
-    name = latency_name(curve, metric)
-    shown = name.replace("_", " ").upper().replace(" P", " p")
-    seen: set[str] = set()
-    for lv in curve.levels:
-        x, y = lv.output_tps, lv.latency(name)
-        if x is None or y is None:
-            continue
-        marker, colour, filled = VERDICT_STYLE.get(lv.verdict, VERDICT_STYLE["undecided"])
-        label = _verdict_label(lv.verdict)
-        pts = ax.scatter([x], [y], marker=marker, s=60, zorder=3,
-                         c=colour if filled else "none", edgecolors=colour, linewidths=1.5,
-                         label=None if label in seen else label)
-        pts.set_gid(f"level-{lv.label}-{lv.verdict or 'measured'}")
-        seen.add(label)
-        ax.annotate(lv.label, (x, y), textcoords="offset points", xytext=(5, 5), fontsize=8)
-    # Joined in the order of the levels (concurrency or rate), not of throughput.
-    pts_line: list[tuple[float, float]] = []
+def _shown(name: str) -> str:
+    """"ttft_p99" -> "TTFT p99"."""
+    return name.replace("_", " ").upper().replace(" P", " p")
+
+
+def row_title(curve: Curve) -> str:
+    """What the run found, as the title of its row: the capacity and the SLO first."""
+    slo = ", ".join(f"{_shown(k)} ≤ {v:g} ms" for k, v in curve.limits.items())  # in the SLO's order
+    cap = curve.capacity
+    if curve.kind == "burst" and curve.levels:
+        lv = curve.levels[0]
+        tps = f"{lv.output_tps:,.0f} output tok/s" if lv.output_tps is not None else "no output"
+        ttft = f", TTFT p99 {lv.ttft_p99_ms:,.0f} ms" if lv.ttft_p99_ms is not None else ""
+        return f"{curve_title(curve)}: burst at {lv.label}: {tps}{ttft}"
+    if cap is None:
+        return f"{curve_title(curve)}: no capacity under {slo or 'its SLO'} (search stopped: {curve.stop or '?'})"
+    good = f" (goodput {cap.goodput_output_tps:,.0f} tok/s)" if cap.goodput_output_tps is not None else ""
+    return f"{curve_title(curve)}: capacity {cap.label}{good} under {slo}"
+
+
+# -- axes ----------------------------------------------------------------------------------
+
+def _plain_ticks(axis: Any) -> None:
+    from matplotlib.ticker import FuncFormatter, NullFormatter
+
+    axis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:,.10g}"))
+    axis.set_minor_formatter(NullFormatter())
+
+
+def _load_axis(ax: "Axes", curve_key: str, xs: list[float]) -> None:
+    """The load on x: concurrency or request rate, log 2 once it spans 8x
+    (a search doubles its load), with plain numbers as ticks."""
+    ax.set_xlabel("concurrency" if curve_key == "concurrency" else "request rate (req/s)")
+    if xs and min(xs) > 0 and max(xs) / min(xs) >= 8:
+        ax.set_xscale("log", base=2)
+        _plain_ticks(ax.xaxis)
+
+
+def _latency_axis(ax: "Axes", values: list[float], label: str) -> None:
+    """Latency on y: logarithmic when it spans a decade or more, so the
+    passing levels and the SLO line keep their room beside one slow level."""
+    from matplotlib.ticker import LogLocator
+
+    ax.set_ylabel(label)
+    pos = [v for v in values if v > 0]
+    if pos and max(pos) / min(pos) >= LOG_SPAN:
+        ax.set_yscale("log")
+        ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+        _plain_ticks(ax.yaxis)
+
+
+def _points(curve: Curve, value: Any) -> list[tuple[float, float, Level]]:
+    """(load, figure, level) for each level with the figure, in load order
+    (a level measured twice, as a confirmation, keeps its measuring order)."""
+    out = []
     for lv in sorted(curve.levels, key=lambda lv: lv.x):
-        x, y = lv.output_tps, lv.latency(name)
-        if x is not None and y is not None:
-            pts_line.append((x, y))
-    if len(pts_line) > 1:
-        ax.plot([p[0] for p in pts_line], [p[1] for p in pts_line], color="#bbbbbb", lw=1, zorder=1)
-    for slo_name, limit in sorted(curve.limits.items()):
-        if slo_name == name:
-            line = ax.axhline(limit, color="#d73027", ls="--", lw=1.2, label=f"SLO {slo_name} {limit:g} ms")
-            line.set_gid(f"slo-{slo_name}")
+        y = value(lv)
+        if y is not None:
+            out.append((lv.x, y, lv))
+    return out
+
+
+def _mark_slo(ax: "Axes", name: str, limit: float) -> "Text":
+    """The SLO's limit as a dashed line, labelled on the line at its right end."""
+    ax.axhline(limit, color=SLO_COLOUR, ls="--", lw=1.3, zorder=2).set_gid(f"slo-{name}")
+    label = ax.text(0.99, limit, f"SLO {name} {limit:g} ms", transform=ax.get_yaxis_transform(), ha="right",
+                    va="bottom", fontsize=8, color=SLO_COLOUR, zorder=5,
+                    bbox={"boxstyle": "round,pad=0.15", "fc": "white", "ec": "none", "alpha": 0.8})
+    label.set_gid(f"label-slo-{name}")
+    return label
+
+
+def _mark_capacity(ax: "Axes", cap: Level | None, gid: str = "capacity-level") -> "Text | None":
+    """The capacity's load as a dotted vertical line, labelled at its top."""
+    if cap is None:
+        return None
+    ax.axvline(cap.x, color="#000000", ls=":", lw=1.3, zorder=2).set_gid(gid)
+    label = ax.text(cap.x, 0.98, f"capacity {cap.label}", transform=ax.get_xaxis_transform(), ha="left",
+                    va="top", fontsize=8, fontweight="bold", zorder=5,
+                    bbox={"boxstyle": "round,pad=0.3", "fc": "white", "ec": "none", "alpha": 0.8})
+    label.set_gid("label-capacity")
+    return label
+
+
+# -- a run's panels --------------------------------------------------------------------------
+
+def draw_latency(ax: "Axes", curve: Curve, metric: str) -> None:
+    """`metric`'s percentile (the SLO's own, else p99) against the load: a
+    point per level with its verdict, joined in load order; the SLO limit
+    and the capacity drawn and labelled, the capacity's point ringed."""
+    name = latency_name(curve, metric)
+    pts = _points(curve, lambda lv: lv.latency(name))
+    for x, y, lv in pts:
+        marker, colour, filled = VERDICT_STYLE.get(lv.verdict, VERDICT_STYLE["undecided"])
+        dot = ax.scatter([x], [y], marker=marker, s=55, zorder=3, c=colour if filled else "none",
+                         edgecolors=colour, linewidths=1.5)
+        dot.set_gid(f"level-{lv.label}-{lv.verdict or 'measured'}")
+    if len(pts) > 1:
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], color="#999999", lw=1, zorder=1)
+    limit = curve.limits.get(name)
+    if limit is not None:
+        _mark_slo(ax, name, limit)
     cap = curve.capacity
     cap_y = cap.latency(name) if cap is not None else None
-    if cap is not None and cap.output_tps is not None and cap_y is not None:
-        ring = ax.scatter([cap.output_tps], [cap_y], s=260, facecolors="none",
-                          edgecolors="#000000", linewidths=1.8, zorder=4, label=f"capacity {cap.label}")
+    if cap is not None and cap_y is not None:
+        ring = ax.scatter([cap.x], [cap_y], s=240, facecolors="none", edgecolors="#000000", linewidths=1.8,
+                          zorder=4)
         ring.set_gid("capacity")
-    ax.set_xlabel("output tok/s")
-    ax.set_ylabel(f"{shown} (ms)")
-    ax.set_title(f"{curve_title(curve)}: output tok/s vs {shown}", fontsize=10)
+    _mark_capacity(ax, cap, gid=f"capacity-line-{metric}")
+    _load_axis(ax, curve.level_key, [p[0] for p in pts])
+    _latency_axis(ax, [p[1] for p in pts] + ([limit] if limit is not None else []), f"{_shown(name)} (ms)")
+    ax.set_title(f"{_shown(name)} by load", fontsize=10)
+    ax.margins(y=0.14)  # room at the top for the capacity's label above the points
+    ax.grid(True, which="major", alpha=0.3)
+
+
+def draw_throughput(ax: "Axes", curve: Curve) -> None:
+    """Output tok/s and goodput (tok/s within the SLO) against the load:
+    the knee is where more load stops buying more tokens."""
+    out = _points(curve, lambda lv: lv.output_tps)
+    good = _points(curve, lambda lv: lv.goodput_output_tps)
+    if out:
+        ax.plot([p[0] for p in out], [p[1] for p in out], color="#4575b4", lw=2, marker="o", ms=4, zorder=2,
+                label="output tok/s")[0].set_gid("throughput-output")
+    if good and curve.kind != "burst":  # drawn over output, thinner: where all is good they coincide
+        ax.plot([p[0] for p in good], [p[1] for p in good], color="#1a9850", lw=1.2, ls="--", marker="s", ms=3,
+                zorder=3, label="goodput (within SLO)")[0].set_gid("throughput-goodput")
+    _mark_capacity(ax, curve.capacity, gid="capacity-line-throughput")
+    _load_axis(ax, curve.level_key, [p[0] for p in out])
+    ax.set_ylabel("tok/s")
+    ax.margins(y=0.14)
+    ax.set_ylim(bottom=0)
+    ax.set_title("throughput by load (the knee)", fontsize=10)
     ax.grid(True, alpha=0.3)
-    if ax.get_legend_handles_labels()[0]:
-        ax.legend(fontsize=7, loc="best")
+    if out:
+        ax.legend(fontsize=7, loc="lower right")
 
 
 def draw_attainment(ax: "Axes", curve: Curve) -> None:
     """Each level's SLO attainment with its confidence interval."""
-    levels = [lv for lv in curve.levels if lv.attainment is not None]
+    levels = sorted((lv for lv in curve.levels if lv.attainment is not None), key=lambda lv: lv.x)
     for lv in levels:
         marker, colour, filled = VERDICT_STYLE.get(lv.verdict, VERDICT_STYLE["undecided"])
         a = lv.attainment or 0.0
@@ -128,28 +241,67 @@ def draw_attainment(ax: "Axes", curve: Curve) -> None:
         bar = ax.errorbar([lv.x], [a * 100], yerr=[[max(lo, 0) * 100], [max(hi, 0) * 100]], fmt=marker,
                           color=colour, mfc=colour if filled else "none", capsize=4, ms=7)
         bar.lines[0].set_gid(f"attainment-{lv.label}")
-        ax.annotate(f"{a * 100:.1f}%", (lv.x, a * 100), textcoords="offset points", xytext=(6, -3), fontsize=7)
-    if curve.capacity is not None:
-        v = ax.axvline(curve.capacity.x, color="#000000", ls=":", lw=1.2, label=f"capacity {curve.capacity.label}")
-        v.set_gid("capacity-level")
-        ax.legend(fontsize=7, loc="lower left")
-    ax.set_xlabel("concurrency" if curve.level_key == "concurrency" else "request rate (req/s)")
+    _mark_capacity(ax, curve.capacity)
+    _load_axis(ax, curve.level_key, [lv.x for lv in levels])
     ax.set_ylabel("SLO attainment (%)")
-    ax.set_title(f"{curve_title(curve)}: attainment per level", fontsize=10)
-    if levels and all(lv.x > 0 for lv in levels) and max(lv.x for lv in levels) / min(lv.x for lv in levels) >= 8:
-        ax.set_xscale("log", base=2)
+    ax.margins(y=0.14)
+    ax.set_title("SLO attainment by load", fontsize=10)
     ax.grid(True, alpha=0.3)
     if not levels:
-        ax.axis("off")
+        ax.set_xticks([])
+        ax.set_yticks([])
         ax.text(0.5, 0.5, "no SLO attainment:\na burst is measured, not judged", ha="center", va="center",
                 transform=ax.transAxes, fontsize=9, color="#555555")
 
 
+def _verdict_legend(parent: "Figure | SubFigure", curve: Curve) -> None:
+    """One legend for the row: what each marker means."""
+    from matplotlib.lines import Line2D
+
+    seen = []
+    for verdict in ("pass", "fail", "undecided", ""):
+        if any(lv.verdict == verdict for lv in curve.levels):
+            marker, colour, filled = VERDICT_STYLE[verdict]
+            seen.append(Line2D([], [], ls="none", marker=marker, ms=7, color=colour,
+                               mfc=colour if filled else "none", label=_verdict_label(verdict)))
+    if curve.capacity is not None:
+        seen.append(Line2D([], [], ls="none", marker="o", ms=12, mfc="none", mec="#000000",
+                           label=f"capacity {curve.capacity.label}"))
+    if seen:
+        parent.legend(handles=seen, loc="outside right upper", fontsize=8, frameon=False)
+
+
+def draw_curve_row(parent: "Figure | SubFigure", curve: Curve) -> None:
+    """A run's row: its finding as the title, then TTFT, ITL, throughput and attainment by load."""
+    axes = parent.subplots(1, 4)
+    draw_latency(axes[0], curve, "ttft")
+    draw_latency(axes[1], curve, "itl")
+    draw_throughput(axes[2], curve)
+    draw_attainment(axes[3], curve)
+    parent.suptitle(row_title(curve), fontsize=11, fontweight="bold", x=0.01, ha="left")
+    _verdict_legend(parent, curve)
+
+
+def curve_figure(curve: Curve) -> "Figure":
+    fig = new_figure(16, 4.0)
+    draw_curve_row(fig, curve)
+    return finish(fig)
+
+
+# -- presets side by side ----------------------------------------------------------------------
+
+def _preset_colours(cmp_: Comparison) -> dict[str, str]:
+    """A colour per preset, the same in the front and in every trial's curve."""
+    return {r.preset: PALETTE[i % len(PALETTE)] for i, r in enumerate(cmp_.rows)}
+
+
 def draw_front(ax: "Axes", cmp_: Comparison) -> None:
     """Each preset at its capacity: goodput (x) against TTFT p99 (y), the
-    min-max of its repeats as error bars, the Pareto front joined and marked."""
+    min-max of its repeats as error bars, the Pareto front joined and
+    starred; presets named in the legend (rank first), never beside points."""
+    colours = _preset_colours(cmp_)
     pts = []
-    for row in cmp_.rows:
+    for row in sorted(cmp_.rows, key=lambda r: r.rank or 10**6):
         g, t = row.stats.get("goodput_output_tps"), row.stats.get("ttft_p99_ms")
         if g is None or t is None or g.median is None or t.median is None:
             continue
@@ -158,23 +310,22 @@ def draw_front(ax: "Axes", cmp_: Comparison) -> None:
                 [(g.high if g.high is not None else g.median) - g.median]]
         yerr = [[t.median - (t.low if t.low is not None else t.median)],
                 [(t.high if t.high is not None else t.median) - t.median]]
+        label = (f"#{row.rank} " if row.rank else "") + row.preset + (" ★ front" if on else "")
         bar = ax.errorbar([g.median], [t.median], xerr=xerr, yerr=yerr, fmt="*" if on else "o",
-                          ms=13 if on else 7, color="#fdae61" if on else "#4575b4", mec="#000000", capsize=3)
+                          ms=15 if on else 8, color=colours[row.preset], mec="#000000", capsize=3, label=label)
         bar.lines[0].set_gid(f"{'front' if on else 'preset'}-{row.preset}")
-        ax.annotate(f"{row.preset}" + (f" (#{row.rank})" if row.rank else ""), (g.median, t.median),
-                    textcoords="offset points", xytext=(7, 6), fontsize=8)
         pts.append((g.median, t.median, on))
     front = sorted((p for p in pts if p[2]), key=lambda p: p[0])
     if len(front) > 1:
-        line = ax.plot([p[0] for p in front], [p[1] for p in front], color="#fdae61", lw=1.5, zorder=0,
-                       label="Pareto front")[0]
-        line.set_gid("pareto-front")
-        ax.legend(fontsize=7)
-    ax.set_xlabel("goodput at the SLO (output tok/s)")
-    ax.set_ylabel("TTFT p99 at capacity (ms)")
-    ax.set_title(f"{cmp_.title}: presets at their capacity (★ Pareto front)", fontsize=10)
+        ax.plot([p[0] for p in front], [p[1] for p in front], color="#fdae61", lw=2, zorder=0,
+                label="Pareto front")[0].set_gid("pareto-front")
+    ax.set_xlabel("goodput at the SLO (output tok/s; more is better →)")
+    ax.set_ylabel("TTFT p99 at capacity (ms; ← less is better)")
+    ax.set_title("each preset at its capacity (median, min-max of repeats)", fontsize=10)
     ax.grid(True, alpha=0.3)
-    if not pts:
+    if pts:
+        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0, frameon=False)
+    else:
         ax.text(0.5, 0.5, "no preset has goodput and TTFT at a capacity", ha="center", va="center",
                 transform=ax.transAxes, fontsize=8)
 
@@ -194,100 +345,125 @@ def draw_scores(ax: "Axes", cmp_: Comparison) -> None:
     ax.set_yticks(range(len(rows)), [r.preset for r in rows])
     ax.invert_yaxis()
     ax.set_xlabel({"output_tps": "output tok/s"}.get(cmp_.score, cmp_.score.replace("_", " ")))
-    ax.set_title(f"{cmp_.title}: ranking (median, min-max of repeats)", fontsize=10)
+    ax.set_title("ranking (median, min-max of repeats)", fontsize=10)
     ax.grid(True, axis="x", alpha=0.3)
 
 
-def curve_figure(curve: Curve) -> "Figure":
-    fig = new_figure(13, 3.8)
-    axes = fig.subplots(1, 3)
-    draw_latency(axes[0], curve, "ttft")
-    draw_latency(axes[1], curve, "itl")
-    draw_attainment(axes[2], curve)
-    return fig
-
-
 def draw_overlay(ax: "Axes", cmp_: Comparison, curves: list[Curve], metric: str = "ttft") -> None:
-    """Every trial's curve on one axes, a colour per preset: output tok/s
-    against `metric`'s percentile, failed levels crossed, capacities ringed."""
-    presets = [r.preset for r in cmp_.rows]
-    mine = [c for c in curves if c.name in presets]
-    palette = ["#4575b4", "#d73027", "#1a9850", "#984ea3", "#ff7f00", "#a65628", "#f781bf", "#666666"]
+    """Every trial's curve on one axes against the load, a colour per preset
+    (a dashed line for a later repeat), failed levels crossed, capacities
+    ringed, the SLO's line labelled."""
+    colours = _preset_colours(cmp_)
+    mine = [c for c in curves if c.name in colours]
     limits: dict[str, float] = {}
+    values: list[float] = []
+    xs: list[float] = []
+    seen: dict[str, int] = {}
     for c in mine:
-        colour = palette[presets.index(c.name) % len(palette)]
         name = latency_name(c, metric)
-        pts: list[tuple[float, float, Level]] = []
-        for lv in sorted(c.levels, key=lambda lv: lv.x):
-            x, y = lv.output_tps, lv.latency(name)
-            if x is not None and y is not None:
-                pts.append((x, y, lv))
+        pts = _points(c, lambda lv, name=name: lv.latency(name))
         if not pts:
             continue
-        line = ax.plot([p[0] for p in pts], [p[1] for p in pts], color=colour, lw=1, alpha=0.8,
-                       marker="o", ms=4, label=curve_title(c))[0]
+        nth = seen[c.name] = seen.get(c.name, -1) + 1
+        colour = colours[c.name]
+        line = ax.plot([p[0] for p in pts], [p[1] for p in pts], color=colour, lw=1.3, alpha=0.9,
+                       ls="-" if nth == 0 else "--", marker="o", ms=3, label=curve_title(c))[0]
         line.set_gid(f"overlay-{_slug(curve_title(c))}")
         fails = [(x, y) for x, y, lv in pts if lv.verdict == "fail"]
         if fails:
             ax.scatter([p[0] for p in fails], [p[1] for p in fails], marker="x", color=colour, s=40, zorder=3)
-        cap = c.capacity
-        cap_y = cap.latency(name) if cap is not None else None
-        if cap is not None and cap.output_tps is not None and cap_y is not None:
-            ax.scatter([cap.output_tps], [cap_y], s=160, facecolors="none", edgecolors=colour, linewidths=1.5,
+        cap_y = c.capacity.latency(name) if c.capacity is not None else None
+        if c.capacity is not None and cap_y is not None:
+            ax.scatter([c.capacity.x], [cap_y], s=150, facecolors="none", edgecolors=colour, linewidths=1.5,
                        zorder=4)
         limits.update({k: v for k, v in c.limits.items() if k == name})
+        values += [p[1] for p in pts]
+        xs += [p[0] for p in pts]
     for slo_name, limit in sorted(limits.items()):
-        ax.axhline(limit, color="#d73027", ls="--", lw=1.2, label=f"SLO {slo_name} {limit:g} ms").set_gid(
-            f"slo-{slo_name}")
-    ax.set_xlabel("output tok/s")
+        _mark_slo(ax, slo_name, limit)
     name = next(iter(limits)) if limits else f"{metric}_p99"
-    ax.set_ylabel(f"{name.replace('_', ' ').upper().replace(' P', ' p')} (ms)")
-    ax.set_title("every trial's curve (× fail, ○ capacity)", fontsize=10)
-    ax.grid(True, alpha=0.3)
+    _load_axis(ax, mine[0].level_key if mine else "concurrency", xs)
+    _latency_axis(ax, values + list(limits.values()), f"{_shown(name)} (ms)")
+    ax.set_title(f"every trial's {_shown(name)} by load (× fail, ○ capacity)", fontsize=10)
+    ax.grid(True, which="major", alpha=0.3)
     if ax.get_legend_handles_labels()[0]:
-        ax.legend(fontsize=7, loc="best")
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0, frameon=False)
 
 
 def _slug(text: str) -> str:
     return "".join(ch if ch.isalnum() or ch in "._-" else "-" for ch in text)
 
 
-def comparison_figure(cmp_: Comparison, curves: list[Curve] | None = None) -> "Figure":
+def draw_comparison_row(parent: "Figure | SubFigure", cmp_: Comparison, curves: list[Curve]) -> None:
     """The ranking (or the front), and beside it every trial's curve when the runs are at hand."""
-    mine = [c for c in curves or [] if c.name in {r.preset for r in cmp_.rows}]
-    fig = new_figure(13 if mine else 8, 4.5)
-    axes = fig.subplots(1, 2 if mine else 1, squeeze=False)[0]
+    mine = [c for c in curves if c.name in {r.preset for r in cmp_.rows}]
+    axes = parent.subplots(1, 2 if mine else 1, squeeze=False)[0]
     if cmp_.score == "goodput_output_tps":
         draw_front(axes[0], cmp_)
     else:
         draw_scores(axes[0], cmp_)
     if mine:
         draw_overlay(axes[1], cmp_, mine)
-    return fig
+    parent.suptitle(cmp_.title, fontsize=11, fontweight="bold", x=0.01, ha="left")
+
+
+def comparison_figure(cmp_: Comparison, curves: list[Curve] | None = None) -> "Figure":
+    mine = [c for c in curves or [] if c.name in {r.preset for r in cmp_.rows}]
+    fig = new_figure(16 if mine else 9, 4.8)
+    draw_comparison_row(fig, cmp_, mine)
+    return finish(fig)
 
 
 def overview_figure(curves: list[Curve], comparisons: list[Comparison]) -> "Figure":
     """Everything on one canvas, for --out FILE.png / FILE.svg: a row per
-    comparison, then a row per curve."""
+    comparison, then a row per run, each row titled with what it found."""
     n = len(comparisons) + len(curves)
     if n == 0:
         raise ReportError("nothing to draw: the runs hold no levels")
-    fig = new_figure(15, 4.2 * n)
-    grid = fig.add_gridspec(n, 3)
-    row = 0
-    for cmp_ in comparisons:
-        ax = fig.add_subplot(grid[row, 0:2])
-        if cmp_.score == "goodput_output_tps":
-            draw_front(ax, cmp_)
-        else:
-            draw_scores(ax, cmp_)
-        if any(c.name in {r.preset for r in cmp_.rows} for c in curves):
-            draw_overlay(fig.add_subplot(grid[row, 2]), cmp_, curves)
-        row += 1
-    for curve in curves:
-        draw_latency(fig.add_subplot(grid[row, 0]), curve, "ttft")
-        draw_latency(fig.add_subplot(grid[row, 1]), curve, "itl")
-        draw_attainment(fig.add_subplot(grid[row, 2]), curve)
-        row += 1
+    fig = new_figure(16, 4.6 * n)
+    rows = list(fig.subfigures(n, 1, squeeze=False)[:, 0])
+    for sub, cmp_ in zip(rows, comparisons, strict=False):  # the rows: comparisons first, then runs
+        draw_comparison_row(sub, cmp_, curves)
+    for sub, curve in zip(rows[len(comparisons):], curves, strict=True):
+        draw_curve_row(sub, curve)
+    return finish(fig)
+
+
+# -- labels never overlap ------------------------------------------------------------------------
+
+def finish(fig: "Figure") -> "Figure":
+    """Lay the figure out, then move apart the labels drawn on the plots (the
+    SLO's, the capacity's) where they would overlap each other or a legend:
+    the capacity's label flips to the left of its line, the SLO's goes to
+    the left end or below its line."""
+    fig.canvas.draw()  # the constrained layout places the axes; the labels' boxes are final after it
+    renderer = fig.canvas.get_renderer()  # type: ignore[attr-defined]  # the Agg canvas of new_figure
+    for ax in fig.get_axes():
+        labels = [t for t in ax.texts if str(t.get_gid() or "").startswith("label-")]
+        legend = ax.get_legend()
+        placed = [legend.get_window_extent(renderer)] if legend is not None else []
+        for text in sorted(labels, key=lambda t: 0 if t.get_gid() == "label-capacity" else 1):
+            for move in _moves(text):
+                move()
+                box = text.get_window_extent(renderer)
+                if not any(box.overlaps(other) for other in placed) and _inside(box, ax, renderer):
+                    break
+            placed.append(text.get_window_extent(renderer))
     return fig
 
+
+def _moves(text: "Text") -> list[Any]:
+    """Where a label may go, first choice first (each a function that puts it there)."""
+    def put(x: float | None = None, ha: str | None = None, va: str | None = None) -> Any:
+        props = {k: v for k, v in (("x", x), ("horizontalalignment", ha), ("verticalalignment", va)) if v is not None}
+        return lambda: text.update(props)
+
+    if text.get_gid() == "label-capacity":
+        return [put(ha="left"), put(ha="right")]
+    return [put(0.99, "right", "bottom"), put(0.01, "left", "bottom"), put(0.99, "right", "top"),
+            put(0.01, "left", "top")]
+
+
+def _inside(box: Any, ax: "Axes", renderer: Any) -> bool:
+    frame = ax.get_window_extent(renderer)
+    return box.x0 >= frame.x0 - 1 and box.x1 <= frame.x1 + 1
