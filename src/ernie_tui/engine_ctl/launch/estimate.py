@@ -265,51 +265,12 @@ def estimate_capacity(preset: Preset, info: ModelInfo, machine: Machine,
     if replicated:
         notes.append(f"{info.num_kv_heads} KV heads at TP {tp}: each is replicated on "
                      f"{tp // info.num_kv_heads} ranks, so KV per token per rank does not shrink further")
-    explicit = preset.kv_cache_memory_bytes
     e = _env(preset, env)
-    requested = None
-    act = non_torch = 0
     if platform == "cpu":
-        space = e.get("VLLM_CPU_KVCACHE_SPACE", "")
-        if explicit is None and space.strip().isdigit():
-            # vllm/platforms/cpu.py: the legacy env var sets kv_cache_memory_bytes.
-            explicit = int(space) * GiB
-            source_expl = f"VLLM_CPU_KVCACHE_SPACE={space} GiB"
-        else:
-            source_expl = "kv_cache_memory_bytes"
-        if explicit is not None:
-            kv = explicit
-            source = source_expl
-        else:
-            util = float(preset.get("gpu_memory_utilization", DEFAULT_GPU_MEMORY_UTILIZATION))
-            total = machine.cpu_total_bytes or 0
-            requested = math.ceil(total * util)
-            kv = requested - weights - CPU_WORKER_OVERHEAD_BYTES
-            source = (f"CPU default: gpu_memory_utilization {util} x node memory {total / GiB:.2f} GiB, "
-                      "less the worker's own memory")
-            notes.append("CPU without kv_cache_memory_bytes: the worker's own memory is a rough figure; "
-                         "set kv_cache_memory_bytes for an exact size")
+        budget = _cpu_kv_budget(preset, machine, e, weights, notes)
     else:
-        if explicit is not None:
-            kv = explicit
-            source = "kv_cache_memory_bytes (vLLM skips memory profiling)"
-        else:
-            util = float(preset.get("gpu_memory_utilization", DEFAULT_GPU_MEMORY_UTILIZATION))
-            gpu_total = machine.gpu_total_bytes
-            if gpu_total is None:
-                kv = 0
-                source = "unknown: GPU memory not known (pass --gpu-memory-gib)"
-                notes.append("GPU total memory unknown; KV cache not estimated")
-            else:
-                requested = int(gpu_total * util)
-                tokens = int(preset.get("max_num_batched_tokens") or default_batched_tokens("cuda", gpu_total))
-                act = activation_bytes(info, tokens, dtype, tp)
-                non_torch = NON_TORCH_BYTES
-                kv = requested - weights - act - non_torch
-                source = f"gpu_memory_utilization {util} x {gpu_total / GiB:.1f} GiB"
-                if tp > 1 or pp > 1:
-                    notes.append("activation and non-torch memory are calibrated on one GPU; "
-                                 "NCCL buffers at TP/PP > 1 are not counted")
+        budget = _gpu_kv_budget(preset, info, machine, dtype, weights, notes)
+    kv = budget.kv
     bytes_per_block = per_token * block
     num_blocks = max(0, kv // bytes_per_block) if bytes_per_block else 0
     tokens = num_blocks * block
@@ -325,14 +286,71 @@ def estimate_capacity(preset: Preset, info: ModelInfo, machine: Machine,
         kv_cache_tokens=int(tokens),
         max_concurrency=num_blocks / per_request if per_request else 0.0,
         max_model_len_fit=max_len_that_fits(int(kv), per_token, block),
-        source=source,
-        requested_bytes=requested,
-        activation_bytes=act,
-        non_torch_bytes=non_torch,
+        source=budget.source,
+        requested_bytes=budget.requested,
+        activation_bytes=budget.act,
+        non_torch_bytes=budget.non_torch,
         kv_heads_per_rank=heads_rank,
         kv_heads_replicated=replicated,
         notes=notes,
     )
+
+
+@dataclass
+class _KvBudget:
+    """The bytes left to the KV cache, and where the figure came from."""
+
+    kv: int
+    source: str
+    requested: int | None = None  # the memory vLLM asks for (utilization x total), where it asks
+    act: int = 0  # activation peak (GPU)
+    non_torch: int = 0  # memory outside torch's allocator (GPU)
+
+
+def _cpu_kv_budget(preset: Preset, machine: Machine, e: Mapping[str, str], weights: int,
+                   notes: list[str]) -> _KvBudget:
+    explicit = preset.kv_cache_memory_bytes
+    space = e.get("VLLM_CPU_KVCACHE_SPACE", "")
+    if explicit is None and space.strip().isdigit():
+        # vllm/platforms/cpu.py: the legacy env var sets kv_cache_memory_bytes.
+        explicit = int(space) * GiB
+        source_expl = f"VLLM_CPU_KVCACHE_SPACE={space} GiB"
+    else:
+        source_expl = "kv_cache_memory_bytes"
+    if explicit is not None:
+        return _KvBudget(explicit, source_expl)
+    util = float(preset.get("gpu_memory_utilization", DEFAULT_GPU_MEMORY_UTILIZATION))
+    total = machine.cpu_total_bytes or 0
+    requested = math.ceil(total * util)
+    notes.append("CPU without kv_cache_memory_bytes: the worker's own memory is a rough figure; "
+                 "set kv_cache_memory_bytes for an exact size")
+    return _KvBudget(requested - weights - CPU_WORKER_OVERHEAD_BYTES,
+                     f"CPU default: gpu_memory_utilization {util} x node memory {total / GiB:.2f} GiB, "
+                     "less the worker's own memory", requested=requested)
+
+
+def _gpu_kv_budget(preset: Preset, info: ModelInfo, machine: Machine, dtype: str, weights: int,
+                   notes: list[str]) -> _KvBudget:
+    explicit = preset.kv_cache_memory_bytes
+    if explicit is not None:
+        return _KvBudget(explicit, "kv_cache_memory_bytes (vLLM skips memory profiling)")
+    util = float(preset.get("gpu_memory_utilization", DEFAULT_GPU_MEMORY_UTILIZATION))
+    gpu_total = machine.gpu_total_bytes
+    if gpu_total is None:
+        notes.append("GPU total memory unknown; KV cache not estimated")
+        return _KvBudget(0, "unknown: GPU memory not known (pass --gpu-memory-gib)")
+    tp = preset.tensor_parallel_size
+    pp = int(preset.get("pipeline_parallel_size", 1))
+    requested = int(gpu_total * util)
+    tokens = int(preset.get("max_num_batched_tokens") or default_batched_tokens("cuda", gpu_total))
+    act = activation_bytes(info, tokens, dtype, tp)
+    non_torch = NON_TORCH_BYTES
+    if tp > 1 or pp > 1:
+        notes.append("activation and non-torch memory are calibrated on one GPU; "
+                     "NCCL buffers at TP/PP > 1 are not counted")
+    return _KvBudget(requested - weights - act - non_torch,
+                     f"gpu_memory_utilization {util} x {gpu_total / GiB:.1f} GiB",
+                     requested=requested, act=act, non_torch=non_torch)
 
 
 def max_len_that_fits(kv_bytes: int, bytes_per_token: int, block_size: int) -> int:

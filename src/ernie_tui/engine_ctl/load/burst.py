@@ -61,7 +61,14 @@ import psutil
 
 from ernie_tui.engine_ctl.load import metrics as M
 from ernie_tui.engine_ctl.load import runstore, stats
-from ernie_tui.engine_ctl.load.arrivals import ARRIVALS, DEFAULT_ARRIVALS, arrival_offsets, drawn_lengths, send_lag
+from ernie_tui.engine_ctl.load.arrivals import (
+    ARRIVALS,
+    DEFAULT_ARRIVALS,
+    SendLag,
+    arrival_offsets,
+    drawn_lengths,
+    send_lag,
+)
 from ernie_tui.engine_ctl.load.http_client import (
     ServedModel,
     base_url,
@@ -511,6 +518,11 @@ async def run_burst_async(url: str, config: BurstConfig | None = None, *,
                           transport: str = "aiohttp") -> BurstResult:
     """Run a burst from inside an event loop. See run_burst.
 
+    The steps: the served model and the prompts; the plan (each request's
+    lengths, an open loop's schedule, the connections within the open-file
+    room); then _BurstRun: the warm-up, the opening scrape, the sends, the
+    closing scrape and the summary.
+
     metrics_feed: snapshots someone else already takes of this server (the
     dashboard's, LatestScrape.feed), read instead of scraping while the load
     runs; the burst scrapes for itself whenever the feed has none fresh.
@@ -527,11 +539,31 @@ async def run_burst_async(url: str, config: BurstConfig | None = None, *,
         if config.word_seed is None:  # new words, and the record says which
             config = replace(config, word_seed=new_word_seed())
         try:
-            if tokenizer is None:
-                tokenizer = await asyncio.to_thread(find_tokenizer, model_dir, None, url, served.id, api_key)
-            prompts = await asyncio.to_thread(build_prompts, config, tokenizer)
+            prompts = await _build_burst_prompts(url, config, served, api_key, tokenizer, model_dir)
         except ProbeFailure as exc:
             return _failed_before_start(url, served.id, config, exc.error)
+    _warn_prompts(prompts, served, config, warnings)
+    metrics_client = M.MetricsClient(url, api_key, model_name=None, timeout=config.metrics_timeout_s) \
+        if use_metrics else None
+    plan = _BurstPlan.make(config, prompts)
+    no_room = plan.fit_connections(config, warnings)
+    if no_room is not None:
+        return _failed_before_start(url, served.id, config, no_room)
+    run = _BurstRun(url, served.id, config, prompts, plan, progress=progress, on_request=on_request, cancel=cancel)
+    sampler, before = await run.send(api_key, transport, metrics_client, memory_sampler, metrics_feed, warnings)
+    return await run.conclude(metrics_client, before, sampler, memory_sampler, warnings)
+
+
+async def _build_burst_prompts(url: str, config: BurstConfig, served: ServedModel, api_key: str | None,
+                               tokenizer: Any, model_dir: str | None) -> list[BuiltPrompt]:
+    """The burst's prompts, built with the served model's tokenizer (found
+    as the probe finds it). ProbeFailure where no tokenizer is found."""
+    if tokenizer is None:
+        tokenizer = await asyncio.to_thread(find_tokenizer, model_dir, None, url, served.id, api_key)
+    return await asyncio.to_thread(build_prompts, config, tokenizer)
+
+
+def _warn_prompts(prompts: list[BuiltPrompt], served: ServedModel, config: BurstConfig, warnings: list[str]) -> None:
     inexact = sum(1 for p in prompts if not p.exact)
     if inexact:
         warnings.append(f"{inexact} prompt(s) could not be built to their exact length")
@@ -539,133 +571,172 @@ async def run_burst_async(url: str, config: BurstConfig | None = None, *,
         warnings.append(f"the longest prompt plus max_tokens exceeds the model's max_model_len "
                         f"({served.max_model_len}): such requests are rejected or cut short")
 
-    metrics_client = M.MetricsClient(url, api_key, model_name=None, timeout=config.metrics_timeout_s) \
-        if use_metrics else None
 
-    total = len(prompts)
-    out_lengths = plan_output_lengths(replace(config, n=total))
-    records = [RequestRecord(index=i, prompt_tokens_target=p.tokens, max_tokens=out_lengths[i])
-               for i, p in enumerate(prompts)]
-    open_loop = config.rate is not None
-    schedule: list[float] = []
-    if open_loop:
-        assert config.rate is not None
-        schedule = arrival_offsets(total, config.rate, config.arrivals, seed=config.arrival_seed,
-                                   burstiness=config.burstiness)
-        for rec, off in zip(records, schedule, strict=True):
-            rec.scheduled_offset_s = off
-    # Requests in flight at most: the closed loop's concurrency, the open
-    # loop's cap (0: none, every request may be in flight at once).
-    cap = config.concurrency if config.concurrency > 0 else total
-    slots = min(cap, total)
-    # The connector's limit is the cap: an open loop without one must not
-    # queue its sends behind a connection limit (a hidden late send).
-    connections = slots + 2
-    room = make_room(connections)
-    if room is not None and room.connections < connections:
-        if config.concurrency > 0 or not open_loop:
-            # A closed loop (or a capped open loop) would run out of files
-            # part-way, its requests failing as the server's errors.
-            return _failed_before_start(url, served.id, config,
-                                        ProbeError(ProbeErrorKind.OPEN_FILES, room.too_few(connections)))
-        # An uncapped open loop rarely has all its requests in flight: it
-        # keeps to the room, and a send beyond it waits for a connection.
-        connections = max(1, room.connections)
-        warnings.append(room.capped(connections))
-    done = 0
-    in_flight = 0
-    in_flight_peak = 0
-    consecutive_failures = 0
-    limit = config.max_consecutive_failures or 2 * max(1, slots)
-    abort_reason: str | None = None
-    t0 = started_at = t_end_last = 0.0
+@dataclass
+class _BurstPlan:
+    """What a burst will send: each request's record (its lengths; an open
+    loop's scheduled offset), the schedule, and how many may be in flight."""
 
-    def report_progress() -> None:
-        if progress is not None:
+    records: list[RequestRecord]
+    out_lengths: list[int]
+    schedule: list[float]  # an open loop's send offsets (s); empty for a closed loop
+    open_loop: bool
+    cap: int  # in flight at most: the closed loop's concurrency, the open loop's cap (all when none)
+    slots: int
+    connections: int
+
+    @classmethod
+    def make(cls, config: BurstConfig, prompts: list[BuiltPrompt]) -> _BurstPlan:
+        total = len(prompts)
+        out_lengths = plan_output_lengths(replace(config, n=total))
+        records = [RequestRecord(index=i, prompt_tokens_target=p.tokens, max_tokens=out_lengths[i])
+                   for i, p in enumerate(prompts)]
+        open_loop = config.rate is not None
+        schedule: list[float] = []
+        if open_loop:
+            assert config.rate is not None
+            schedule = arrival_offsets(total, config.rate, config.arrivals, seed=config.arrival_seed,
+                                       burstiness=config.burstiness)
+            for rec, off in zip(records, schedule, strict=True):
+                rec.scheduled_offset_s = off
+        # Requests in flight at most: the closed loop's concurrency, the open
+        # loop's cap (0: none, every request may be in flight at once).
+        cap = config.concurrency if config.concurrency > 0 else total
+        slots = min(cap, total)
+        # The connector's limit is the cap: an open loop without one must not
+        # queue its sends behind a connection limit (a hidden late send).
+        return cls(records, out_lengths, schedule, open_loop, cap, slots, connections=slots + 2)
+
+    def fit_connections(self, config: BurstConfig, warnings: list[str]) -> ProbeError | None:
+        """The connections within the open-file room; an error where a burst that must hold them all cannot."""
+        room = make_room(self.connections)
+        if room is not None and room.connections < self.connections:
+            if config.concurrency > 0 or not self.open_loop:
+                # A closed loop (or a capped open loop) would run out of files
+                # part-way, its requests failing as the server's errors.
+                return ProbeError(ProbeErrorKind.OPEN_FILES, room.too_few(self.connections))
+            # An uncapped open loop rarely has all its requests in flight: it
+            # keeps to the room, and a send beyond it waits for a connection.
+            self.connections = max(1, room.connections)
+            warnings.append(room.capped(self.connections))
+        return None
+
+
+class _BurstRun:
+    """One burst's sends and what they measured, once its plan is made."""
+
+    def __init__(self, url: str, model: str, config: BurstConfig, prompts: list[BuiltPrompt], plan: _BurstPlan, *,
+                 progress: Progress | None, on_request: Callable[[RequestRecord], None] | None,
+                 cancel: threading.Event | None) -> None:
+        self.url, self.model, self.config, self.prompts, self.plan = url, model, config, prompts, plan
+        self.progress, self.on_request, self.cancel = progress, on_request, cancel
+        self.total = len(prompts)
+        self.done = 0
+        self.in_flight = 0
+        self.in_flight_peak = 0
+        self.consecutive_failures = 0
+        self.limit = config.max_consecutive_failures or 2 * max(1, plan.slots)
+        self.abort_reason: str | None = None
+        self.t0 = self.started_at = self.t_end_last = 0.0
+        self.next_index = 0
+        self.rec_itls: list[list[float]] = [[] for _ in range(self.total)]
+        self.health = ClientHealth()
+        self.results: list[Any] = []
+
+    async def send(self, api_key: str | None, transport: str, metrics_client: M.MetricsClient | None,
+                   memory_sampler: MemorySampler | None, metrics_feed: M.MetricsFeed | None,
+                   warnings: list[str]) -> tuple[_Sampler, M.MetricsSnapshot | None]:
+        """The warm-up, the opening scrape and its sampler, then every send
+        until all are done, the burst aborts or it is cancelled."""
+        config, health = self.config, self.health
+        async with new_async_client(api_key, config.read_timeout_s, max_connections=self.plan.connections,
+                                    transport=transport) as client:
+            if config.warmup:
+                await self._warm_up(client)
+            before = metrics_client.try_fetch() if metrics_client else None
+            if metrics_client is not None and before is None:
+                warnings.append("/metrics could not be read: no KV-cache peak and no vLLM view")
+            sampler = _Sampler(M.MetricsClient(self.url, api_key, model_name=None) if before is not None else None,
+                               memory_sampler, config.sample_interval_s, feed=metrics_feed)
+            sampler.start()  # its first sample is taken at once, in its own thread
+            health.start(config.gc_freeze)
+            lag_task = asyncio.ensure_future(health.watch_loop())
+            self.t0 = time.perf_counter()
+            self.started_at = time.time()
+            self.t_end_last = self.t0
+            self.report_progress()
+            if self.plan.open_loop:
+                tasks = [asyncio.ensure_future(self.scheduler(client))]
+            else:
+                tasks = [asyncio.ensure_future(self.worker(client)) for _ in range(self.plan.slots)]
             try:
-                progress(done, total)
+                await self._wait_for(tasks)
+            finally:
+                for t in tasks:
+                    t.cancel()
+                lag_task.cancel()
+                health.stop()
+        return sampler, before
+
+    async def _warm_up(self, client: Any) -> None:
+        # Not one of the measured prompts: vLLM's prefix cache would
+        # then serve that one's first blocks for free.
+        config = self.config
+        warm = ProbeRequest(prompt=WARMUP_PROMPT, max_tokens=1, temperature=config.temperature,
+                            top_p=config.top_p, chat=config.chat)
+        n_warm = self.plan.slots if not self.plan.open_loop else min(self.plan.slots, WARMUP_OPEN_LOOP)
+        await asyncio.gather(*(stream_request(client, self.url, warm, self.model, read_timeout=config.read_timeout_s,
+                                              total_timeout=config.request_timeout_s)
+                               for _ in range(n_warm)))
+
+    async def _wait_for(self, tasks: list[asyncio.Task[None]]) -> None:
+        cancel = self.cancel
+        while not all(t.done() for t in tasks):
+            if cancel is not None and cancel.is_set():
+                for t in tasks:
+                    t.cancel()
+                break
+            await asyncio.wait(tasks, timeout=0.1)
+        self.results = await asyncio.gather(*tasks, return_exceptions=True)
+
+    def report_progress(self) -> None:
+        if self.progress is not None:
+            try:
+                self.progress(self.done, self.total)
             except Exception:  # noqa: BLE001  a display callback must not end the burst; logged, not lost
                 log.exception("burst progress callback failed")
 
-    def stopping() -> bool:
-        return abort_reason is not None or (cancel is not None and cancel.is_set())
+    def stopping(self) -> bool:
+        return self.abort_reason is not None or (self.cancel is not None and self.cancel.is_set())
 
-    async def send_one(client: Any, i: int) -> None:
-        nonlocal done, consecutive_failures, abort_reason, t_end_last, in_flight, in_flight_peak
-        req = ProbeRequest(prompt=prompts[i].text, max_tokens=out_lengths[i],
-                           temperature=config.temperature, top_p=config.top_p, chat=config.chat,
-                           ignore_eos=config.ignore_eos, continuous_usage=config.continuous_usage)
-        rec = records[i]
-        rec.sent = True
-        rec.start_offset_s = time.perf_counter() - t0
-        in_flight += 1
-        in_flight_peak = max(in_flight_peak, in_flight)
-        try:
-            res: ProbeResult = await stream_request(client, url, req, served.id,
-                                                    read_timeout=config.read_timeout_s,
-                                                    total_timeout=config.request_timeout_s)
-        finally:
-            in_flight -= 1
-        t_now = time.perf_counter()
-        t_end_last = max(t_end_last, t_now)
-        rec.end_offset_s = t_now - t0
-        rec.ok = res.ok
-        rec.prompt_tokens = res.prompt_tokens
-        rec.completion_tokens = res.completion_tokens
-        rec.ttft_s = res.ttft_s
-        rec.latency_s = res.latency_s
-        rec.itl_mean_s = res.itl_mean_s
-        rec.finish_reason = res.finish_reason
-        rec.error = res.error.to_dict() if res.error else None
-        rec_itls[i] = res.itls
-        health.token_events += res.token_events
-        health.reads += res.reads
-        if res.error is not None and res.error.kind in TRANSPORT_KINDS:
-            consecutive_failures += 1
-            if consecutive_failures >= limit and abort_reason is None:
-                abort_reason = (f"stopped after {consecutive_failures} failed connections in a row "
-                                f"(last: {res.error.message})")
-        else:
-            consecutive_failures = 0
-        done += 1
-        report_progress()
-        if on_request is not None:
-            try:
-                on_request(rec)
-            except Exception:  # noqa: BLE001  a display callback must not end the burst; logged, not lost
-                log.exception("burst on_request callback failed")
-
-    next_index = 0
-
-    async def worker(client: Any) -> None:
+    async def worker(self, client: Any) -> None:
         # Closed loop: take the next planned request as soon as one ends.
-        nonlocal next_index
-        while not stopping() and next_index < total:
-            i = next_index
-            next_index += 1
-            await send_one(client, i)
+        while not self.stopping() and self.next_index < self.total:
+            i = self.next_index
+            self.next_index += 1
+            await self.send_one(client, i)
 
-    async def scheduler(client: Any) -> None:
+    async def scheduler(self, client: Any) -> None:
         # Open loop: each request at its time, whatever is still running.
-        sem = asyncio.Semaphore(cap) if config.concurrency > 0 else None
-        running: list[asyncio.Task] = []
+        sem = asyncio.Semaphore(self.plan.cap) if self.config.concurrency > 0 else None
+        running: list[asyncio.Task[None]] = []
 
         async def capped(i: int) -> None:
             if sem is None:
-                await send_one(client, i)
+                await self.send_one(client, i)
                 return
             async with sem:
-                if not stopping():
-                    await send_one(client, i)
+                if not self.stopping():
+                    await self.send_one(client, i)
 
         try:
-            for i, due in enumerate(schedule):
-                if stopping():
+            for i, due in enumerate(self.plan.schedule):
+                if self.stopping():
                     break
-                delay = t0 + due - time.perf_counter()
+                delay = self.t0 + due - time.perf_counter()
                 if delay > 0:
                     await asyncio.sleep(delay)
-                    if stopping():
+                    if self.stopping():
                         break
                 running.append(asyncio.ensure_future(capped(i)))
             if running:
@@ -674,93 +745,114 @@ async def run_burst_async(url: str, config: BurstConfig | None = None, *,
             for t in running:
                 t.cancel()
 
-    rec_itls: list[list[float]] = [[] for _ in range(total)]
-    health = ClientHealth()
-    async with new_async_client(api_key, config.read_timeout_s, max_connections=connections,
-                                transport=transport) as client:
-        if config.warmup:
-            # Not one of the measured prompts: vLLM's prefix cache would
-            # then serve that one's first blocks for free.
-            warm = ProbeRequest(prompt=WARMUP_PROMPT, max_tokens=1, temperature=config.temperature,
-                                top_p=config.top_p, chat=config.chat)
-            n_warm = slots if not open_loop else min(slots, WARMUP_OPEN_LOOP)
-            await asyncio.gather(*(stream_request(client, url, warm, served.id, read_timeout=config.read_timeout_s,
-                                                  total_timeout=config.request_timeout_s)
-                                   for _ in range(n_warm)))
-        before = metrics_client.try_fetch() if metrics_client else None
-        if use_metrics and before is None:
-            warnings.append("/metrics could not be read: no KV-cache peak and no vLLM view")
-        sampler = _Sampler(M.MetricsClient(url, api_key, model_name=None) if before is not None else None,
-                           memory_sampler, config.sample_interval_s, feed=metrics_feed)
-        sampler.start()  # its first sample is taken at once, in its own thread
-        health.start(config.gc_freeze)
-        lag_task = asyncio.ensure_future(health.watch_loop())
-        t0 = time.perf_counter()
-        started_at = time.time()
-        t_end_last = t0
-        report_progress()
-        if open_loop:
-            tasks = [asyncio.ensure_future(scheduler(client))]
-        else:
-            tasks = [asyncio.ensure_future(worker(client)) for _ in range(slots)]
+    async def send_one(self, client: Any, i: int) -> None:
+        config = self.config
+        req = ProbeRequest(prompt=self.prompts[i].text, max_tokens=self.plan.out_lengths[i],
+                           temperature=config.temperature, top_p=config.top_p, chat=config.chat,
+                           ignore_eos=config.ignore_eos, continuous_usage=config.continuous_usage)
+        rec = self.plan.records[i]
+        rec.sent = True
+        rec.start_offset_s = time.perf_counter() - self.t0
+        self.in_flight += 1
+        self.in_flight_peak = max(self.in_flight_peak, self.in_flight)
         try:
-            while not all(t.done() for t in tasks):
-                if cancel is not None and cancel.is_set():
-                    for t in tasks:
-                        t.cancel()
-                    break
-                await asyncio.wait(tasks, timeout=0.1)
-            results = await asyncio.gather(*tasks, return_exceptions=True)
+            res: ProbeResult = await stream_request(client, self.url, req, self.model,
+                                                    read_timeout=config.read_timeout_s,
+                                                    total_timeout=config.request_timeout_s)
         finally:
-            for t in tasks:
-                t.cancel()
-            lag_task.cancel()
-            health.stop()
-    duration = max(t_end_last - t0, 1e-9)
-    # Stop sampling but take the closing scrape before waiting for the sampler
-    # thread: the scrape window should end as close to the burst as it can.
-    sampler.stop_event.set()
-    cancelled = cancel is not None and cancel.is_set()
+            self.in_flight -= 1
+        self._record(rec, res)
+        self._count_failure(res)
+        self.done += 1
+        self.report_progress()
+        if self.on_request is not None:
+            try:
+                self.on_request(rec)
+            except Exception:  # noqa: BLE001  a display callback must not end the burst; logged, not lost
+                log.exception("burst on_request callback failed")
 
-    for rec in records:
-        if rec.sent and not rec.ok and rec.error is None:
-            rec.error = ProbeError(ProbeErrorKind.CANCELLED, "cancelled while running").to_dict()
-    for r in results:
-        if isinstance(r, BaseException) and not isinstance(r, asyncio.CancelledError):
-            warnings.append(f"internal error in a burst worker: {type(r).__name__}: {r}")
+    def _record(self, rec: RequestRecord, res: ProbeResult) -> None:
+        t_now = time.perf_counter()
+        self.t_end_last = max(self.t_end_last, t_now)
+        rec.end_offset_s = t_now - self.t0
+        rec.ok = res.ok
+        rec.prompt_tokens = res.prompt_tokens
+        rec.completion_tokens = res.completion_tokens
+        rec.ttft_s = res.ttft_s
+        rec.latency_s = res.latency_s
+        rec.itl_mean_s = res.itl_mean_s
+        rec.finish_reason = res.finish_reason
+        rec.error = res.error.to_dict() if res.error else None
+        self.rec_itls[rec.index] = res.itls
+        self.health.token_events += res.token_events
+        self.health.reads += res.reads
 
-    after = None
-    if metrics_client is not None and before is not None:
-        ok_count = sum(1 for r in records if r.ok)
-        after = await asyncio.to_thread(M.settled_snapshot, metrics_client, before, ok_count,
-                                        config.settle_timeout_s)
-    sampler.stop()
-    if metrics_client is not None:
-        metrics_client.close()
+    def _count_failure(self, res: ProbeResult) -> None:
+        """Transport failures in a row: past the limit, the rest is not sent."""
+        if res.error is not None and res.error.kind in TRANSPORT_KINDS:
+            self.consecutive_failures += 1
+            if self.consecutive_failures >= self.limit and self.abort_reason is None:
+                self.abort_reason = (f"stopped after {self.consecutive_failures} failed connections in a row "
+                                     f"(last: {res.error.message})")
+        else:
+            self.consecutive_failures = 0
 
-    lag = None
-    if open_loop:
-        lag = send_lag(schedule, [r.start_offset_s for r in records], config.late_threshold_s)
+    async def conclude(self, metrics_client: M.MetricsClient | None, before: M.MetricsSnapshot | None,
+                       sampler: _Sampler, memory_sampler: MemorySampler | None, warnings: list[str]) -> BurstResult:
+        """The closing scrape, the send lag, vLLM's view, and the summary."""
+        config, records = self.config, self.plan.records
+        duration = max(self.t_end_last - self.t0, 1e-9)
+        # Stop sampling but take the closing scrape before waiting for the sampler
+        # thread: the scrape window should end as close to the burst as it can.
+        sampler.stop_event.set()
+        cancelled = self.cancel is not None and self.cancel.is_set()
+        self._note_unfinished(warnings)
+        after = None
+        if metrics_client is not None and before is not None:
+            ok_count = sum(1 for r in records if r.ok)
+            after = await asyncio.to_thread(M.settled_snapshot, metrics_client, before, ok_count,
+                                            config.settle_timeout_s)
+        sampler.stop()
+        if metrics_client is not None:
+            metrics_client.close()
+        lag = self._send_lag(warnings)
+        view = _vllm_view(before, after, duration)
+        if view is not None and view.prefix_cache_hit_tokens:
+            warnings.append(f"vLLM's prefix cache served {view.prefix_cache_hit_tokens:,.0f} prompt tokens during "
+                            "the burst: prompts that share a prefix (or repeat) make TTFT look better than fresh "
+                            "traffic")
+        result = _summarize(self.url, self.model, config, records, self.rec_itls, self.started_at, duration,
+                            cancelled, self.abort_reason, sampler, memory_sampler, view, warnings)
+        result.send_lag = lag.to_dict() if lag is not None else None
+        result.in_flight_peak = self.in_flight_peak
+        result.client = self.health.to_dict()
+        # How often the burst scraped /metrics: each scrape is rendered by vLLM's
+        # API server, the process streaming the tokens being timed.
+        result.client["metrics_samples"] = sampler.samples
+        result.client["metrics_samples_shared"] = sampler.shared_samples
+        return result
+
+    def _note_unfinished(self, warnings: list[str]) -> None:
+        """Requests cut off by a cancel get that error; a worker's own exception a warning."""
+        for rec in self.plan.records:
+            if rec.sent and not rec.ok and rec.error is None:
+                rec.error = ProbeError(ProbeErrorKind.CANCELLED, "cancelled while running").to_dict()
+        for r in self.results:
+            if isinstance(r, BaseException) and not isinstance(r, asyncio.CancelledError):
+                warnings.append(f"internal error in a burst worker: {type(r).__name__}: {r}")
+
+    def _send_lag(self, warnings: list[str]) -> SendLag | None:
+        """An open loop's sends against its schedule; None for a closed loop."""
+        config = self.config
+        if not self.plan.open_loop:
+            return None
+        lag = send_lag(self.plan.schedule, [r.start_offset_s for r in self.plan.records], config.late_threshold_s)
         if lag.late:
             warnings.append(f"{lag.late} of {lag.count} requests went out more than "
                             f"{config.late_threshold_s * 1000:g} ms after their scheduled time (max "
                             f"{(lag.max_s or 0) * 1000:.0f} ms late)"
                             + (": the concurrency cap held them" if config.concurrency > 0 else ""))
-
-    view = _vllm_view(before, after, duration)
-    if view is not None and view.prefix_cache_hit_tokens:
-        warnings.append(f"vLLM's prefix cache served {view.prefix_cache_hit_tokens:,.0f} prompt tokens during the "
-                        "burst: prompts that share a prefix (or repeat) make TTFT look better than fresh traffic")
-    result = _summarize(url, served.id, config, records, rec_itls, started_at, duration, cancelled,
-                        abort_reason, sampler, memory_sampler, view, warnings)
-    result.send_lag = lag.to_dict() if lag is not None else None
-    result.in_flight_peak = in_flight_peak
-    result.client = health.to_dict()
-    # How often the burst scraped /metrics: each scrape is rendered by vLLM's
-    # API server, the process streaming the tokens being timed.
-    result.client["metrics_samples"] = sampler.samples
-    result.client["metrics_samples_shared"] = sampler.shared_samples
-    return result
+        return lag
 
 
 def _failed_before_start(url: str, model: str | None, config: BurstConfig, error: ProbeError) -> BurstResult:
@@ -787,18 +879,7 @@ def _summarize(url: str, model: str, config: BurstConfig, records: list[RequestR
     out_tokens = sum(r.completion_tokens or 0 for r in ok)
     prompt_tokens = sum(r.prompt_tokens or 0 for r in ok)
     all_itls = [x for r in ok for x in itls[r.index]]
-    by_kind: dict[str, int] = {}
-    first: list[str] = []
-    for r in failed:
-        kind = (r.error or {}).get("kind", "unknown")
-        by_kind[kind] = by_kind.get(kind, 0) + 1
-        msg = (r.error or {}).get("message", "")
-        if msg and msg not in first and len(first) < 5:
-            first.append(msg)
-    if abort_reason and not cancelled:
-        by_kind["not_sent"] = len(not_sent)
-        first.append(abort_reason)
-    error_count = len(failed) + (len(not_sent) if abort_reason and not cancelled else 0)
+    errors = _error_summary(failed, not_sent, abort_reason if not cancelled else None)
     mismatches = sum(1 for r in ok if r.prompt_tokens is not None and r.prompt_tokens != r.prompt_tokens_target)
     if mismatches:
         warnings.append(f"{mismatches} prompt(s) were counted differently by the server than by the tokenizer")
@@ -806,27 +887,7 @@ def _summarize(url: str, model: str, config: BurstConfig, records: list[RequestR
     itl = stats.summarize(all_itls)
     latency = stats.summarize(r.latency_s for r in ok)
     output_tps = stats.rate(out_tokens, duration) if ok else None
-    comparison: dict[str, float | None] = {}
-    if vllm is not None:
-        comparison = {
-            "ttft_mean_ours_s": ttft["mean"],
-            "ttft_mean_vllm_s": vllm.ttft_mean_s,
-            "ttft_mean_diff_pct": _pct(stats.relative_diff(ttft["mean"], vllm.ttft_mean_s)),
-            "ttft_mean_diff_ms": (None if ttft["mean"] is None or vllm.ttft_mean_s is None
-                                  else (ttft["mean"] - vllm.ttft_mean_s) * 1000.0),
-            "output_tokens_ours": float(out_tokens),
-            "output_tokens_vllm": vllm.generation_tokens,
-            "output_tokens_diff_pct": _pct(stats.relative_diff(float(out_tokens), vllm.generation_tokens)),
-            "output_tps_ours": output_tps,
-            "output_tps_vllm": vllm.output_tps,
-            "output_tps_diff_pct": _pct(stats.relative_diff(output_tps, vllm.output_tps)),
-            "output_tps_vllm_scrape_window": vllm.output_tps_scrape_window,
-            "output_tps_scrape_window_diff_pct": _pct(stats.relative_diff(output_tps,
-                                                                          vllm.output_tps_scrape_window)),
-        }
-        if vllm.requests_finished is not None and vllm.requests_finished != len(ok):
-            warnings.append(f"vLLM counted {vllm.requests_finished:g} finished requests in the window, we "
-                            f"counted {len(ok)} (other traffic, or aborted streams)")
+    comparison = _vllm_comparison(vllm, ttft["mean"], out_tokens, output_tps, len(ok), warnings)
     mem_source = getattr(memory_sampler, "source", None) or getattr(memory_sampler, "label", None)
     return BurstResult(
         config=config.to_dict(),
@@ -847,7 +908,7 @@ def _summarize(url: str, model: str, config: BurstConfig, records: list[RequestR
         ttft=ttft,
         itl=itl,
         latency=latency,
-        errors={"count": error_count, "by_kind": by_kind, "first": first},
+        errors=errors,
         prompt_lengths_exact=bool(ok) and mismatches == 0,
         prompt_length_mismatches=mismatches,
         peak_memory_bytes=sampler.mem_peak,
@@ -860,6 +921,51 @@ def _summarize(url: str, model: str, config: BurstConfig, records: list[RequestR
         warnings=warnings,
         requests=records,
     )
+
+
+def _error_summary(failed: list[RequestRecord], not_sent: list[RequestRecord],
+                   abort_reason: str | None) -> dict[str, Any]:
+    """The errors by kind and the first five messages; an abort (not a
+    cancel) counts the requests it left unsent as errors."""
+    by_kind: dict[str, int] = {}
+    first: list[str] = []
+    for r in failed:
+        kind = (r.error or {}).get("kind", "unknown")
+        by_kind[kind] = by_kind.get(kind, 0) + 1
+        msg = (r.error or {}).get("message", "")
+        if msg and msg not in first and len(first) < 5:
+            first.append(msg)
+    if abort_reason:
+        by_kind["not_sent"] = len(not_sent)
+        first.append(abort_reason)
+    error_count = len(failed) + (len(not_sent) if abort_reason else 0)
+    return {"count": error_count, "by_kind": by_kind, "first": first}
+
+
+def _vllm_comparison(vllm: VllmView | None, ttft_mean: float | None, out_tokens: int, output_tps: float | None,
+                     ok_count: int, warnings: list[str]) -> dict[str, float | None]:
+    """Ours beside vLLM's own view of the same window (TTFT, tokens, tok/s)."""
+    if vllm is None:
+        return {}
+    comparison: dict[str, float | None] = {
+        "ttft_mean_ours_s": ttft_mean,
+        "ttft_mean_vllm_s": vllm.ttft_mean_s,
+        "ttft_mean_diff_pct": _pct(stats.relative_diff(ttft_mean, vllm.ttft_mean_s)),
+        "ttft_mean_diff_ms": (None if ttft_mean is None or vllm.ttft_mean_s is None
+                              else (ttft_mean - vllm.ttft_mean_s) * 1000.0),
+        "output_tokens_ours": float(out_tokens),
+        "output_tokens_vllm": vllm.generation_tokens,
+        "output_tokens_diff_pct": _pct(stats.relative_diff(float(out_tokens), vllm.generation_tokens)),
+        "output_tps_ours": output_tps,
+        "output_tps_vllm": vllm.output_tps,
+        "output_tps_diff_pct": _pct(stats.relative_diff(output_tps, vllm.output_tps)),
+        "output_tps_vllm_scrape_window": vllm.output_tps_scrape_window,
+        "output_tps_scrape_window_diff_pct": _pct(stats.relative_diff(output_tps, vllm.output_tps_scrape_window)),
+    }
+    if vllm.requests_finished is not None and vllm.requests_finished != ok_count:
+        warnings.append(f"vLLM counted {vllm.requests_finished:g} finished requests in the window, we "
+                        f"counted {ok_count} (other traffic, or aborted streams)")
+    return comparison
 
 
 def _pct(x: float | None) -> float | None:

@@ -123,6 +123,14 @@ class LevelRules:
     """When one level has seen enough."""
 
     min_requests: int = DEFAULT_MIN_REQUESTS  # measured (counted) requests before a verdict
+    # The floor under any verdict: a level that runs out of time (time_cap)
+    # having measured fewer requests than this is not judged at all (verdict
+    # S.TOO_FEW: neither pass nor fail, no figure of the server's speed). None:
+    # min_requests. A confirmation raises min_requests to its own count, and
+    # keeps its level's floor (confirming()). Why: on a box saturated by another
+    # job a level at 144 counted 2 requests in its minute (0.36 req/s, TTFT p99
+    # 8.2 s), was judged failed, and read as the server's speed falling 98 %.
+    min_judged: int | None = None
     # Counted requests at most; a closed loop gets at least 8 per slot (the
     # bench client's 8 waves).
     max_requests: int = DEFAULT_MAX_REQUESTS
@@ -153,11 +161,18 @@ class LevelRules:
         `requests` counted, and never fewer than a level may count at most
         (at low load 8 turnovers are a few dozen requests, too few for a p99)."""
         n = max(requests, self.max_requests)
-        return replace(self, min_requests=max(self.min_requests, n), max_requests=n)
+        return replace(self, min_requests=max(self.min_requests, n), max_requests=n, min_judged=self.judged_floor)
+
+    @property
+    def judged_floor(self) -> int:
+        """Measured requests below which a level that ran out of time is not judged (min_judged)."""
+        return self.min_judged if self.min_judged is not None else self.min_requests
 
     def validate(self) -> None:
         if self.min_requests < 1 or self.max_requests < self.min_requests:
             raise ValueError("need 1 <= min requests <= max requests")
+        if self.min_judged is not None and self.min_judged < 1:
+            raise ValueError("a verdict needs at least 1 measured request")
         if self.time_cap_s <= 0:
             raise ValueError("the level time cap must be more than zero")
         if not 0.5 <= self.confidence < 1.0:
@@ -297,7 +312,9 @@ class LevelResult:
     goodput_output_tps: float | None = None
     passed: bool = False
     decided: bool = False
-    verdict: str = S.UNDECIDED  # pass | fail | undecided (at a cap; `passed` then follows the estimate)
+    # pass | fail | undecided (at a cap; `passed` then follows the estimate) |
+    # too few requests (S.TOO_FEW: not judged, not passed)
+    verdict: str = S.UNDECIDED
     stop: str = ""  # decided | max_requests | time_cap | errors | server_down | cancelled
     objectives: list[dict[str, Any]] = field(default_factory=list)
     errors: dict[str, int] = field(default_factory=dict)
@@ -611,6 +628,9 @@ class LevelMonitor:
             outcomes = self.outcomes
         if stop in ("max_requests", "time_cap") and ev.verdict == S.PASS and not (self.stable and self.held()):
             ev.verdict = S.UNDECIDED  # the bounds passed but the windows never agreed (or too soon to tell)
+        too_few = stop == "time_cap" and len(outcomes) < self.rules.judged_floor
+        if too_few:
+            ev.verdict = S.TOO_FEW  # no verdict on so few (LevelRules.min_judged)
         end_missed = self.end_missed(blocks, ev) \
             if counted and stop in ("max_requests", "time_cap") and ev.verdict == S.UNDECIDED else None
         res = level_result(self.concurrency, outcomes, self.slo, ev, span, stop, server,
@@ -625,6 +645,10 @@ class LevelMonitor:
         res.windows = self.windows
         res.stable = self.stable
         res.window_e2e_ms = [round(m * 1000.0, 3) if m is not None else math.nan for m in self.window_means(blocks)]
+        if too_few:
+            res.warnings.append(f"too few requests to judge: {len(outcomes)} measured in {seconds:.0f} s, under the "
+                                f"{self.rules.judged_floor} a verdict needs; neither a pass nor a fail, and no "
+                                f"reading of the server's speed")
         return res
 
 
@@ -647,7 +671,7 @@ def level_result(concurrency: int | None, outcomes: Sequence[S.RequestOutcome], 
         verdict = S.FAIL if stop != "cancelled" else S.UNDECIDED
     else:
         verdict = ev.verdict
-    decided = verdict != S.UNDECIDED
+    decided = verdict not in (S.UNDECIDED, S.TOO_FEW)
     attained = ev.attainment is None or not attainment_target or ev.attainment >= attainment_target
     passed = verdict == S.PASS or (verdict == S.UNDECIDED and stop != "cancelled" and ev.point_pass and attained
                                    and not end_missed)
@@ -1094,6 +1118,8 @@ def speed_moved(levels: Sequence[LevelResult]) -> dict[str, Any] | None:
         # measured again for that reason), not the server's speed.
         if lv.stop in ("cancelled", "server_down") or not lv.requests or client_stalled(lv):
             continue
+        if lv.verdict == S.TOO_FEW:  # too few requests to read any speed from (LevelRules.min_judged)
+            continue
         by_load.setdefault(lv.load, []).append((i, lv))
     best: dict[str, Any] | None = None
     for load, seen in by_load.items():
@@ -1200,8 +1226,8 @@ def format_capacity(r: CapacityResult) -> str:
     lines = [f"capacity search ({'open loop, request rate' if rate else 'closed loop, concurrency'}), "
              f"SLO {' '.join(r.slo)}", head]
     for lv in sorted(r.levels, key=lambda x: x.load):
-        verdict = ("pass" if lv.passed else "fail") + ("" if lv.decided else " (undecided)") \
-            + (" [confirmation]" if lv.confirmation else "")
+        verdict = (S.TOO_FEW if lv.verdict == S.TOO_FEW else ("pass" if lv.passed else "fail")
+                   + ("" if lv.decided else " (undecided)")) + (" [confirmation]" if lv.confirmation else "")
         att = "-" if lv.attainment is None else f"{lv.attainment * 100:.1f}%"
         load = f"{lv.rate:g}" if lv.rate is not None else str(lv.concurrency)
         extra = ""

@@ -36,6 +36,7 @@ import traceback
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from ernie_tui.engine_ctl.load import slo as S
@@ -209,116 +210,137 @@ async def _child_level(conn: Any, inbox: asyncio.Queue[Any], spec: dict[str, Any
     "connections", "refill" (ask for that many more prompts when fewer are
     left), "warm" (a 1-token request, sent on up to "warm_n" connections
     first, or None) and "requests" (the first prompts)."""
-    loop = asyncio.get_running_loop()
-    slots: int = spec.get("slots") or 0
-    rate: float | None = spec.get("rate")
-    refill: int = spec["refill"]
-    queue: deque[ProbeRequest] = deque(spec["requests"])
-    more = asyncio.Event()
-    stop = asyncio.Event()
-    go: asyncio.Future[float] = loop.create_future()
-    asked = False
-    quit_after = False
+    level = _ChildLevel(conn, inbox, spec, url, model, read_timeout_s, total_timeout_s)
+    return await level.run(api_key)
 
-    async def pump() -> None:
-        nonlocal asked, quit_after
+
+class _ChildLevel:
+    """A child's share of one level: its connections warmed, "ready" told,
+    then its streams from the parent's "go" (t0) until its "stop", and its
+    totals sent back."""
+
+    def __init__(self, conn: Any, inbox: asyncio.Queue[Any], spec: dict[str, Any], url: str, model: str,
+                 read_timeout_s: float, total_timeout_s: float) -> None:
+        self.conn, self.inbox, self.spec = conn, inbox, spec
+        self.url, self.model = url, model
+        self.read_timeout_s, self.total_timeout_s = read_timeout_s, total_timeout_s
+        self.slots: int = spec.get("slots") or 0
+        self.rate: float | None = spec.get("rate")
+        self.refill: int = spec["refill"]
+        self.queue: deque[ProbeRequest] = deque(spec["requests"])
+        self.more = asyncio.Event()
+        self.stop = asyncio.Event()
+        self.go: asyncio.Future[float] = asyncio.get_running_loop().create_future()
+        self.asked = False
+        self.quit_after = False
+        self.health = ClientHealth()
+        self.tasks: set[asyncio.Future[None]] = set()
+        self.late_n, self.late_max = 0, 0.0
+        self.t0 = 0.0
+
+    async def run(self, api_key: str | None) -> bool:
+        pumping = asyncio.ensure_future(self.pump())
+        try:
+            async with new_async_client(api_key, self.read_timeout_s,
+                                        max_connections=self.spec["connections"]) as client:
+                await self.warm_up(client)
+                self.conn.send(("ready",))
+                try:
+                    self.t0 = await self.go
+                except asyncio.CancelledError:
+                    if not self.stop.is_set():
+                        raise
+                    self.conn.send(("end", ChildTotals([], 0, 0.0, 0.0, _loop_name())))
+                    return self.quit_after
+                await self.stream_until_stopped(client)
+                return self.quit_after
+        finally:
+            pumping.cancel()
+
+    async def pump(self) -> None:
+        """The parent's messages while the level runs: go, more prompts, stop."""
         while True:
-            msg = await inbox.get()
-            if msg[0] == "go" and not go.done():
-                go.set_result(msg[1])
+            msg = await self.inbox.get()
+            if msg[0] == "go" and not self.go.done():
+                self.go.set_result(msg[1])
             elif msg[0] == "more":
-                queue.extend(msg[1])
-                asked = False
-                more.set()
+                self.queue.extend(msg[1])
+                self.asked = False
+                self.more.set()
             elif msg[0] in ("stop", "quit", "gone"):
-                quit_after = quit_after or msg[0] != "stop"
-                stop.set()
-                if not go.done():
-                    go.cancel()
+                self.quit_after = self.quit_after or msg[0] != "stop"
+                self.stop.set()
+                if not self.go.done():
+                    self.go.cancel()
 
-    pumping = asyncio.ensure_future(pump())
-    health = ClientHealth()
-    try:
-        async with new_async_client(api_key, read_timeout_s, max_connections=spec["connections"]) as client:
-            warm = spec.get("warm")
-            if warm is not None:
-                # This child's connections opened before the level, so their
-                # set-up is not billed to its first TTFTs (the in-process
-                # level does the same with its own client).
-                await asyncio.gather(*(stream_request(client, url, warm, model, read_timeout=read_timeout_s,
-                                                      total_timeout=total_timeout_s)
-                                       for _ in range(spec["warm_n"])))
-            conn.send(("ready",))
-            try:
-                t0 = await go
-            except asyncio.CancelledError:
-                if not stop.is_set():
-                    raise
-                conn.send(("end", ChildTotals([], 0, 0.0, 0.0, _loop_name())))
-                return quit_after
-            health.start(freeze=True, pause_collector=True)
-            cpu0 = time.process_time()
-            lag_task = asyncio.ensure_future(health.watch_loop())
+    async def warm_up(self, client: Any) -> None:
+        warm = self.spec.get("warm")
+        if warm is not None:
+            # This child's connections opened before the level, so their
+            # set-up is not billed to its first TTFTs (the in-process
+            # level does the same with its own client).
+            await asyncio.gather(*(stream_request(client, self.url, warm, self.model,
+                                                  read_timeout=self.read_timeout_s,
+                                                  total_timeout=self.total_timeout_s)
+                                   for _ in range(self.spec["warm_n"])))
 
-            async def one() -> None:
-                nonlocal asked
-                while not queue:
-                    more.clear()
-                    await more.wait()
-                request = queue.popleft()
-                if not asked and len(queue) < refill:
-                    asked = True
-                    conn.send(("more", refill))
-                t_s = time.perf_counter() - t0
-                conn.send(("s", t_s))
-                res = await stream_request(client, url, request, model, read_timeout=read_timeout_s,
-                                           total_timeout=total_timeout_s)
-                conn.send(("o", request_outcome(res, t_s, time.perf_counter() - t0)))
+    async def stream_until_stopped(self, client: Any) -> None:
+        health = self.health
+        health.start(freeze=True, pause_collector=True)
+        cpu0 = time.process_time()
+        lag_task = asyncio.ensure_future(health.watch_loop())
+        if self.rate is None:
+            self.tasks.update(asyncio.ensure_future(self.worker(client)) for _ in range(self.slots))
+        else:
+            self.tasks.add(asyncio.ensure_future(self.sender(client)))
+        try:
+            await self.stop.wait()
+        finally:
+            # In flight at the stop: a window not counted, cancelled (vLLM
+            # aborts it) rather than drained at a lighter load, as in-process.
+            out = list(self.tasks)
+            for t in out:
+                t.cancel()
+            await asyncio.gather(*out, return_exceptions=True)
+            lag_task.cancel()
+            await asyncio.gather(lag_task, return_exceptions=True)
+            health.stop()
+        self.conn.send(("end", ChildTotals(health.lags, health.gc_count[2], health.gc_pause_max_s,
+                                           time.process_time() - cpu0, _loop_name(), self.late_n, self.late_max)))
 
-            async def worker() -> None:  # closed loop: one slot
-                while not stop.is_set():
-                    await one()
+    async def one(self, client: Any) -> None:
+        while not self.queue:
+            self.more.clear()
+            await self.more.wait()
+        request = self.queue.popleft()
+        if not self.asked and len(self.queue) < self.refill:
+            self.asked = True
+            self.conn.send(("more", self.refill))
+        t_s = time.perf_counter() - self.t0
+        self.conn.send(("s", t_s))
+        res = await stream_request(client, self.url, request, self.model, read_timeout=self.read_timeout_s,
+                                   total_timeout=self.total_timeout_s)
+        self.conn.send(("o", request_outcome(res, t_s, time.perf_counter() - self.t0)))
 
-            late_n, late_max = 0, 0.0
-            tasks: set[asyncio.Future[None]] = set()
+    async def worker(self, client: Any) -> None:  # closed loop: one slot
+        while not self.stop.is_set():
+            await self.one(client)
 
-            async def sender() -> None:  # open loop: on schedule, whatever is still out
-                nonlocal late_n, late_max
-                assert rate is not None
-                for due in arrival_stream(rate, spec["arrivals"], seed=spec["seed"]):
-                    due += spec["offset_s"]
-                    delay = due - (time.perf_counter() - t0)
-                    if delay > 0:
-                        await asyncio.sleep(delay)  # (cancelled at the stop)
-                    lag = (time.perf_counter() - t0) - due
-                    if lag > spec["late_s"]:
-                        late_n += 1
-                        late_max = max(late_max, lag)
-                    t = asyncio.ensure_future(one())
-                    tasks.add(t)
-                    t.add_done_callback(tasks.discard)
-
-            if rate is None:
-                tasks.update(asyncio.ensure_future(worker()) for _ in range(slots))
-            else:
-                tasks.add(asyncio.ensure_future(sender()))
-            try:
-                await stop.wait()
-            finally:
-                # In flight at the stop: a window not counted, cancelled (vLLM
-                # aborts it) rather than drained at a lighter load, as in-process.
-                out = list(tasks)
-                for t in out:
-                    t.cancel()
-                await asyncio.gather(*out, return_exceptions=True)
-                lag_task.cancel()
-                await asyncio.gather(lag_task, return_exceptions=True)
-                health.stop()
-            conn.send(("end", ChildTotals(health.lags, health.gc_count[2], health.gc_pause_max_s,
-                                          time.process_time() - cpu0, _loop_name(), late_n, late_max)))
-            return quit_after
-    finally:
-        pumping.cancel()
+    async def sender(self, client: Any) -> None:  # open loop: on schedule, whatever is still out
+        spec, rate = self.spec, self.rate
+        assert rate is not None
+        for due in arrival_stream(rate, spec["arrivals"], seed=spec["seed"]):
+            due += spec["offset_s"]
+            delay = due - (time.perf_counter() - self.t0)
+            if delay > 0:
+                await asyncio.sleep(delay)  # (cancelled at the stop)
+            lag = (time.perf_counter() - self.t0) - due
+            if lag > spec["late_s"]:
+                self.late_n += 1
+                self.late_max = max(self.late_max, lag)
+            t = asyncio.ensure_future(self.one(client))
+            self.tasks.add(t)
+            t.add_done_callback(self.tasks.discard)
 
 
 def _loop_name() -> str:
@@ -329,6 +351,48 @@ def _loop_name() -> str:
 
 class ChildFailed(RuntimeError):
     """A child process died or raised; its traceback, where it sent one, is the message."""
+
+
+def _fail_level(failure: list[str], waiting: list[asyncio.Future[Any]], stop: asyncio.Event, text: str) -> None:
+    """A child failed: the first failure kept, every answer still awaited
+    failed with it, and the level stopped (finish() then raises it)."""
+    if not failure:
+        failure.append(text)
+    for f in waiting:
+        if not f.done():
+            f.set_exception(ChildFailed(text))
+            f.exception()  # (retrieved here: the caller raises failure[0])
+    stop.set()
+
+
+class _ChildMessages:
+    """What one child tells the parent during a level, handled in the
+    parent's loop: a request started or ended, more prompts wanted, ready,
+    its totals at the end, or its failure."""
+
+    def __init__(self, conn: Any, ready: asyncio.Future[Any], ended: asyncio.Future[Any], take: Any,
+                 on_started: Any, on_outcome: Any, fail: Callable[[str], None]) -> None:
+        self.conn, self.ready, self.ended = conn, ready, ended
+        self.take, self.on_started, self.on_outcome, self.fail = take, on_started, on_outcome, fail
+
+    def __call__(self, msg: Any) -> None:
+        kind = msg[0]
+        if kind == "s":
+            self.on_started(msg[1])
+        elif kind == "o":
+            self.on_outcome(msg[1])
+        elif kind == "more":
+            self.conn.send(("more", self.take(msg[1])))
+        elif kind == "ready":
+            if not self.ready.done():
+                self.ready.set_result(None)
+        elif kind == "end":
+            if not self.ended.done():
+                self.ended.set_result(msg[1])
+        elif kind == "error":
+            self.fail(f"a level's stream process failed:\n{msg[1]}")
+        elif kind == "gone":
+            self.fail("a level's stream process ended unexpectedly (its pipe closed)")
 
 
 class LevelProcs:
@@ -391,40 +455,11 @@ class LevelProcs:
         self._ended = ended = [loop.create_future() for _ in children]
         failure: list[str] = []
         self._failure = failure
-
-        def fail(text: str) -> None:
-            if not failure:
-                failure.append(text)
-            for f in ready + ended:
-                if not f.done():
-                    f.set_exception(ChildFailed(text))
-                    f.exception()  # (retrieved here: the caller raises failure[0])
-            stop.set()
-
-        def deliver(i: int, conn: Any) -> Callable[[Any], None]:
-            def on_message(msg: Any) -> None:
-                kind = msg[0]
-                if kind == "s":
-                    on_started(msg[1])
-                elif kind == "o":
-                    on_outcome(msg[1])
-                elif kind == "more":
-                    conn.send(("more", take(msg[1])))
-                elif kind == "ready":
-                    if not ready[i].done():
-                        ready[i].set_result(None)
-                elif kind == "end":
-                    if not ended[i].done():
-                        ended[i].set_result(msg[1])
-                elif kind == "error":
-                    fail(f"a level's stream process failed:\n{msg[1]}")
-                elif kind == "gone":
-                    fail("a level's stream process ended unexpectedly (its pipe closed)")
-            return on_message
-
+        fail = partial(_fail_level, failure, ready + ended, stop)
         per = [requests[i::len(children)] for i in range(len(children))]
         for i, ((_, conn), spec) in enumerate(zip(children, specs, strict=True)):
-            _read_into(conn, loop, deliver(i, conn), ("end", "error"))
+            on_message = _ChildMessages(conn, ready[i], ended[i], take, on_started, on_outcome, fail)
+            _read_into(conn, loop, on_message, ("end", "error"))
             conn.send(("level", {**spec, "requests": per[i], "warm": warm}))
         try:
             await asyncio.wait_for(asyncio.gather(*ready), ANSWER_TIMEOUT_S)

@@ -125,27 +125,76 @@ async def stream_request(client: Any, url: str, request: ProbeRequest, model: st
     target = base_url(url) + request.path
     payload = json.dumps(request.body(model)).encode()
     state = StreamState(t_start=time.perf_counter(), chat=request.chat, on_text=on_text)
-    started_at = time.time()
-    error: ProbeError | None = None
-    answered = False  # the server's status line arrived
-    parser = SSEParser()
+    call = _StreamCall(client, target, payload, state, read_timeout)
+    try:
+        if total_timeout:
+            await asyncio.wait_for(call.send(), total_timeout)
+        else:
+            await call.send()
+    except asyncio.TimeoutError:
+        call.error = ProbeError(ProbeErrorKind.TIMEOUT, f"the request did not finish within {total_timeout:g} s")
+    t_end = time.perf_counter()
+    for ev in call.parser.close():
+        state.handle(decode_payload(ev.data), t_end)
+    state.non_sse_lines = call.parser.non_sse_lines
+    state.oversized_lines = call.parser.oversized_lines
+    return _finish(state, request, model, t_end, call.error, call.started_at)
 
-    def take(part: bytes, t: float) -> None:
-        events = parser.feed(part)
+
+class _StreamCall:
+    """One streamed request's exchange with the server (httpx or aiohttp):
+    the clock started as the request goes out, each read's events handed to
+    the StreamState with the read's time, an error answer or a transport
+    failure kept as `error`."""
+
+    def __init__(self, client: Any, target: str, payload: bytes, state: StreamState, read_timeout: float) -> None:
+        self.client, self.target, self.payload = client, target, payload
+        self.state = state
+        self.read_timeout = read_timeout
+        self.started_at = time.time()
+        self.error: ProbeError | None = None
+        self.answered = False  # the server's status line arrived
+        self.parser = SSEParser()
+
+    def take(self, part: bytes, t: float) -> None:
+        events = self.parser.feed(part)
         if events:
-            state.handle_read([decode_payload(ev.data) for ev in events], t)
+            self.state.handle_read([decode_payload(ev.data) for ev in events], t)
 
-    def start_clock() -> None:
-        nonlocal started_at
-        state.t_start = time.perf_counter()
-        started_at = time.time()
+    def start_clock(self) -> None:
+        self.state.t_start = time.perf_counter()
+        self.started_at = time.time()
 
-    async def run_httpx() -> None:
-        nonlocal error, answered
-        req = client.build_request("POST", target, content=payload, headers=_JSON_HEADERS)
-        start_clock()
-        resp = await client.send(req, stream=True)
-        answered = True
+    async def send(self) -> None:
+        run = self.run_httpx if isinstance(self.client, httpx.AsyncClient) else self.run_aiohttp
+        for attempt in range(2):
+            try:
+                await run()
+                return
+            except Exception as exc:
+                self.error = self.transport_error(exc)
+                if self.error is None:
+                    raise
+            # A kept-alive connection that the server closed as the request
+            # went out on it fails before any answer (a keep-alive timeout
+            # racing the request, or a server that closes without saying so).
+            # Nothing was answered, so the request goes out again, once, on a
+            # new connection; a server that really dropped it fails again.
+            if self.answered or self.error.kind is not ProbeErrorKind.DISCONNECTED or attempt == 1:
+                return
+            self.error = None
+
+    def transport_error(self, exc: Exception) -> ProbeError | None:
+        # aiohttp's read/connect timeouts are TimeoutErrors, and TimeoutError is an OSError
+        if isinstance(exc, (httpx.HTTPError, OSError)) or _is_aiohttp_error(exc):
+            return classify_exception(exc, self.target, self.state.tokens_seen, self.read_timeout)
+        return None
+
+    async def run_httpx(self) -> None:
+        req = self.client.build_request("POST", self.target, content=self.payload, headers=_JSON_HEADERS)
+        self.start_clock()
+        resp = await self.client.send(req, stream=True)
+        self.answered = True
         try:
             if resp.status_code != 200:
                 raw = b""
@@ -153,81 +202,39 @@ async def stream_request(client: Any, url: str, request: ProbeRequest, model: st
                     raw += part
                     if len(raw) > _MAX_ERROR_BODY:
                         break
-                error = error_from_response(resp.status_code, raw.decode("utf-8", "replace"), target)
+                self.error = error_from_response(resp.status_code, raw.decode("utf-8", "replace"), self.target)
                 return
-            error = not_an_event_stream(resp.status_code, resp.headers.get("content-type"))
-            if error is not None:
+            self.error = not_an_event_stream(resp.status_code, resp.headers.get("content-type"))
+            if self.error is not None:
                 return
             parts = resp.aiter_raw()
             async for part in parts:
-                take(part, time.perf_counter())
-                if state.done:
+                self.take(part, time.perf_counter())
+                if self.state.done:
                     break
-            if state.done:
+            if self.state.done:
                 await _drain(_rest(parts))
         finally:
             await resp.aclose()
 
-    async def run_aiohttp() -> None:
-        nonlocal error, answered
-        start_clock()
-        async with client.post(target, data=payload, headers=_JSON_HEADERS) as resp:
-            answered = True
+    async def run_aiohttp(self) -> None:
+        self.start_clock()
+        async with self.client.post(self.target, data=self.payload, headers=_JSON_HEADERS) as resp:
+            self.answered = True
             if resp.status != 200:
                 raw = await resp.content.read(_MAX_ERROR_BODY)
-                error = error_from_response(resp.status, raw.decode("utf-8", "replace"), target)
+                self.error = error_from_response(resp.status, raw.decode("utf-8", "replace"), self.target)
                 return
-            error = not_an_event_stream(resp.status, resp.headers.get("Content-Type"))
-            if error is not None:
+            self.error = not_an_event_stream(resp.status, resp.headers.get("Content-Type"))
+            if self.error is not None:
                 return
             # iter_any: whatever arrived in one read, so a read's events share its time
             async for part in resp.content.iter_any():
-                take(part, time.perf_counter())
-                if state.done:
+                self.take(part, time.perf_counter())
+                if self.state.done:
                     break
-            if state.done and not resp.content.at_eof():
+            if self.state.done and not resp.content.at_eof():
                 await _drain(resp.content.read())
-
-    run = run_httpx if isinstance(client, httpx.AsyncClient) else run_aiohttp
-
-    def transport_error(exc: Exception) -> ProbeError | None:
-        # aiohttp's read/connect timeouts are TimeoutErrors, and TimeoutError is an OSError
-        if isinstance(exc, (httpx.HTTPError, OSError)) or _is_aiohttp_error(exc):
-            return classify_exception(exc, target, state.tokens_seen, read_timeout)
-        return None
-
-    async def send() -> None:
-        nonlocal error
-        for attempt in range(2):
-            try:
-                await run()
-                return
-            except Exception as exc:
-                error = transport_error(exc)
-                if error is None:
-                    raise
-            # A kept-alive connection that the server closed as the request
-            # went out on it fails before any answer (a keep-alive timeout
-            # racing the request, or a server that closes without saying so).
-            # Nothing was answered, so the request goes out again, once, on a
-            # new connection; a server that really dropped it fails again.
-            if answered or error.kind is not ProbeErrorKind.DISCONNECTED or attempt == 1:
-                return
-            error = None
-
-    try:
-        if total_timeout:
-            await asyncio.wait_for(send(), total_timeout)
-        else:
-            await send()
-    except asyncio.TimeoutError:
-        error = ProbeError(ProbeErrorKind.TIMEOUT, f"the request did not finish within {total_timeout:g} s")
-    t_end = time.perf_counter()
-    for ev in parser.close():
-        state.handle(decode_payload(ev.data), t_end)
-    state.non_sse_lines = parser.non_sse_lines
-    state.oversized_lines = parser.oversized_lines
-    return _finish(state, request, model, t_end, error, started_at)
 
 
 async def probe_async(url: str, request: ProbeRequest, *, api_key: str | None = None,

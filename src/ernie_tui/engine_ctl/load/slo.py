@@ -56,6 +56,9 @@ PERCENTILES = (50, 90, 95, 99)
 _OBJECTIVE_RE = re.compile(r"^\s*(ttft|itl|e2e)_p(\d+)\s*(?:=|<=|<)\s*([0-9]*\.?[0-9]+)\s*(ms|s)\s*$", re.I)
 
 PASS, FAIL, UNDECIDED = "pass", "fail", "undecided"
+# A capacity level that ran out of time with fewer answered requests than a
+# verdict needs (LevelRules.judged_floor): not judged at all, neither pass nor fail.
+TOO_FEW = "too few requests"
 
 
 @dataclass(frozen=True)

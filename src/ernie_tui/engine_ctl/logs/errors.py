@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 from enum import StrEnum
-from typing import Any
+from typing import Any, Callable
 
 from ernie_tui.engine_ctl.logs.figures import _figure
 
@@ -89,76 +89,126 @@ def classify_error(message: str, notes: list[str] | None = None,
         if rx.search(text):
             kind = k
             break
-    est: int | None = None
-    detail: dict[str, Any] = {}
+    figures = _Figures(notes, line_no)
+    read = _DETAIL_READERS.get(kind)
+    est = read(text, figures) if read is not None else None
+    return kind, est, figures.detail
 
-    def put(key: str, raw: str | None, unit: str) -> None:
-        value = _figure(raw, unit, key.replace("_", " "), notes, line_no)
+
+class _Figures:
+    """The figures read from one message: each checked against its physical
+    range (_figure), an out-of-range one left out with a note."""
+
+    def __init__(self, notes: list[str] | None, line_no: int | None) -> None:
+        self.notes, self.line_no = notes, line_no
+        self.detail: dict[str, Any] = {}
+
+    def value(self, raw: str | None, unit: str, name: str) -> int | float | None:
+        return _figure(raw, unit, name, self.notes, self.line_no)
+
+    def put(self, key: str, raw: str | None, unit: str) -> None:
+        value = self.value(raw, unit, key.replace("_", " "))
         if value is not None:
-            detail[key] = value
+            self.detail[key] = value
 
-    if kind is ErrorKind.KV_CACHE_TOO_SMALL:
-        m = re.search(r"estimated maximum model length is (\d+)", text)
-        if not m:  # V0 wording states how many tokens fit; that is the usable max length
-            m = re.search(r"stored in KV cache \((\d+)\)", text)
-        fits = _figure(m.group(1), "tokens", "estimated max model len", notes, line_no) if m else None
-        est = int(fits) if fits is not None else None
-        m = re.search(r"max seq len \((\d+)\)", text)
-        if m:
-            put("max_model_len", m.group(1), "tokens")
-        m = re.search(r"\((\d+(?:\.\d+)?) GiB KV cache is needed"
-                      r".*available KV cache memory \((\d+(?:\.\d+)?) GiB\)", text)
-        if m:
-            put("needed_gib", m.group(1), "gib")
-            put("available_gib", m.group(2), "gib")
-    elif kind is ErrorKind.INSUFFICIENT_FREE_MEMORY:
-        m = re.search(r"\((\d+(?:\.\d+)?)/(\d+(?:\.\d+)?) GiB\) on startup is less than desired \w+ memory utilization "
-                      r"\((\d+(?:\.\d+)?), (\d+(?:\.\d+)?) GiB\)", text)
-        if m:
-            put("free_gib", m.group(1), "gib")
-            put("total_gib", m.group(2), "gib")
-            put("utilization", m.group(3), "fraction")
-            put("requested_gib", m.group(4), "gib")
-    elif kind is ErrorKind.MAX_MODEL_LEN_TOO_LARGE:
-        m = re.search(r"max_model_len \((\d+)\) is greater than the derived max_model_len "
-                      r"\((?:[a-z_ ]+=)?(\d+)(?:\.\d+)?", text)  # the key vLLM took it from varies
-        if m:
-            put("requested", m.group(1), "tokens")
-            put("derived", m.group(2), "tokens")
-    elif kind is ErrorKind.TP_EXCEEDS_GPUS:
-        m = re.search(r"World size \((\d+)\) is larger than the number of available GPUs(?: \((\d+)\))?", text)
-        if m:
-            put("world_size", m.group(1), "count")
-            put("available_gpus", m.group(2), "count")
-    elif kind is ErrorKind.HEADS_NOT_DIVISIBLE:
-        m = re.search(r"attention heads \((\d+)\) must be divisible by tensor parallel size \((\d+)\)", text)
-        if m:
-            put("heads", m.group(1), "count")
-            put("tensor_parallel_size", m.group(2), "count")
-    elif kind is ErrorKind.BLOCK_SIZE_UNSUPPORTED:
-        m = (re.search(r"No common block size for (\d+)", text) or re.search(r"block_size=(\d+)", text)
-             or re.search(r"--block-size: invalid choice: '?(\d+)", text))
-        if m:
-            put("block_size", m.group(1), "count")
-        m = re.search(r"No common block size for \d+ \((.*)\)", text)
-        if m:
-            detail["supported"] = m.group(1)
-    elif kind is ErrorKind.UNKNOWN_ARGUMENT:
-        args = text.split("unrecognized arguments: ", 1)[1].split()
-        if args:
-            detail["argument"] = args[0]
-            detail["arguments"] = args
-    elif kind is ErrorKind.PORT_IN_USE:
-        m = re.search(r"address \('([^']*)', (\d+)\)", text)
-        if m:
-            detail["host"] = m.group(1)
-            put("port", m.group(2), "port")
-    elif kind is ErrorKind.CUDA_OOM:
-        m = re.search(r"Tried to allocate ([\d.]+ [KMGT]i?B)", text)
-        if m:
-            detail["tried_to_allocate"] = m.group(1)
-    elif kind is ErrorKind.MISSING_MODULE:
-        m = re.search(r"No module named '?([\w.]+)", text)
-        if m:
-            detail["module"] = m.group(1)
-    return kind, est, detail
+
+# Each kind's figures, read from its message; a reader returns vLLM's
+# estimated max model len where the message gives one.
+
+def _read_kv_cache_too_small(text: str, fig: _Figures) -> int | None:
+    m = re.search(r"estimated maximum model length is (\d+)", text)
+    if not m:  # V0 wording states how many tokens fit; that is the usable max length
+        m = re.search(r"stored in KV cache \((\d+)\)", text)
+    fits = fig.value(m.group(1), "tokens", "estimated max model len") if m else None
+    est = int(fits) if fits is not None else None
+    m = re.search(r"max seq len \((\d+)\)", text)
+    if m:
+        fig.put("max_model_len", m.group(1), "tokens")
+    m = re.search(r"\((\d+(?:\.\d+)?) GiB KV cache is needed"
+                  r".*available KV cache memory \((\d+(?:\.\d+)?) GiB\)", text)
+    if m:
+        fig.put("needed_gib", m.group(1), "gib")
+        fig.put("available_gib", m.group(2), "gib")
+    return est
+
+
+def _read_insufficient_free_memory(text: str, fig: _Figures) -> None:
+    m = re.search(r"\((\d+(?:\.\d+)?)/(\d+(?:\.\d+)?) GiB\) on startup is less than desired \w+ memory utilization "
+                  r"\((\d+(?:\.\d+)?), (\d+(?:\.\d+)?) GiB\)", text)
+    if m:
+        fig.put("free_gib", m.group(1), "gib")
+        fig.put("total_gib", m.group(2), "gib")
+        fig.put("utilization", m.group(3), "fraction")
+        fig.put("requested_gib", m.group(4), "gib")
+
+
+def _read_max_model_len_too_large(text: str, fig: _Figures) -> None:
+    m = re.search(r"max_model_len \((\d+)\) is greater than the derived max_model_len "
+                  r"\((?:[a-z_ ]+=)?(\d+)(?:\.\d+)?", text)  # the key vLLM took it from varies
+    if m:
+        fig.put("requested", m.group(1), "tokens")
+        fig.put("derived", m.group(2), "tokens")
+
+
+def _read_tp_exceeds_gpus(text: str, fig: _Figures) -> None:
+    m = re.search(r"World size \((\d+)\) is larger than the number of available GPUs(?: \((\d+)\))?", text)
+    if m:
+        fig.put("world_size", m.group(1), "count")
+        fig.put("available_gpus", m.group(2), "count")
+
+
+def _read_heads_not_divisible(text: str, fig: _Figures) -> None:
+    m = re.search(r"attention heads \((\d+)\) must be divisible by tensor parallel size \((\d+)\)", text)
+    if m:
+        fig.put("heads", m.group(1), "count")
+        fig.put("tensor_parallel_size", m.group(2), "count")
+
+
+def _read_block_size_unsupported(text: str, fig: _Figures) -> None:
+    m = (re.search(r"No common block size for (\d+)", text) or re.search(r"block_size=(\d+)", text)
+         or re.search(r"--block-size: invalid choice: '?(\d+)", text))
+    if m:
+        fig.put("block_size", m.group(1), "count")
+    m = re.search(r"No common block size for \d+ \((.*)\)", text)
+    if m:
+        fig.detail["supported"] = m.group(1)
+
+
+def _read_unknown_argument(text: str, fig: _Figures) -> None:
+    args = text.split("unrecognized arguments: ", 1)[1].split()
+    if args:
+        fig.detail["argument"] = args[0]
+        fig.detail["arguments"] = args
+
+
+def _read_port_in_use(text: str, fig: _Figures) -> None:
+    m = re.search(r"address \('([^']*)', (\d+)\)", text)
+    if m:
+        fig.detail["host"] = m.group(1)
+        fig.put("port", m.group(2), "port")
+
+
+def _read_cuda_oom(text: str, fig: _Figures) -> None:
+    m = re.search(r"Tried to allocate ([\d.]+ [KMGT]i?B)", text)
+    if m:
+        fig.detail["tried_to_allocate"] = m.group(1)
+
+
+def _read_missing_module(text: str, fig: _Figures) -> None:
+    m = re.search(r"No module named '?([\w.]+)", text)
+    if m:
+        fig.detail["module"] = m.group(1)
+
+
+_DETAIL_READERS: dict[ErrorKind, Callable[[str, _Figures], int | None]] = {
+    ErrorKind.KV_CACHE_TOO_SMALL: _read_kv_cache_too_small,
+    ErrorKind.INSUFFICIENT_FREE_MEMORY: _read_insufficient_free_memory,
+    ErrorKind.MAX_MODEL_LEN_TOO_LARGE: _read_max_model_len_too_large,
+    ErrorKind.TP_EXCEEDS_GPUS: _read_tp_exceeds_gpus,
+    ErrorKind.HEADS_NOT_DIVISIBLE: _read_heads_not_divisible,
+    ErrorKind.BLOCK_SIZE_UNSUPPORTED: _read_block_size_unsupported,
+    ErrorKind.UNKNOWN_ARGUMENT: _read_unknown_argument,
+    ErrorKind.PORT_IN_USE: _read_port_in_use,
+    ErrorKind.CUDA_OOM: _read_cuda_oom,
+    ErrorKind.MISSING_MODULE: _read_missing_module,
+}

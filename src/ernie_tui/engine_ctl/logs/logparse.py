@@ -48,7 +48,7 @@ import ast
 import logging
 import os
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from ernie_tui.engine_ctl.logs.errors import _HANDLER_TEXT_CAP, ErrorKind, classify_error
@@ -342,9 +342,10 @@ class LogParser:
         """Prefilter every line; hand the few interesting ones to handlers.
 
         Written for speed (this loop is most of parse_file's time): locals
-        instead of attributes and globals, dict lookups instead of regexes,
-        no call at all for a rejected line. (Scanning undecoded bytes lines
-        was tried: slower than decoding whole blocks and scanning str.)
+        instead of attributes and globals, dict lookups instead of regexes, no
+        call for a rejected INFO/WARNING or access line (a log's bulk; a new
+        writer, an ERROR line or one without a level goes through a method).
+        (Scanning bytes lines was tried: slower than decoding whole blocks.)
 
         In latin-1 mode (parse_file) blocks are decoded as latin-1, which is
         much cheaper than UTF-8 for text with a few multi-byte characters
@@ -358,39 +359,19 @@ class LogParser:
         pfx, plen = self._pfx, self._plen
         levels = _LEVELS
         keys = self._keys
-        pfx_match = _PFX.match
         try:
             for line in lines:
                 n += 1
                 if line.startswith(pfx):
                     pos = plen
-                elif line[:1] == "(":
-                    m = pfx_match(line)
-                    if m is None:
-                        pos = 0
-                    else:
-                        pfx = m.group(0)
-                        plen = pos = m.end()
-                        rep.lines = n
-                        try:
-                            self._on_prefix(m.group(1), m.group(2), n)
-                        except Exception as exc:  # noqa: BLE001  never raise on log content; reported
-                            self._internal_error(exc, n, line)
+                elif line[:1] == "(":  # another writer's prefix (rare: when the writer changes)
+                    pfx, plen, pos = self._new_writer(rep, line, n, pfx, plen)
                 else:
                     pos = 0
                 if line[pos:pos + 1] == "(" and pos:
-                    # Ray forwards a worker's lines through the engine's output, each hop
-                    # adding its prefix: "(EngineCore pid=7) (RayWorkerProc pid=9)
-                    # (Worker_TP1 pid=9) INFO ...". The innermost one wrote the line.
-                    inner = None
-                    while (m := pfx_match(line, pos)) is not None:
-                        inner, pos = m, m.end()
-                    if inner is not None:
+                    pos, forwarded = self._innermost_writer(line, pos, n)
+                    if forwarded:
                         pfx = "\x00"  # the next line names its own writer again
-                        try:
-                            self._on_prefix(inner.group(1), inner.group(2), n)
-                        except Exception as exc:  # noqa: BLE001  never raise on log content; reported
-                            self._internal_error(exc, n, line)
                 lv = levels.get(line[pos:pos + 5])
                 if lv == 1:  # vLLM INFO/WARNING: dispatch on the message's first 4 chars
                     k = line.find("] ", pos)
@@ -407,37 +388,82 @@ class LogParser:
                     if "HTTP/1." in line:
                         continue  # access log: the bulk of a busy server's log
                     h, k = self._on_uvicorn, pos
-                elif lv == 3:
-                    k = line.find("] ", pos)
-                    # Traceback frames and source lines inside an ERROR block are
-                    # indented; only pydantic's "  Value error, ..." /
-                    # "  Assertion failed, ..." detail lines matter among them.
-                    if k >= 0 and line.startswith("  ", k + 2) and line[k + 4:k + 5] not in "VA":
+                else:  # ERROR lines and lines without a level (rarer than INFO and access lines)
+                    h = self._error_or_plain(line, pos, lv)
+                    if h is None:
                         continue
-                    h, k = self._on_error_line, pos
-                else:  # no level: traceback text, bare exception lines, tqdm bars, argparse
-                    if line.startswith("  ", pos):  # frames, source lines, usage text
-                        if line[pos + 2:pos + 3] not in "VA":
-                            continue
-                    elif not ("rror" in line or "xception" in line or "Capturing" in line
-                              or "shards" in line or "died" in line or "o module named" in line
-                              or "can't open file" in line):
-                        continue
-                    h, k = self._on_plain, pos
-                rep.lines = n
-                try:
-                    if latin and not line.isascii():
-                        raw = line.encode("latin-1")
-                        line = raw.decode("utf-8", "replace")
-                        if len(line) != len(raw):  # multi-byte chars: k to a char offset
-                            k = len(raw[:k].decode("utf-8", "replace"))
-                    h(line, k, n)
-                except Exception as exc:  # noqa: BLE001  never raise on log content; reported
-                    self._internal_error(exc, n, line)
+                    k = pos
+                self._hand(rep, h, line, k, n, latin)
                 rep = self.report  # a handler may have started a new run's report
         finally:
             self.report.lines = n
             self._pfx, self._plen = pfx, plen
+
+    def _new_writer(self, rep: EngineReport, line: str, n: int, pfx: str, plen: int) -> tuple[str, int, int]:
+        """A line that starts with a prefix other than the last one: (the
+        prefix, its length, where the text starts), the writer told to
+        _on_prefix; a "(" that is no prefix leaves the last one and 0."""
+        m = _PFX.match(line)
+        if m is None:
+            return pfx, plen, 0
+        rep.lines = n
+        try:
+            self._on_prefix(m.group(1), m.group(2), n)
+        except Exception as exc:  # noqa: BLE001  never raise on log content; reported
+            self._internal_error(exc, n, line)
+        return m.group(0), m.end(), m.end()
+
+    def _innermost_writer(self, line: str, pos: int, n: int) -> tuple[int, bool]:
+        """Ray forwards a worker's lines through the engine's output, each hop
+        adding its prefix: "(EngineCore pid=7) (RayWorkerProc pid=9)
+        (Worker_TP1 pid=9) INFO ...". The innermost one wrote the line: told
+        to _on_prefix. (where the text starts, whether there was one)."""
+        inner = None
+        while (m := _PFX.match(line, pos)) is not None:
+            inner, pos = m, m.end()
+        if inner is None:
+            return pos, False
+        try:
+            self._on_prefix(inner.group(1), inner.group(2), n)
+        except Exception as exc:  # noqa: BLE001  never raise on log content; reported
+            self._internal_error(exc, n, line)
+        return pos, True
+
+    def _error_or_plain(self, line: str, pos: int, lv: int | None) -> Callable[[str, int, int], None] | None:
+        """The handler of an ERROR line (lv 3) or a line without a level, or
+        None for one that says nothing (a frame, a source line, a tqdm bar)."""
+        if lv == 3:
+            k = line.find("] ", pos)
+            # Traceback frames and source lines inside an ERROR block are
+            # indented; only pydantic's "  Value error, ..." /
+            # "  Assertion failed, ..." detail lines matter among them.
+            if k >= 0 and line.startswith("  ", k + 2) and line[k + 4:k + 5] not in "VA":
+                return None
+            return self._on_error_line
+        # no level: traceback text, bare exception lines, tqdm bars, argparse
+        if line.startswith("  ", pos):  # frames, source lines, usage text
+            if line[pos + 2:pos + 3] not in "VA":
+                return None
+        elif not ("rror" in line or "xception" in line or "Capturing" in line
+                  or "shards" in line or "died" in line or "o module named" in line
+                  or "can't open file" in line):
+            return None
+        return self._on_plain
+
+    def _hand(self, rep: EngineReport, h: Callable[[str, int, int], None], line: str, k: int, n: int,
+              latin: bool) -> None:
+        """Hand a line to its handler; in latin-1 mode a non-ASCII line is
+        decoded again as UTF-8 first (k moved to the same char)."""
+        rep.lines = n
+        try:
+            if latin and not line.isascii():
+                raw = line.encode("latin-1")
+                line = raw.decode("utf-8", "replace")
+                if len(line) != len(raw):  # multi-byte chars: k to a char offset
+                    k = len(raw[:k].decode("utf-8", "replace"))
+            h(line, k, n)
+        except Exception as exc:  # noqa: BLE001  never raise on log content; reported
+            self._internal_error(exc, n, line)
 
     # -- plumbing -----------------------------------------------------------
 

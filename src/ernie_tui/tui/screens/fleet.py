@@ -31,8 +31,8 @@ from ernie_tui.tui.screens.help import HelpScreen
 from ernie_tui.tui.screens.main import MainScreen
 from ernie_tui.tui.widgets.footer import KeyFooter
 
-if TYPE_CHECKING:  # type-only: fleet_app.py imports this screen
-    from ernie_tui.tui.fleet_app import FleetApp
+if TYPE_CHECKING:  # type-only: what these screens call on the fleet's App (fleet_app.py imports them)
+    from ernie_tui.tui.app_protocol import FleetAppView
 
 # (column key, header). Keys stay fixed; headers say the unit and the window.
 COLUMNS: tuple[tuple[str, str], ...] = (
@@ -148,9 +148,9 @@ class FleetScreen(ShowsWorkerFailures, Screen):
     ]
 
     @property
-    def fleet_app(self) -> FleetApp:
+    def fleet_app(self) -> FleetAppView:
         """self.app, typed: the fleet's App, whose methods this screen calls."""
-        return cast("FleetApp", self.app)
+        return cast("FleetAppView", self.app)
 
     def __init__(self, servers, *, interval: float = 1.0, live: bool = True, poller_factory=None):
         super().__init__()
@@ -331,9 +331,9 @@ class ServerDashboard(MainScreen):
     BINDINGS = [Binding("b", "back", "Fleet")]
 
     @property
-    def fleet_app(self) -> FleetApp:
+    def fleet_app(self) -> FleetAppView:
         """self.app, typed: the fleet's App, whose methods this screen calls."""
-        return cast("FleetApp", self.app)
+        return cast("FleetAppView", self.app)
 
     def __init__(self) -> None:
         super().__init__("attach")

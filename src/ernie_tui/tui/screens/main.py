@@ -27,8 +27,8 @@ from ernie_tui.tui.widgets.presets_panel import PresetsPanel
 from ernie_tui.tui.widgets.report_panel import ReportPanel
 from ernie_tui.tui.widgets.status_bar import StatusBar
 
-if TYPE_CHECKING:  # type-only: app.py imports this screen
-    from ernie_tui.tui.app import ErnieApp
+if TYPE_CHECKING:  # type-only: what this screen calls on its App (app.py imports this screen)
+    from ernie_tui.tui.app_protocol import DashboardApp
 
 COMPACT_HEIGHT = 32  # below this many rows the charts swap with the log
 
@@ -65,10 +65,10 @@ class MainScreen(Screen):
     ]
 
     @property
-    def ernie_app(self) -> ErnieApp:
+    def ernie_app(self) -> DashboardApp:
         """self.app, typed: this screen runs in the dashboard's App (ErnieApp
         or the fleet's subclass of it), whose methods it calls."""
-        return cast("ErnieApp", self.app)
+        return cast("DashboardApp", self.app)
 
     def __init__(self, mode: str):
         super().__init__()
