@@ -129,7 +129,21 @@ def _setup(args: argparse.Namespace) -> Any:
     trials = args.trials if args.trials is not None else (None if args.budget else DEFAULT_TRIALS)
     return TuneSetup(base=base, space=space, capacity=capacity_sweep(args), burst_config=config, options=options,
                      study_dir=study_dir, study_name=name, max_trials=trials, budget_s=args.budget, seed=args.seed,
-                     confirm_rounds=args.confirm)
+                     confirm_rounds=args.confirm, port=_trial_port(base))
+
+
+def _trial_port(base: Any) -> int | None:
+    """None when BASE's port is free; else the next free one (the operator's
+    own server may be serving BASE there now), said on stderr."""
+    from ernie_tui.engine_ctl.launch import next_free_port, port_is_free
+
+    if port_is_free(base.host, base.port)[0]:
+        return None
+    port = next_free_port(base.host, base.port)
+    if port is None:
+        raise CliError(f"no free port after {base.port} on {base.host} for the trials' servers")
+    print(f"port {base.port} is in use: the trials' servers listen on {port}", file=sys.stderr)
+    return port
 
 
 def _fmt(v: float | None) -> str:

@@ -41,6 +41,7 @@ from ernie_tui.engine_ctl.control.sweep import (
     to_markdown,
 )
 from ernie_tui.engine_ctl.control.trial_load import LoadJob, LoadProcess
+from ernie_tui.engine_ctl.control.trial_schedule import GpuIdsError, detect_gpu_ids, parse_gpu_ids
 from ernie_tui.engine_ctl.control.tune import (  # Optuna is imported only when a tune runs
     INSTALL_HINT,
     Measurement,
@@ -54,7 +55,6 @@ from ernie_tui.engine_ctl.control.tune import (  # Optuna is imported only when 
     run_tune,
     tuned_preset,
 )
-from ernie_tui.engine_ctl.control.trial_schedule import GpuIdsError, detect_gpu_ids, parse_gpu_ids
 
 __all__ = [
     "AttachedServer",

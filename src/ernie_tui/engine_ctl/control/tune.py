@@ -22,7 +22,7 @@ import logging
 import statistics
 import threading
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -71,6 +71,9 @@ class TuneSetup:
     budget_s: float | None = None  # wall time of this invocation
     seed: int = 0
     confirm_rounds: int = 0  # at the end: BASE and the best measured again, alternately, this many times
+    # The port every trial's server gets (BASE's own port may be taken by the
+    # server the operator runs now); None: each preset's own.
+    port: int | None = None
 
 
 @dataclass
@@ -92,6 +95,8 @@ def measure_candidate(candidate: Preset, setup: TuneSetup, cancel: threading.Eve
     SLO. Integration point for issue #43: measure the candidate against BASE
     interleaved (a paired comparison) and return the candidate's goodput on
     BASE's scale."""
+    if setup.port is not None:
+        candidate = replace(candidate, port=setup.port)
     runs = run_sweep(SweepPlan([candidate]), setup.burst_config, setup.options, progress, cancel,
                      capacity=setup.capacity)
     if not runs:
@@ -156,6 +161,19 @@ def startup_trials(max_trials: int | None) -> int:
     return 5 if max_trials is None else max(3, min(10, max_trials // 3))
 
 
+def sampler(setup: TuneSetup, trials_so_far: int) -> Any:
+    """Optuna's TPE. Multivariate: engine arguments interact (max_num_seqs is
+    only worth what max_num_batched_tokens lets a step hold). Few random
+    trials first when the budget is small, so TPE has trials left to use."""
+    import warnings
+
+    optuna = require_optuna()
+    with warnings.catch_warnings():  # multivariate TPE is marked experimental
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        return optuna.samplers.TPESampler(seed=setup.seed + trials_so_far, multivariate=True,
+                                          n_startup_trials=startup_trials(setup.max_trials))
+
+
 def open_study(setup: TuneSetup) -> Any:
     """The tune's study, created or loaded from its journal file; a trial
     left running by a tune that was killed is failed and queued again."""
@@ -165,17 +183,11 @@ def open_study(setup: TuneSetup) -> Any:
 
     setup.study_dir.mkdir(parents=True, exist_ok=True)
     storage = JournalStorage(JournalFileBackend(str(setup.study_dir / "journal.log")))
-    import warnings
-
-    with warnings.catch_warnings():  # multivariate TPE is marked experimental
-        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-        # Multivariate: engine arguments interact (max_num_seqs is only worth
-        # what max_num_batched_tokens lets a step hold). Few random trials
-        # first when the budget is small, so TPE has trials left to use.
-        sampler = optuna.samplers.TPESampler(seed=setup.seed, multivariate=True,
-                                             n_startup_trials=startup_trials(setup.max_trials))
     study = optuna.create_study(study_name=setup.study_name, storage=storage, direction="maximize",
-                                sampler=sampler, load_if_exists=True)
+                                load_if_exists=True)
+    # Seeded, and on a resumed study seeded past its trials: the same seed
+    # would draw the first run's proposals again.
+    study.sampler = sampler(setup, len(study.get_trials(deepcopy=False)))
     for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
         study.tell(t.number, state=optuna.trial.TrialState.FAIL)
         study.enqueue_trial(t.params)
@@ -241,12 +253,12 @@ def _preflight_refusal(candidate: Preset, setup: TuneSetup) -> str | None:
 
 
 def _as_launched(candidate: Preset, setup: TuneSetup) -> Preset:
-    """The candidate as its trial will launch it: on the --gpus given."""
+    """The candidate as its trial will launch it: on the tune's port and the --gpus given."""
+    if setup.port is not None:
+        candidate = replace(candidate, port=setup.port)
     ids = setup.options.gpu_ids
     if not ids:
         return candidate
-    from dataclasses import replace
-
     return replace(candidate, env={**candidate.env, "CUDA_VISIBLE_DEVICES": ",".join(ids)})
 
 
@@ -320,7 +332,9 @@ def _measured(rows: list[TrialRow]) -> list[TrialRow]:
 
 
 def _settings_tried(rows: list[TrialRow]) -> int:
-    return len({tuple(sorted(r.params.items())) for r in rows if r.outcome in ("measured", "failed", "refused")})
+    """Distinct settings with a known answer (a repeat of BASE's own setting included)."""
+    return len({tuple(sorted(r.params.items())) for r in rows
+                if r.outcome in ("measured", "failed", "refused", "repeat")})
 
 
 def best_row(rows: list[TrialRow]) -> TrialRow | None:
@@ -411,7 +425,7 @@ def _confirm(setup: TuneSetup, best: TrialRow, stop: threading.Event,
 
 
 def importances(study: Any) -> dict[str, float] | None:
-    """Optuna's parameter importances (fANOVA, seeded; over the study's
+    """Optuna's parameter importances (its default, PED-ANOVA: no scikit-learn; over the study's
     complete trials, a repeat counted with the value it repeats) once a few
     trials are measured; None before, or when no parameter varied."""
     optuna = require_optuna()
@@ -421,8 +435,8 @@ def importances(study: Any) -> dict[str, float] | None:
         return None
     try:
         found = optuna.importance.get_param_importances(
-            study, evaluator=optuna.importance.FanovaImportanceEvaluator(seed=0))
-    except (ValueError, RuntimeError) as exc:  # e.g. every trial had the same values
+            study, evaluator=optuna.importance.PedAnovaImportanceEvaluator())
+    except (ValueError, RuntimeError, ImportError) as exc:  # e.g. every trial had the same values
         log.info("no importances: %s", exc)
         return None
     return {k: round(float(v), 3) for k, v in found.items()}
@@ -521,6 +535,4 @@ def tuned_preset(setup: TuneSetup, result: TuneResult, name: str, run_id: str | 
     changes = ", ".join(f"{k} {v}" for k, v in best.params.items())
     description = (f"ernie-tui tune of {setup.base.name} (run {run_id or '-'}, {time.strftime('%Y-%m-%d')}, "
                    f"trial {best.number}): {changes}. SLO {result.slo}: goodput {best.goodput or 0:,.0f} tok/s{vs}.")
-    from dataclasses import replace
-
     return replace(setup.space.candidate(setup.base, best.params, name), description=description, source="user")
