@@ -57,6 +57,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--confirm", type=int, default=0, metavar="N",
                    help="at the end, measure BASE and the best again, alternately, N times each: the comparison "
                         "then has ranges (0)")
+    p.add_argument("--tui", action="store_true",
+                   help="show the tune on a screen: trials as they finish, the best so far, the budget left "
+                        "(x stops it, keeping what was measured; q quits once it has ended)")
     p.add_argument("--min-tokens", type=int, default=30, metavar="A", help="shortest prompt, tokens (30)")
     p.add_argument("--max-tokens-in", type=int, default=300, metavar="B", help="longest prompt, tokens (300)")
     p.add_argument("--max-tokens", type=int, default=128, metavar="M", help="output tokens per request (128)")
@@ -237,6 +240,19 @@ def _write_preset(setup: Any, result: Any, args: argparse.Namespace, run_id: str
     return name
 
 
+def _tune_on_screen(setup: Any, cancel: threading.Event) -> Any:
+    """The tune on its own screen (--tui); `cancel` set when the operator stopped it."""
+    from ernie_tui.tui.tune_app import TuneApp  # lazy: Textual only when asked for
+
+    app = TuneApp(setup)
+    result = app.run()
+    if app.stopped_by_operator:
+        cancel.set()
+    if result is None:
+        raise CliError(f"the tune ended without an answer: {app.tune_screen.error or 'the screen was closed'}")
+    return result
+
+
 def _tune(args: argparse.Namespace) -> int:
     from ernie_tui.engine_ctl.control import TuneError, run_tune
     from ernie_tui.engine_ctl.load import save_run
@@ -245,12 +261,15 @@ def _tune(args: argparse.Namespace) -> int:
     cancel = threading.Event()
     print(f"study {setup.study_name} in {setup.study_dir} ({setup.space.size()} settings; "
           + ", ".join(p.describe() for p in setup.space.params) + ")", file=sys.stderr)
-    try:
-        result = run_interruptible(lambda: run_tune(setup, _progress(setup, time.monotonic()), cancel), cancel,
-                                   name="tune", on_interrupt="stopping the trial's server, keeping the trials "
-                                                             "measured (run the same command to go on) ...")
-    except TuneError as exc:
-        raise CliError(str(exc)) from None
+    if args.tui:
+        result = _tune_on_screen(setup, cancel)
+    else:
+        try:
+            result = run_interruptible(lambda: run_tune(setup, _progress(setup, time.monotonic()), cancel), cancel,
+                                       name="tune", on_interrupt="stopping the trial's server, keeping the trials "
+                                                                 "measured (run the same command to go on) ...")
+        except TuneError as exc:
+            raise CliError(str(exc)) from None
     record = save_run("tune", result.to_dict(), preset=setup.base, notes=setup.study_name)
     print(answer_text(result))
     if not args.no_preset and not cancel.is_set():
