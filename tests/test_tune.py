@@ -267,3 +267,20 @@ def test_sigterm_stops_a_tune_keeping_its_trials_and_the_cut_trial_runs_first_ne
     assert res["trials"][:2] == cut["trials"] and res["base_goodputs"] == cut["base_goodputs"]
     assert res["trials"][2]["params"] == cut["trials"][1]["params"] and res["trials"][2]["outcome"] == "measured"
     assert res["measured_trials"] == 2
+
+
+def test_one_tune_per_study_at_a_time(tmp_path):
+    # Two tunes of one study would each fail the other's running trial as
+    # one a killed tune left behind.
+    from ernie_tui.engine_ctl.control import TuneError
+    from ernie_tui.engine_ctl.control.tune import _hold, _let_go
+
+    study = tmp_path / "tune-x"
+    _hold(study)
+    try:
+        with pytest.raises(TuneError, match="another tune is running this study"):
+            _hold(study)
+    finally:
+        _let_go(study)
+    _hold(study)  # free again once let go
+    _let_go(study)

@@ -26,6 +26,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
+from ernie_tui import paths
 from ernie_tui.engine_ctl.control.sweep import CapacitySweep, SweepOptions, SweepPlan, SweepRun, run_sweep
 from ernie_tui.engine_ctl.launch import run_preflight
 from ernie_tui.engine_ctl.load import BurstConfig
@@ -181,7 +182,7 @@ def open_study(setup: TuneSetup) -> Any:
     from optuna.storages import JournalStorage
     from optuna.storages.journal import JournalFileBackend
 
-    setup.study_dir.mkdir(parents=True, exist_ok=True)
+    paths.private_dir(setup.study_dir)  # the trials' server logs go here too, with the prompts
     storage = JournalStorage(JournalFileBackend(str(setup.study_dir / "journal.log")))
     study = optuna.create_study(study_name=setup.study_name, storage=storage, direction="maximize",
                                 load_if_exists=True)
@@ -494,6 +495,35 @@ def _watch(stop: threading.Event, cancel: threading.Event, deadline: float | Non
             return
 
 
+_held: dict[str, int] = {}  # study dir -> the open file descriptor holding its lock
+
+
+def _hold(study_dir: Path) -> None:
+    """One tune per study at a time: two would fail each other's running
+    trials as left over from a killed tune. The lock goes with the process
+    (or with _let_go)."""
+    import fcntl
+    import os
+
+    paths.private_dir(study_dir)
+    fd = os.open(study_dir / "lock", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise TuneError(f"another tune is running this study now ({study_dir}); wait for it, or give this one "
+                        "--study NAME") from None
+    _held[str(study_dir)] = fd
+
+
+def _let_go(study_dir: Path) -> None:
+    import os
+
+    fd = _held.pop(str(study_dir), None)
+    if fd is not None:
+        os.close(fd)  # closing the descriptor drops the flock
+
+
 def run_tune(setup: TuneSetup, progress: Progress | None = None, cancel: threading.Event | None = None) -> TuneResult:
     """Measure BASE (once per study), search until the budget, confirm the
     best against BASE if asked; never leaves a server running."""
@@ -503,6 +533,7 @@ def run_tune(setup: TuneSetup, progress: Progress | None = None, cancel: threadi
     stop, done = threading.Event(), threading.Event()
     threading.Thread(target=_watch, args=(stop, cancel, deadline, done), name="tune-budget", daemon=True).start()
     try:
+        _hold(setup.study_dir)
         study = open_study(setup)
         base = _measure_base(study, setup, stop, progress)
         why = _search(study, setup, stop, cancel, deadline, progress) if base else (
@@ -522,6 +553,7 @@ def run_tune(setup: TuneSetup, progress: Progress | None = None, cancel: threadi
             seconds=round(time.monotonic() - t0, 1), measured_trials=len(_measured(rows)))
     finally:
         done.set()
+        _let_go(setup.study_dir)
 
 
 def tuned_preset(setup: TuneSetup, result: TuneResult, name: str, run_id: str | None) -> Preset | None:
