@@ -180,6 +180,7 @@ def test_tune_end_to_end_records_its_trials_and_writes_the_best_as_a_preset(tmp_
     assert best.engine_args["max_num_batched_tokens"] == res["best"]["params"]["max_num_batched_tokens"]
     assert best.launcher and best.env["PACED_ENGINE_SHAPED"] == "1"  # runs as BASE does
     assert rec.id in best.description and "ttft_p90=100ms" in best.description and "goodput" in best.description
+    assert "BASE" in best.description
     # Each measured trial's capacity search is a run record of its own.
     assert {r["record_id"] for r in measured} <= {r.id for r in runstore.list_runs(kind="capacity")}
 

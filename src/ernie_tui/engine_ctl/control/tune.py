@@ -556,15 +556,27 @@ def run_tune(setup: TuneSetup, progress: Progress | None = None, cancel: threadi
         _let_go(setup.study_dir)
 
 
+def _against_base(result: TuneResult) -> str:
+    """The verdict in a few words, for the preset's description."""
+    v = result.verdict
+    if not result.base_goodputs or v.gain_pct is None:
+        return v.text
+    base = f"BASE's {statistics.median(result.base_goodputs):,.0f}"
+    if v.beyond_noise is False:
+        return f"within noise of {base}"
+    if v.beyond_noise is None:
+        return f"{v.gain_pct:+.1f} % on {base} (one measurement each)"
+    return f"{v.gain_pct:+.1f} % ({v.low_pct:+.1f} to {v.high_pct:+.1f} %) on {base}"
+
+
 def tuned_preset(setup: TuneSetup, result: TuneResult, name: str, run_id: str | None) -> Preset | None:
     """The best setting as a preset to switch to, its description saying
     where it came from; None when no trial was measured."""
     best = result.best
     if best is None:
         return None
-    base_g = statistics.median(result.base_goodputs) if result.base_goodputs else None
-    vs = f" vs BASE {base_g:,.0f} tok/s ({result.verdict.text})" if base_g is not None else ""
+    vs = _against_base(result)
     changes = ", ".join(f"{k} {v}" for k, v in best.params.items())
     description = (f"ernie-tui tune of {setup.base.name} (run {run_id or '-'}, {time.strftime('%Y-%m-%d')}, "
-                   f"trial {best.number}): {changes}. SLO {result.slo}: goodput {best.goodput or 0:,.0f} tok/s{vs}.")
+                   f"trial {best.number}): {changes}. SLO {result.slo}: goodput {best.goodput or 0:,.0f} tok/s, {vs}.")
     return replace(setup.space.candidate(setup.base, best.params, name), description=description, source="user")
