@@ -285,3 +285,20 @@ def test_one_tune_per_study_at_a_time(tmp_path):
         _let_go(study)
     _hold(study)  # free again once let go
     _let_go(study)
+
+
+def test_with_several_gpus_trials_run_side_by_side_each_on_its_own(tmp_path, tiny_model):
+    # --gpus 0,1 and a BASE needing one GPU: two lanes, each trial's server
+    # on a GPU and a port of its own (the stand-in prints what it was given).
+    presets, space = _standin(tmp_path, tiny_model, 18485, "max_num_seqs = [1, 3]\n")
+    logs = tmp_path / "logs"
+    assert main(["tune", "shaped", "--presets", str(presets), "--space", str(space), "--trials", "2",
+                 "--gpus", "0,1", "--log-dir", str(logs), "--no-preset", *FAST]) == 0
+    res = _record()
+    measured = [r for r in res["trials"] if r["outcome"] == "measured"]
+    assert len(measured) == 2 and sorted(r["gpus"] for r in measured) == ["0", "1"]
+    (a0, a1), (b0, b1) = (r["server_from_to"] for r in measured)
+    assert a0 < b1 and b0 < a1  # asked together: both servers were up at once
+    for r in measured:
+        log = (logs / f"{r['preset']}-r0.log").read_text()
+        assert f"CUDA_VISIBLE_DEVICES={r['gpus']} " in log

@@ -47,7 +47,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--trials", type=int, metavar="N",
                    help=f"measured trials in the study (default {DEFAULT_TRIALS} unless --budget is given)")
     p.add_argument("--gpus", metavar="LIST", dest="gpu_list",
-                   help="GPU ids the trials' servers get (CUDA_VISIBLE_DEVICES), like 0,1; trials run one at a time")
+                   help="GPU ids for the trials' servers, like 0,1,2,3: trials run side by side, each on as many "
+                        "of them as BASE needs (tensor x pipeline x local data parallel; CUDA_VISIBLE_DEVICES) "
+                        "with a port of its own")
     p.add_argument("--out-preset", metavar="NAME",
                    help="write the best setting into the user presets file under NAME (default BASE-tuned)")
     p.add_argument("--no-preset", action="store_true", help="write no preset, only the run record")

@@ -9,6 +9,11 @@ capacity sweep (sweep.py's run_sweep), whose goodput at the SLO is the
 trial's value. BASE itself is measured once at the start, for the answer's
 "how far the best beats BASE" (`compare_to_base`).
 
+With --gpus, trials run side by side in lanes, one per set of the GPUs
+BASE needs, each lane its own GPUs and port (Optuna's study takes asks and
+tells from threads; a proposal made while a neighbour measures does not see
+that trial's value yet).
+
 The study lives in a journal file under the tune's own directory, so a tune
 ended by a signal or a closed session continues from its saved trials when
 run again: finished trials are kept, the one cut short runs first.
@@ -28,7 +33,7 @@ from typing import Any, Callable
 
 from ernie_tui import paths
 from ernie_tui.engine_ctl.control.sweep import CapacitySweep, SweepOptions, SweepPlan, SweepRun, run_sweep
-from ernie_tui.engine_ctl.launch import run_preflight
+from ernie_tui.engine_ctl.launch import gpus_needed, next_free_port, port_is_free, run_preflight
 from ernie_tui.engine_ctl.load import BurstConfig
 from ernie_tui.presets.model import Preset
 from ernie_tui.presets.space import Param, SearchSpace
@@ -212,6 +217,8 @@ class TrialRow:
     itl_p99_ms: float | None = None
     record_id: str | None = None
     seconds: float | None = None
+    gpus: str | None = None  # with --gpus: the trial's CUDA_VISIBLE_DEVICES
+    server_from_to: list[float] | None = None  # wall clock: its server launched, stopped
 
 
 def _summary(m: Measurement, seconds: float) -> dict[str, Any]:
@@ -221,7 +228,9 @@ def _summary(m: Measurement, seconds: float) -> dict[str, Any]:
                                                   else run.capacity_rate),
             "ttft_p99_ms": None if run is None else run.ttft_p99_ms,
             "itl_p99_ms": None if run is None else run.itl_p99_ms,
-            "record_id": None if run is None else run.record_id}
+            "record_id": None if run is None else run.record_id,
+            "gpus": None if run is None else run.gpus,
+            "server_from_to": None if run is None or run.started_at is None else [run.started_at, run.ended_at]}
 
 
 def trial_rows(study: Any) -> list[TrialRow]:
@@ -234,7 +243,7 @@ def trial_rows(study: Any) -> list[TrialRow]:
         s = a.get("summary") or {}
         rows.append(TrialRow(t.number, a.get("preset", ""), dict(t.params), a["outcome"], s.get("goodput"),
                              a.get("reason", ""), s.get("capacity"), s.get("ttft_p99_ms"), s.get("itl_p99_ms"),
-                             s.get("record_id"), s.get("seconds")))
+                             s.get("record_id"), s.get("seconds"), s.get("gpus"), s.get("server_from_to")))
     return rows
 
 
@@ -343,45 +352,107 @@ def best_row(rows: list[TrialRow]) -> TrialRow | None:
     return max(scored, key=lambda r: r.goodput or 0.0) if scored else None
 
 
+@dataclass
+class _Progress:
+    """What the search's lanes share: trial durations, proposals in a row
+    that measured nothing, trials being measured now; under one lock."""
+
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    durations: list[float] = field(default_factory=list)
+    idle: int = 0
+    in_flight: int = 0
+
+
 def _why_stop(study: Any, setup: TuneSetup, stop: threading.Event, cancel: threading.Event,
-              deadline: float | None, durations: list[float], idle: int) -> str | None:
-    """Why the search stops before the next trial, or None to go on."""
+              deadline: float | None, seen: _Progress) -> str | None:
+    """Why the search stops before the next trial, or None to go on (call under seen.lock)."""
     rows = trial_rows(study)
     if cancel.is_set():
         return "stopped by the operator"
     if stop.is_set():
         return "budget: wall time"
-    if setup.max_trials is not None and len(_measured(rows)) >= setup.max_trials:
+    if setup.max_trials is not None and len(_measured(rows)) + seen.in_flight >= setup.max_trials:
         return f"budget: {setup.max_trials} trials measured"
-    if deadline is not None and durations and time.monotonic() + statistics.mean(durations) > deadline:
+    if deadline is not None and seen.durations and time.monotonic() + statistics.mean(seen.durations) > deadline:
         return "budget: wall time (no room for another trial)"
     if _settings_tried(rows) >= setup.space.size():
         return "every setting of the space tried"
-    if idle >= MAX_IDLE_PROPOSALS:
-        return f"{idle} proposals in a row were refused or repeats"
+    if seen.idle >= MAX_IDLE_PROPOSALS:
+        return f"{seen.idle} proposals in a row were refused or repeats"
     return None
+
+
+def _lane(study: Any, setup: TuneSetup, stop: threading.Event, cancel: threading.Event,
+          deadline: float | None, progress: Progress | None, seen: _Progress) -> str:
+    """One after another, trials on one lane's GPUs until the budget; returns why it stopped."""
+    dists = distributions(setup.space)
+    while True:
+        with seen.lock:
+            why = _why_stop(study, setup, stop, cancel, deadline, seen)
+            if why is not None:
+                return why
+            trial = study.ask(dists)
+            seen.in_flight += 1
+        t0 = time.monotonic()
+        try:
+            outcome = _run_trial(study, trial, setup, stop, progress)
+        finally:
+            with seen.lock:
+                seen.in_flight -= 1
+        with seen.lock:
+            if outcome in ("measured", "failed"):
+                seen.durations.append(time.monotonic() - t0)
+                seen.idle = 0
+            else:
+                seen.idle += 1
+            rows = trial_rows(study)
+        _emit(progress, event="trial_done", row=next((r for r in rows if r.number == trial.number), None),
+              best=best_row(rows), measured=len(_measured(rows)), max_trials=setup.max_trials,
+              deadline=deadline)
+
+
+def lanes(setup: TuneSetup) -> list[TuneSetup]:
+    """The trials that run side by side: one lane without --gpus; with them,
+    one lane per set of the GPUs BASE needs (tensor x pipeline x local data
+    parallel), each with its own GPUs and port."""
+    ids = setup.options.gpu_ids
+    per = gpus_needed(setup.base)
+    if not ids or len(ids) < 2 * per:
+        return [setup]
+    out: list[TuneSetup] = []
+    port = setup.port or setup.base.port
+    for i in range(len(ids) // per):
+        port = _free_port(setup.base.host, port, {s.port for s in out})
+        options = replace(setup.options, gpu_ids=ids[i * per:(i + 1) * per])
+        out.append(replace(setup, options=options, port=port))
+    return out
+
+
+def _free_port(host: str, start: int, taken: set[int | None]) -> int:
+    port = start
+    while port in taken or not port_is_free(host, port)[0]:
+        nxt = next_free_port(host, port + 1)
+        if nxt is None:
+            raise TuneError(f"no free port after {start} on {host} for the trials' servers")
+        port = nxt
+    return port
 
 
 def _search(study: Any, setup: TuneSetup, stop: threading.Event, cancel: threading.Event,
             deadline: float | None, progress: Progress | None) -> str:
-    """Trials until the budget; returns why it stopped."""
-    dists = distributions(setup.space)
-    durations: list[float] = []
-    idle = 0
-    while (why := _why_stop(study, setup, stop, cancel, deadline, durations, idle)) is None:
-        t0 = time.monotonic()
-        trial = study.ask(dists)
-        outcome = _run_trial(study, trial, setup, stop, progress)
-        if outcome in ("measured", "failed"):
-            durations.append(time.monotonic() - t0)
-            idle = 0
-        else:
-            idle += 1
-        rows = trial_rows(study)
-        _emit(progress, event="trial_done", row=next((r for r in rows if r.number == trial.number), None),
-              best=best_row(rows), measured=len(_measured(rows)), max_trials=setup.max_trials,
-              deadline=deadline)
-    return why
+    """Trials until the budget, side by side on disjoint GPUs where --gpus
+    gives several lanes (Optuna's study takes asks and tells from threads);
+    returns why it stopped."""
+    seen = _Progress()
+    ways = lanes(setup)
+    if len(ways) == 1:
+        return _lane(study, setup, stop, cancel, deadline, progress, seen)
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(len(ways), thread_name_prefix="tune-lane") as pool:
+        whys = [f.result() for f in [pool.submit(_lane, study, lane, stop, cancel, deadline, progress, seen)
+                                     for lane in ways]]
+    return whys[0]
 
 
 # -- BASE, the confirmation and the answer ----------------------------------------------
