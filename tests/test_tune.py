@@ -163,14 +163,17 @@ def test_tune_end_to_end_records_its_trials_and_writes_the_best_as_a_preset(tmp_
         max_num_batched_tokens = {min = 1024, max = 2048, step = 1024}
     """)
     code = main(["tune", "shaped", "--presets", str(presets), "--space", str(space), "--trials", "2",
-                 "--out-preset", "shaped-best", *FAST])
+                 "--out-preset", "shaped-best", "--confirm", "1", *FAST])
     out, err = capsys.readouterr()
     assert code == 0, err
     res = _record()
     measured = [r for r in res["trials"] if r["outcome"] == "measured"]
     assert res["measured_trials"] == 2 and len(measured) == 2 and res["stopped"] == "budget: 2 trials measured"
     assert all(r["goodput"] is not None and r["record_id"] for r in measured)
-    assert res["base_goodputs"] and res["best"]["number"] in {r["number"] for r in measured}
+    assert res["best"]["number"] in {r["number"] for r in measured}
+    # --confirm 1: BASE and the best measured once more each, so the comparison has ranges.
+    assert len(res["base_goodputs"]) == 2 and len(res["best_goodputs"]) == 2
+    assert res["verdict"]["beyond_noise"] in (True, False) and res["verdict"]["low_pct"] is not None
     assert res["slo"] == "ttft_p90=100ms" and "vs BASE: " in out
     from ernie_tui.engine_ctl.load import runstore
 
@@ -302,3 +305,18 @@ def test_with_several_gpus_trials_run_side_by_side_each_on_its_own(tmp_path, tin
     for r in measured:
         log = (logs / f"{r['preset']}-r0.log").read_text()
         assert f"CUDA_VISIBLE_DEVICES={r['gpus']} " in log
+
+
+def test_a_wall_time_budget_stops_the_tune_and_keeps_what_it_measured(tmp_path, tiny_model, capsys):
+    import socket
+
+    port = 18487
+    presets, space = _standin(tmp_path, tiny_model, port, "max_num_seqs = [1, 2, 3]\n")
+    code = main(["tune", "shaped", "--presets", str(presets), "--space", str(space), "--budget", "25s",
+                 "--no-preset", *FAST])
+    assert code == 0, capsys.readouterr().err  # the budget is no interruption
+    res = _record()
+    assert res["stopped"].startswith("budget: wall time"), res["stopped"]
+    assert {r["outcome"] for r in res["trials"]} <= {"measured", "cancelled", "repeat"}
+    with socket.socket() as s:
+        assert s.connect_ex(("127.0.0.1", port)) != 0, "a trial's server still listens"
