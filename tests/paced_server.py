@@ -440,6 +440,47 @@ class _Http(ThreadingHTTPServer):
     request_queue_size = 256
 
 
+# -- engine-shaped pacing (issue #46, `ernie-tui tune`'s stand-in) -----------------
+# With --engine-shaped (env PACED_ENGINE_SHAPED=1, as a preset's env sets it)
+# the pacing comes from two of vLLM's engine arguments on the command line,
+# so a tune over them has a known answer. With S = --max-num-seqs and
+# B = --max-num-batched-tokens:
+#   slots = min(S, B // 512)   a step's token budget holds B/512 requests' work
+#   gap   = 20 ms + 2 ms x B/1024 + 0.25 ms x slots**2
+#           (a step that may carry a bigger prefill chunk is slower; a bigger
+#           batch is slower per step, faster than linearly: #17598's ITL growth)
+# Under a TTFT objective that queueing breaks (ttft_p90=100ms) the capacity is
+# the slots, and the goodput at it is engine_shaped_goodput(S, B) below.
+# Over S in {2,4,8,16,32} x B in {1024,...,16384} (max_tokens 16) the true
+# optimum is B = 4096 with S >= 8: 8 slots, 44 ms gaps, 188 tok/s; only those
+# 3 of the 25 cells are within 10 % of it (the next, S >= 16 B 8192: 168 tok/s, 89 %).
+SHAPE_TOKENS_PER_SLOT = 512
+
+
+def engine_shape(max_num_seqs: int, max_num_batched_tokens: int) -> tuple[int, float]:
+    """(slots, gap between tokens in ms) of the engine-shaped stand-in."""
+    slots = max(1, min(max_num_seqs, max_num_batched_tokens // SHAPE_TOKENS_PER_SLOT))
+    return slots, 20.0 + 2.0 * max_num_batched_tokens / 1024 + 0.25 * slots * slots
+
+
+def engine_shaped_goodput(max_num_seqs: int, max_num_batched_tokens: int, max_tokens: int = 16,
+                          ttft_ms: float = 20.0) -> float:
+    """The true goodput (output tok/s) at capacity: every slot busy, each
+    request its TTFT then max_tokens - 1 gaps."""
+    slots, gap_ms = engine_shape(max_num_seqs, max_num_batched_tokens)
+    return slots * max_tokens * 1000.0 / (ttft_ms + (max_tokens - 1) * gap_ms)
+
+
+def apply_engine_shape(args: argparse.Namespace, engine_argv: list[str]) -> None:
+    """Set --slots and --itl-ms from vLLM's --max-num-seqs and
+    --max-num-batched-tokens (vLLM's defaults, 256 and 8192, when absent)."""
+    p = argparse.ArgumentParser(add_help=False)
+    p.add_argument("--max-num-seqs", type=int, default=256)
+    p.add_argument("--max-num-batched-tokens", type=int, default=8192)
+    engine, _rest = p.parse_known_args(engine_argv)
+    args.slots, args.itl_ms = engine_shape(engine.max_num_seqs, engine.max_num_batched_tokens)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--host", default="127.0.0.1")
@@ -487,7 +528,12 @@ def main(argv: list[str] | None = None) -> int:
     # model's name, ignore the engine arguments it has no use for.
     p.add_argument("--model", default=None)
     p.add_argument("--served-model-name", default=None)
+    p.add_argument("--engine-shaped", action="store_true", default=env("PACED_ENGINE_SHAPED", "") == "1",
+                   help="slots and token gaps from --max-num-seqs and --max-num-batched-tokens (see "
+                        "engine_shape; env PACED_ENGINE_SHAPED=1)")
     args, _engine_args = p.parse_known_args(argv)
+    if args.engine_shaped:
+        apply_engine_shape(args, _engine_args)
     if args.served_model_name:
         args.model_name = args.served_model_name
     srv = Server(args)

@@ -15,7 +15,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                                    "(newest first) to find what to report, or show one.")
     verbs = p.add_subparsers(dest="runs_command", metavar="list|show", required=True)
     ls = verbs.add_parser("list", help="one line per record, newest first")
-    ls.add_argument("--kind", choices=["burst", "capacity", "sweep", "probe"], help="only this kind")
+    ls.add_argument("--kind", choices=["burst", "capacity", "sweep", "probe", "tune"], help="only this kind")
     ls.add_argument("--preset", metavar="NAME", help="only this preset's runs")
     ls.add_argument("--limit", type=int, default=50, metavar="N", help="at most N lines (50; 0 for all)")
     ls.add_argument("--runs-dir", metavar="DIR", help="the run store (default: ernie-tui's own)")

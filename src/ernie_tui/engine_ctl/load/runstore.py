@@ -24,7 +24,7 @@ from typing import Any
 from ernie_tui import paths
 
 SCHEMA_VERSION = 1
-KINDS = ("probe", "burst", "sweep", "capacity")
+KINDS = ("probe", "burst", "sweep", "capacity", "tune")
 
 
 class RunStoreError(Exception):

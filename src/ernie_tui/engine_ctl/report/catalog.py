@@ -43,6 +43,11 @@ def headline(rec: RunRecord) -> str:
         return f"{how} sweep of {names}: {len(runs)} runs, repeat {meta.get('repeat', 1)}"
     if rec.kind == "probe":
         return f"probe: TTFT {_f(res.get('ttft_ms'), ' ms')}"
+    if rec.kind == "tune":
+        best = res.get("best") or {}
+        verdict = (res.get("verdict") or {}).get("text") or "–"
+        return (f"tune of {res.get('base', '?')}: {res.get('measured_trials', 0)} trials measured, best "
+                f"{best.get('preset') or '–'} {_f(best.get('goodput'))} tok/s; {verdict}")
     return rec.kind
 
 
