@@ -95,6 +95,10 @@ def _pct(log_ratio: float) -> float:
     return (math.exp(log_ratio) - 1.0) * 100.0
 
 
+METRIC_WORDS = {"goodput_output_tps": "goodput", "output_tps_at_capacity": "output tok/s at capacity",
+                "capacity": "capacity"}
+
+
 @dataclass
 class PairVerdict:
     """One pair's comparison over the rounds: B against A."""
@@ -140,7 +144,7 @@ class PairVerdict:
 
     def text(self) -> str:
         """'B carries 18 % more than A (11-25 %)', or the same pair within noise."""
-        what = "goodput" if self.metric.startswith("goodput") else self.metric
+        what = METRIC_WORDS.get(self.metric, self.metric)
         gap = self.gap_pct()
         if gap is None:
             return f"{self.a} vs {self.b}: not enough rounds measured on both to compare ({self.rounds})"
@@ -232,7 +236,7 @@ def drift_seen(names: Sequence[str], values: Mapping[str, Sequence[float | None]
       what the pairing had to live with. Much smaller than the own ranges:
       the presets moved together."""
     logs = {n: [math.log(v) if v is not None and v > 0 else None for v in values.get(n, [])] for n in names}
-    own = {}
+    own: dict[str, float | None] = {}
     centred: dict[str, list[float | None]] = {}
     for n, xs in logs.items():
         got = [x for x in xs if x is not None]
@@ -240,11 +244,11 @@ def drift_seen(names: Sequence[str], values: Mapping[str, Sequence[float | None]
         mean = statistics.fmean(got) if got else 0.0
         centred[n] = [None if x is None else x - mean for x in xs]
     rounds = max((len(xs) for xs in logs.values()), default=0)
-    index = []
+    index: list[float | None] = []
     for r in range(rounds):
-        got = [xs[r] for xs in centred.values() if r < len(xs) and xs[r] is not None]
-        index.append(round(math.exp(statistics.fmean(got)), 3) if got else None)
-    pairs = {}
+        now = [x for xs in centred.values() if r < len(xs) and (x := xs[r]) is not None]
+        index.append(round(math.exp(statistics.fmean(now)), 3) if now else None)
+    pairs: dict[str, float | None] = {}
     for i, a in enumerate(names):
         for b in names[i + 1:]:
             d = log_ratios(values.get(a, []), values.get(b, []))
