@@ -54,6 +54,31 @@ def test_levels_alternate_strictly_and_an_ended_search_leaves_the_rotation():
     assert [(load, mr) for n, load, mr in ran if n == "A"] == [(0, None), (1, None), (2, None), (3, 8)]
 
 
+def test_the_first_level_waits_for_every_search_to_arrive():
+    # B's set-up takes a while: A's first level must not run beside it.
+    gate = TurnGate(["A", "B"])
+    ran: list = []
+    arrived_b = threading.Event()
+    first_a_saw_b: list[bool] = []
+
+    def a() -> None:
+        gate.wrap("A", lambda load: first_a_saw_b.append(arrived_b.is_set()))(1)
+        gate.leave("A")
+
+    def b() -> None:
+        time.sleep(0.2)  # its set-up
+        arrived_b.set()
+        gate.wrap("B", lambda load: ran.append("B"))(1)
+        gate.leave("B")
+
+    threads = [threading.Thread(target=a), threading.Thread(target=b)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    assert first_a_saw_b == [True] and ran == ["B"]
+
+
 def test_a_search_that_ends_before_its_first_level_does_not_hold_the_others():
     gate = TurnGate(["A", "B"])
     ran: list = []

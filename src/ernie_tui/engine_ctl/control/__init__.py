@@ -1,11 +1,14 @@
 """Running servers and trials: the vLLM process and its group (server), its
 memory (resources), many servers at once (fleet), presets measured in turn or
-side by side (sweep, trial_schedule, trial_load).
+side by side (sweep, trial_schedule, trial_load), or all served at once and
+compared pair by pair while the host drifts (paired_sweep, turn_gate, ranking).
 
 The top district: it may use launch, load and logs; none of them uses it.
 """
 
 from ernie_tui.engine_ctl.control.fleet import FleetError, FleetPoller, connecting_rows, load_fleet, servers_from_urls
+from ernie_tui.engine_ctl.control.paired_sweep import PairedResult, run_paired_sweep
+from ernie_tui.engine_ctl.control.ranking import PairVerdict, Ranking
 from ernie_tui.engine_ctl.control.resources import EngineMemory, ResourceSampler
 from ernie_tui.engine_ctl.control.server import (
     AttachedServer,
@@ -55,6 +58,9 @@ __all__ = [
     "GpuIdsError",
     "LoadJob",
     "LoadProcess",
+    "PairVerdict",
+    "PairedResult",
+    "Ranking",
     "LogLines",
     "LogRead",
     "LogReplay",
@@ -78,6 +84,7 @@ __all__ = [
     "group_members",
     "load_fleet",
     "parse_gpu_ids",
+    "run_paired_sweep",
     "run_sweep",
     "score_column",
     "servers_from_urls",

@@ -353,7 +353,12 @@ def _search_one(s: _Served, search: Any, capacity: CapacitySweep, burst_config: 
     name = s.preset.name
 
     def gated(runner: Any) -> Any:
+        # run_capacity closes its runner when the search ends (its stream
+        # processes, with --client-procs > 1); the duels still need it: the
+        # close is kept for the sweep's end (run_paired_sweep).
         runners[name] = runner
+        runner.close_later = runner.close
+        runner.close = lambda: None
         return gate.wrap(name, runner)
 
     try:
@@ -424,17 +429,10 @@ def _preset_round(run: SweepRun, result: CapacityResult | None) -> PresetRound:
 # -- rounds 1..R: duels at each preset's capacity --------------------------------------------------
 
 def _reuse(runner: Any, rules: Any) -> None:
-    """A search's level runner made ready for the duel's short levels:
-    run_capacity closed its stream processes (with --client-procs > 1) when
-    the search ended; they are opened again. The level's time is capped at
-    DUEL_TIME_CAP_S: a duel level measures throughput, its verdict is not needed."""
+    """A search's level runner made ready for the duel's short levels: the
+    level's time capped at DUEL_TIME_CAP_S (a duel level measures throughput
+    at a known load; its verdict is not needed)."""
     runner.rules = replace(rules, time_cap_s=min(rules.time_cap_s, DUEL_TIME_CAP_S))
-    if getattr(runner, "_procs", None) is not None:
-        from ernie_tui.engine_ctl.load.level_procs import LevelProcs
-
-        st = runner.settings
-        runner._procs = LevelProcs(st.client_procs, runner.url, runner.model, runner.api_key, st.read_timeout_s,
-                                   st.request_timeout_s)
 
 
 def duel_order(names: list[str], r: int) -> list[str]:
@@ -511,7 +509,7 @@ def run_paired_sweep(presets: list[Preset], burst_config: BurstConfig, options: 
         _measure(result, runs, served, capacity, burst_config, rounds, runners, emit, cancel, options.save_records)
     finally:
         for runner in runners.values():
-            runner.close()
+            getattr(runner, "close_later", runner.close)()
         stop_all(served)
     result.presets = [s.preset.name for s in served]
     result.analyse(confidence)

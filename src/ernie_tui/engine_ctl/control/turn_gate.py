@@ -7,6 +7,11 @@ one level runs at a time and the presets take turns, A B A B ...: the host's
 drift then meets every preset alike, and no level shares the machine with
 another preset's load.
 
+- The first level waits until every search has arrived at its first level
+  (or ended): a search's set-up (tokenizer, prompts) is CPU work that, beside
+  another's level in the same process, slows that level's client (on the
+  drifting stand-in a first level read ITL p99 73 ms where the server's own
+  histogram read 49, and the search ended at "first level failed").
 - Strict rotation among the searches still running: after A's level, B's;
   A waits for B even while B's thread is between levels.
 - A search that ends leaves the rotation (leave()), so the others go on
@@ -33,6 +38,7 @@ class TurnGate:
         self.cond = threading.Condition()
         self.next_index = 0  # whose turn it is, as an index into names
         self.running: str | None = None
+        self.arrived: set[str] = set()  # searches that have asked for a level at least once
         self.order: list[str] = []
 
     def _whose_turn(self) -> str | None:
@@ -46,8 +52,11 @@ class TurnGate:
 
     def acquire(self, name: str) -> None:
         with self.cond:
+            self.arrived.add(name)
+            self.cond.notify_all()
             while not (self.cancel is not None and self.cancel.is_set()):
-                if self.running is None and self._whose_turn() == name:
+                all_here = self.active <= self.arrived
+                if all_here and self.running is None and self._whose_turn() == name:
                     break
                 self.cond.wait(0.2)  # the cancel event does not notify: look again now and then
             self.running = name
