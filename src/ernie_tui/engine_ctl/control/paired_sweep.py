@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import threading
 import time
 from dataclasses import dataclass, field, replace
@@ -64,9 +65,13 @@ log = logging.getLogger(__name__)
 Progress = Callable[[dict[str, Any]], None]
 
 DEFAULT_ROUNDS = 3
-# A duel level's time cap: it measures throughput at a known load, and a
-# short one keeps the reference's two looks close (see adjust()).
-DUEL_TIME_CAP_S = 20.0
+# A duel level's length: it measures throughput at a known load, for this
+# long (or its --max-requests, whichever comes first), whatever its verdict.
+# Short and alike, so the reference's two looks are close and symmetric
+# around the others' (see adjust()): with levels of up to 20 s (a failing
+# level ran to its cap) the reference moved 11-28 % within a round on the
+# drifting stand-in, and a sine's curvature over that span is not linear.
+DUEL_LEVEL_S = 8.0
 # On one GPU the servers share its memory: each gets this much of it in all.
 GPU_SHARE_TOTAL = 0.9
 
@@ -331,13 +336,22 @@ def start_all(presets: list[Preset], options: SweepOptions, capacity: CapacitySw
 
 
 def stop_all(served: list[_Served]) -> None:
-    for s in served:
+    """Stop every server, all at once (a stop waits out its grace periods:
+    one after another they added up, 20 s a stand-in)."""
+
+    def stop(s: _Served) -> None:
         try:
             if s.server.status.running or s.server.status.state == ServerState.CRASHED:
                 s.server.stop()
         finally:
             s.server.close()
             s.ready.ended_at = time.time()
+
+    threads = [threading.Thread(target=stop, args=(s,), name=f"stop-{s.preset.name}") for s in served]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
 
 
 # -- round 0: every preset's search, the levels taking turns ------------------------------
@@ -349,7 +363,7 @@ def _search_one(s: _Served, search: Any, capacity: CapacitySweep, burst_config: 
     runner is kept in `runners` for the duels."""
     from ernie_tui.engine_ctl.load import ProbeFailure, Workload, find_tokenizer, run_capacity
 
-    run = replace(s.ready, repeat=0, started_at=time.time(), record_id=None)
+    run = replace(s.ready, repeat=0, started_at=time.time(), record_id=None, load_pid=os.getpid())
     name = s.preset.name
 
     def gated(runner: Any) -> Any:
@@ -429,10 +443,10 @@ def _preset_round(run: SweepRun, result: CapacityResult | None) -> PresetRound:
 # -- rounds 1..R: duels at each preset's capacity --------------------------------------------------
 
 def _reuse(runner: Any, rules: Any) -> None:
-    """A search's level runner made ready for the duel's short levels: the
-    level's time capped at DUEL_TIME_CAP_S (a duel level measures throughput
-    at a known load; its verdict is not needed)."""
-    runner.rules = replace(rules, time_cap_s=min(rules.time_cap_s, DUEL_TIME_CAP_S))
+    """A search's level runner made ready for the duel's levels: each runs
+    DUEL_LEVEL_S (or to --max-requests), not until a verdict (its min
+    requests raised to its max, so no early pass or fail ends it)."""
+    runner.rules = replace(rules, min_requests=rules.max_requests, time_cap_s=min(rules.time_cap_s, DUEL_LEVEL_S))
 
 
 def duel_order(names: list[str], r: int) -> list[str]:
