@@ -479,7 +479,7 @@ class _Http(ThreadingHTTPServer):
     request_queue_size = 256
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=0, help="0: a free port (printed)")
@@ -532,6 +532,11 @@ def main(argv: list[str] | None = None) -> int:
     # model's name, ignore the engine arguments it has no use for.
     p.add_argument("--model", default=None)
     p.add_argument("--served-model-name", default=None)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = build_parser()
     args, _engine_args = p.parse_known_args(argv)
     if not 0 <= args.drift < 1:
         p.error("--drift is a share below 1 (0.3: the host's speed within +-30 %)")
