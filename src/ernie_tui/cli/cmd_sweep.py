@@ -25,11 +25,14 @@ def register(sub: argparse._SubParsersAction) -> None:
                     "baseline. With --repeat R the presets run in rotated order R times and each figure is the "
                     "median with its min-max spread. With --capacity each preset gets a capacity search under "
                     "the --slo objectives instead of a burst, and presets are ranked by goodput at the SLO: "
-                    "by default as a paired comparison that holds while the host's speed drifts (every "
-                    "preset's server up at once, their searches' levels taking turns A B A B, round 1 a full "
-                    "search, later rounds a bracket around each knee; each pair's verdict, 'B carries 18 %% "
-                    "more (11-25 %%)' or 'within noise', from the rounds' paired ratios; --sequential: one "
-                    "preset after another as without --capacity). "
+                    "by default as a paired comparison that holds while the host's speed drifts: every "
+                    "preset's server up at once (on one GPU only when preflight says they fit side by side), "
+                    "one search per preset with their levels taking turns A B A B, then --repeat duel rounds "
+                    "(3): a short level per preset at its capacity, a reference preset measured before and "
+                    "after, each level's tok/s taken over the reference's at that moment; each pair's "
+                    "verdict, 'B carries 18 % more (11-25 %)' or 'within noise', comes from the rounds' "
+                    "paired ratios, and the ranking only from pairs beyond noise. --sequential: the old "
+                    "mode, one preset after another. "
                     "With --gpus-per-trial N presets run at the same time on disjoint GPU sets (each its own "
                     "CUDA_VISIBLE_DEVICES, port and log; never two on one GPU). "
                     "Ctrl-C, SIGTERM or SIGHUP stops the server and keeps the rows measured.")
@@ -46,8 +49,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-tokens-in", type=int, default=300, metavar="B", help="longest prompt, tokens (300)")
     p.add_argument("--max-tokens", type=int, default=128, metavar="M", help="output tokens per request (128)")
     p.add_argument("--repeat", type=int, default=None, metavar="R",
-                   help="rounds: in rotated order (1); a paired --capacity sweep's rounds (3; at least 2 for an "
-                        "interval)")
+                   help="rounds: in rotated order (1); a paired --capacity sweep's duel rounds (3; at least 2 "
+                        "for an interval)")
     p.add_argument("--sequential", action="store_true",
                    help="with --capacity: the old mode, one preset at a time (started, searched, stopped), "
                         "ranked by medians; the host's drift between presets lands in the comparison")
