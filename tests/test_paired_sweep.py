@@ -74,3 +74,32 @@ def test_sweep_capacity_pairs_two_drifting_stand_ins(tmp_path, tiny_model, capsy
         rows = list(csv.DictReader(f))
     assert [(r["a"], r["b"], r["better"]) for r in rows] == [("weak", "strong", "strong")]
     assert pair["text"] in capsys.readouterr().out
+
+
+def test_one_gpu_side_by_side_only_when_each_share_holds_the_search(monkeypatch):
+    # No GPU here: preflight's answer for a CUDA machine is given. Each
+    # server's KV pool at its share of the GPU must hold the search's top.
+    from types import SimpleNamespace
+
+    from ernie_tui.engine_ctl.control import paired_sweep
+    from ernie_tui.presets import load_presets
+
+    book = load_presets(include_user=False)
+    a, b = book.get("seed-A"), book.get("seed-C")
+
+    def preflight(preset, model):  # the KV pool grows with the memory share
+        util = preset.get("gpu_memory_utilization") or 0.9
+        return SimpleNamespace(ok=True, first_error=lambda: None,
+                               estimate=SimpleNamespace(platform="cuda", max_concurrency=1000 * util))
+
+    monkeypatch.setattr(paired_sweep, "run_preflight", preflight)
+    cuda = [preflight(a, None), preflight(b, None)]
+    shared, how = paired_sweep.co_residency([a, b], cuda, 256, model="/m")
+    assert [p.get("gpu_memory_utilization") for p in shared] == [0.45, 0.45]
+    assert "side by side on one GPU" in how and "KV pool 450 requests" in how
+    refused, why = paired_sweep.co_residency([a, b], cuda, 1024, model="/m")
+    assert refused is None
+    assert why == ("seed-A does not fit beside the others on one GPU: its KV pool at gpu_memory_utilization "
+                   "0.45 holds 450 requests where the search may go to 1024")
+    cpu = [SimpleNamespace(estimate=SimpleNamespace(platform="cpu"))] * 2
+    assert paired_sweep.co_residency([a, b], cpu, 1024)[0] == [a, b]
