@@ -485,11 +485,15 @@ def duel_round(r: int, names: list[str], loads: dict[str, float], runners: dict[
             break
         load = loads[name]
         t0 = time.time()
-        lv = runners[name](load if rate else int(load))
+        try:
+            lv = runners[name](load if rate else int(load))
+        except Exception:  # noqa: BLE001  one level's surprise leaves a hole in the round, not the sweep's end
+            log.exception("duel level of %s failed", name)
+            lv = None
         t1 = time.time()
-        out.append(DuelLevel(name, r, load, (t0 + t1) / 2, t1 - t0, lv.output_tps, lv.goodput_output_tps,
-                             bool(lv.passed), reference=k in (0, len(order) - 1)))
-        tps = f"{lv.output_tps:,.0f} tok/s" if lv.output_tps else "no figure"
+        out.append(DuelLevel(name, r, load, (t0 + t1) / 2, t1 - t0, lv and lv.output_tps,
+                             lv and lv.goodput_output_tps, bool(lv and lv.passed), reference=k in (0, len(order) - 1)))
+        tps = f"{lv.output_tps:,.0f} tok/s" if lv and lv.output_tps else "no figure"
         emit(preset=name, repeat=r, index=first_index + k, total=total,
              phase=f"duel round {r}: {'rate' if rate else 'concurrency'} {load:g}, {tps}")
     adjust(out)
