@@ -49,6 +49,21 @@ Load-shaped pacing, each off unless asked for (the capacity search's tests):
   server's start) is scaled by one factor drawn within 1 +- F, seeded by the
   period's number. Gaps of one period move together, so a level's windows
   disagree and a percentile near its limit is hard to decide;
+- --itl-scale-knee K: the decode step slows in proportion to the batch
+  beyond K requests in slots: every gap is itl x max(1, running / K). Under
+  an ITL objective of limit L the capacity is then K x L / itl (the batch
+  whose gap reaches L) and the throughput past K is K / itl tokens/s: both
+  proportional to K, so two stand-ins' K set their capacities' ratio;
+- --drift A --drift-period-s P (env PACED_DRIFT, PACED_DRIFT_PERIOD_S): the
+  host's speed drifts, as an H200's did (16 k to 26.5 k tok/s within ten
+  minutes, nothing changed): every gap and every time to first token is
+  multiplied by the host factor f(t) = 1 + A x sin(2 pi t / P), t the WALL
+  clock (time.time()), so every stand-in on the machine, whenever it was
+  started, is slowed by the same factor at the same moment. The truth under
+  drift, with --itl-scale-knee K and an ITL limit L: at time t the capacity
+  is K x L / (itl x f(t)) and the throughput at it K / (itl x f(t)); the
+  ratio of two stand-ins' capacities (and goodputs) is K_B / K_A at every
+  moment, whatever f(t). host_factor() is that f, for tests and benches;
 - --busy-child: a child process titled as vLLM's engine core
   (VLLM::EngineCore) that keeps one CPU core busy for as long as this
   server lives, as vLLM's engine core did on an H200 (a server bound by a
@@ -74,6 +89,7 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import math
 import os
 import random
 import socket
@@ -90,6 +106,16 @@ TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75
                 20.0, 40.0, 80.0)
 ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0)
 E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0)
+
+
+def host_factor(amplitude: float, period_s: float, t: float | None = None) -> float:
+    """The --drift factor on every gap and TTFT at wall time t (now when
+    None): 1 + A x sin(2 pi t / P). A function of the wall clock only, so
+    servers started at different moments share it."""
+    if not amplitude or period_s <= 0:
+        return 1.0
+    now = time.time() if t is None else t
+    return 1.0 + amplitude * math.sin(2.0 * math.pi * now / period_s)
 
 
 @functools.lru_cache(maxsize=64)
@@ -238,6 +264,18 @@ class Server:
             ttft = base + extra
             self.decode_ends[key] = (now + ttft, now + ttft + max(0, n_out - 1) * itl_s)
         return ttft, itl_s
+
+    def batch_scale(self) -> float:
+        """The --itl-scale-knee factor on the next gap: max(1, running / K)."""
+        k = self.args.itl_scale_knee
+        if k <= 0:
+            return 1.0
+        running, _waiting = self.slots.counts()
+        return max(1.0, running / k)
+
+    def drift(self) -> float:
+        """The host factor (--drift) now."""
+        return host_factor(self.args.drift, self.args.drift_period_s)
 
     def batch_extra_s(self) -> float:
         """What the batch adds to the next gap between tokens (--itl-slope-ms
@@ -396,12 +434,13 @@ def make_handler(srv: Server):
                 # Pace against deadlines, not sleeps in a row, so delays do not add up.
                 t_slot = time.perf_counter()
                 ttft_s, itl_s = srv.paced_ttft_s(id(self), n_prompt, n_out, t_slot)
-                t_first = t_slot + ttft_s + srv.cold_delay_s(n_out)
+                t_first = t_slot + ttft_s * srv.drift() + srv.cold_delay_s(n_out)
                 prev = None
                 due = t_first
                 for k in range(1, n_out + 1):
                     if k > 1:
-                        due += (itl_s + srv.batch_extra_s()) * srv.wander(due)
+                        gap = (itl_s * srv.batch_scale() + srv.batch_extra_s()) * srv.wander(due)
+                        due += gap * srv.drift()
                     delay = due - time.perf_counter()
                     if delay > 0:
                         time.sleep(delay)
@@ -481,7 +520,7 @@ def apply_engine_shape(args: argparse.Namespace, engine_argv: list[str]) -> None
     args.slots, args.itl_ms = engine_shape(engine.max_num_seqs, engine.max_num_batched_tokens)
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=0, help="0: a free port (printed)")
@@ -509,6 +548,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--itl-slope-ms", type=float, default=float(env("PACED_ITL_SLOPE_MS", "0")), metavar="X",
                    help="each gap between tokens grows X ms per request in a slot beyond --itl-knee "
                         "(env PACED_ITL_SLOPE_MS)")
+    p.add_argument("--itl-scale-knee", type=int, default=int(env("PACED_ITL_SCALE_KNEE", "0")), metavar="K",
+                   help="every gap is itl x max(1, requests in slots / K) (env PACED_ITL_SCALE_KNEE)")
+    p.add_argument("--drift", type=float, default=float(env("PACED_DRIFT", "0")), metavar="A",
+                   help="host speed drift: gaps and TTFT x (1 + A sin(2 pi wall_time / P)) (env PACED_DRIFT)")
+    p.add_argument("--drift-period-s", type=float, default=float(env("PACED_DRIFT_PERIOD_S", "120")), metavar="P",
+                   help="the drift's period, seconds of wall time (env PACED_DRIFT_PERIOD_S; 120)")
     p.add_argument("--itl-wander", type=float, default=0.0, metavar="F",
                    help="gaps that start in one --itl-wander-s period share one factor within 1 +- F")
     p.add_argument("--itl-wander-s", type=float, default=1.0, metavar="P")
@@ -531,7 +576,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--engine-shaped", action="store_true", default=env("PACED_ENGINE_SHAPED", "") == "1",
                    help="slots and token gaps from --max-num-seqs and --max-num-batched-tokens (see "
                         "engine_shape; env PACED_ENGINE_SHAPED=1)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = build_parser()
     args, _engine_args = p.parse_known_args(argv)
+    if not 0 <= args.drift < 1:
+        p.error("--drift is a share below 1 (0.3: the host's speed within +-30 %)")
     if args.engine_shaped:
         apply_engine_shape(args, _engine_args)
     if args.served_model_name:

@@ -208,7 +208,8 @@ def test_a_sweeps_row_carries_the_confirmations_figures_as_the_capacity_does():
 def test_capacity_sweep_on_paced_stand_ins(tmp_path, tiny_model, capsys):
     # Two "servers" launched as presets through the sweep's own process
     # control: the paced stand-in with 2 and with 4 slots. Under the same SLO
-    # the one with more slots has the higher capacity and goodput.
+    # the one with more slots has the higher capacity and goodput. The old
+    # sequential mode (--sequential; the paired default: test_paired_sweep.py).
     import sys
     from pathlib import Path
 
@@ -227,7 +228,8 @@ def test_capacity_sweep_on_paced_stand_ins(tmp_path, tiny_model, capsys):
     presets.write_text(body)
     out = tmp_path / "sweep.json"
     code = main(["sweep", "slots2", "slots4", "--presets", str(presets), "--out", str(out), "--capacity",
-                 "--slo", "ttft_p90=100ms", "--max-tokens", "16", "--min-tokens", "10", "--max-tokens-in", "40",
+                 "--sequential", "--slo", "ttft_p90=100ms", "--max-tokens", "16", "--min-tokens", "10",
+                 "--max-tokens-in", "40",
                  "--start-concurrency", "2", "--ready-timeout", "30", "--report", str(tmp_path / "sweep.html")])
     assert code == 0, capsys.readouterr().err
     data = json.loads(out.read_text())

@@ -6,6 +6,8 @@ import argparse
 import sys
 import threading
 import time
+from dataclasses import dataclass
+from typing import Any
 
 from ernie_tui.cli.capacity_args import add_capacity_args
 from ernie_tui.cli.cmd_report import check_out, write_from_refs
@@ -23,7 +25,15 @@ def register(sub: argparse._SubParsersAction) -> None:
                     "wait ready, burst, stop, wait for the engine to be gone and GPU memory back to its "
                     "baseline. With --repeat R the presets run in rotated order R times and each figure is the "
                     "median with its min-max spread. With --capacity each preset gets a capacity search under "
-                    "the --slo objectives instead of a burst, and presets are ranked by goodput at the SLO. "
+                    "the --slo objectives instead of a burst, and presets are ranked by goodput at the SLO: "
+                    "by default as a paired comparison that holds while the host's speed drifts: every "
+                    "preset's server up at once (on one GPU only when preflight says they fit side by side), "
+                    "one search per preset with their levels taking turns A B A B, then --repeat duel rounds "
+                    "(3): a short level per preset at its capacity, a reference preset measured before and "
+                    "after, each level's tok/s taken over the reference's at that moment; each pair's "
+                    "verdict, 'B carries 18 % more (11-25 %)' or 'within noise', comes from the rounds' "
+                    "paired ratios, and the ranking only from pairs beyond noise. --sequential: the old "
+                    "mode, one preset after another. "
                     "With --gpus-per-trial N presets run at the same time on disjoint GPU sets (each its own "
                     "CUDA_VISIBLE_DEVICES, port and log; never two on one GPU). "
                     "Ctrl-C, SIGTERM or SIGHUP stops the server and keeps the rows measured.")
@@ -39,7 +49,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--min-tokens", type=int, default=30, metavar="A", help="shortest prompt, tokens (30)")
     p.add_argument("--max-tokens-in", type=int, default=300, metavar="B", help="longest prompt, tokens (300)")
     p.add_argument("--max-tokens", type=int, default=128, metavar="M", help="output tokens per request (128)")
-    p.add_argument("--repeat", type=int, default=1, metavar="R", help="rounds, in rotated order (1)")
+    p.add_argument("--repeat", type=int, default=None, metavar="R",
+                   help="rounds: in rotated order (1); a paired --capacity sweep's duel rounds (3; at least 2 "
+                        "for an interval)")
+    p.add_argument("--sequential", action="store_true",
+                   help="with --capacity: the old mode, one preset at a time (started, searched, stopped), "
+                        "ranked by medians; the host's drift between presets lands in the comparison")
     p.add_argument("--ready-timeout", type=float, default=600.0, metavar="S")
     p.add_argument("--log-dir", metavar="DIR", help="keep each run's llm.log here")
     p.add_argument("--gpus-per-trial", metavar="N|auto", type=_per_trial, dest="gpus_per_trial",
@@ -81,35 +96,56 @@ def _gpu_plan(args) -> list[str] | None:
         raise CliError(str(exc)) from None
 
 
-def _sweep(args) -> int:
-    from pathlib import Path
+def _paired(presets, config, options, capacity, rounds: int, progress, cancel):
+    """The paired capacity sweep (control/paired_sweep.py): (runs, PairedResult)."""
+    from ernie_tui.engine_ctl.control import run_paired_sweep  # lazy: --help start-up
 
-    from ernie_tui.engine_ctl.control import (  # lazy: --help start-up
-        SweepOptions,
-        SweepPlan,
-        export_sweep,
-        fold,
-        run_sweep,
-        sweep_meta,
-        to_markdown,
-    )
-    from ernie_tui.engine_ctl.load import BurstConfig, save_run  # lazy: --help start-up
-    from ernie_tui.presets import load_presets
+    return run_interruptible(lambda: run_paired_sweep(presets, config, options, capacity, rounds, progress, cancel),
+                             cancel, name="sweep", on_interrupt="stopping the servers, keeping the rounds measured ...")
+
+
+def _check_args(args) -> bool:
+    """Refuse what cannot run; settle --repeat. True: the paired capacity sweep."""
+    from pathlib import Path
 
     for out in args.out:
         if Path(out).suffix.lower() not in (".csv", ".json", ".md"):
             raise CliError(f"--out must end in .csv, .json or .md, got {out}")
     check_out_files("--out", args.out)
+    paired = bool(args.capacity and not args.sequential and args.gpus_per_trial is None and len(args.names) > 1)
+    if args.sequential and not args.capacity:
+        raise CliError("--sequential belongs to --capacity (a burst sweep is always sequential)")
+    if args.repeat is None:
+        args.repeat = 3 if paired else 1
     if args.repeat < 1:
         raise CliError("--repeat must be at least 1")
     if args.report:
-
         check_out(args.report, "--report")
+    if not args.capacity and (args.slo or args.workload):
+        raise CliError("--slo and --workload belong to --capacity")
+    return paired
+
+
+@dataclass
+class _Setup:
+    presets: list
+    config: Any  # BurstConfig
+    gpu_ids: list[str] | None
+    capacity: Any  # CapacitySweep | None
+    options: Any  # SweepOptions
+
+
+def _setup(args) -> _Setup:
+    from pathlib import Path
+
+    from ernie_tui.engine_ctl.control import SweepOptions  # lazy: --help start-up
+    from ernie_tui.engine_ctl.load import BurstConfig  # lazy: --help start-up
+    from ernie_tui.presets import load_presets
+
     book = load_presets(args.presets)
-    model = args.model
     presets = [book.get(n) for n in args.names]
     for p in presets:
-        p.resolve_model(model)  # a missing model is an error now, not after the first run
+        p.resolve_model(args.model)  # a missing model is an error now, not after the first run
     config = BurstConfig(n=args.burst, concurrency=args.concurrency, min_tokens=args.min_tokens,
                          max_tokens_in=args.max_tokens_in, max_tokens=args.max_tokens)
     try:
@@ -122,74 +158,124 @@ def _sweep(args) -> int:
         from ernie_tui.cli.capacity_args import capacity_sweep, trials_at_once  # lazy: --help start-up
 
         capacity = capacity_sweep(args, trials_at_once(gpu_ids, args.gpus_per_trial))
-    elif args.slo or args.workload:
-        raise CliError("--slo and --workload belong to --capacity")
     if gpu_ids is not None:
         own = [p.name for p in presets if "CUDA_VISIBLE_DEVICES" in p.env]
         if own:
             raise CliError(f"preset {own[0]} sets CUDA_VISIBLE_DEVICES in its env, but with --gpus-per-trial "
                            "the sweep hands each trial its GPUs; remove it from the preset or sweep without "
                            "--gpus-per-trial")
-    plan = SweepPlan(presets, args.repeat)
-    options = SweepOptions(model=model, ready_timeout_s=args.ready_timeout,
+    options = SweepOptions(model=args.model, ready_timeout_s=args.ready_timeout,
                            log_dir=Path(args.log_dir) if args.log_dir else None,
                            gpus_per_trial=args.gpus_per_trial, gpu_ids=gpu_ids)
-    cancel = threading.Event()
-    done_runs: list = []
-    last_line: dict = {}  # per trial: parallel trials' lines interleave
-    t0 = time.monotonic()
+    return _Setup(presets, config, gpu_ids, capacity, options)
 
-    def meta_now() -> dict:
-        return sweep_meta(args.names, args.repeat, config, done_runs, capacity=capacity, workload=args.workload,
-                          seconds=time.monotonic() - t0,
-                          parallel=(f"{args.gpus_per_trial} GPU(s) per trial on GPUs {','.join(gpu_ids)}"
-                                    if gpu_ids is not None else None))
 
-    def progress(ev: dict) -> None:
-        eta = ev.get("eta_s")
+class _Progress:
+    """The sweep's lines on stderr, and the exports rewritten after every
+    finished run (a killed or interrupted sweep still leaves the rows it
+    measured on disk)."""
+
+    def __init__(self, args, setup: _Setup) -> None:
+        self.args, self.setup = args, setup
+        self.done_runs: list = []
+        self.last_line: dict = {}  # per trial: parallel trials' lines interleave
+        self.t0 = time.monotonic()
+
+    def meta(self) -> dict:
+        from ernie_tui.engine_ctl.control import sweep_meta  # lazy: --help start-up
+
+        a, s = self.args, self.setup
+        return sweep_meta(a.names, a.repeat, s.config, self.done_runs, capacity=s.capacity, workload=a.workload,
+                          seconds=time.monotonic() - self.t0,
+                          parallel=(f"{a.gpus_per_trial} GPU(s) per trial on GPUs {','.join(s.gpu_ids)}"
+                                    if s.gpu_ids is not None else None))
+
+    def __call__(self, ev: dict) -> None:
+        from ernie_tui.engine_ctl.control import export_sweep, fold  # lazy: --help start-up
+
         where = f"[{ev['index'] + 1}/{ev['total']}] {ev['preset']}"
-        where += f" r{ev['repeat'] + 1}" if args.repeat > 1 else ""
+        where += f" r{ev['repeat'] + 1}" if self.args.repeat > 1 else ""
         if ev.get("gpus"):
             where += f" (GPU {ev['gpus']})"
-        phase = ev["phase"]
-        if phase == "burst" and ev.get("burst_total"):
-            done, n = ev.get("burst_done", 0), ev["burst_total"]
-            if done not in (0, n) and done % max(1, n // 10):
-                return
-            phase = f"burst {done}/{n}"
-        if phase == "capacity" and ev.get("capacity_event"):
-            ce = ev["capacity_event"]
-            if ce.get("event") != "level_done":
-                return
-            lv = ce["level"]
-            phase = (f"capacity: concurrency {lv.concurrency} {'pass' if lv.passed else 'fail'}"
-                     f"{'' if lv.decided else ' (undecided)'}, {lv.requests} requests")
-        if phase == "done":
-            phase = ev.get("status", "done")
-            # Write the table after every preset, so a killed or interrupted
-            # sweep still leaves the rows it measured on disk.
-            done_runs.append(ev["run"])
-            for out in args.out:
-                export_sweep(fold(done_runs, [p.name for p in presets]), out, meta_now())
+        phase = _phase_text(ev)
+        if phase is None:
+            return
+        if ev["phase"] == "done":
+            self.done_runs.append(ev["run"])
+            for out in self.args.out:
+                export_sweep(fold(self.done_runs, [p.name for p in self.setup.presets]), out, self.meta())
+        eta = ev.get("eta_s")
         line = f"{where}: {phase}" + (f"  (ETA {eta:.0f} s)" if eta and ev["phase"] == "preflight" else "")
-        if line != last_line.get(ev["index"]):  # the start phase is reported every second; print changes only
-            last_line[ev["index"]] = line
+        if line != self.last_line.get(ev["index"]):  # the start phase is reported every second: changes only
+            self.last_line[ev["index"]] = line
             print(line, file=sys.stderr, flush=True)
 
-    runs = run_interruptible(lambda: run_sweep(plan, config, options, progress, cancel, capacity=capacity),
-                             cancel, name="sweep", on_interrupt="stopping the server, keeping the rows measured ...")
-    rows = fold(runs, [p.name for p in presets])
-    meta = meta_now()
-    for out in args.out:
-        export_sweep(rows, out, meta)
-    record = save_run("sweep", {"meta": meta, "runs": runs}, notes=" ".join(args.names))
-    print(to_markdown(rows))
-    if args.report:
 
+def _phase_text(ev: dict) -> str | None:
+    """What a sweep event says, in a few words; None: not worth a line."""
+    phase = ev["phase"]
+    if phase == "burst" and ev.get("burst_total"):
+        done, n = ev.get("burst_done", 0), ev["burst_total"]
+        if done not in (0, n) and done % max(1, n // 10):
+            return None
+        return f"burst {done}/{n}"
+    if phase == "capacity" and ev.get("capacity_event"):
+        ce = ev["capacity_event"]
+        if ce.get("event") != "level_done":
+            return None
+        lv = ce["level"]
+        return (f"capacity: concurrency {lv.concurrency} {'pass' if lv.passed else 'fail'}"
+                f"{'' if lv.decided else ' (undecided)'}, {lv.requests} requests")
+    if phase == "done":
+        return ev.get("status", "done")
+    return phase
+
+
+def _sweep(args) -> int:
+    from ernie_tui.engine_ctl.control import SweepPlan, run_sweep  # lazy: --help start-up
+
+    paired = _check_args(args)
+    setup = _setup(args)
+    cancel = threading.Event()
+    progress = _Progress(args, setup)
+    runs, result = None, None
+    if paired:
+        runs, result = _paired(setup.presets, setup.config, setup.options, setup.capacity, args.repeat, progress,
+                               cancel)
+        if result.refused:
+            print(f"not side by side: {result.refused}; measuring one preset after another instead",
+                  file=sys.stderr)
+            runs, result = None, None
+    if runs is None:
+        plan = SweepPlan(setup.presets, args.repeat)
+        runs = run_interruptible(
+            lambda: run_sweep(plan, setup.config, setup.options, progress, cancel, capacity=setup.capacity),
+            cancel, name="sweep", on_interrupt="stopping the server, keeping the rows measured ...")
+    _finish(args, setup, runs, result, progress.meta())
+    return 130 if cancel.is_set() else 0
+
+
+def _finish(args, setup: _Setup, runs: list, result: Any, meta: dict) -> None:
+    """The exports, the sweep's record, the table (and the pairs) on stdout."""
+    from ernie_tui.engine_ctl.control import export_sweep, fold, to_markdown  # lazy: --help start-up
+    from ernie_tui.engine_ctl.load import save_run  # lazy: --help start-up
+
+    rows = fold(runs, [p.name for p in setup.presets])
+    body: dict = {"meta": meta, "runs": runs}
+    if result is not None:
+        meta.update(mode=f"paired: {args.repeat} rounds, levels alternating between presets",
+                    servers=result.co_residency)
+        body["paired"] = result.to_dict()
+    for out in args.out:
+        export_sweep(rows, out, meta, paired=result)
+    record = save_run("sweep", body, notes=" ".join(args.names))
+    print(to_markdown(rows))
+    if result is not None:
+        print("\n".join(result.lines()))
+    if args.report:
         args.out += write_from_refs([str(record.path)], args.report)
     overheads = [r.overhead_s for r in runs if r.overhead_s is not None]
     if overheads:
         print(f"sweep overhead beyond vLLM start, burst and stop: max {max(overheads):.2f} s per preset",
               file=sys.stderr)
     print(f"wrote {', '.join(args.out)}", file=sys.stderr)
-    return 130 if cancel.is_set() else 0

@@ -1,11 +1,14 @@
 """Running servers and trials: the vLLM process and its group (server), its
 memory (resources), many servers at once (fleet), presets measured in turn or
-side by side (sweep, trial_schedule, trial_load).
+side by side (sweep, trial_schedule, trial_load), or all served at once and
+compared pair by pair while the host drifts (paired_sweep, turn_gate, ranking).
 
 The top district: it may use launch, load and logs; none of them uses it.
 """
 
 from ernie_tui.engine_ctl.control.fleet import FleetError, FleetPoller, connecting_rows, load_fleet, servers_from_urls
+from ernie_tui.engine_ctl.control.paired_sweep import PairedResult, run_paired_sweep
+from ernie_tui.engine_ctl.control.ranking import PairVerdict, Ranking
 from ernie_tui.engine_ctl.control.resources import EngineMemory, ResourceSampler
 from ernie_tui.engine_ctl.control.server import (
     AttachedServer,
@@ -69,6 +72,9 @@ __all__ = [
     "INSTALL_HINT",
     "LoadJob",
     "LoadProcess",
+    "PairVerdict",
+    "PairedResult",
+    "Ranking",
     "LogLines",
     "LogRead",
     "LogReplay",
@@ -100,6 +106,7 @@ __all__ = [
     "measure_candidate",
     "parse_gpu_ids",
     "require_optuna",
+    "run_paired_sweep",
     "run_sweep",
     "run_tune",
     "score_column",

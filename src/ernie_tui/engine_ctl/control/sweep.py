@@ -346,17 +346,24 @@ def to_csv(rows: list[SweepRow]) -> str:
     return buf.getvalue()
 
 
-def to_json(rows: list[SweepRow], meta: dict[str, Any] | None = None) -> str:
+def to_json(rows: list[SweepRow], meta: dict[str, Any] | None = None, paired: Any = None) -> str:
     def row_dict(r: SweepRow) -> dict[str, Any]:
         d = {k: v for k, v in asdict(r).items() if k not in ("runs", "stats")}
         d["stats"] = {k: asdict(v) for k, v in r.stats.items()}
         d["runs"] = [asdict(x) for x in r.runs]
         return d
 
-    return json.dumps({"meta": meta or {}, "rows": [row_dict(r) for r in rows]}, indent=2)
+    out: dict[str, Any] = {"meta": meta or {}, "rows": [row_dict(r) for r in rows]}
+    if paired is not None:
+        out["paired"] = paired.to_dict()
+    return json.dumps(out, indent=2)
 
 
-def export_sweep(rows: list[SweepRow], path: str | Path, meta: dict[str, Any] | None = None) -> None:
+def export_sweep(rows: list[SweepRow], path: str | Path, meta: dict[str, Any] | None = None,
+                 paired: Any = None) -> None:
+    """The table in FILE.md, .csv or .json. With `paired` (a paired sweep's
+    PairedResult), its verdicts too: under the table in markdown, under
+    "paired" in JSON, and as FILE-pairs.csv beside a CSV (one row per pair)."""
     p = Path(path)
     suffix = p.suffix.lower()
     if suffix == ".md":
@@ -364,12 +371,20 @@ def export_sweep(rows: list[SweepRow], path: str | Path, meta: dict[str, Any] | 
         if meta:
             title = "\n".join(f"- {k}: {v}" for k, v in meta.items())
         text = to_markdown(rows, title)
+        if paired is not None:
+            text += "\n" + "\n".join(paired.lines()) + "\n"
     elif suffix == ".csv":
         text = to_csv(rows)
+        if paired is not None:
+            _write_atomic(p.with_name(f"{p.stem}-pairs.csv"), paired.pairs_csv())
     elif suffix == ".json":
-        text = to_json(rows, meta)
+        text = to_json(rows, meta, paired)
     else:
         raise ValueError(f"--out must end in .csv, .json or .md, got {p.name}")
+    _write_atomic(p, text)
+
+
+def _write_atomic(p: Path, text: str) -> None:
     p = paths.out_file(p)  # its folder must be there (OutPathError, a ValueError)
     tmp = p.with_name(p.name + ".tmp")
     tmp.write_text(text, encoding="utf-8")

@@ -29,7 +29,7 @@ import asyncio
 import threading
 import time
 from dataclasses import replace
-from typing import Any
+from typing import Any, Callable
 
 from ernie_tui.engine_ctl.load import capacity as C
 from ernie_tui.engine_ctl.load import metrics as M
@@ -168,13 +168,16 @@ def run_capacity(url: str, slo: list[S.Objective], *, search_config: C.SearchCon
                  workload: Workload | None = None, burst_config: Any = None, tokenizer: Any = None,
                  model: str | None = None, api_key: str | None = None, use_metrics: bool = True,
                  progress: Progress | None = None, cancel: threading.Event | None = None,
-                 metrics_feed: M.MetricsFeed | None = None) -> C.CapacityResult:
+                 metrics_feed: M.MetricsFeed | None = None,
+                 level_gate: Callable[[C.LevelRunner], C.LevelRunner] | None = None) -> C.CapacityResult:
     """Search a live server's capacity under `slo`. Without a workload,
     prompts are built as a burst would (burst_config; the tokenizer is found
     as the burst finds it). metrics_feed: the dashboard's scrapes of this
     server (LatestScrape.feed), read by each level while fresh instead of
     scraping again. Blocking; call from a thread without a running event
-    loop. Never raises for server trouble: the result says."""
+    loop. Never raises for server trouble: the result says. level_gate
+    wraps the level runner the search calls (a paired sweep's turns: its
+    presets' levels alternate)."""
     search_config = search_config or C.SearchConfig()
     rules = rules or C.LevelRules()
     if search_config.rate and rules.min_pass_s is None:
@@ -206,7 +209,8 @@ def run_capacity(url: str, slo: list[S.Objective], *, search_config: C.SearchCon
                   cancel=cancel, progress=progress, arrivals=search_config.arrivals, metrics_feed=metrics_feed,
                   server_pid=server_pid(url))
     try:
-        result = C.search(runner, slo, search_config, progress=progress, cancel=cancel)
+        gated = level_gate(runner) if level_gate is not None else runner
+        result = C.search(gated, slo, search_config, progress=progress, cancel=cancel)
     finally:
         runner.close()
     result.seconds = time.monotonic() - t0

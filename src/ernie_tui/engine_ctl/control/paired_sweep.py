@@ -1,0 +1,584 @@
+"""The paired capacity sweep: every preset served at once, their levels taking
+turns, compared pair by pair against the same minutes (`sweep --capacity`'s
+default).
+
+A sequential sweep measures one preset, then the next: the host's drift
+between them (one H200 went from 16 k to 26.5 k tok/s within ten minutes)
+lands in the comparison. Here:
+
+1. Every preset's server is started once and stays up for the whole sweep,
+   each on its own port with its own log (no restart). On one GPU that needs
+   them to fit side by side (co_residency()): each gets an equal share of GPU
+   memory when preflight says the KV pool at that share still holds the
+   search's highest concurrency; otherwise nothing starts and the result
+   says why (the caller then runs the sequential sweep).
+2. Round 0: one capacity search per preset, each in its own thread, through
+   a TurnGate: one level at a time, the presets taking turns A B A B. It
+   finds each preset's capacity (its knee) under the SLO.
+3. Rounds 1..R, the duels: one short level per preset at the highest load
+   that passed in its search (duel_load(): under drift the search's final
+   answer sinks to the host's slowest minutes),
+   one after another, the round's reference preset measured first and again
+   last (A B A, then B A B: the reference rotates). Each level's output
+   tok/s is divided by the reference's at the same moment (its two looks
+   interpolated in wall time), so drift that is linear over the round's
+   half-minute cancels. Why not whole searches per round, as first planned:
+   on the drifting stand-in (+-30 % over 2 min) a search took 2-4 minutes on
+   a loaded 2-core box, longer than the drift's half period, so two presets'
+   capacity levels of one round met different host speeds and the paired
+   differences kept most of the drift (see docs: rank presets).
+4. Each duel round gives every pair one ratio; ranking.py turns the rounds'
+   ln ratios into a verdict per pair with its interval, the ranking from the
+   pairs beyond noise, and the drift the run saw.
+
+Each preset's search is a SweepRun (repeat 0), so the sweep's table, exports
+and records read as a sequential sweep's; PairedResult holds the duels and
+the pair verdicts beside them (to_dict() for the exports, the report and
+the TUI).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import threading
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Callable
+
+from ernie_tui import paths
+from ernie_tui.engine_ctl.control import ranking as rk
+from ernie_tui.engine_ctl.control.server import EngineServer, ServerState
+from ernie_tui.engine_ctl.control.sweep import (
+    CapacitySweep,
+    SweepOptions,
+    SweepRun,
+    _trial_port,
+    fill_capacity_columns,
+)
+from ernie_tui.engine_ctl.control.turn_gate import TurnGate
+from ernie_tui.engine_ctl.launch import run_preflight
+from ernie_tui.engine_ctl.load import BurstConfig, CapacityResult, save_run
+from ernie_tui.presets.model import LaunchSpec, Preset
+
+log = logging.getLogger(__name__)
+Progress = Callable[[dict[str, Any]], None]
+
+DEFAULT_ROUNDS = 3
+# A duel level's length: it measures throughput at a known load, for this
+# long (or its --max-requests, whichever comes first), whatever its verdict.
+# Short and alike, so the reference's two looks are close and symmetric
+# around the others' (see adjust()): with levels of up to 20 s (a failing
+# level ran to its cap) the reference moved 11-28 % within a round on the
+# drifting stand-in, and a sine's curvature over that span is not linear.
+DUEL_LEVEL_S = 8.0
+# On one GPU the servers share its memory: each gets this much of it in all.
+GPU_SHARE_TOTAL = 0.9
+
+
+@dataclass
+class PresetRound:
+    """One preset's capacity search (round 0, the levels alternating with
+    the other presets')."""
+
+    preset: str
+    round: int
+    capacity: float | None = None
+    goodput_output_tps: float | None = None
+    stop: str | None = None
+    levels: int = 0
+    started_at: float | None = None  # wall clock
+    ended_at: float | None = None
+    at_ceiling: bool = False
+    duel_load: float | None = None  # where its duels ran (duel_load())
+
+
+@dataclass
+class DuelLevel:
+    """One short level of a duel round, at the preset's capacity load.
+    `adjusted`: its output tok/s over the reference's at the same moment
+    (the reference's two looks of the round, interpolated in time), the
+    figure the pairs are compared on."""
+
+    preset: str
+    round: int
+    load: float
+    at: float  # wall clock, the level's middle
+    seconds: float
+    output_tps: float | None = None
+    goodput_output_tps: float | None = None
+    passed: bool = False
+    reference: bool = False  # the round's reference preset (measured first and last)
+    adjusted: float | None = None
+
+
+@dataclass
+class PairedResult:
+    """What the paired sweep found: each preset's search, the duel rounds'
+    levels, each pair's verdict, the ranking from the verdicts beyond
+    noise, and the drift the run saw."""
+
+    presets: list[str]
+    searches: list[PresetRound] = field(default_factory=list)
+    duels: list[DuelLevel] = field(default_factory=list)
+    pairs: list[rk.PairVerdict] = field(default_factory=list)
+    ranking: rk.Ranking | None = None
+    drift: dict[str, Any] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    co_residency: str = ""
+    turns: list[str] = field(default_factory=list)  # whose search level ran, in order
+    refused: str | None = None  # why the servers could not be up side by side (nothing was measured)
+    seconds: float = 0.0
+
+    def values(self, column: str) -> dict[str, list[float | None]]:
+        """Each preset's duel figure per round (its first look in a round
+        where it is the reference; None where not measured)."""
+        n = max((d.round for d in self.duels), default=0)
+        out: dict[str, list[float | None]] = {p: [None] * n for p in self.presets}
+        for d in self.duels:
+            if out[d.preset][d.round - 1] is None:
+                out[d.preset][d.round - 1] = getattr(d, column)
+        return out
+
+    def analyse(self, confidence: float = rk.DEFAULT_CONFIDENCE) -> None:
+        adjusted = self.values("adjusted")
+        self.pairs = rk.compare_all(self.presets, adjusted, metric="output_tps_at_capacity", confidence=confidence)
+        self.ranking = rk.rank(self.presets, self.pairs)
+        raw = rk.drift_seen(self.presets, self.values("output_tps"))
+        refs = [d for d in self.duels if d.reference]
+        within = [round((b.output_tps / a.output_tps - 1) * 100, 1) for a, b in zip(refs[::2], refs[1::2], strict=False)
+                  if a.output_tps and b.output_tps]
+        self.drift = {"own_range_pct": raw["own_range_pct"], "host_index": raw["host_index"],
+                      "raw_pair_range_pct": raw["pair_range_pct"],
+                      "adjusted_pair_range_pct": rk.drift_seen(self.presets, adjusted)["pair_range_pct"],
+                      "reference_moved_within_round_pct": within}
+
+    def lines(self) -> list[str]:
+        return summary_lines(self)
+
+    def pairs_csv(self) -> str:
+        return pairs_csv(self)
+
+    def to_dict(self) -> dict[str, Any]:
+        from dataclasses import asdict
+
+        return {"presets": self.presets, "searches": [asdict(r) for r in self.searches],
+                "duels": [asdict(d) for d in self.duels], "pairs": [v.to_dict() for v in self.pairs],
+                "ranking": self.ranking.to_dict() if self.ranking else None, "drift": self.drift,
+                "notes": self.notes, "co_residency": self.co_residency, "refused": self.refused, "turns": self.turns,
+                "seconds": round(self.seconds, 1)}
+
+
+PAIR_CSV_COLUMNS = ("a", "b", "metric", "rounds", "better", "gap_pct", "low_pct", "high_pct", "beyond_noise",
+                    "verdict")
+
+
+def pairs_csv(result: PairedResult) -> str:
+    """One row per pair and metric: the verdict, its gap and interval in %."""
+    import csv
+    import io
+
+    buf = io.StringIO()
+    w = csv.writer(buf)
+    w.writerow(PAIR_CSV_COLUMNS)
+    for v in result.pairs:
+        gap = v.gap_pct()
+        g = ["", "", ""] if gap is None else [round(x, 1) for x in gap]
+        w.writerow([v.a, v.b, v.metric, v.rounds, v.better or "", *g, v.beyond_noise, v.text()])
+    return buf.getvalue()
+
+
+def summary_lines(result: PairedResult) -> list[str]:
+    """The verdicts in words: for the terminal and the markdown export."""
+    n = max((d.round for d in result.duels), default=0)
+    conf = result.pairs[0].confidence if result.pairs else rk.DEFAULT_CONFIDENCE
+    lines = [f"Pairs (output tok/s at each preset's capacity, {n} duel round(s) paired against a reference "
+             f"measured before and after, {conf:.0%} interval):"]
+    lines += [f"- {v.text()}" for v in result.pairs]
+    if result.ranking is not None:
+        lines.append(f"Ranking (pairs beyond noise only): {result.ranking.text()}")
+    d = result.drift
+    own = {k: v for k, v in (d.get("own_range_pct") or {}).items() if v is not None}
+    if own:
+        moved = ", ".join(f"{k} {v:.0f} %" for k, v in own.items())
+        raw = ", ".join(f"{k} {v:.0f} %" for k, v in (d.get("raw_pair_range_pct") or {}).items() if v is not None)
+        adj = ", ".join(f"{k} {v:.0f} %" for k, v in (d.get("adjusted_pair_range_pct") or {}).items()
+                        if v is not None)
+        within = ", ".join(f"{v:+.0f} %" for v in d.get("reference_moved_within_round_pct") or [])
+        lines.append(f"Drift seen: each preset's tok/s moved across rounds by {moved}; the reference within "
+                     f"each round by {within or '-'}; pair ratios moved {raw or '-'} raw, {adj or '-'} adjusted")
+    caps = ", ".join(f"{r.preset} {'≥ ' if r.at_ceiling else ''}{r.capacity:g}" for r in result.searches
+                     if r.capacity is not None)
+    if caps:
+        lines.append(f"Capacities found (one search each, levels alternating): {caps}")
+    if result.co_residency:
+        lines.append(f"Servers: {result.co_residency}")
+    lines += [f"Note: {n}" for n in result.notes]
+    return lines
+
+
+# -- the servers, all up at once ---------------------------------------------------
+
+@dataclass
+class _Served:
+    preset: Preset
+    spec: LaunchSpec
+    server: EngineServer
+    ready: SweepRun  # what the start learned (ready_s, versions, KV): copied to each round's run
+
+
+def co_residency(presets: list[Preset], preflights: list[Any], max_concurrency: int, model: str | None = None
+                 ) -> tuple[list[Preset] | None, str]:
+    """Whether the presets can be served side by side, and how: on CPU (or
+    stand-ins) each as it is; on one GPU each with an equal share of its
+    memory (gpu_memory_utilization GPU_SHARE_TOTAL / n, or its own when
+    lower) when preflight at that share still holds the search's highest
+    concurrency in the KV pool. (None, why) when they cannot be."""
+    on_gpu = [p for p, r in zip(presets, preflights, strict=True)
+              if r.estimate is not None and r.estimate.platform == "cuda"]
+    if not on_gpu:
+        return presets, "every server up at once, each on its own port with its own log (no GPU shared)"
+    share = round(GPU_SHARE_TOTAL / len(presets), 3)
+    out, said = [], []
+    for p in presets:
+        own = p.get("gpu_memory_utilization")
+        util = min(float(own), share) if own is not None else share
+        q = p.with_changes(gpu_memory_utilization=util)
+        res = run_preflight(q, q.resolve_model(model))
+        est = res.estimate
+        if not res.ok or est is None or est.max_concurrency < max_concurrency:
+            problem = res.first_error()
+            why = (problem.message if problem else "preflight failed") if not res.ok else (
+                f"its KV pool at gpu_memory_utilization {util} holds {est.max_concurrency:.0f} requests "
+                f"where the search may go to {max_concurrency}" if est else "no estimate")
+            return None, f"{p.name} does not fit beside the others on one GPU: {why}"
+        out.append(q)
+        said.append(f"{p.name} gpu_memory_utilization {util} (KV pool {est.max_concurrency:.0f} requests)")
+    return out, "side by side on one GPU, each given a share of its memory: " + "; ".join(said)
+
+
+def _emit(progress: Progress | None, lock: threading.Lock, **event: Any) -> None:
+    if progress is None:
+        return
+    with lock:  # searches report from their own threads: listeners see one event at a time
+        try:
+            progress(event)
+        except Exception:  # noqa: BLE001  a display callback must not end the sweep; logged, not lost
+            log.exception("sweep progress callback failed")
+
+
+def _start_one(preset: Preset, port: int, options: SweepOptions, log_dir: Path) -> tuple[_Served, SweepRun]:
+    """Launch one preset's server (not waiting for it): (served, its run)."""
+    run = SweepRun(preset=preset.name, repeat=0, status="ok", key_args=preset.key_args(), mode="capacity",
+                   port=port)
+    preset = replace(preset, port=port)
+    spec = preset.launch_spec(preset.resolve_model(options.model))
+    server = EngineServer(spec, preset_name=preset.name, log_path=log_dir / f"{preset.name}.log")
+    run.started_at = time.time()
+    server.start()
+    return _Served(preset, spec, server, run), run
+
+
+def _wait_ready(s: _Served, options: SweepOptions, cancel: threading.Event) -> None:
+    """Wait for the server; the run says how it went (status stays 'ok' when ready)."""
+    deadline = time.monotonic() + options.ready_timeout_s
+    st = s.server.status
+    while time.monotonic() < deadline and not cancel.is_set():
+        st = s.server.wait_ready(min(1.0, max(0.0, deadline - time.monotonic())))
+        if st.state != ServerState.STARTING:
+            break
+    run = s.ready
+    if cancel.is_set():
+        run.status, run.message = "cancelled", "cancelled while starting"
+    elif st.state != ServerState.READY:
+        err = st.error
+        run.status = f"failed: {err.kind.value}" if err else "failed: timeout"
+        run.message = err.message if err else f"not ready after {options.ready_timeout_s:.0f} s"
+    else:
+        report = s.server.report
+        run.ready_s = (st.ready_at - st.started_at) if st.ready_at and st.started_at else None
+        run.weights_gib, run.kv_cache_gib = report.weights_gib, report.kv_cache_gib
+        run.vllm_version, run.platform = report.vllm_version, report.platform
+        run.kv_cache_tokens, run.max_concurrency = report.kv_cache_tokens, report.max_concurrency
+
+
+def _skipped(preset: Preset, result: Any) -> SweepRun:
+    problem = result.first_error()
+    return SweepRun(preset=preset.name, repeat=0, status=f"skipped: {problem.kind.value if problem else 'preflight'}",
+                    message=f"preflight: {problem.message if problem else 'failed'}", key_args=preset.key_args(),
+                    mode="capacity")
+
+
+def start_all(presets: list[Preset], options: SweepOptions, capacity: CapacitySweep, log_dir: Path,
+              cancel: threading.Event) -> tuple[list[_Served], list[SweepRun], str]:
+    """Preflight every preset, then start them all at once and wait for each:
+    (the ones serving, the runs of the ones that are not, how they share the
+    machine). ([], [], why) when they cannot share it (the caller runs the
+    sequential sweep instead)."""
+    checked = [(p, run_preflight(p, p.resolve_model(options.model))) for p in presets]
+    skipped = [_skipped(p, r) for p, r in checked if not r.ok]
+    fit = [(p, r) for p, r in checked if r.ok]
+    shared, how = co_residency([p for p, _ in fit], [r for _, r in fit],
+                               capacity.search.max_concurrency, options.model)
+    if shared is None:
+        return [], [], how
+    served: list[_Served] = []
+    ports: set[int] = set()
+    for p in shared:
+        port = _trial_port(p, ports)
+        ports.add(port)
+        s, _run = _start_one(p, port, options, log_dir)
+        served.append(s)
+    for s in served:
+        _wait_ready(s, options, cancel)
+    failed = [s for s in served if s.ready.status != "ok"]
+    stop_all(failed)
+    return [s for s in served if s.ready.status == "ok"], skipped + [s.ready for s in failed], how
+
+
+def stop_all(served: list[_Served]) -> None:
+    """Stop every server, all at once (a stop waits out its grace periods:
+    one after another they added up, 20 s a stand-in)."""
+
+    def stop(s: _Served) -> None:
+        try:
+            if s.server.status.running or s.server.status.state == ServerState.CRASHED:
+                s.server.stop()
+        finally:
+            s.server.close()
+            s.ready.ended_at = time.time()
+
+    threads = [threading.Thread(target=stop, args=(s,), name=f"stop-{s.preset.name}") for s in served]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+
+
+# -- round 0: every preset's search, the levels taking turns ------------------------------
+
+def _search_one(s: _Served, search: Any, capacity: CapacitySweep, burst_config: BurstConfig,
+                gate: TurnGate, runners: dict[str, Any], on_event: Callable[[dict[str, Any]], None],
+                cancel: threading.Event) -> tuple[SweepRun, CapacityResult | None]:
+    """One preset's search, its levels taking turns at the gate; its level
+    runner is kept in `runners` for the duels."""
+    from ernie_tui.engine_ctl.load import ProbeFailure, Workload, find_tokenizer, run_capacity
+
+    run = replace(s.ready, repeat=0, started_at=time.time(), record_id=None, load_pid=os.getpid())
+    name = s.preset.name
+
+    def gated(runner: Any) -> Any:
+        # run_capacity closes its runner when the search ends (its stream
+        # processes, with --client-procs > 1); the duels still need it: the
+        # close is kept for the sweep's end (run_paired_sweep).
+        runners[name] = runner
+        runner.close_later = runner.close
+        runner.close = lambda: None
+        return gate.wrap(name, runner)
+
+    try:
+        workload = Workload(list(capacity.workload_items), "file") if capacity.workload_items else None
+        tokenizer = None
+        if workload is None:
+            try:
+                tokenizer = find_tokenizer(model_dir=s.spec.model)
+            except ProbeFailure:
+                tokenizer = None  # the search asks the server's /tokenize instead
+        result = run_capacity(s.spec.url, capacity.slo, search_config=search, rules=capacity.rules,
+                              settings=capacity.settings, workload=workload, burst_config=burst_config,
+                              tokenizer=tokenizer, model=s.spec.served_model_name, api_key=s.preset.api_key(),
+                              progress=on_event, cancel=cancel, level_gate=gated)
+    except Exception as exc:  # noqa: BLE001  one search's surprise must not stop its neighbours; its row says it
+        log.exception("paired search of %s failed", name)
+        run.status, run.message = "failed: error", f"{type(exc).__name__}: {exc}"
+        return run, None
+    finally:
+        gate.leave(name)
+        run.ended_at = time.time()
+    fill_capacity_columns(run, result)
+    run.burst_s = result.seconds
+    if result.stop_reason == "cancelled" or cancel.is_set():
+        run.status, run.message = "cancelled", "cancelled during the capacity search"
+    elif result.stop_reason == "server_down":
+        run.status, run.message = "failed: capacity", result.stop_message
+    return run, result
+
+
+def search_round(served: list[_Served], capacity: CapacitySweep, burst_config: BurstConfig,
+                 emit: Callable[..., None], cancel: threading.Event, total: int, runners: dict[str, Any],
+                 save: bool = True) -> tuple[list[tuple[SweepRun, CapacityResult | None]], list[str]]:
+    """Every preset's search at once, one thread each, their levels taking
+    turns. Returns (run, result) in served's order and the gate's turns."""
+    gate = TurnGate([s.preset.name for s in served], cancel)
+    out: list[Any] = [None] * len(served)
+
+    def work(i: int, s: _Served) -> None:
+        ev = dict(preset=s.preset.name, repeat=0, index=i, total=total, port=s.ready.port)
+        emit(**ev, phase="capacity")
+        out[i] = _search_one(s, capacity.search, capacity, burst_config, gate, runners,
+                             lambda e: emit(**ev, phase="capacity", capacity_event=e), cancel)
+        run, result = out[i]
+        if save and result is not None:
+            record = save_run("capacity", result.to_dict(), preset=s.preset, engine_report=s.server.report.to_dict(),
+                              url=s.spec.url, model=s.spec.served_model_name, notes="paired sweep search")
+            run.record_id = record.id
+        emit(**ev, phase="done", status=run.status, run=run)
+
+    threads = [threading.Thread(target=work, args=(i, s), name=f"paired-{s.preset.name}", daemon=True)
+               for i, s in enumerate(served)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return out, gate.order
+
+
+def _preset_round(run: SweepRun, result: CapacityResult | None) -> PresetRound:
+    cap = run.capacity_rate if run.capacity_rate is not None else run.capacity_concurrency
+    return PresetRound(preset=run.preset, round=0, capacity=cap, goodput_output_tps=run.goodput_output_tps,
+                       stop=result.stop_reason if result else run.status, levels=len(result.levels) if result else 0,
+                       started_at=run.started_at, ended_at=run.ended_at,
+                       at_ceiling=bool(result and result.at_ceiling), duel_load=duel_load(result) or cap)
+
+
+def duel_load(result: CapacityResult | None) -> float | None:
+    """Where a preset's duels run: the highest load that passed in its
+    search (decided), not the capacity the search ended on. Under drift a
+    search's answer sinks to the host's slowest minutes (a confirmation that
+    fails moves the bracket down, none moves it up): on the drifting
+    stand-in (+-30 % over 2 min, a loaded 2-core box) both presets' searches
+    of one run ended at 9 where they had passed 16 and 20 (their knees 8 and
+    10), and a duel at 9 compared the stronger below its knee (+11 % read
+    for a true +25 %). The highest pass is what each carried at the best
+    minutes of the same interleaved search, so the two are alike."""
+    if result is None:
+        return None
+    passed = [lv.load for lv in result.levels if lv.passed and lv.decided and lv.stop != "cancelled"]
+    return max(passed) if passed else None
+
+
+# -- rounds 1..R: duels at each preset's capacity --------------------------------------------------
+
+def _reuse(runner: Any, rules: Any) -> None:
+    """A search's level runner made ready for the duel's levels: each runs
+    DUEL_LEVEL_S (or to --max-requests), not until a verdict (its min
+    requests raised to its max, so no early pass or fail ends it)."""
+    runner.rules = replace(rules, min_requests=rules.max_requests, time_cap_s=min(rules.time_cap_s, DUEL_LEVEL_S))
+
+
+def duel_order(names: list[str], r: int) -> list[str]:
+    """Round r's levels (r from 1): the names rotated by r - 1, the first of
+    them (the round's reference) once more at the end."""
+    k = (r - 1) % len(names)
+    order = names[k:] + names[:k]
+    return [*order, order[0]]
+
+
+def adjust(levels: list[DuelLevel]) -> bool:
+    """Each level's output tok/s over the reference's at the same moment:
+    ln(reference) interpolated in wall time between its two looks (so a
+    drift that is linear over the round cancels exactly). False when the
+    reference's two looks are not both measured (nothing adjusted)."""
+    refs = [d for d in levels if d.reference]
+    if len(refs) != 2 or not all(d.output_tps for d in refs):
+        return False
+    a, b = refs
+    la, lb = math.log(a.output_tps or 1.0), math.log(b.output_tps or 1.0)
+    for d in levels:
+        if d.output_tps:
+            w = (d.at - a.at) / (b.at - a.at) if b.at > a.at else 0.5
+            d.adjusted = math.exp(math.log(d.output_tps) - (la + w * (lb - la)))
+    return True
+
+
+def duel_round(r: int, names: list[str], loads: dict[str, float], runners: dict[str, Any], rate: bool,
+               emit: Callable[..., None], cancel: threading.Event, first_index: int, total: int) -> list[DuelLevel]:
+    """One duel round: a short level per preset at its capacity load, the
+    reference first and last (duel_order), then adjust()."""
+    order = duel_order(names, r)
+    out: list[DuelLevel] = []
+    for k, name in enumerate(order):
+        if cancel.is_set():
+            break
+        load = loads[name]
+        t0 = time.time()
+        try:
+            lv = runners[name](load if rate else int(load))
+        except Exception:  # noqa: BLE001  one level's surprise leaves a hole in the round, not the sweep's end
+            log.exception("duel level of %s failed", name)
+            lv = None
+        t1 = time.time()
+        out.append(DuelLevel(name, r, load, (t0 + t1) / 2, t1 - t0, lv and lv.output_tps,
+                             lv and lv.goodput_output_tps, bool(lv and lv.passed), reference=k in (0, len(order) - 1)))
+        tps = f"{lv.output_tps:,.0f} tok/s" if lv and lv.output_tps else "no figure"
+        emit(preset=name, repeat=r, index=first_index + k, total=total,
+             phase=f"duel round {r}: {'rate' if rate else 'concurrency'} {load:g}, {tps}")
+    adjust(out)
+    return out
+
+
+def run_paired_sweep(presets: list[Preset], burst_config: BurstConfig, options: SweepOptions,
+                     capacity: CapacitySweep, rounds: int = DEFAULT_ROUNDS, progress: Progress | None = None,
+                     cancel: threading.Event | None = None,
+                     confidence: float = rk.DEFAULT_CONFIDENCE) -> tuple[list[SweepRun], PairedResult]:
+    """The paired sweep (see the module's docstring): the runs (one search
+    per preset, as a sequential sweep's rows) and the PairedResult. When the
+    servers cannot be up side by side (one GPU too small for them) nothing is
+    started, the runs are empty and result.refused says why."""
+    cancel = cancel or threading.Event()
+    t0 = time.monotonic()
+    log_dir = options.log_dir or Path(__import__("tempfile").mkdtemp(prefix="ernie-sweep-"))
+    paths.private_dir(log_dir)  # each server's log holds the prompts
+    lock = threading.Lock()
+
+    def emit(**event: Any) -> None:
+        _emit(progress, lock, **event)
+
+    result = PairedResult(presets=[p.name for p in presets])
+    served, runs, result.co_residency = start_all(presets, options, capacity, log_dir, cancel)
+    if not served and not runs:
+        result.refused = result.co_residency
+        return [], result
+    runners: dict[str, Any] = {}
+    try:
+        _measure(result, runs, served, capacity, burst_config, rounds, runners, emit, cancel, options.save_records)
+    finally:
+        for runner in runners.values():
+            getattr(runner, "close_later", runner.close)()
+        stop_all(served)
+    result.presets = [s.preset.name for s in served]
+    result.analyse(confidence)
+    result.seconds = time.monotonic() - t0
+    return runs, result
+
+
+def _measure(result: PairedResult, runs: list[SweepRun], served: list[_Served], capacity: CapacitySweep,
+             burst_config: BurstConfig, rounds: int, runners: dict[str, Any], emit: Callable[..., None],
+             cancel: threading.Event, save: bool) -> None:
+    """Round 0 (the searches), then the duel rounds at the capacities found."""
+    n = len(served)
+    total = n + rounds * (n + 1)
+    done, result.turns = search_round(served, capacity, burst_config, emit, cancel, total, runners, save)
+    for run, res in done:
+        runs.append(run)
+        result.searches.append(_preset_round(run, res))
+    if any(r.at_ceiling for r in result.searches):
+        result.notes.append("a search stopped at its ceiling: that preset's duels ran at the ceiling, a lower "
+                            "bound of its capacity")
+    loads = {r.preset: r.duel_load for r in result.searches if r.duel_load}
+    names = [s.preset.name for s in served if s.preset.name in loads and s.preset.name in runners]
+    left_out = [s.preset.name for s in served if s.preset.name not in names]
+    if left_out:
+        result.notes.append(f"no capacity to duel at for {', '.join(left_out)}: not compared")
+    if len(names) < 2:
+        return
+    for name in names:
+        _reuse(runners[name], capacity.rules or runners[name].rules)
+    rate = bool(capacity.search and capacity.search.rate)
+    for r in range(1, rounds + 1):
+        if cancel.is_set():
+            break
+        result.duels += duel_round(r, names, {k: float(v) for k, v in loads.items() if v is not None}, runners,
+                                   rate, emit, cancel, n + (r - 1) * (n + 1), total)

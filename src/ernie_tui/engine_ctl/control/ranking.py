@@ -1,0 +1,261 @@
+"""Which preset carries more: paired comparisons that hold while the host drifts.
+
+A sweep that measures one preset, then the next, ranks the host's moment as
+much as the preset: one H200's speed rose from 16 k to 26.5 k tok/s within ten
+minutes with nothing changed, more than presets differ. The paired sweep
+(paired_sweep.py) therefore measures every preset in each round within the
+same minutes, their levels alternating, so that a round's drift hits each
+member of a pair alike. The statistics here then work on each round's
+difference, not on each preset's own figures:
+
+- d_r = ln(B_r / A_r) for round r (goodput at the SLO, or the capacity);
+- the mean of the d_r with a Student-t interval over the rounds (R - 1
+  degrees of freedom). The host's drift moves A_r and B_r together and
+  cancels in d_r, so the interval is valid under drift: it holds what is left,
+  the measurement's own noise and the little drift within a round;
+- a verdict per pair: "B carries 18 % more than A (11-25 %)" when the interval
+  excludes 0, else "within noise";
+- a ranking built only from the pairs beyond noise: a partial order, in
+  tiers, with the pairs it cannot order named as ties.
+
+unpaired_interval() is the comparison a sequential sweep can make (each
+preset's rounds as a sample of its own): drift between the rounds widens it,
+which is why a gap the paired one finds can be "noise" there.
+
+Pure: no I/O, no clock.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from statistics import NormalDist
+from typing import Any
+
+DEFAULT_CONFIDENCE = 0.95
+
+
+def t_two_sided(confidence: float, df: int) -> float:
+    """The Student-t quantile for a two-sided interval of `confidence`.
+    Exact for 1 and 2 degrees of freedom (the few rounds a ranking has; the
+    series expansion is 12 % low at 2), the expansion from 3 on."""
+    p = 0.5 + confidence / 2.0
+    if df <= 0:
+        return math.inf
+    if df == 1:
+        return math.tan(math.pi * (p - 0.5))
+    if df == 2:
+        q = 2.0 * p - 1.0
+        return q * math.sqrt(2.0 / (1.0 - q * q))
+    # Cornish-Fisher expansion of the normal quantile (as load.slo's
+    # t_quantile: control may not import load's files): within about 1 %
+    # from 3 degrees of freedom on.
+    z = NormalDist().inv_cdf(p)
+    v = float(df)
+    return (z + (z ** 3 + z) / (4 * v) + (5 * z ** 5 + 16 * z ** 3 + 3 * z) / (96 * v * v)
+            + (3 * z ** 7 + 19 * z ** 5 + 17 * z ** 3 - 15 * z) / (384 * v ** 3))
+
+
+def log_ratios(a_values: Sequence[float | None], b_values: Sequence[float | None]) -> list[float]:
+    """ln(B_r / A_r) for each round where both were measured above zero."""
+    return [math.log(b / a) for a, b in zip(a_values, b_values, strict=False)
+            if a is not None and b is not None and a > 0 and b > 0]
+
+
+def paired_interval(diffs: Sequence[float], confidence: float = DEFAULT_CONFIDENCE
+                    ) -> tuple[float, float, float] | None:
+    """(mean, low, high) of the paired log differences: Student t with
+    n - 1 degrees of freedom. None with fewer than two rounds (no spread to
+    judge by: one round's difference may be all noise)."""
+    n = len(diffs)
+    if n < 2:
+        return None
+    mean = statistics.fmean(diffs)
+    half = t_two_sided(confidence, n - 1) * statistics.stdev(diffs) / math.sqrt(n)
+    return mean, mean - half, mean + half
+
+
+def unpaired_interval(a_values: Sequence[float | None], b_values: Sequence[float | None],
+                      confidence: float = DEFAULT_CONFIDENCE) -> tuple[float, float, float] | None:
+    """(mean, low, high) of ln(B) - ln(A) treating each preset's rounds as a
+    sample of its own (Welch): what a sweep without pairing can say."""
+    la = [math.log(v) for v in a_values if v is not None and v > 0]
+    lb = [math.log(v) for v in b_values if v is not None and v > 0]
+    if len(la) < 2 or len(lb) < 2:
+        return None
+    va, vb = statistics.variance(la) / len(la), statistics.variance(lb) / len(lb)
+    mean = statistics.fmean(lb) - statistics.fmean(la)
+    se2 = va + vb
+    if se2 <= 0:
+        return mean, mean, mean
+    df = se2 ** 2 / ((va ** 2 / (len(la) - 1)) + (vb ** 2 / (len(lb) - 1)))
+    half = t_two_sided(confidence, max(1, int(df))) * math.sqrt(se2)
+    return mean, mean - half, mean + half
+
+
+def _pct(log_ratio: float) -> float:
+    """A log ratio as a percentage: ln(1.18) -> 18.0."""
+    return (math.exp(log_ratio) - 1.0) * 100.0
+
+
+METRIC_WORDS = {"goodput_output_tps": "goodput", "output_tps_at_capacity": "output tok/s at capacity",
+                "capacity": "capacity"}
+
+
+@dataclass
+class PairVerdict:
+    """One pair's comparison over the rounds: B against A."""
+
+    a: str
+    b: str
+    metric: str  # what was compared: "goodput_output_tps" or "capacity"
+    diffs: list[float]  # ln(B_r / A_r), one per round measured on both
+    confidence: float
+    mean: float | None = None  # the mean log ratio
+    low: float | None = None  # its interval's ends
+    high: float | None = None
+
+    @property
+    def rounds(self) -> int:
+        return len(self.diffs)
+
+    @property
+    def beyond_noise(self) -> bool:
+        """The interval excludes no difference at all."""
+        return self.low is not None and self.high is not None and (self.low > 0 or self.high < 0)
+
+    @property
+    def better(self) -> str | None:
+        """The preset that carries more, when beyond noise."""
+        if not self.beyond_noise or self.mean is None:
+            return None
+        return self.b if self.mean > 0 else self.a
+
+    @property
+    def worse(self) -> str | None:
+        better = self.better
+        return None if better is None else (self.a if better == self.b else self.b)
+
+    def gap_pct(self) -> tuple[float, float, float] | None:
+        """(gap, low, high) in % of how much more the better one carries
+        (of B over A when within noise)."""
+        if self.mean is None or self.low is None or self.high is None:
+            return None
+        if self.better == self.a:
+            return _pct(-self.mean), _pct(-self.high), _pct(-self.low)
+        return _pct(self.mean), _pct(self.low), _pct(self.high)
+
+    def text(self) -> str:
+        """'B carries 18 % more than A (11-25 %)', or the same pair within noise."""
+        what = METRIC_WORDS.get(self.metric, self.metric)
+        gap = self.gap_pct()
+        if gap is None:
+            return f"{self.a} vs {self.b}: not enough rounds measured on both to compare ({self.rounds})"
+        g, lo, hi = gap
+        if self.beyond_noise:
+            return f"{self.better} carries {g:.0f} % more {what} than {self.worse} ({lo:.0f}-{hi:.0f} %)"
+        return f"{self.a} vs {self.b}: within noise ({self.b} {g:+.0f} % {what}, interval {lo:+.0f} to {hi:+.0f} %)"
+
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        gap = self.gap_pct()
+        out.update(rounds=self.rounds, beyond_noise=self.beyond_noise, better=self.better, text=self.text(),
+                   gap_pct=None if gap is None else [round(x, 1) for x in gap])
+        return out
+
+
+def compare_pair(a: str, b: str, a_values: Sequence[float | None], b_values: Sequence[float | None], *,
+                 metric: str = "goodput_output_tps", confidence: float = DEFAULT_CONFIDENCE) -> PairVerdict:
+    """B against A over the rounds, paired round by round."""
+    diffs = log_ratios(a_values, b_values)
+    verdict = PairVerdict(a, b, metric, diffs, confidence)
+    interval = paired_interval(diffs, confidence)
+    if interval is not None:
+        verdict.mean, verdict.low, verdict.high = interval
+    return verdict
+
+
+def compare_all(names: Sequence[str], values: Mapping[str, Sequence[float | None]], *,
+                metric: str = "goodput_output_tps", confidence: float = DEFAULT_CONFIDENCE) -> list[PairVerdict]:
+    """Every pair (in the order given: each later name as B against each earlier as A)."""
+    return [compare_pair(a, b, values.get(a, []), values.get(b, []), metric=metric, confidence=confidence)
+            for i, a in enumerate(names) for b in names[i + 1:]]
+
+
+@dataclass
+class Ranking:
+    """The order the pairs beyond noise give: tiers, best first (a preset is
+    in the tier after the lowest tier of any preset that beats it), and the
+    pairs left unordered (within noise, or too few rounds)."""
+
+    tiers: list[list[str]]
+    ties: list[tuple[str, str]] = field(default_factory=list)
+
+    def text(self) -> str:
+        """'knee10 > knee8', with any ties named: 'a > b = c' reads tiers, and
+        ties across tiers are listed after."""
+        line = " > ".join(" = ".join(t) for t in self.tiers)
+        tier_of = {n: i for i, t in enumerate(self.tiers) for n in t}
+        across = [f"{a} ~ {b}" for a, b in self.ties if tier_of.get(a) != tier_of.get(b)]
+        return line + (f" (within noise of each other: {', '.join(across)})" if across else "")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"tiers": self.tiers, "ties": [list(t) for t in self.ties], "text": self.text()}
+
+
+def rank(names: Sequence[str], verdicts: Sequence[PairVerdict]) -> Ranking:
+    """The partial order from the verdicts beyond noise (see Ranking). A
+    cycle (A over B over C over A: possible only by chance) puts the presets
+    in it in one tier."""
+    beaten_by: dict[str, set[str]] = {n: set() for n in names}
+    ties: list[tuple[str, str]] = []
+    for v in verdicts:
+        if v.better is not None and v.worse is not None:
+            beaten_by[v.worse].add(v.better)
+        else:
+            ties.append((v.a, v.b))
+    depth: dict[str, int] = {}
+
+    def level(n: str, path: frozenset[str]) -> int:
+        if n in depth:
+            return depth[n]
+        above = [level(m, path | {n}) for m in beaten_by[n] if m not in path]
+        depth[n] = 1 + max(above) if above else 0
+        return depth[n]
+
+    for n in names:
+        level(n, frozenset())
+    tiers = [[n for n in names if depth[n] == d] for d in range(max(depth.values(), default=-1) + 1)]
+    return Ranking([t for t in tiers if t], ties)
+
+
+def drift_seen(names: Sequence[str], values: Mapping[str, Sequence[float | None]]) -> dict[str, Any]:
+    """How far the host moved the figures in this run, so a reader sees that
+    the presets moved together:
+    - own_range_pct: each preset's own figure across rounds, max / min - 1 (%);
+    - host_index: per round, the presets' figures over their own means
+      (geometric), averaged: 1.2 = that round ran 20 % faster than the run's mean;
+    - pair_range_pct: each pair's ratio B/A across rounds, max / min - 1 (%):
+      what the pairing had to live with. Much smaller than the own ranges:
+      the presets moved together."""
+    logs = {n: [math.log(v) if v is not None and v > 0 else None for v in values.get(n, [])] for n in names}
+    own: dict[str, float | None] = {}
+    centred: dict[str, list[float | None]] = {}
+    for n, xs in logs.items():
+        got = [x for x in xs if x is not None]
+        own[n] = round(_pct(max(got) - min(got)), 1) if len(got) >= 2 else None
+        mean = statistics.fmean(got) if got else 0.0
+        centred[n] = [None if x is None else x - mean for x in xs]
+    rounds = max((len(xs) for xs in logs.values()), default=0)
+    index: list[float | None] = []
+    for r in range(rounds):
+        now = [x for xs in centred.values() if r < len(xs) and (x := xs[r]) is not None]
+        index.append(round(math.exp(statistics.fmean(now)), 3) if now else None)
+    pairs: dict[str, float | None] = {}
+    for i, a in enumerate(names):
+        for b in names[i + 1:]:
+            d = log_ratios(values.get(a, []), values.get(b, []))
+            pairs[f"{a}/{b}"] = round(_pct(max(d) - min(d)), 1) if len(d) >= 2 else None
+    return {"own_range_pct": own, "host_index": index, "pair_range_pct": pairs}

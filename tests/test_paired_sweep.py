@@ -1,0 +1,105 @@
+"""`sweep --capacity`'s paired default, end to end on two drifting stand-ins
+(tests/paced_server.py) whose capacities differ twofold: the pair's verdict
+names the stronger one and every export carries the pair. No timing asserted."""
+
+from __future__ import annotations
+
+import csv
+import json
+import sys
+import textwrap
+from pathlib import Path
+
+from ernie_tui.cli import main
+from ernie_tui.engine_ctl.control.paired_sweep import DuelLevel, adjust, duel_order
+
+PACED = Path(__file__).resolve().parent / "paced_server.py"
+
+
+def test_duel_order_rotates_the_reference():
+    assert duel_order(["A", "B"], 1) == ["A", "B", "A"]
+    assert duel_order(["A", "B"], 2) == ["B", "A", "B"]
+    assert duel_order(["A", "B", "C"], 3) == ["C", "A", "B", "C"]
+
+
+def test_adjust_divides_out_a_linear_drift():
+    # The host speeds up linearly from 100 to 140 % over the round: A's two
+    # looks read 100 and 140 tok/s; B, twice A at every moment, read 240 at
+    # the middle. Adjusted, B is 2.0 of A and A is 1.0 of itself.
+    levels = [DuelLevel("A", 1, 8, at=0.0, seconds=5, output_tps=100.0, reference=True),
+              DuelLevel("B", 1, 16, at=5.0, seconds=5, output_tps=240.0),
+              DuelLevel("A", 1, 8, at=10.0, seconds=5, output_tps=140.0, reference=True)]
+    assert adjust(levels)
+    assert [round(d.adjusted, 3) for d in levels] == [1.0, round(240 / (100 * 1.4 ** 0.5), 3), 1.0]
+    # a reference look without a figure: nothing adjusted
+    levels[2].output_tps = None
+    for d in levels:
+        d.adjusted = None
+    assert not adjust(levels) and all(d.adjusted is None for d in levels)
+
+
+def test_sweep_capacity_pairs_two_drifting_stand_ins(tmp_path, tiny_model, capsys):
+    body = ""
+    for name, knee, port in (("weak", 2, 18161), ("strong", 4, 18162)):
+        env = (f'PACED_SLOTS = "64", PACED_TTFT_MS = "10", PACED_ITL_MS = "20", PACED_ITL_SCALE_KNEE = "{knee}", '
+               'PACED_DRIFT = "0.3", PACED_DRIFT_PERIOD_S = "60"')
+        body += textwrap.dedent(f"""
+            [presets.{name}]
+            extends = "cpu-demo"
+            model = "{tiny_model}"
+            port = {port}
+            launcher = ["{sys.executable}", "{PACED}"]
+            env = {{ {env} }}
+        """)
+    presets = tmp_path / "p.toml"
+    presets.write_text(body)
+    outs = [tmp_path / f"sweep.{ext}" for ext in ("json", "md", "csv")]
+    args = ["sweep", "weak", "strong", "--presets", str(presets), "--capacity", "--slo", "itl_p99=50ms",
+            "--max-tokens", "8", "--min-tokens", "5", "--max-tokens-in", "20", "--max-requests", "40",
+            "--level-time", "15", "--confirm-waves", "0", "--client-procs", "1", "--ready-timeout", "30"]
+    for out in outs:
+        args += ["--out", str(out)]
+    assert main(args) == 0, capsys.readouterr().err
+    data = json.loads(outs[0].read_text())
+    paired = data["paired"]
+    assert [r["preset"] for r in paired["searches"]] == ["weak", "strong"]
+    assert len({d["round"] for d in paired["duels"]}) == 3  # the default: three duel rounds
+    (pair,) = paired["pairs"]
+    assert pair["better"] == "strong" and pair["beyond_noise"], pair["text"]
+    assert pair["text"].startswith("strong carries ")
+    assert set(paired["turns"]) == {"weak", "strong"}
+    assert data["meta"]["mode"].startswith("paired")
+    assert "Pairs (" in outs[1].read_text() and pair["text"] in outs[1].read_text()
+    with open(tmp_path / "sweep-pairs.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert [(r["a"], r["b"], r["better"]) for r in rows] == [("weak", "strong", "strong")]
+    assert pair["text"] in capsys.readouterr().out
+
+
+def test_one_gpu_side_by_side_only_when_each_share_holds_the_search(monkeypatch):
+    # No GPU here: preflight's answer for a CUDA machine is given. Each
+    # server's KV pool at its share of the GPU must hold the search's top.
+    from types import SimpleNamespace
+
+    from ernie_tui.engine_ctl.control import paired_sweep
+    from ernie_tui.presets import load_presets
+
+    book = load_presets(include_user=False)
+    a, b = book.get("seed-A"), book.get("seed-C")
+
+    def preflight(preset, model):  # the KV pool grows with the memory share
+        util = preset.get("gpu_memory_utilization") or 0.9
+        return SimpleNamespace(ok=True, first_error=lambda: None,
+                               estimate=SimpleNamespace(platform="cuda", max_concurrency=1000 * util))
+
+    monkeypatch.setattr(paired_sweep, "run_preflight", preflight)
+    cuda = [preflight(a, None), preflight(b, None)]
+    shared, how = paired_sweep.co_residency([a, b], cuda, 256, model="/m")
+    assert [p.get("gpu_memory_utilization") for p in shared] == [0.45, 0.45]
+    assert "side by side on one GPU" in how and "KV pool 450 requests" in how
+    refused, why = paired_sweep.co_residency([a, b], cuda, 1024, model="/m")
+    assert refused is None
+    assert why == ("seed-A does not fit beside the others on one GPU: its KV pool at gpu_memory_utilization "
+                   "0.45 holds 450 requests where the search may go to 1024")
+    cpu = [SimpleNamespace(estimate=SimpleNamespace(platform="cpu"))] * 2
+    assert paired_sweep.co_residency([a, b], cpu, 1024)[0] == [a, b]

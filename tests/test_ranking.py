@@ -1,0 +1,109 @@
+"""The paired comparison's statistics (engine_ctl/control/ranking.py): pure, fast."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+
+from ernie_tui.engine_ctl.control.ranking import (
+    compare_all,
+    compare_pair,
+    drift_seen,
+    paired_interval,
+    rank,
+    t_two_sided,
+    unpaired_interval,
+)
+
+
+def test_t_quantiles_match_the_tables():
+    # Two-sided 95 %: 12.706 (1 df), 4.303 (2), 2.776 (4), 2.228 (10).
+    assert t_two_sided(0.95, 1) == pytest.approx(12.706, rel=1e-3)
+    assert t_two_sided(0.95, 2) == pytest.approx(4.303, rel=1e-3)
+    assert t_two_sided(0.95, 4) == pytest.approx(2.776, rel=0.01)
+    assert t_two_sided(0.95, 10) == pytest.approx(2.228, rel=0.01)
+
+
+def drifting_rounds(gap: float, host: list[float], noise: float, seed: int) -> tuple[list[float], list[float]]:
+    """Goodputs of A (100 at host speed 1) and B (gap x A) in rounds whose
+    host speed is `host`, each with its own measurement noise (relative sd)."""
+    rng = random.Random(seed)
+    a = [100.0 * h * (1 + rng.gauss(0, noise)) for h in host]
+    b = [100.0 * gap * h * (1 + rng.gauss(0, noise)) for h in host]
+    return a, b
+
+
+def test_pairing_finds_a_25_percent_gap_that_unpaired_calls_noise():
+    # The host ran at 0.75, 1.3 and 1.0 of its speed in the three rounds: more
+    # than the presets differ. Both members of each pair met the same round.
+    a, b = drifting_rounds(1.25, [0.75, 1.3, 1.0], noise=0.02, seed=1)
+    v = compare_pair("A", "B", a, b)
+    assert v.beyond_noise and v.better == "B" and v.worse == "A"
+    gap, lo, hi = v.gap_pct()
+    assert abs(gap - 25.0) < 5.0 and lo < 25.0 < hi
+    assert v.text().startswith("B carries 2") and "more goodput than A (" in v.text()
+    mean, low, high = unpaired_interval(a, b)
+    assert low < 0 < high  # each preset's own rounds spread wider than the gap
+    assert mean == pytest.approx(v.mean)
+
+
+def test_ten_percent_gap_is_never_called_the_wrong_way():
+    # 200 drifting runs of three rounds, noise 4 % per figure: the verdict
+    # names B or says within noise, never A.
+    wrong = called = 0
+    for seed in range(200):
+        rng = random.Random(1000 + seed)
+        host = [math.exp(rng.gauss(0, 0.25)) for _ in range(3)]
+        v = compare_pair("A", "B", *drifting_rounds(1.10, host, noise=0.04, seed=seed))
+        wrong += v.better == "A"
+        called += v.better == "B"
+    assert wrong == 0
+    assert called > 0  # it is not a comparison that never calls anything
+
+
+def test_within_noise_and_too_few_rounds():
+    v = compare_pair("A", "B", [100, 90, 110], [102, 88, 108])
+    assert not v.beyond_noise and v.better is None
+    assert "within noise" in v.text()
+    one = compare_pair("A", "B", [100, None, 0], [120, 130, 140])  # one round on both
+    assert one.rounds == 1 and one.mean is None and not one.beyond_noise
+    assert "not enough rounds" in one.text()
+    assert paired_interval([0.1]) is None
+
+
+def test_a_pair_where_a_carries_more_reads_as_a():
+    v = compare_pair("A", "B", [125, 160, 100], [100, 128, 80])
+    assert v.better == "A"
+    gap, lo, hi = v.gap_pct()
+    assert gap == pytest.approx(25.0, abs=0.5) and lo <= gap <= hi
+    d = v.to_dict()
+    assert d["better"] == "A" and d["beyond_noise"] and d["rounds"] == 3 and d["text"] == v.text()
+
+
+def test_ranking_is_a_partial_order_with_ties_named():
+    host = [0.8, 1.25, 1.0]
+    values = {"A": [100 * h for h in host],
+              "B": [101 * h * (1 + e) for h, e in zip(host, (0.02, -0.02, 0.01), strict=True)],
+              "C": [150 * h for h in host]}
+    verdicts = compare_all(["A", "B", "C"], values)
+    r = rank(["A", "B", "C"], verdicts)
+    assert r.tiers == [["C"], ["A", "B"]]
+    assert ("A", "B") in r.ties
+    assert r.text() == "C > A = B"
+    # A chain with a tie across tiers: C over A, and B within noise of both.
+    values["B"] = [125 * h * (1 + e) for h, e in zip(host, (0.2, -0.2, 0.1), strict=True)]
+    r = rank(["A", "B", "C"], compare_all(["A", "B", "C"], values))
+    assert r.tiers == [["B", "C"], ["A"]]
+    assert r.ties == [("A", "B"), ("B", "C")]
+    assert r.text() == "B = C > A (within noise of each other: A ~ B)"
+
+
+def test_drift_seen_shows_the_presets_moving_together():
+    host = [0.75, 1.3, 1.0]
+    values = {"A": [100 * h for h in host], "B": [125 * h for h in host]}
+    seen = drift_seen(["A", "B"], values)
+    assert seen["own_range_pct"]["A"] == pytest.approx(73.3, abs=0.1)  # 1.3 / 0.75
+    assert seen["pair_range_pct"]["A/B"] == pytest.approx(0.0, abs=0.01)
+    assert seen["host_index"][1] > 1 > seen["host_index"][0]
