@@ -143,6 +143,8 @@ def _sweep(args) -> int:
                           parallel=(f"{args.gpus_per_trial} GPU(s) per trial on GPUs {','.join(gpu_ids)}"
                                     if gpu_ids is not None else None))
 
+    from ernie_tui.engine_ctl.load import verdict_text  # lazy: --help start-up
+
     def progress(ev: dict) -> None:
         eta = ev.get("eta_s")
         where = f"[{ev['index'] + 1}/{ev['total']}] {ev['preset']}"
@@ -160,8 +162,7 @@ def _sweep(args) -> int:
             if ce.get("event") != "level_done":
                 return
             lv = ce["level"]
-            phase = (f"capacity: concurrency {lv.concurrency} {'pass' if lv.passed else 'fail'}"
-                     f"{'' if lv.decided else ' (undecided)'}, {lv.requests} requests")
+            phase = f"capacity: concurrency {lv.concurrency} {verdict_text(lv)}, {lv.requests} requests"
         if phase == "done":
             phase = ev.get("status", "done")
             # Write the table after every preset, so a killed or interrupted
