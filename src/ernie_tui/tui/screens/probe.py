@@ -34,6 +34,7 @@ from ernie_tui.tui.messages import (  # noqa: F401  (re-exported: tests and call
     ProbeText,
 )
 from ernie_tui.tui.widgets.burst_tab import BurstTab, describe_burst  # noqa: F401
+from ernie_tui.tui.widgets.capacity_view import CapacityView
 from ernie_tui.tui.widgets.footer import KeyFooter
 from ernie_tui.tui.widgets.probe_tab import (  # noqa: F401
     ERROR_TITLES,
@@ -60,6 +61,8 @@ class ProbeScreen(ShowsWorkerFailures, Screen[None]):
         Binding("ctrl+c", "cancel", "Cancel", priority=True),
         Binding("x", "cancel", "Cancel", show=False),
         Binding("ctrl+b", "switch_tab", "Probe/Burst"),
+        Binding("ctrl+e", "fold", "Fields", priority=True),  # (also from inside a field, whose own ctrl+e is End)
+        Binding("ctrl+t", "toggle_chart", "Chart"),
     ]
 
     def __init__(self, url: str, api_key: str | None = None, *,
@@ -200,11 +203,15 @@ class ProbeScreen(ShowsWorkerFailures, Screen[None]):
         return self.query_one(TabbedContent).active == "pf-tab-burst"
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
-        if action == "cancel":
-            try:
+        try:
+            if action == "cancel":
                 return self.probe_running or self.burst_running
-            except NoMatches:  # before compose, or while tearing down
-                return False
+            if action == "fold":  # the capacity search's fields: folded away or shown
+                return self.on_burst_tab and self.burst_tab.capacity_mode
+            if action == "toggle_chart":  # narrow: the chart and the level table take turns
+                return self.on_burst_tab and self.burst_tab.capacity_mode and self.query_one(CapacityView).narrow
+        except NoMatches:  # before compose, or while tearing down
+            return False
         return True
 
     def action_run(self) -> None:
@@ -220,6 +227,12 @@ class ProbeScreen(ShowsWorkerFailures, Screen[None]):
             if tab.cancel():
                 self.notify("cancelling …", timeout=2)
                 return
+
+    def action_fold(self) -> None:
+        self.burst_tab.fold(not self.burst_tab.folded)
+
+    def action_toggle_chart(self) -> None:
+        self.query_one(CapacityView).toggle_chart()
 
     def action_switch_tab(self) -> None:
         tabs = self.query_one(TabbedContent)
@@ -237,6 +250,10 @@ class ProbeScreen(ShowsWorkerFailures, Screen[None]):
     @on(Button.Pressed, "#pf-b-run")
     def _burst_pressed(self) -> None:
         self.run_burst()
+
+    @on(Button.Pressed, "#pf-b-fields")
+    def _fields_pressed(self) -> None:
+        self.action_fold()
 
     @on(Button.Pressed, "#pf-cancel, #pf-b-cancel")
     def _cancel_pressed(self) -> None:
