@@ -59,6 +59,7 @@ from ernie_tui.tui.messages import (
     SeriesUpdate,
     StatusUpdate,
 )
+from ernie_tui.tui.probe_memory import ProbeMemory
 from ernie_tui.tui.screens.dialogs import (
     BusyScreen,
     CommandLineScreen,
@@ -125,6 +126,7 @@ class ErnieApp(ShowsWorkerFailures, App[int]):
         # The chart sampler's newest /metrics scrape: a burst or search from the
         # probe pane on this server reads it instead of scraping a second time.
         self.latest_scrape = LatestScrape()
+        self.probe_memory = ProbeMemory()  # the probe pane's fields and results, kept for the session
         self.exit_action: str = "none"  # "stop" | "leave" | "none": what run_dashboard must still do
         self.detach_record = None  # where a detached server was recorded (quit: leave)
         # run_dashboard's epilogue (stop or detach); set by the CLI so that a
@@ -756,7 +758,7 @@ class ErnieApp(ShowsWorkerFailures, App[int]):
         server = self.server
         self.push_screen(ProbeScreen(url, api_key=self.config.api_key,
                                      engine_pids=(lambda: list(server.engine_pids())) if server is not None else None,
-                                     preset=preset, engine_report=self.report))
+                                     preset=preset, engine_report=self.report, memory=self.probe_memory))
 
     def open_sweep(self) -> None:
         if self.mode != "control":

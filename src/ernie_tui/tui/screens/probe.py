@@ -33,6 +33,7 @@ from ernie_tui.tui.messages import (  # noqa: F401  (re-exported: tests and call
     ProbeDone,
     ProbeText,
 )
+from ernie_tui.tui.probe_memory import ProbeMemory
 from ernie_tui.tui.widgets.burst_tab import BurstTab, describe_burst  # noqa: F401
 from ernie_tui.tui.widgets.capacity_view import CapacityView
 from ernie_tui.tui.widgets.footer import KeyFooter
@@ -67,9 +68,11 @@ class ProbeScreen(ShowsWorkerFailures, Screen[None]):
 
     def __init__(self, url: str, api_key: str | None = None, *,
                  engine_pids: Callable[[], list[int]] | None = None,
-                 preset: Any = None, engine_report: Any = None,
+                 preset: Any = None, engine_report: Any = None, memory: ProbeMemory | None = None,
                  name: str | None = None, id: str | None = None, classes: str | None = None) -> None:
         super().__init__(name=name, id=id, classes=classes)
+        # What the last pane had (the app's, kept for the session).
+        self.memory = memory if memory is not None else ProbeMemory()
         self.url = url
         self.api_key = api_key
         self.target = ProbeTarget(url, api_key)
@@ -122,8 +125,14 @@ class ProbeScreen(ShowsWorkerFailures, Screen[None]):
         yield KeyFooter()
 
     def on_mount(self) -> None:
-        self.query_one("#pf-prompt").focus()
+        if self.memory.tab != "pf-tab-burst":
+            # (a focus in a tab brings that tab to the front: only where the pane opens on it)
+            self.query_one("#pf-prompt").focus()
+        self.call_after_refresh(self._restore)  # once the tabs are set up: they pick their first tab on mount
         self._fetch_model()
+
+    def _restore(self) -> None:
+        self.memory.restore(self)
 
     # -- model info ------------------------------------------------------------------
     @work(thread=True, group="pf-model", exit_on_error=False)
@@ -241,6 +250,7 @@ class ProbeScreen(ShowsWorkerFailures, Screen[None]):
     def action_close(self) -> None:
         for tab in (self.probe_tab, self.burst_tab):  # the threads end on their own
             tab.cancel()
+        self.memory.keep(self)
         self.dismiss(None)
 
     @on(Button.Pressed, "#pf-send")
