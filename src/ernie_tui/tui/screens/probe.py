@@ -19,7 +19,7 @@ from textual.binding import Binding
 from textual.content import Content
 from textual.css.query import NoMatches
 from textual.screen import Screen
-from textual.widgets import Button, Static, TabbedContent, TabPane
+from textual.widgets import Button, Checkbox, Static, TabbedContent, TabPane
 
 from ernie_tui.engine_ctl.load import BurstResult, ProbeFailure, ProbeResult, ServedModel, resolve_model
 from ernie_tui.presets import PresetError
@@ -69,10 +69,13 @@ class ProbeScreen(ShowsWorkerFailures, Screen[None]):
     def __init__(self, url: str, api_key: str | None = None, *,
                  engine_pids: Callable[[], list[int]] | None = None,
                  preset: Any = None, engine_report: Any = None, memory: ProbeMemory | None = None,
+                 capacity: bool = False,
                  name: str | None = None, id: str | None = None, classes: str | None = None) -> None:
         super().__init__(name=name, id=id, classes=classes)
-        # What the last pane had (the app's, kept for the session).
+        # What the last pane had (the app's, kept for the session), and
+        # whether to open on the capacity search (the dashboard's `k`).
         self.memory = memory if memory is not None else ProbeMemory()
+        self._open_capacity = capacity
         self.url = url
         self.api_key = api_key
         self.target = ProbeTarget(url, api_key)
@@ -125,7 +128,7 @@ class ProbeScreen(ShowsWorkerFailures, Screen[None]):
         yield KeyFooter()
 
     def on_mount(self) -> None:
-        if self.memory.tab != "pf-tab-burst":
+        if self.memory.tab != "pf-tab-burst" and not self._open_capacity:
             # (a focus in a tab brings that tab to the front: only where the pane opens on it)
             self.query_one("#pf-prompt").focus()
         self.call_after_refresh(self._restore)  # once the tabs are set up: they pick their first tab on mount
@@ -133,6 +136,18 @@ class ProbeScreen(ShowsWorkerFailures, Screen[None]):
 
     def _restore(self) -> None:
         self.memory.restore(self)
+        if self._open_capacity:
+            self.open_capacity()
+
+    def open_capacity(self) -> None:
+        """The Burst tab in its capacity-search mode, the fields shown, the SLO focused."""
+        self.query_one(TabbedContent).active = "pf-tab-burst"
+        box = self.query_one("#pf-b-capacity", Checkbox)
+        if not box.value and not self.burst_running:
+            with box.prevent(Checkbox.Changed):
+                box.value = True
+            self.burst_tab.set_mode(True)
+        self.burst_tab.fold(False)
 
     # -- model info ------------------------------------------------------------------
     @work(thread=True, group="pf-model", exit_on_error=False)
