@@ -387,6 +387,8 @@ class BurstTab(ShowsWorkerFailures, Vertical):
             slo, search, rules, cfg, settings = self.read_capacity()
         except ValueError as exc:
             view.say(Content.assemble(("Cannot search: ", "bold $error"), str(exc)), error=True)
+            # the answer box can be below a short terminal while the fields show: say it where it is seen
+            self.notify(f"Cannot search: {exc}", severity="error", timeout=8)
             return
         cancel = self._begin(capacity=True)
         self.fold()
