@@ -120,7 +120,8 @@ class ProbeScreen(ShowsWorkerFailures, Screen[None]):
     def compose(self) -> ComposeResult:
         yield Static(Content.assemble(("Probe ", "bold"), self.url, ("  · reading /v1/models …", "dim")),
                      id="pf-head")
-        with TabbedContent(initial="pf-tab-probe"):
+        # The tab it opens on: the search's (k), or the one in view when the last pane closed.
+        with TabbedContent(initial="pf-tab-burst" if self._open_capacity else self.memory.tab or "pf-tab-probe"):
             with TabPane("Probe", id="pf-tab-probe"):
                 yield ProbeTab(self.target)
             with TabPane("Burst", id="pf-tab-burst"):
@@ -128,7 +129,7 @@ class ProbeScreen(ShowsWorkerFailures, Screen[None]):
         yield KeyFooter()
 
     def on_mount(self) -> None:
-        if self.memory.tab != "pf-tab-burst" and not self._open_capacity:
+        if self.query_one(TabbedContent).active == "pf-tab-probe":
             # (a focus in a tab brings that tab to the front: only where the pane opens on it)
             self.query_one("#pf-prompt").focus()
         self.call_after_refresh(self._restore)  # once the tabs are set up: they pick their first tab on mount
