@@ -62,10 +62,7 @@ class ProbeMemory:
                 screen.burst_tab.set_mode(bool(value))
             elif isinstance(widget, (Input, Checkbox, Select)):
                 widget.value = value
-        if self.tab:
-            screen.query_one(TabbedContent).active = self.tab
-        if self.tab == "pf-tab-burst" and not screen.burst_tab.capacity_mode:
-            screen.query_one("#pf-b-n").focus()
+        # (the tab: the pane opens on it, ProbeScreen.compose; set here too it raced with `k`'s)
         if self.url != screen.url:
             return
         if self.probe is not None:

@@ -136,9 +136,13 @@ class ProbeScreen(ShowsWorkerFailures, Screen[None]):
         self._fetch_model()
 
     def _restore(self) -> None:
+        """The kept fields and results, then one focus: the SLO (k), the
+        level table (a search shown), or the burst's N."""
         self.memory.restore(self)
         if self._open_capacity:
             self.open_capacity()
+        elif self.on_burst_tab and not self.burst_tab.capacity_mode:
+            self.query_one("#pf-b-n").focus()
 
     def open_capacity(self) -> None:
         """The Burst tab in its capacity-search mode, the fields shown, the SLO focused."""
