@@ -201,7 +201,7 @@ async def test_the_pane_keeps_its_fields_and_results_and_k_opens_the_search(size
             await wait_for(pilot, lambda: isinstance(app.screen, ProbeScreen), 10, "the probe pane again")
             again = app.screen
             assert again is not screen
-            await wait_for(pilot, lambda: again.query_one(TabbedContent).active == "pf-tab-burst", 10, "the kept tab")
+            await wait_for(pilot, lambda: again.last_burst is not None, 10, "the kept fields and result")
             assert again.query_one("#pf-b-n", Input).value == "8" and again.query_one("#pf-b-c", Input).value == "4"
             assert again.query_one(TabbedContent).active == "pf-tab-burst"
             assert "8 of 8 ok" in shown(again, "#pf-burst-result")
