@@ -218,6 +218,40 @@ def _demo_home(tmp_path: Path) -> tuple[Path, dict, str]:
     return home, env, f"http://127.0.0.1:{port}"
 
 
+def _capacity_search_at_80x24(tmux: Tmux, env: dict) -> None:
+    """`k`, a short search (a lenient SLO, max C 2, 20 s a level at most),
+    ctrl+r: the capacity figure on the screen as the search ends, the one the
+    run record holds; escape back to the dashboard."""
+    import json
+
+    tmux.keys("k")
+    tmux.wait_for(lambda s: "Search capacity (ctrl+r)" in s, 15, "the pane on its capacity search")
+    # The SLO has the focus; Tab goes on to the search's mode, start C, max C, ...
+    for value, tabs, field in (("ttft_p99=5s", 0, r"ttft_p99=5s"), ("2", 3, r"\n2\s+0\.1\s"),
+                               ("20", 5, r"\n20\s*\n")):  # SLO, max C, level s
+        if tabs:
+            tmux.keys(*["Tab"] * tabs)
+        tmux.keys("C-u")
+        # Apart, and typed literally: a ctrl+u followed at once by text reached the field as
+        # one sequence and the text was lost (tmux 3, 2026-12-05).
+        time.sleep(0.5)
+        tmux.keys("-l", value)
+        tmux.wait_for(lambda s, f=field: re.search(f, s), 10, f"{value} typed in its field")
+    tmux.keys("C-r")
+    screen = tmux.wait_for(lambda s: re.search(r"capacity: concurrency (≥ )?\d+", s) or "Cannot search" in s,
+                           240, "the capacity figure on the 80x24 screen")
+    m = re.search(r"capacity: concurrency (?:≥ )?(\d+)", screen)
+    assert m, f"the search did not answer:\n{screen}"
+    assert "levels by load" in screen, screen  # the level table in view under the answer
+    ids = subprocess.run([str(ERNIE_TUI), "runs", "list", "--kind", "capacity"], env=env, capture_output=True,
+                         text=True, timeout=60, check=True).stdout.splitlines()[1].split()[0]
+    shown_rec = subprocess.run([str(ERNIE_TUI), "runs", "show", ids, "--json"], env=env, capture_output=True,
+                               text=True, timeout=60, check=True).stdout
+    assert json.loads(shown_rec)["results"]["capacity"]["concurrency"] == int(m.group(1))
+    tmux.keys("Escape")
+    tmux.wait_for(lambda s: "READY" in s, 15, "back on the dashboard")
+
+
 def _health(url: str) -> bool:
     import httpx
 
@@ -253,6 +287,8 @@ def test_new_user_path_leave_come_back_stop(tmp_path, cols, rows, stop_with):
         tmux.wait_for(lambda s: re.search(r"TTFT\s+[\d.,]+\s*ms", s), 120, "the probe's TTFT")
         tmux.keys("Escape")
         tmux.wait_for(lambda s: "READY" in s, 15, "back on the dashboard")
+        if cols == 80:  # issue 44: the capacity figure was below an 80x24 screen
+            _capacity_search_at_80x24(tmux, env)
 
         tmux.keys("q")
         tmux.wait_for(lambda s: "Quit ernie-tui" in s, 15, "the quit dialog")

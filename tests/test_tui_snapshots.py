@@ -255,3 +255,58 @@ async def test_the_80x24_footer_keeps_help_and_quit(book, fixtures_dir):
                 await pilot.press("g")
                 await settle(pilot)
                 assert "g Log" in app.screen._compositor.render_strips()[-1].text
+
+
+# -- the capacity screen after a search (issue 44: items 1, 4, 5), the pictures in docs/img/ ---------------
+
+@pytest.mark.parametrize("size", SIZES.values(), ids=SIZES.keys())
+def test_capacity_after_a_search_at(snap_compare, size):
+    """The walkthrough's search (tests/finished_search.py), handed to the
+    Burst tab as its worker hands it: the answer on top, the capacity first;
+    the level table by load with the answer's row marked; at 80x24 the table
+    alone (ctrl+t swaps in the chart), whole columns only."""
+    from ernie_tui.tui.messages import CapacityDone
+    from ernie_tui.tui.screens.probe import ProbeScreen
+    from finished_search import finished_search
+    from test_tui_probe import Host
+
+    record = "20261205T131500-capacity-abc123"
+
+    async def run_before(pilot):
+        screen = pilot.app.screen
+        # a fixed head: the lookup of a port nothing listens on has failed
+        while "cannot read" not in str(screen.query_one("#pf-head").content):
+            await pilot.pause(0.05)
+        await pilot.press("ctrl+b")
+        tab = screen.burst_tab
+        tab.query_one("#pf-b-capacity").value = True
+        await pilot.pause()
+        path = f"~/.local/share/ernie-tui/runs/{record}.json"
+        tab.post_message(CapacityDone(tab._run, finished_search(), record, path))
+        while tab.last_capacity is None:
+            await pilot.pause(0.05)
+        await settle_screen(pilot)
+
+    assert snap_compare(Host(ProbeScreen("http://127.0.0.1:9")), terminal_size=size, run_before=run_before)
+
+
+async def settle_screen(pilot) -> None:
+    for _ in range(3):
+        await pilot.pause()
+    await pilot.wait_for_scheduled_animations()
+    for _ in range(3):
+        await pilot.pause(0.05)
+
+
+async def test_the_80x24_status_bar_keeps_ready_in_whole(book, fixtures_dir):
+    """At 80 columns the status line ran off the edge in the middle of
+    "ready in" and its value; it now leaves out the pid (then the address's
+    scheme, vLLM's version, the platform) first."""
+    for size in SIZES.values():
+        app = app_for(book)
+        async with app.run_test(size=size) as pilot:
+            ready_feed(pilot, fixtures_dir)
+            await settle(pilot)
+            top = app.screen._compositor.render_strips()[0].text
+            assert "ready in 28.0 s" in top and "CONTROL" in top, top
+            assert ("pid 13903" in top) == (size == (160, 48)), top

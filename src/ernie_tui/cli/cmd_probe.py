@@ -306,6 +306,7 @@ def _run_capacity(args) -> int:
         format_capacity,
         request_setup,
         run_capacity,
+        verdict_text,
     )
 
     opts = capacity_options(args)
@@ -354,7 +355,7 @@ def _run_capacity(args) -> int:
             print(("\r\033[K" if live else "")
                   + f"  {lv.requests} requests counted in {lv.seconds:.1f} s of {lv.windows or 0} windows "
                   f"(level {lv.elapsed_s or lv.seconds:.1f} s), attainment {att}: "
-                  f"{'pass' if lv.passed else 'fail'}{'' if lv.decided else ' (undecided)'} ({lv.stop})",
+                  f"{verdict_text(lv)} ({lv.stop})",
                   file=sys.stderr, flush=True)
 
     cancel = threading.Event()

@@ -223,9 +223,10 @@ def _phase_text(ev: dict) -> str | None:
         ce = ev["capacity_event"]
         if ce.get("event") != "level_done":
             return None
+        from ernie_tui.engine_ctl.load import verdict_text  # lazy: --help start-up
+
         lv = ce["level"]
-        return (f"capacity: concurrency {lv.concurrency} {'pass' if lv.passed else 'fail'}"
-                f"{'' if lv.decided else ' (undecided)'}, {lv.requests} requests")
+        return f"capacity: concurrency {lv.concurrency} {verdict_text(lv)}, {lv.requests} requests"
     if phase == "done":
         return ev.get("status", "done")
     return phase

@@ -59,6 +59,7 @@ from ernie_tui.tui.messages import (
     SeriesUpdate,
     StatusUpdate,
 )
+from ernie_tui.tui.probe_memory import ProbeMemory
 from ernie_tui.tui.screens.dialogs import (
     BusyScreen,
     CommandLineScreen,
@@ -125,6 +126,7 @@ class ErnieApp(ShowsWorkerFailures, App[int]):
         # The chart sampler's newest /metrics scrape: a burst or search from the
         # probe pane on this server reads it instead of scraping a second time.
         self.latest_scrape = LatestScrape()
+        self.probe_memory = ProbeMemory()  # the probe pane's fields and results, kept for the session
         self.exit_action: str = "none"  # "stop" | "leave" | "none": what run_dashboard must still do
         self.detach_record = None  # where a detached server was recorded (quit: leave)
         # run_dashboard's epilogue (stop or detach); set by the CLI so that a
@@ -742,7 +744,8 @@ class ErnieApp(ShowsWorkerFailures, App[int]):
             self.install_screen(HelpScreen(), "help")
         self.push_screen("help")
 
-    def open_probe(self) -> None:
+    def open_probe(self, capacity: bool = False) -> None:
+        """The probe pane; `capacity`: on its capacity search (`k`)."""
         url = self.status.url if self.status is not None else None
         if self.mode == "replay" or not url:
             self.notify("the probe needs a running server", timeout=3)
@@ -756,7 +759,8 @@ class ErnieApp(ShowsWorkerFailures, App[int]):
         server = self.server
         self.push_screen(ProbeScreen(url, api_key=self.config.api_key,
                                      engine_pids=(lambda: list(server.engine_pids())) if server is not None else None,
-                                     preset=preset, engine_report=self.report))
+                                     preset=preset, engine_report=self.report, memory=self.probe_memory,
+                                     capacity=capacity))
 
     def open_sweep(self) -> None:
         if self.mode != "control":
@@ -824,7 +828,10 @@ class ErnieApp(ShowsWorkerFailures, App[int]):
             key = f" ({i + 1})" if i < 9 else ""
             yield SystemCommand(f"Switch preset: {name}", f"Restart the server with {name}{key}",
                                 partial(self.request_switch, name))
-        yield SystemCommand("Probe", "Send one prompt or a load burst to the server (p)", self.open_probe)
+        yield SystemCommand("Probe", "Send one prompt, a load burst or a capacity search to the server (p)",
+                            self.open_probe)
+        yield SystemCommand("Capacity search", "The highest load whose requests meet an SLO (k)",
+                            lambda: self.open_probe(capacity=True))
         yield SystemCommand("Sweep", "Run a burst against several presets in turn (w)", self.open_sweep)
         yield SystemCommand("Help", "Keys and what each figure means (?)", self.open_help)
 

@@ -3,7 +3,8 @@
 stream_chunk, stream_timing), /metrics (metrics), prompts of exact length
 (prompts, workload), one probe (probe), a burst (burst), objectives (slo),
 the capacity search (capacity, capacity_run), plain statistics (stats), the
-Pareto front (pareto) and the run records on disk (runstore).
+Pareto front (pareto), the run records on disk (runstore) and a level's
+verdict in words (verdict_words: verdict_text).
 
 Never imports launch, logs or control: a load can be aimed at any URL.
 """
@@ -99,6 +100,7 @@ from ernie_tui.engine_ctl.load.stream_timing import (
     ProbeRequest,
     ProbeResult,
 )
+from ernie_tui.engine_ctl.load.verdict_words import second_look, verdict_text
 from ernie_tui.engine_ctl.load.workload import Workload, burst_workload, load_jsonl
 
 __all__ = [
@@ -198,8 +200,10 @@ __all__ = [
     "run_capacity",
     "run_probe",
     "save_run",
+    "second_look",
     "send_lag",
     "server_pid",
     "server_processes",
+    "verdict_text",
     "vllm_bench_ranges",
 ]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ernie_tui.engine_ctl.load import RunRecord
+from ernie_tui.engine_ctl.load import RunRecord, second_look, verdict_text
 
 
 def _f(v: Any, unit: str = "") -> str:
@@ -14,6 +14,12 @@ def _f(v: Any, unit: str = "") -> str:
     if isinstance(v, float):
         return (f"{v:,.0f}" if abs(v) >= 100 else f"{v:.1f}") + unit
     return f"{v}{unit}"
+
+
+def _look(lv: dict[str, Any]) -> str:
+    """' (conf.)' after a second look's load, as the probe pane's table names it."""
+    look = second_look(lv)
+    return f" ({look})" if look else ""
 
 
 def headline(rec: RunRecord) -> str:
@@ -75,7 +81,8 @@ def describe(rec: RunRecord) -> str:
         for lv in res.get("levels") or []:
             key = "rate" if lv.get("rate") is not None and lv.get("concurrency") is None else "concurrency"
             att = lv.get("attainment")
-            lines.append(f"    {key} {lv.get(key)}: {lv.get('verdict', '?'):<9} {_f(lv.get('output_tps'))} tok/s, "
+            lines.append(f"    {key} {lv.get(key)}{_look(lv)}: {verdict_text(lv):<9} "
+                         f"{_f(lv.get('output_tps'))} tok/s, "
                          f"TTFT p99 {_f(lv.get('ttft_p99_ms'), ' ms')}, ITL p99 {_f(lv.get('itl_p99_ms'), ' ms')}, "
                          f"attainment {'–' if att is None else f'{att * 100:.1f}%'}")
     if rec.kind == "sweep":

@@ -15,7 +15,9 @@ KEYS: tuple[tuple[str, str], ...] = (
     ("e", "edit the preset file in $EDITOR, then reload presets"),
     ("c", "show the exact command line of the highlighted preset (y copies it)"),
     ("f", "apply the diagnosis' fix to a copy NAME-fixed and relaunch (after a crash)"),
-    ("p", "probe pane: one streamed prompt, or a load burst, against the server"),
+    ("p", "probe pane: one streamed prompt, a load burst, or the capacity search (its Burst tab, ctrl+b)"),
+    ("k", "capacity search: the highest concurrency (or req/s) whose requests meet an SLO; opens the probe "
+          "pane on it, ctrl+r runs it"),
     ("w", "sweep: the same burst against several presets in turn, a table to compare"),
     ("t", "chart window: 1 / 5 / 15 minutes"),
     ("/  n  N", "search the log; next / previous match; escape closes the search"),
@@ -44,6 +46,8 @@ FIGURES: tuple[tuple[str, str], ...] = (
     ("memory chart", "GPU memory used per GPU (NVML); on CPU the engine's RSS, labelled so"),
     ("tokens/s chart", "prompt and generation tokens per second, from /metrics counters"),
     ("KV % chart", "KV-cache use % (left axis), running / waiting requests (right axis)"),
+    ("capacity", "the highest load meeting the SLO, measured level by level; ▸ marks the level it reports, "
+                 "\"undecided: pass\" a level a cap ended before its windows agreed (judged on its estimates)"),
     ("log", "live llm.log: INFO green, WARNING yellow, errors red, root-cause line inverted"),
 )
 

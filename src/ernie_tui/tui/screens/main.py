@@ -33,7 +33,9 @@ if TYPE_CHECKING:  # type-only: what this screen calls on its App (app.py import
 COMPACT_HEIGHT = 32  # below this many rows the charts swap with the log
 
 NARROW_WIDTH = 120  # below this many columns the footer is compact and leaves out NARROW_OPTIONAL
-NARROW_OPTIONAL = ("command", "window")  # in the help screen; `? Help` and `q Quit` must stay on screen
+# In the help screen; `? Help` and `q Quit` must stay on screen. `p` too: `k`
+# opens the same pane (on its capacity search), ctrl+b there reaches the rest.
+NARROW_OPTIONAL = ("command", "window", "probe")
 
 CONTROL_ACTIONS = {"start", "stop", "restart", "switch", "edit", "fix", "command", "sweep"}
 
@@ -50,6 +52,7 @@ class MainScreen(Screen):
         Binding("c", "command", "Cmd"),
         Binding("f", "fix", "Fix"),
         Binding("p", "probe", "Probe"),
+        Binding("k", "capacity", "Capacity"),
         Binding("w", "sweep", "Sweep", show=False),
         Binding("t", "window", "Window"),
         Binding("slash", "search", "Search"),
@@ -364,7 +367,7 @@ class MainScreen(Screen):
             return False
         if action == "fix" and not self._fixable:
             return False  # shown in the footer only when there is a fix to apply
-        if action == "probe":
+        if action in ("probe", "capacity"):
             return False if self.mode == "replay" else (True if self._state == "ready" else None)
         app = self.app
         can = getattr(app, "can_control", None)
@@ -405,6 +408,9 @@ class MainScreen(Screen):
 
     def action_probe(self) -> None:
         self.ernie_app.open_probe()
+
+    def action_capacity(self) -> None:
+        self.ernie_app.open_probe(capacity=True)
 
     def action_sweep(self) -> None:
         self.ernie_app.open_sweep()

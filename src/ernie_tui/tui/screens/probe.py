@@ -19,7 +19,7 @@ from textual.binding import Binding
 from textual.content import Content
 from textual.css.query import NoMatches
 from textual.screen import Screen
-from textual.widgets import Button, Static, TabbedContent, TabPane
+from textual.widgets import Button, Checkbox, Static, TabbedContent, TabPane
 
 from ernie_tui.engine_ctl.load import BurstResult, ProbeFailure, ProbeResult, ServedModel, resolve_model
 from ernie_tui.presets import PresetError
@@ -33,7 +33,9 @@ from ernie_tui.tui.messages import (  # noqa: F401  (re-exported: tests and call
     ProbeDone,
     ProbeText,
 )
+from ernie_tui.tui.probe_memory import ProbeMemory
 from ernie_tui.tui.widgets.burst_tab import BurstTab, describe_burst  # noqa: F401
+from ernie_tui.tui.widgets.capacity_view import CapacityView
 from ernie_tui.tui.widgets.footer import KeyFooter
 from ernie_tui.tui.widgets.probe_tab import (  # noqa: F401
     ERROR_TITLES,
@@ -60,13 +62,20 @@ class ProbeScreen(ShowsWorkerFailures, Screen[None]):
         Binding("ctrl+c", "cancel", "Cancel", priority=True),
         Binding("x", "cancel", "Cancel", show=False),
         Binding("ctrl+b", "switch_tab", "Probe/Burst"),
+        Binding("ctrl+e", "fold", "Fields", priority=True),  # (also from inside a field, whose own ctrl+e is End)
+        Binding("ctrl+t", "toggle_chart", "Chart"),
     ]
 
     def __init__(self, url: str, api_key: str | None = None, *,
                  engine_pids: Callable[[], list[int]] | None = None,
-                 preset: Any = None, engine_report: Any = None,
+                 preset: Any = None, engine_report: Any = None, memory: ProbeMemory | None = None,
+                 capacity: bool = False,
                  name: str | None = None, id: str | None = None, classes: str | None = None) -> None:
         super().__init__(name=name, id=id, classes=classes)
+        # What the last pane had (the app's, kept for the session), and
+        # whether to open on the capacity search (the dashboard's `k`).
+        self.memory = memory if memory is not None else ProbeMemory()
+        self._open_capacity = capacity
         self.url = url
         self.api_key = api_key
         self.target = ProbeTarget(url, api_key)
@@ -111,7 +120,8 @@ class ProbeScreen(ShowsWorkerFailures, Screen[None]):
     def compose(self) -> ComposeResult:
         yield Static(Content.assemble(("Probe ", "bold"), self.url, ("  · reading /v1/models …", "dim")),
                      id="pf-head")
-        with TabbedContent(initial="pf-tab-probe"):
+        # The tab it opens on: the search's (k), or the one in view when the last pane closed.
+        with TabbedContent(initial="pf-tab-burst" if self._open_capacity else self.memory.tab or "pf-tab-probe"):
             with TabPane("Probe", id="pf-tab-probe"):
                 yield ProbeTab(self.target)
             with TabPane("Burst", id="pf-tab-burst"):
@@ -119,8 +129,30 @@ class ProbeScreen(ShowsWorkerFailures, Screen[None]):
         yield KeyFooter()
 
     def on_mount(self) -> None:
-        self.query_one("#pf-prompt").focus()
+        if self.query_one(TabbedContent).active == "pf-tab-probe":
+            # (a focus in a tab brings that tab to the front: only where the pane opens on it)
+            self.query_one("#pf-prompt").focus()
+        self.call_after_refresh(self._restore)  # once the tabs are set up: they pick their first tab on mount
         self._fetch_model()
+
+    def _restore(self) -> None:
+        """The kept fields and results, then one focus: the SLO (k), the
+        level table (a search shown), or the burst's N."""
+        self.memory.restore(self)
+        if self._open_capacity:
+            self.open_capacity()
+        elif self.on_burst_tab and not self.burst_tab.capacity_mode:
+            self.query_one("#pf-b-n").focus()
+
+    def open_capacity(self) -> None:
+        """The Burst tab in its capacity-search mode, the fields shown, the SLO focused."""
+        self.query_one(TabbedContent).active = "pf-tab-burst"
+        box = self.query_one("#pf-b-capacity", Checkbox)
+        if not box.value and not self.burst_running:
+            with box.prevent(Checkbox.Changed):
+                box.value = True
+            self.burst_tab.set_mode(True)
+        self.burst_tab.fold(False)
 
     # -- model info ------------------------------------------------------------------
     @work(thread=True, group="pf-model", exit_on_error=False)
@@ -200,11 +232,15 @@ class ProbeScreen(ShowsWorkerFailures, Screen[None]):
         return self.query_one(TabbedContent).active == "pf-tab-burst"
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
-        if action == "cancel":
-            try:
+        try:
+            if action == "cancel":
                 return self.probe_running or self.burst_running
-            except NoMatches:  # before compose, or while tearing down
-                return False
+            if action == "fold":  # the capacity search's fields: folded away or shown
+                return self.on_burst_tab and self.burst_tab.capacity_mode
+            if action == "toggle_chart":  # narrow: the chart and the level table take turns
+                return self.on_burst_tab and self.burst_tab.capacity_mode and self.query_one(CapacityView).narrow
+        except NoMatches:  # before compose, or while tearing down
+            return False
         return True
 
     def action_run(self) -> None:
@@ -221,6 +257,12 @@ class ProbeScreen(ShowsWorkerFailures, Screen[None]):
                 self.notify("cancelling …", timeout=2)
                 return
 
+    def action_fold(self) -> None:
+        self.burst_tab.fold(not self.burst_tab.folded)
+
+    def action_toggle_chart(self) -> None:
+        self.query_one(CapacityView).toggle_chart()
+
     def action_switch_tab(self) -> None:
         tabs = self.query_one(TabbedContent)
         tabs.active = "pf-tab-probe" if tabs.active == "pf-tab-burst" else "pf-tab-burst"
@@ -228,6 +270,7 @@ class ProbeScreen(ShowsWorkerFailures, Screen[None]):
     def action_close(self) -> None:
         for tab in (self.probe_tab, self.burst_tab):  # the threads end on their own
             tab.cancel()
+        self.memory.keep(self)
         self.dismiss(None)
 
     @on(Button.Pressed, "#pf-send")
@@ -237,6 +280,10 @@ class ProbeScreen(ShowsWorkerFailures, Screen[None]):
     @on(Button.Pressed, "#pf-b-run")
     def _burst_pressed(self) -> None:
         self.run_burst()
+
+    @on(Button.Pressed, "#pf-b-fields")
+    def _fields_pressed(self) -> None:
+        self.action_fold()
 
     @on(Button.Pressed, "#pf-cancel, #pf-b-cancel")
     def _cancel_pressed(self) -> None:

@@ -66,6 +66,7 @@ from ernie_tui.engine_ctl.load import (
     front_of_rows,
     limit_ms,
     save_run,
+    verdict_text,
 )
 from ernie_tui.presets import PresetError
 from ernie_tui.tui.failures import ShowsWorkerFailures
@@ -125,8 +126,7 @@ def describe_event(ev: dict[str, Any], repeat: int) -> str:
         if ce.get("event") == "level_done":
             lv = ce["level"]
             load = f"rate {lv.rate:g} req/s" if lv.rate is not None else f"concurrency {lv.concurrency}"
-            phase = (f"capacity search: {load} {'pass' if lv.passed else 'fail'}"
-                     f"{'' if lv.decided else ' (undecided)'}, {lv.requests} requests")
+            phase = f"capacity search: {load} {verdict_text(lv)}, {lv.requests} requests"
         elif ce.get("event") == "level_progress":
             rate = ce.get("rate") is not None
             load = describe_load(ce["rate"] if rate else ce.get("concurrency"), rate)

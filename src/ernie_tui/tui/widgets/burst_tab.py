@@ -17,6 +17,7 @@ this widget; the handlers update the widgets on the UI thread.
 from __future__ import annotations
 
 import threading
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import psutil
@@ -34,6 +35,7 @@ from ernie_tui.engine_ctl.load import (
     RunStoreError,
     auto_procs,
     format_burst,
+    parse_slo,
     request_setup,
     run_burst,
     run_capacity,
@@ -60,6 +62,16 @@ from ernie_tui.tui.widgets.capacity_view import (
 )
 from ernie_tui.tui.widgets.form import labelled, read_int
 from ernie_tui.tui.widgets.probe_tab import ProbeTarget
+
+
+@dataclass
+class Shown:
+    """A finished burst or search as the tab shows it."""
+
+    result: Any
+    record: str | None = None
+    record_path: str | None = None
+    error: str | None = None
 
 
 def describe_burst(r: BurstResult) -> Content:
@@ -107,6 +119,10 @@ class BurstTab(ShowsWorkerFailures, Vertical):
         self.level_starts: list[float] = []
         self.last_capacity: Any = None
         self._capacity_at: float | None = None
+        # What each mode shows last: (result, record id, record path, error),
+        # for the pane to keep when it closes (tui/probe_memory.py).
+        self.shown_burst: Shown | None = None
+        self.shown_capacity: Shown | None = None
 
     def compose(self) -> ComposeResult:
         with Horizontal(classes="pf-row"):
@@ -124,6 +140,8 @@ class BurstTab(ShowsWorkerFailures, Vertical):
         with Horizontal(classes="pf-buttons"):
             yield Button("Run burst (ctrl+r)", id="pf-b-run", variant="primary", compact=True)
             yield Button("Cancel (ctrl+c)", id="pf-b-cancel", compact=True, disabled=True)
+            yield Button("Fields (ctrl+e)", id="pf-b-fields", compact=True, classes="-capacity-only",
+                         tooltip="show or fold the search's fields (folded while a search runs and after it)")
         progress = ProgressBar(total=None, id="pf-burst-progress", show_eta=True)
         progress.display = False
         yield progress
@@ -154,12 +172,34 @@ class BurstTab(ShowsWorkerFailures, Vertical):
                 event.checkbox.value = self.running_capacity
             self.notify("wait for the run to end (or ctrl+c) before switching", timeout=3)
             return
-        self.set_class(event.value, "-capacity")
+        self.set_mode(event.value)
+
+    def set_mode(self, capacity: bool) -> None:
+        """Show the capacity search's fields and view, or the burst's."""
+        self.set_class(capacity, "-capacity")
         button = self.query_one("#pf-b-run", Button)
-        button.label = "Search capacity (ctrl+r)" if event.value else "Run burst (ctrl+r)"
+        button.label = "Search capacity (ctrl+r)" if capacity else "Run burst (ctrl+r)"
         button.refresh(layout=True)  # its width follows the label
         self.query_one("#pf-burst-progress").display = False
         self.query_one("#pf-note", Static).update("")
+
+    # -- folding the fields: a search's answer and levels take the tab ------------------------
+    @property
+    def folded(self) -> bool:
+        return self.has_class("-folded")
+
+    def fold(self, folded: bool = True) -> None:
+        """Fold the fields away (a search runs, or its answer is shown) so
+        the answer and the level table have the tab, at 80x24 too; the level
+        table takes the focus (arrows, PageUp/PageDown). Unfolded: the fields
+        again, the SLO's first."""
+        self.set_class(folded, "-folded")
+        if self.parent is not None and not self.parent.display:
+            return  # its tab is not in view: the focus stays where it is
+        if folded:
+            self.query_one("#pf-cap-levels").focus()
+        elif self.capacity_mode:
+            self.query_one(CapacityForm).query_one(Input).focus()
 
     def run(self) -> None:
         """Run what the mode says: a burst or a capacity search."""
@@ -298,24 +338,30 @@ class BurstTab(ShowsWorkerFailures, Vertical):
         if message.run != self._run:
             return
         self._end()
+        self.show_burst(message.result, message.record, message.record_path, message.error)
+
+    def show_burst(self, r: BurstResult | None, record: str | None = None, record_path: str | None = None,
+                   error: str | None = None) -> None:
+        """A finished burst (None: it failed, `error` says why) with its run record."""
         box = self.query_one("#pf-burst-result", Static)
-        r = message.result
+        self.shown_burst = Shown(r, record, record_path, error)
         if r is None:
-            box.update(Content.assemble(("The burst failed: ", "bold $error"), message.error or "?"))
+            box.update(Content.assemble(("The burst failed: ", "bold $error"), error or "?"))
             box.set_class(True, "-error")
             return
         self.last_burst = r
-        self.last_record = message.record
+        self.last_record = record
         bar = self.query_one("#pf-burst-progress", ProgressBar)
+        bar.display = True
         bar.update(total=r.total, progress=r.completed + r.failed)
         self.query_one("#pf-note", Static).update(
             f"{r.completed + r.failed} / {r.total} requests" + (f" · {r.failed} failed" if r.failed else ""))
         parts = [describe_burst(r)]
-        if message.record:
-            parts.append(Content.assemble(("saved as run record ", "dim"), (message.record, "bold"),
-                                          ("  ", "dim"), (message.record_path or "", "dim")))
-        if message.error:
-            parts.append(Content.styled(message.error, "$warning"))
+        if record:
+            parts.append(Content.assemble(("saved as run record ", "dim"), (record, "bold"),
+                                          ("  ", "dim"), (record_path or "", "dim")))
+        if error:
+            parts.append(Content.styled(error, "$warning"))
         box.update(Content("\n").join(parts))
         box.set_class(r.completed == 0, "-error")
 
@@ -341,8 +387,11 @@ class BurstTab(ShowsWorkerFailures, Vertical):
             slo, search, rules, cfg, settings = self.read_capacity()
         except ValueError as exc:
             view.say(Content.assemble(("Cannot search: ", "bold $error"), str(exc)), error=True)
+            # the answer box can be below a short terminal while the fields show: say it where it is seen
+            self.notify(f"Cannot search: {exc}", severity="error", timeout=8)
             return
         cancel = self._begin(capacity=True)
+        self.fold()
         self.levels, self.level_starts, self.last_capacity, self.last_record = [], [], None, None
         self._capacity_at = None
         what = "request rate" if search.rate else "concurrency"
@@ -431,22 +480,33 @@ class BurstTab(ShowsWorkerFailures, Vertical):
         if message.run != self._run:
             return
         self._end()
+        self.show_capacity(message.result, message.record, message.record_path, message.error)
+
+    def show_capacity(self, r: Any, record: str | None = None, record_path: str | None = None,
+                      error: str | None = None) -> None:
+        """A finished search (a CapacityResult; None: it failed, `error` says
+        why) with its run record: the answer, the curve, the levels."""
         view = self.query_one(CapacityView)
-        r = message.result
+        self.shown_capacity = Shown(r, record, record_path, error)
         if r is None:
-            view.say(Content.assemble(("The search failed: ", "bold $error"), message.error or "?"), error=True)
+            view.say(Content.assemble(("The search failed: ", "bold $error"), error or "?"), error=True)
             return
+        self.fold()  # the answer and the levels in view once a search ends, at 80x24 too
+        try:  # the chart's SLO line and percentile, for a result shown again in a new pane
+            view.reset(parse_slo(list(r.slo)), "", rate=r.mode == "rate")
+        except ValueError:
+            pass
         self.last_capacity = r
-        self.last_record = message.record
+        self.last_record = record
         self.levels = list(r.levels)
         view.show_progress(None)
         view.show_levels(self.levels, capacity_load(r))
         parts = [describe_capacity(r)]
-        if message.record:
-            parts.append(Content.assemble(("saved as run record ", "dim"), (message.record, "bold"),
-                                          ("  ", "dim"), (message.record_path or "", "dim")))
-        if message.error:
-            parts.append(Content.styled(message.error, "$warning"))
+        if record:
+            parts.append(Content.assemble(("saved as run record ", "dim"), (record, "bold"),
+                                          ("  ", "dim"), (record_path or "", "dim")))
+        if error:
+            parts.append(Content.styled(error, "$warning"))
         view.say(Content("\n").join(parts), error=not r.levels)
         self.query_one("#pf-note", Static).update(f"{len(r.levels)} level(s) measured")
 

@@ -16,14 +16,24 @@ from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.content import Content
 from textual.widgets import DataTable, Static
 
+from ernie_tui.engine_ctl.load import second_look, verdict_text
 from ernie_tui.tui.widgets.charts import CapacityChart, CapacityCurve
 
-# The figures the SLO judges first, each beside vLLM's own (its histogram
-# over the level's window): a narrow table still shows them side by side.
-LEVEL_COLUMNS = (("concurrency", "conc."), ("ttft_p99_ms", "TTFT p99"), ("vllm_ttft_p99_ms", "(vLLM's)"),
-                 ("itl_p99_ms", "ITL p99"), ("vllm_itl_p99_ms", "(vLLM's)"), ("attainment", "attain"),
-                 ("verdict", "verdict"), ("requests", "reqs"), ("requests_per_s", "req/s"),
-                 ("output_tps", "out tok/s"), ("ttft_p50_ms", "TTFT p50"), ("itl_p50_ms", "ITL p50"))
+# The level table's columns, in the order they stand: (key, header). The
+# SLO's figures stand each beside vLLM's own (its histogram over the level's
+# window), the verdict right after the load.
+LEVEL_COLUMNS = (("concurrency", "conc."), ("verdict", "verdict"), ("ttft_p99_ms", "TTFT p99"),
+                 ("vllm_ttft_p99_ms", "(vLLM's)"), ("itl_p99_ms", "ITL p99"), ("vllm_itl_p99_ms", "(vLLM's)"),
+                 ("attainment", "attain"), ("goodput_output_tps", "good tok/s"), ("requests_per_s", "req/s"),
+                 ("output_tps", "tok/s"), ("requests", "reqs"), ("stop", "stop"), ("ttft_p50_ms", "TTFT p50"),
+                 ("itl_p50_ms", "ITL p50"))
+# Which columns a narrow table keeps, first first: the load, the verdict and
+# the judged p99s, then the goodput; an 80-column terminal shows these six
+# (the level table used to show `conc. TTFT p99 (vLLM's) ITL p9` there).
+COLUMN_PRIORITY = ("concurrency", "verdict", "ttft_p99_ms", "itl_p99_ms", "goodput_output_tps",
+                   "vllm_ttft_p99_ms", "attainment", "requests_per_s", "output_tps", "vllm_itl_p99_ms",
+                   "requests", "stop", "ttft_p50_ms", "itl_p50_ms")
+CAPACITY_MARK = "▸"  # before the load of the row whose figures the answer reports
 
 # Our client-side figure over vLLM's own (its histogram over the same
 # window) by more than this is flagged, and the screen says why it can be.
@@ -87,19 +97,44 @@ def _num(v: float | None, fmt: str = ".1f") -> str:
     return "–" if v is None else format(v, fmt)
 
 
-def level_verdict(lv: Any) -> str:
-    """'pass', 'fail (undecided)', ... with why the level stopped."""
-    return ("confirmed: " if getattr(lv, "confirmation", False) else "") + ("pass" if lv.passed else "fail") \
-        + ("" if lv.decided else " (undecided)") + f", {lv.stop}"
+def verdict_style(lv: Any) -> str:
+    """Green for a pass, red for a fail, yellow for a level the search had to
+    take on its estimates (undecided at a cap), dim for a cancelled one."""
+    words = verdict_text(lv)
+    if words == "pass":
+        return "bold green"
+    if words.startswith("undecided"):
+        return "bold yellow"
+    return "dim" if words == "cancelled" else "bold red"
 
 
-def level_cells(lv: Any) -> list[Any]:
-    """One row of the level table."""
+def capacity_row(levels: Sequence[Any], capacity: float | None) -> int | None:
+    """The index of the level whose figures the answer reports: at the
+    capacity's load, the last that passed (as CapacityResult.capacity_level
+    picks it: its confirmation when it had one)."""
+    if capacity is None:
+        return None
+    return next((i for i in range(len(levels) - 1, -1, -1)
+                 if level_load(levels[i]) == float(capacity) and levels[i].passed and levels[i].stop != "cancelled"),
+                None)
+
+
+def row_order(levels: Sequence[Any]) -> list[int]:
+    """The table's rows by load, a second look (confirmation, remeasure)
+    right under the first: the headline's level stands beside every other
+    measurement of its load, never a fold away from it."""
+    return sorted(range(len(levels)), key=lambda i: (level_load(levels[i]), i))
+
+
+def level_cells(lv: Any, capacity: bool = False) -> dict[str, Any]:
+    """One row of the level table, by column key; `capacity`: the row the
+    answer reports (marked, bold)."""
     att = "–" if lv.attainment is None else f"{lv.attainment * 100:.1f}%"
-    verdict = Text(level_verdict(lv), style="bold green" if lv.passed else "bold red")
     v = lv.vllm or {}
-    load = load_cell(lv)
     gaps = {metric: r for metric, _, _, r in level_gaps(lv)}
+    look = second_look(lv)
+    load = Text(f"{CAPACITY_MARK if capacity else ' '}{load_cell(lv)}{' ' + look if look else ''}",
+                style="bold" if capacity else "")
 
     def theirs(value: float | None, metric: str) -> Text:
         r = gaps.get(metric)
@@ -107,9 +142,34 @@ def level_cells(lv: Any) -> list[Any]:
             return Text(_num(value))
         return Text(f"{_num(value)} ({r:.1f}×)", style="bold yellow")  # ours is r times vLLM's
 
-    return [load, _num(lv.ttft_p99_ms), theirs(v.get("ttft_p99_ms"), "TTFT p99"),
-            _num(lv.itl_p99_ms), theirs(v.get("itl_p99_ms"), "ITL p99"), att, verdict, str(lv.requests),
-            _num(lv.requests_per_s, ".2f"), _num(lv.output_tps), _num(lv.ttft_p50_ms), _num(lv.itl_p50_ms)]
+    return {"concurrency": load, "verdict": Text(verdict_text(lv), style=verdict_style(lv)),
+            "ttft_p99_ms": _num(lv.ttft_p99_ms), "vllm_ttft_p99_ms": theirs(v.get("ttft_p99_ms"), "TTFT p99"),
+            "itl_p99_ms": _num(lv.itl_p99_ms), "vllm_itl_p99_ms": theirs(v.get("itl_p99_ms"), "ITL p99"),
+            "attainment": att, "goodput_output_tps": _num(getattr(lv, "goodput_output_tps", None)),
+            "requests_per_s": _num(lv.requests_per_s, ".2f"), "output_tps": _num(lv.output_tps),
+            "requests": str(lv.requests), "stop": lv.stop or "–", "ttft_p50_ms": _num(lv.ttft_p50_ms),
+            "itl_p50_ms": _num(lv.itl_p50_ms)}
+
+
+def column_width(key: str, labels: dict[str, str], rows: Sequence[dict[str, Any]]) -> int:
+    """A column's width in cells: its header's or its widest cell's."""
+    cells = [row[key] for row in rows]
+    return max([cell_len(labels[key])] + [cell_len(c.plain if isinstance(c, Text) else str(c)) for c in cells])
+
+
+def fit_columns(width: int, labels: dict[str, str], rows: Sequence[dict[str, Any]]) -> list[str]:
+    """The columns (keys, in LEVEL_COLUMNS' order) that fit `width` cells
+    side by side, taken in COLUMN_PRIORITY's order; each as wide as its
+    header or its widest cell, plus a cell's padding either side."""
+    chosen: set[str] = set()
+    used = 0
+    for key in COLUMN_PRIORITY:
+        w = column_width(key, labels, rows) + 2
+        if used + w > width and chosen:
+            break
+        chosen.add(key)
+        used += w
+    return [key for key, _ in LEVEL_COLUMNS if key in chosen]
 
 
 def describe_gaps(levels: Sequence[Any]) -> Content | None:
@@ -137,18 +197,35 @@ def describe_capacity(result: Any) -> Content:
             ("capacity: " if rate is not None else "capacity: concurrency ", "dim"),
             (at_least + (f"{rate:g} req/s" if rate is not None else str(c["concurrency"])), "bold $success"),
             (" (a lower bound: raise the highest load allowed)" if at_least else "", "$warning"),
-            ("" if c.get("decided", True) else " (its level was undecided at a cap)", "$warning"),
             ("  · goodput ", "dim"), (f"{_num(c['goodput_rps'], '.2f')} req/s", "bold"),
             (", ", "dim"), (f"{_num(c['goodput_output_tps'])} output tok/s", "bold"),
             ("  · TTFT p99 ", "dim"), f"{_num(c['ttft_p99_ms'])} ms", ("  · ITL p99 ", "dim"),
             f"{_num(c['itl_p99_ms'])} ms")
     else:
         head = Content.styled("capacity: none (no level met the SLO)", "bold $error")
-    lines = [head, Content.assemble(("stopped: ", "dim"), (result.stop_reason, "bold"),
+    lines = [head]
+    if c:
+        lines += _capacity_level_words(result)
+    lines += [Content.assemble(("stopped: ", "dim"), (result.stop_reason, "bold"),
                                     (f" ({result.stop_message}) · {result.seconds:.1f} s · SLO "
                                      f"{' '.join(result.slo)}", "dim"))]
     lines += [Content.styled(f"warning: {w}", "$warning") for w in result.warnings]
     return Content("\n").join(lines)
+
+
+def _capacity_level_words(result: Any) -> list[Content]:
+    """The verdict of the level the answer reports, in the table's words,
+    when it is not a plain pass: the headline once said "undecided at a cap"
+    while the row in view said "pass" (the undecided row was below the fold)."""
+    lv = getattr(result, "capacity_level", None)
+    if lv is not None:
+        words = verdict_text(lv)
+    else:  # a result without its levels: the summary's flag
+        words = "pass" if (result.capacity or {}).get("decided", True) else "undecided: pass"
+    if words == "pass":
+        return []
+    return [Content.assemble((f"its row {CAPACITY_MARK} reads ", "dim"), (f"“{words}”", "bold $warning"),
+                             (": a cap came before its windows agreed; judged on its estimates", "dim"))]
 
 
 def describe_progress(ev: dict[str, Any] | None, level: int | None = None, load: str = "") -> Content:
@@ -175,42 +252,102 @@ def describe_progress(ev: dict[str, Any] | None, level: int | None = None, load:
     return Content.assemble(*parts)
 
 
+class LevelTable(DataTable):
+    """The level table; it picks its columns again when its width changes."""
+
+    def on_resize(self) -> None:
+        view = next((a for a in self.ancestors if isinstance(a, CapacityView)), None)
+        if view is not None:
+            view.fit_table()
+
+
+# Below this many columns the chart and the table take turns (ctrl+t): the
+# table needs the whole width of an 80-column terminal for its verdict and goodput.
+NARROW_VIEW = 116
+
+
 class CapacityView(Vertical):
-    """The chart beside the table of levels (ours beside vLLM's own p99s),
-    a note where the two differ, the answer below."""
+    """The answer on top (the capacity first, where an 80x24 terminal shows
+    it without scrolling), then the running level, then the chart beside the
+    table of levels (ours beside vLLM's own p99s; narrow, one or the other),
+    and a note where ours and vLLM's differ."""
 
     _percentile = 99
     _limit_ms: float | None = None
     rate = False  # the levels are request rates (open loop)
 
+    def __init__(self, *, id: str | None = None, classes: str | None = None) -> None:
+        super().__init__(id=id, classes=classes)
+        self.levels: list[Any] = []
+        self.capacity: float | None = None
+        self.columns: list[str] = []
+        self._widths: dict[str, int] = {}
+
     def compose(self) -> ComposeResult:
-        with Horizontal(id="pf-cap-body"):
-            yield CapacityChart(id="pf-cap-chart")
-            yield DataTable(id="pf-cap-levels", cursor_type="row", zebra_stripes=True)
-        yield Static("", id="pf-cap-progress")
-        yield Static("", id="pf-cap-gap")
         with VerticalScroll(id="pf-cap-result-box"):
             yield Static("", id="pf-cap-result")
+        yield Static("", id="pf-cap-progress")
+        with Horizontal(id="pf-cap-body"):
+            yield CapacityChart(id="pf-cap-chart")
+            yield LevelTable(id="pf-cap-levels", cursor_type="row", zebra_stripes=True)
+        yield Static("", id="pf-cap-gap")
 
     def on_mount(self) -> None:
-        table = self.query_one("#pf-cap-levels", DataTable)
-        table.border_title = "levels, as they finish"
-        self._columns()
         self.query_one("#pf-cap-result-box").border_title = "capacity"
+        self._title()
+        self.fit_table()
         self.show_progress(None)
 
-    def _columns(self, rows: Sequence[list[Any]] = ()) -> None:
-        """The table's columns, each as wide as its label and its widest cell
-        in `rows`. Set here rather than measured by the DataTable on its next
-        idle pass: a frame drawn before that pass kept its rows cut at the
-        labels' widths (Textual caches the rendered rows), so a busy box showed
-        the flagged "76.0 (9.4×)" as "76.0 (9." until the next level."""
+    def on_resize(self) -> None:
+        self.set_class(self.size.width < NARROW_VIEW, "-narrow")
+
+    @property
+    def narrow(self) -> bool:
+        return self.has_class("-narrow")
+
+    def toggle_chart(self) -> None:
+        """Narrow: the chart in the table's place, or back."""
+        self.toggle_class("-show-chart")
+
+    def _title(self) -> None:
         table = self.query_one("#pf-cap-levels", DataTable)
-        table.clear(columns=True)
-        for j, (key, label) in enumerate(LEVEL_COLUMNS):
-            label = "req/s sent" if key == "concurrency" and self.rate else label
-            width = max([cell_len(label)] + [cell_len(str(row[j])) for row in rows])
-            table.add_column(label, key=key, width=width)
+        table.border_title = f"levels by load · {CAPACITY_MARK} the answer's"
+        hidden = len(LEVEL_COLUMNS) - len(self.columns)
+        table.border_subtitle = f"{hidden} more column(s) on a wider terminal" if self.columns and hidden else ""
+
+    def _labels(self) -> dict[str, str]:
+        return {key: ("req/s sent" if key == "concurrency" and self.rate else label) for key, label in LEVEL_COLUMNS}
+
+    def fit_table(self, force: bool = False) -> None:
+        """Pick the columns that fit the table's width (those of the rows
+        shown), and fill it."""
+        table = self.query_one("#pf-cap-levels", DataTable)
+        width = table.size.width - 4  # its border, and room for its scroll bar
+        mark = capacity_row(self.levels, self.capacity)
+        rows = [level_cells(lv, i == mark) for i, lv in enumerate(self.levels)]
+        columns = fit_columns(width, self._labels(), rows) if width > 0 else [LEVEL_COLUMNS[0][0]]
+        labels = self._labels()
+        # Each column as wide as its label and its widest cell, set here rather than measured by the DataTable
+        # on its next idle pass: a frame drawn before that pass kept its rows cut at the labels' widths
+        # (Textual caches the rendered rows), so a busy box showed "76.0 (9.4×)" as "76.0 (9." until the next level.
+        widths = {key: column_width(key, labels, rows) for key in columns}
+        if columns != self.columns or widths != self._widths or force:
+            self.columns, self._widths = columns, widths
+            table.clear(columns=True)
+            for key in columns:
+                table.add_column(labels[key], key=key, width=widths[key])
+            self._title()
+        self._fill(rows)
+
+    def _fill(self, rows: list[dict[str, Any]]) -> None:
+        table = self.query_one("#pf-cap-levels", DataTable)
+        table.clear()
+        order = row_order(self.levels)
+        for i in order:  # keyed by order: a rate search's levels have no concurrency
+            table.add_row(*(rows[i][key] for key in self.columns), key=f"level-{i}")
+        mark = capacity_row(self.levels, self.capacity)
+        if mark is not None:  # the answer's row in view, with the other looks at its load beside it
+            table.move_cursor(row=order.index(mark), animate=False)
 
     def reset(self, slo: Sequence[Any], note: Content | str, rate: bool = False) -> None:
         """A new search under `slo` (slo.Objective): an empty chart whose
@@ -220,7 +357,8 @@ class CapacityView(Vertical):
         self._percentile = ttft.percentile if ttft else 99
         self._limit_ms = ttft.limit_s * 1000.0 if ttft else None
         self.rate = rate
-        self._columns()
+        self.levels, self.capacity = [], None
+        self.fit_table(force=True)
         self.show_progress(None)
         self._show_gaps([])
         self.query_one(CapacityChart).show([], self._limit_ms, self._percentile, empty="waiting for the first level")
@@ -229,13 +367,10 @@ class CapacityView(Vertical):
     def show_levels(self, levels: Sequence[Any], capacity: float | None = None) -> None:
         """Redraw the curve and the table from the levels measured so far;
         `capacity`: the load (concurrency, or rate) settled on so far."""
+        self.levels, self.capacity = list(levels), capacity
         self.query_one(CapacityChart).show([CapacityCurve("this server", list(levels), capacity)],
                                            self._limit_ms, self._percentile)
-        table = self.query_one("#pf-cap-levels", DataTable)
-        rows = [level_cells(lv) for lv in levels]
-        self._columns(rows)
-        for i, cells in enumerate(rows):  # keyed by order: a rate search's levels have no concurrency
-            table.add_row(*cells, key=f"level-{i}")
+        self.fit_table()
         self._show_gaps(levels)
 
     def show_progress(self, event: dict[str, Any] | None, level: int | None = None, load: str = "") -> None:
@@ -252,6 +387,8 @@ class CapacityView(Vertical):
         box.set_class(note is not None, "-visible")
 
     def say(self, content: Content | str, error: bool = False) -> None:
+        """The answer box: its first line (the capacity) in view."""
         box = self.query_one("#pf-cap-result", Static)
         box.update(content)
         box.set_class(error, "-error")
+        self.query_one("#pf-cap-result-box", VerticalScroll).scroll_home(animate=False)

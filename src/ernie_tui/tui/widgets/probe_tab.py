@@ -349,10 +349,13 @@ class ProbeTab(ShowsWorkerFailures, Vertical):
         message.stop()
         if message.run != self._run:
             return
-        r = message.result
         self.running = False
-        self.last_probe = r
         self._buttons()
+        self.show_result(message.result)
+
+    def show_result(self, r: ProbeResult) -> None:
+        """A finished probe: its reply and figures, or its error in plain words."""
+        self.last_probe = r
         box = self.query_one("#pf-output-box")
         tokens = f" · {r.completion_tokens} tokens" if r.completion_tokens else ""
         box.border_title = f"reply · {r.endpoint}{tokens}"

@@ -37,6 +37,29 @@ PHASE_WORDS = {
 }
 
 
+def fit_facts(facts: list[tuple[str, int]], width: int | None) -> str:
+    """The facts joined by two spaces, leaving out the highest-ranked ones
+    (the platform, vLLM's version, the pid, the URL's scheme, the URL) until
+    the line fits `width` (None: all). At 80 columns the line used to run
+    off the edge in the middle of "ready in" and its value."""
+    shown = list(facts)
+
+    def line() -> str:
+        return "  ".join(text for text, _ in shown)
+
+    while width is not None and len(line()) > width and shown:
+        worst = max(rank for _, rank in shown)
+        if worst == 0:
+            break
+        i = max(i for i, (_, rank) in enumerate(shown) if rank == worst)
+        text, rank = shown[i]
+        if text.startswith(("http://", "https://")):  # the address without its scheme first
+            shown[i] = (text.split("://", 1)[1], rank - 1)
+        else:
+            del shown[i]
+    return line()
+
+
 class StatusBar(Horizontal):
     """State badge + preset, URL, PID, uptime, vLLM version, platform, mode."""
 
@@ -101,6 +124,36 @@ class StatusBar(Horizontal):
                     }.get(state, f"REPLAY: {state}")
         return state, word
 
+    def _facts(self) -> list[tuple[str, int]]:
+        """The facts in the order they stand, each with its rank: the
+        highest rank is left out first where the line is too narrow."""
+        facts: list[tuple[str, int]] = []
+        st, rp = self._status, self._report
+        if self._replay_name:
+            facts.append((self._replay_name.rsplit("/", 1)[-1], 0))
+        if st is not None and st.preset_name:
+            facts.append((st.preset_name, 0))
+        url = (st.url if st is not None and st.url else None) or (rp.server_url if rp is not None else None)
+        if url:
+            facts.append((url, 3))
+        pid = st.pid if st is not None else None
+        if pid is None and rp is not None:
+            pid = rp.pids.get("APIServer")
+        if pid:
+            facts.append((f"pid {pid}", 4))
+        if st is not None and st.running and st.started_at and self._now is not None:
+            facts.append((f"up {duration(self._now - st.started_at)}", 1))
+            if st.ready_at and st.state.value == "ready":
+                facts.append((f"ready in {duration(st.ready_at - st.started_at, precise=True)}", 0))
+        if rp is not None and rp.vllm_version:
+            facts.append((f"vLLM {rp.vllm_version}", 5))
+        if rp is not None and rp.platform:
+            facts.append((rp.platform, 6))
+        return facts
+
+    def on_resize(self) -> None:
+        self._redraw()
+
     def _redraw(self) -> None:
         if not self._composed:
             return
@@ -115,29 +168,8 @@ class StatusBar(Horizontal):
                 if cls.startswith("-"):
                     badge.remove_class(cls)
             badge.add_class(f"-{state}")
-        facts: list[str] = []
-        st, rp = self._status, self._report
-        if self._replay_name:
-            facts.append(self._replay_name.rsplit("/", 1)[-1])
-        if st is not None and st.preset_name:
-            facts.append(st.preset_name)
-        url = (st.url if st is not None and st.url else None) or (rp.server_url if rp is not None else None)
-        if url:
-            facts.append(url)
-        pid = st.pid if st is not None else None
-        if pid is None and rp is not None:
-            pid = rp.pids.get("APIServer")
-        if pid:
-            facts.append(f"pid {pid}")
-        if st is not None and st.running and st.started_at and self._now is not None:
-            facts.append(f"up {duration(self._now - st.started_at)}")
-            if st.ready_at and st.state.value == "ready":
-                facts.append(f"ready in {duration(st.ready_at - st.started_at, precise=True)}")
-        if rp is not None and rp.vllm_version:
-            facts.append(f"vLLM {rp.vllm_version}")
-        if rp is not None and rp.platform:
-            facts.append(rp.platform)
-        line = "  ".join(facts)
+        width = self.query_one("#sb-facts", Label).size.width
+        line = fit_facts(self._facts(), width - (len(self._alert) + 2 if self._alert else 0) if width else None)
         key = (self._alert, line)
         if key != getattr(self, "_facts_text", None):
             # 1fr wide, one row: the uptime ticking never needs a layout pass.
