@@ -103,3 +103,29 @@ def test_one_gpu_side_by_side_only_when_each_share_holds_the_search(monkeypatch)
                    "0.45 holds 450 requests where the search may go to 1024")
     cpu = [SimpleNamespace(estimate=SimpleNamespace(platform="cpu"))] * 2
     assert paired_sweep.co_residency([a, b], cpu, 1024)[0] == [a, b]
+
+
+def test_one_gpu_share_is_sized_by_the_loads_longest_request_when_known(monkeypatch):
+    # Preflight's max_concurrency counts requests of max_model_len tokens; the
+    # sweep's load is shorter. 900,000 KV tokens at 0.45 of the GPU hold 219
+    # requests of 4,096 tokens but 2,093 of the load's 430 (300 in, 128 out + 2).
+    from types import SimpleNamespace
+
+    from ernie_tui.engine_ctl.control import paired_sweep
+    from ernie_tui.presets import load_presets
+
+    book = load_presets(include_user=False)
+    a, b = book.get("seed-A"), book.get("seed-C")
+
+    def preflight(preset, model):
+        util = preset.get("gpu_memory_utilization") or 0.9
+        tokens = int(2_000_000 * util)
+        return SimpleNamespace(ok=True, first_error=lambda: None,
+                               estimate=SimpleNamespace(platform="cuda", kv_cache_tokens=tokens,
+                                                        max_concurrency=tokens / 4096))
+
+    monkeypatch.setattr(paired_sweep, "run_preflight", preflight)
+    cuda = [preflight(a, None), preflight(b, None)]
+    assert paired_sweep.co_residency([a, b], cuda, 1024, model="/m")[0] is None  # 219 at 4,096 tokens each
+    shared, how = paired_sweep.co_residency([a, b], cuda, 1024, model="/m", tokens_per_request=430)
+    assert shared is not None and "KV pool 2093 requests of 430 tokens" in how, how

@@ -229,13 +229,17 @@ class _Served:
     ready: SweepRun  # what the start learned (ready_s, versions, KV): copied to each round's run
 
 
-def co_residency(presets: list[Preset], preflights: list[Any], max_concurrency: int, model: str | None = None
-                 ) -> tuple[list[Preset] | None, str]:
+def co_residency(presets: list[Preset], preflights: list[Any], max_concurrency: int, model: str | None = None,
+                 tokens_per_request: int | None = None) -> tuple[list[Preset] | None, str]:
     """Whether the presets can be served side by side, and how: on CPU (or
     stand-ins) each as it is; on one GPU each with an equal share of its
     memory (gpu_memory_utilization GPU_SHARE_TOTAL / n, or its own when
     lower) when preflight at that share still holds the search's highest
-    concurrency in the KV pool. (None, why) when they cannot be."""
+    concurrency in the KV pool: requests of `tokens_per_request` tokens (the
+    load's longest prompt and output) when known, else of max_model_len each
+    (preflight's worst case: 5 presets of a 0.3B model at a fifth of an H200
+    hold ~280 requests of 4,096 tokens but thousands of the sweep's ~430).
+    (None, why) when they cannot be."""
     on_gpu = [p for p, r in zip(presets, preflights, strict=True)
               if r.estimate is not None and r.estimate.platform == "cuda"]
     if not on_gpu:
@@ -248,15 +252,29 @@ def co_residency(presets: list[Preset], preflights: list[Any], max_concurrency: 
         q = p.with_changes(gpu_memory_utilization=util)
         res = run_preflight(q, q.resolve_model(model))
         est = res.estimate
-        if not res.ok or est is None or est.max_concurrency < max_concurrency:
+        held = _requests_held(est, tokens_per_request)
+        if not res.ok or est is None or held is None or held < max_concurrency:
             problem = res.first_error()
             why = (problem.message if problem else "preflight failed") if not res.ok else (
-                f"its KV pool at gpu_memory_utilization {util} holds {est.max_concurrency:.0f} requests "
-                f"where the search may go to {max_concurrency}" if est else "no estimate")
+                f"its KV pool at gpu_memory_utilization {util} holds {held:.0f} requests{_of(tokens_per_request)} "
+                f"where the search may go to {max_concurrency}" if held is not None else "no estimate")
             return None, f"{p.name} does not fit beside the others on one GPU: {why}"
         out.append(q)
-        said.append(f"{p.name} gpu_memory_utilization {util} (KV pool {est.max_concurrency:.0f} requests)")
+        said.append(f"{p.name} gpu_memory_utilization {util} (KV pool {held:.0f} requests{_of(tokens_per_request)})")
     return out, "side by side on one GPU, each given a share of its memory: " + "; ".join(said)
+
+
+def _requests_held(est: Any, tokens_per_request: int | None) -> float | None:
+    """How many requests the estimated KV pool holds at once."""
+    if est is None:
+        return None
+    if tokens_per_request and getattr(est, "kv_cache_tokens", None):
+        return est.kv_cache_tokens / tokens_per_request
+    return float(est.max_concurrency)
+
+
+def _of(tokens_per_request: int | None) -> str:
+    return f" of {tokens_per_request:,} tokens" if tokens_per_request else ""
 
 
 def _emit(progress: Progress | None, lock: threading.Lock, **event: Any) -> None:
@@ -312,18 +330,23 @@ def _skipped(preset: Preset, result: Any) -> SweepRun:
 
 
 def start_all(presets: list[Preset], options: SweepOptions, capacity: CapacitySweep, log_dir: Path,
-              cancel: threading.Event) -> tuple[list[_Served], list[SweepRun], str]:
-    """Preflight every preset, then start them all at once and wait for each:
-    (the ones serving, the runs of the ones that are not, how they share the
-    machine). ([], [], why) when they cannot share it (the caller runs the
-    sequential sweep instead)."""
+              cancel: threading.Event, tokens_per_request: int | None = None
+              ) -> tuple[list[_Served], list[SweepRun], str]:
+    """Preflight every preset, then start them and wait for each: (the ones
+    serving, the runs of the ones that are not, how they share the machine).
+    ([], [], why) when they cannot share it (the caller runs the sequential
+    sweep instead). On CPU or stand-ins all start at once; sharing one GPU,
+    one after another: vLLM sizes its KV pool from the memory it sees free
+    while it profiles, which a neighbour starting beside it changes, and a
+    later start reuses the first one's torch.compile cache."""
     checked = [(p, run_preflight(p, p.resolve_model(options.model))) for p in presets]
     skipped = [_skipped(p, r) for p, r in checked if not r.ok]
     fit = [(p, r) for p, r in checked if r.ok]
     shared, how = co_residency([p for p, _ in fit], [r for _, r in fit],
-                               capacity.search.max_concurrency, options.model)
+                               capacity.search.max_concurrency, options.model, tokens_per_request)
     if shared is None:
         return [], [], how
+    one_gpu = any(r.estimate is not None and r.estimate.platform == "cuda" for _, r in fit)
     served: list[_Served] = []
     ports: set[int] = set()
     for p in shared:
@@ -331,7 +354,9 @@ def start_all(presets: list[Preset], options: SweepOptions, capacity: CapacitySw
         ports.add(port)
         s, _run = _start_one(p, port, options, log_dir)
         served.append(s)
-    for s in served:
+        if one_gpu:
+            _wait_ready(s, options, cancel)
+    for s in served if not one_gpu else []:
         _wait_ready(s, options, cancel)
     failed = [s for s in served if s.ready.status != "ok"]
     stop_all(failed)
@@ -537,7 +562,8 @@ def run_paired_sweep(presets: list[Preset], burst_config: BurstConfig, options: 
         _emit(progress, lock, **event)
 
     result = PairedResult(presets=[p.name for p in presets])
-    served, runs, result.co_residency = start_all(presets, options, capacity, log_dir, cancel)
+    longest = None if capacity.workload_items else burst_config.max_tokens_in + burst_config.max_tokens
+    served, runs, result.co_residency = start_all(presets, options, capacity, log_dir, cancel, longest)
     if not served and not runs:
         result.refused = result.co_residency
         return [], result
