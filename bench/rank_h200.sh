@@ -8,12 +8,13 @@
 #                                   in a session of its own (it outlives the call) and waits for it up to
 #                                   RANK_WAIT_S (default 540) s
 #   bash bench/rank_h200.sh wait    waits again (call it back to back: a machine goes back after 30 s idle)
-# Both pack what the sweep wrote (its table, JSON with the pair verdicts, HTML report, the servers' logs,
+# Both pack what the sweep wrote (its table, JSON with the pair verdicts, the servers' logs,
 # its run records) into $OUT/rank-h200.tgz and print the verdicts once it has ended.
 # RANK_PRESETS: the presets (default the five); RANK_SLO: the objectives; RANK_ARGS: more sweep options
 # (default --start-concurrency 32 --max-concurrency 1024 --repeat 3).
 # Two runs' verdicts, pair by pair (the same machine later, or a second one):
 #   python bench/compare_rankings.py first/rank.json second/rank.json
+# Draw it here (the GPU image has no matplotlib): ernie-tui report rank.json --out rank.html
 set -u
 HERE=$(cd "$(dirname "$0")/.." && pwd)
 W=/root/rank; mkdir -p "$W"
@@ -45,7 +46,7 @@ start)
       ${RANK_PRESETS:-seed-A seed-C long-doc seed-A-seqs128 seed-A-batch16k} --capacity \
       ${RANK_SLO:---slo ttft_p99=1000ms --slo itl_p99=50ms} \
       ${RANK_ARGS:---start-concurrency 32 --max-concurrency 1024 --repeat 3} \
-      --log-dir "$W/logs" --out "$W/rank.md" --out "$W/rank.json" --report "$W/rank.html" \
+      --log-dir "$W/logs" --out "$W/rank.md" --out "$W/rank.json" \
       > "$W/rank.log" 2>&1 < /dev/null &
   sleep 2
   wait_for_it;;
