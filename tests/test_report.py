@@ -91,6 +91,34 @@ def test_a_sweep_export_reads_like_the_sweep_record(store):
     assert len(b_data.curves) == 4  # found in the run store by the runs' record ids
 
 
+def test_a_paired_sweeps_verdicts_ranking_and_drift_are_on_the_page(store, tmp_path):
+    # The fixture export with a paired sweep's verdicts beside it, as `sweep
+    # --capacity` writes them: the stronger preset beyond noise on rounds that
+    # drifted together (slots4 over slots2 by 1.9-2.1x while both moved 40 %).
+    from ernie_tui.engine_ctl.control import PairedResult
+    from ernie_tui.engine_ctl.control import ranking as rk
+
+    values = {"slots2": [100.0, 140.0, 120.0], "slots4": [200.0, 270.0, 250.0]}
+    result = PairedResult(presets=["slots2", "slots4"], co_residency="every server up at once")
+    result.pairs = rk.compare_all(result.presets, values, metric="output_tps_at_capacity")
+    result.ranking = rk.rank(result.presets, result.pairs)
+    result.drift = {"own_range_pct": {"slots2": 40.0, "slots4": 35.0}, "adjusted_pair_range_pct": {"slots2/slots4": 8.3}}
+    raw = json.loads(EXPORT.read_text())
+    raw["paired"] = result.to_dict()
+    export = tmp_path / "paired.json"
+    export.write_text(json.dumps(raw))
+    data = load_report_data([str(export)])
+    assert data.comparisons[0].paired is not None
+    page = report_html(data)
+    verdict = result.pairs[0]
+    assert verdict.better == "slots4"
+    assert verdict.text().replace("'", "&#x27;") in page
+    assert "Ranking</b> (pairs beyond noise only): slots4 &gt; slots2" in page
+    assert "Drift seen" in page and "slots2/slots4 8 %" in page
+    # A sweep without verdicts (the sequential mode) shows no pairs section.
+    assert "Pairs, measured in the same minutes" not in report_html(load_report_data([str(EXPORT)]))
+
+
 def test_an_older_sweep_without_record_ids_finds_its_trials_by_time(tmp_path):
     for p in RUNS.glob("*.json"):
         shutil.copy(p, tmp_path / p.name)

@@ -227,6 +227,32 @@ def _capacity_text(row: SweepRow) -> str:
     return _agg_text(row, "capacity_rate" if a is not None and a.median is not None else "capacity_concurrency")
 
 
+def _pairs_html(paired: dict[str, Any]) -> str:
+    """A paired sweep's verdicts: each pair with its interval, the ranking
+    from the pairs beyond noise, and the drift the run saw."""
+    rows = []
+    for v in paired.get("pairs") or []:
+        gap = v.get("gap_pct")
+        interval = "–" if not gap else f"{gap[0]:+.0f} % ({gap[1]:+.0f} to {gap[2]:+.0f} %)"
+        rows.append([f"{v.get('a')} / {v.get('b')}", str(v.get("rounds", "–")), interval,
+                     "beyond noise" if v.get("beyond_noise") else "within noise", str(v.get("text", ""))])
+    ranking = (paired.get("ranking") or {}).get("text")
+    drift = paired.get("drift") or {}
+    own = ", ".join(f"{k} {x:.0f} %" for k, x in (drift.get("own_range_pct") or {}).items() if x is not None)
+    adj = ", ".join(f"{k} {x:.0f} %" for k, x in (drift.get("adjusted_pair_range_pct") or {}).items()
+                    if x is not None)
+    notes = [f"<b>Ranking</b> (pairs beyond noise only): {escape(ranking)}" if ranking else "",
+             f"<b>Drift seen</b>: each preset's own figure moved by {escape(own)} across rounds; the pairs' "
+             f"ratios, taken against the reference at the same moment, moved by {escape(adj or '–')}" if own else "",
+             f"<b>Servers</b>: {escape(str(paired.get('co_residency')))}" if paired.get("co_residency") else ""]
+    notes += [f"Note: {escape(str(n))}" for n in paired.get("notes") or []]
+    return "\n".join([
+        "<h3>Pairs, measured in the same minutes</h3>",
+        _table(["pair", "rounds", "gap of the second (interval)", "verdict", "in words"], rows),
+        "".join(f"<p class='note'>{n}</p>" for n in notes if n),
+    ])
+
+
 def _comparison_html(cmp_: Comparison, index: int, curves: list[Curve]) -> str:
     capacity = cmp_.score == "goodput_output_tps"
     headers = ["rank", "preset", "status", "runs", f"{'goodput tok/s' if capacity else 'output tok/s'}",
@@ -264,6 +290,7 @@ def _comparison_html(cmp_: Comparison, index: int, curves: list[Curve]) -> str:
         f'<h2 id="cmp-{index}">{escape(cmp_.title)}</h2>',
         f"<ul>{meta}</ul>" if meta else "",
         f'<div class="figure">{_svg_inline(fig, f"cmp-{index}")}</div>',
+        _pairs_html(cmp_.paired) if cmp_.paired else "",
         _table(headers, rows),
         "".join(f"<p class='note'>{n}</p>" for n in notes),
     ])

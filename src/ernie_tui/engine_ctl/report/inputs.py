@@ -120,6 +120,9 @@ class Comparison:
     score: str
     front: set[str]
     meta: dict[str, Any] = field(default_factory=dict)
+    # A paired sweep's verdicts (control's PairedResult.to_dict(): pairs,
+    # ranking, drift), as its export or record holds them; None otherwise.
+    paired: dict[str, Any] | None = None
 
 
 @dataclass
@@ -268,7 +271,8 @@ def _sweep_run(d: dict[str, Any]) -> SweepRun | None:
         return None
 
 
-def comparison_of(runs: list[SweepRun], meta: dict[str, Any], title: str) -> Comparison | None:
+def comparison_of(runs: list[SweepRun], meta: dict[str, Any], title: str,
+                  paired: dict[str, Any] | None = None) -> Comparison | None:
     runs = [r for r in runs if r is not None]
     if not runs:
         return None
@@ -276,7 +280,8 @@ def comparison_of(runs: list[SweepRun], meta: dict[str, Any], title: str) -> Com
     score = score_column(runs)
     rows = fold(runs, order, score)
     front = front_of_rows(rows) if score == "goodput_output_tps" else set()
-    return Comparison(title=title, rows=rows, score=score, front=front, meta=dict(meta or {}))
+    return Comparison(title=title, rows=rows, score=score, front=front, meta=dict(meta or {}),
+                      paired=paired if isinstance(paired, dict) else None)
 
 
 def _capacity_as_run(curve: Curve, repeat: int) -> SweepRun:
@@ -362,7 +367,7 @@ def load_report_data(refs: list[str], directory: str | Path | None = None) -> Re
                 runs = [_sweep_run(d) for row in raw.get("rows") or [] for d in row.get("runs") or []
                         if isinstance(d, dict)]
                 meta = raw.get("meta") or {}
-                cmp_ = comparison_of([r for r in runs if r], meta, f"sweep {p.name}")
+                cmp_ = comparison_of([r for r in runs if r], meta, f"sweep {p.name}", raw.get("paired"))
                 if cmp_:
                     data.comparisons.append(cmp_)
                 for rec in _trial_records(None, [r for r in runs if r], meta, folder):
@@ -378,7 +383,7 @@ def load_report_data(refs: list[str], directory: str | Path | None = None) -> Re
             res = rec.results or {}
             runs = [_sweep_run(d) for d in res.get("runs") or [] if isinstance(d, dict)]
             meta = res.get("meta") or {}
-            cmp_ = comparison_of([r for r in runs if r], meta, f"sweep {rec.id}")
+            cmp_ = comparison_of([r for r in runs if r], meta, f"sweep {rec.id}", res.get("paired"))
             if cmp_:
                 data.comparisons.append(cmp_)
             for trial in _trial_records(rec, [r for r in runs if r], meta,
