@@ -102,7 +102,8 @@ def test_a_paired_sweeps_verdicts_ranking_and_drift_are_on_the_page(store, tmp_p
     result = PairedResult(presets=["slots2", "slots4"], co_residency="every server up at once")
     result.pairs = rk.compare_all(result.presets, values, metric="output_tps_at_capacity")
     result.ranking = rk.rank(result.presets, result.pairs)
-    result.drift = {"own_range_pct": {"slots2": 40.0, "slots4": 35.0}, "adjusted_pair_range_pct": {"slots2/slots4": 8.3}}
+    result.drift = {"own_range_pct": {"slots2": 40.0, "slots4": 35.0},
+                    "adjusted_pair_range_pct": {"slots2/slots4": 8.3}}
     raw = json.loads(EXPORT.read_text())
     raw["paired"] = result.to_dict()
     export = tmp_path / "paired.json"
