@@ -515,7 +515,7 @@ async def test_sweep_screen_capacity_mode_draws_every_presets_curve_and_the_fron
     import sys
 
     from ernie_tui.engine_ctl.load.pareto import front_of_rows
-    from ernie_tui.engine_ctl.load.runstore import list_runs
+    from ernie_tui.engine_ctl.load.runstore import list_runs, load_run
     from ernie_tui.presets import load_presets
     from ernie_tui.tui.widgets.charts import CapacityChart
 
@@ -576,3 +576,12 @@ async def test_sweep_screen_capacity_mode_draws_every_presets_curve_and_the_fron
         data = json.loads(out.read_text())
         assert "ttft_p90=100ms" in data["meta"]["capacity"]
         assert {r["preset"]: r["rank"] for r in data["rows"]} == {"slots4": 1, "slots2": 2}
+        # Several presets under an SLO are compared paired, as `sweep --capacity` does: the servers up at
+        # once, then duel rounds. The verdict is on screen, in the export and in the record; a verdict
+        # beyond noise never names the weaker one (whether it is beyond noise is this box's minute's).
+        assert screen.rounds == 3 and screen.paired is not None
+        pair = screen.paired.pairs[0]
+        assert {pair.a, pair.b} == {"slots2", "slots4"} and pair.better in (None, "slots4"), pair.text()
+        assert pair.text() in str(screen.query_one("#sw-notes", Static).render())
+        assert data["paired"]["pairs"][0]["text"] == pair.text()
+        assert load_run(screen.record).results["paired"]["pairs"][0]["text"] == pair.text()

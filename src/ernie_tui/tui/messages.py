@@ -305,3 +305,4 @@ class SweepFinished(Message):
     error: str | None = None
     record: str | None = None  # the sweep's run record id
     log_dir: str | None = None
+    paired: Any = None  # a paired capacity sweep's PairedResult (its verdicts), None for a sequential one

@@ -53,6 +53,7 @@ from ernie_tui.engine_ctl.control import (
     cell,
     export_sweep,
     fold,
+    run_paired_sweep,
     run_sweep,
     speed_moved_note,
     sweep_meta,
@@ -165,6 +166,17 @@ class MachineFacts(Message):
         self.machine = machine
 
 
+PAIRED_ROUNDS = 3  # a paired sweep's duel rounds when the repeat field asks for fewer than 2 (no interval)
+
+
+def paired_rounds(capacity: CapacitySweep | None, names: list[str], repeat: int) -> int | None:
+    """A capacity sweep of several presets is paired, as `sweep --capacity`
+    is: its duel rounds (the repeat field, at least 2). None: sequential."""
+    if capacity is None or len(names) < 2:
+        return None
+    return repeat if repeat >= 2 else PAIRED_ROUNDS
+
+
 def status_text(status: str) -> Text:
     style = "bold green" if status == "ok" else "yellow" if status.startswith(("ok ", "cancelled")) else "bold red"
     return Text(status, style=style)
@@ -206,6 +218,8 @@ class SweepScreen(ShowsWorkerFailures, Screen[None]):
         self.repeat = 1
         self.config: BurstConfig | None = None
         self.capacity: CapacitySweep | None = None  # the capacity search of the sweep running or shown
+        self.rounds: int | None = None  # a paired sweep's duel rounds; None: sequential
+        self.paired: Any = None  # its PairedResult once it ends (the verdicts shown and exported)
         self.curves: dict[tuple[str, int], list[Any]] = {}  # (preset, repeat) -> its levels, as they finish
         self.front: set[str] = set()  # presets on the Pareto front
         self.last_error: str | None = None
@@ -452,22 +466,25 @@ class SweepScreen(ShowsWorkerFailures, Screen[None]):
         self.running, self.cancelling = True, False
         self._t0 = time.monotonic()
         self._eta_at = None
-        self._last_event = {"phase": "preflight", "index": 0, "total": len(names) * repeat, "preset": names[0]}
+        self.rounds = paired_rounds(capacity, names, repeat)
+        self.paired = None
+        steps = len(names) + self.rounds * (len(names) + 1) if self.rounds else len(names) * repeat
+        self._last_event = {"phase": "preflight", "index": 0, "total": steps, "preset": names[0]}
         self._columns(capacity=capacity is not None)
         self._redraw_chart()
         for row in self.query(".sw-bar"):
             row.display = True
         self.query_one("#sw-burst-row").display = capacity is None  # a search's levels are in the phase line
-        self.query_one("#sw-overall", ProgressBar).update(total=len(names) * repeat, progress=0)
+        self.query_one("#sw-overall", ProgressBar).update(total=steps, progress=0)
         self.query_one("#sw-burst", ProgressBar).update(total=config.n, progress=0)
         self._buttons()
         self._show_phase()
-        self._worker(SweepPlan(presets, repeat), config, self._cancel, capacity)
+        self._worker(SweepPlan(presets, repeat), config, self._cancel, capacity, self.rounds)
         return True
 
     @work(thread=True, group="sweep", exit_on_error=False)
     def _worker(self, plan: SweepPlan, config: BurstConfig, cancel: threading.Event,
-                capacity: CapacitySweep | None = None) -> None:
+                capacity: CapacitySweep | None = None, rounds: int | None = None) -> None:
         log_dir = paths.state_dir() / "sweep-logs" / time.strftime("%Y%m%d-%H%M%S")
         done: list[SweepRun] = []
 
@@ -481,23 +498,31 @@ class SweepScreen(ShowsWorkerFailures, Screen[None]):
                 self.post_message(SweepLevelDone(ev["preset"], ev.get("repeat", 0), ce["level"]))
             self.post_message(SweepProgress(dict(ev)))
 
-        error = None
+        error, paired = None, None
+        options = SweepOptions(model=self.model, log_dir=log_dir)
         try:
-            runs = run_sweep(plan, config, SweepOptions(model=self.model, log_dir=log_dir), progress, cancel,
-                             capacity=capacity)
+            if rounds and capacity is not None:
+                runs, paired = run_paired_sweep(plan.presets, config, options, capacity, rounds, progress, cancel)
+                if paired.refused:  # they cannot share the machine: one after another, and the screen says why
+                    error, paired = f"not paired: {paired.refused}; measured one preset after another", None
+                    runs = run_sweep(plan, config, options, progress, cancel, capacity=capacity)
+            else:
+                runs = run_sweep(plan, config, options, progress, cancel, capacity=capacity)
         except Exception as exc:  # noqa: BLE001  run_sweep stops its server in `finally`; the pane shows what broke
             runs = done
             error = f"{type(exc).__name__}: {exc}"
         record = None
         if runs:
+            body: dict[str, Any] = {"meta": sweep_meta([p.name for p in plan.presets], plan.repeat, config, runs,
+                                                       capacity=capacity), "runs": runs}
+            if paired is not None:
+                body["paired"] = paired.to_dict()
             try:
-                rec = save_run("sweep", {"meta": sweep_meta([p.name for p in plan.presets], plan.repeat, config, runs,
-                                                             capacity=capacity), "runs": runs},
-                               notes=" ".join(p.name for p in plan.presets))
+                rec = save_run("sweep", body, notes=" ".join(p.name for p in plan.presets))
                 record = rec.id
             except (RunStoreError, OSError) as exc:
                 error = (error + "; " if error else "") + f"the sweep's run record was not saved: {exc}"
-        self.post_message(SweepFinished(runs, cancel.is_set(), error, record, str(log_dir)))
+        self.post_message(SweepFinished(runs, cancel.is_set(), error, record, str(log_dir), paired))
 
     def _meta(self) -> dict:
         return sweep_meta(self.names, self.repeat, self.config or BurstConfig(), self.runs, capacity=self.capacity)
@@ -556,6 +581,7 @@ class SweepScreen(ShowsWorkerFailures, Screen[None]):
         self.cancelling = False
         self.runs = list(message.runs)
         self.record = message.record
+        self.paired = message.paired
         self._refresh_table()
         self._buttons()
         self._update_refusal()
@@ -610,6 +636,9 @@ class SweepScreen(ShowsWorkerFailures, Screen[None]):
         # exported table says it, not only in each trial's record.
         notes += [Content.assemble((row.preset, "bold"), ": ", (note, "$warning"))
                   for row in self.rows if (note := moved[row.preset]) is not None]
+        if self.paired is not None:  # the verdicts first: they are the answer a paired sweep gives
+            notes = [Content.styled(line, "bold" if i == 0 else "") for i, line in enumerate(self.paired.lines())
+                     ] + notes
         self.query_one("#sw-notes", Static).update(Content("\n").join(notes))
         if capacity:
             self._redraw_chart()
@@ -629,7 +658,7 @@ class SweepScreen(ShowsWorkerFailures, Screen[None]):
                         severity="error", timeout=6)
             return None
         try:
-            export_sweep(self.rows, target, self._meta())
+            export_sweep(self.rows, target, self._meta(), paired=self.paired)
         except (OSError, ValueError) as exc:
             self.notify(f"cannot write {target}: {exc}", severity="error", timeout=8)
             return None
