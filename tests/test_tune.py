@@ -18,7 +18,7 @@ PACED = Path(__file__).resolve().parent / "paced_server.py"
 # A capacity search that decides quickly on the stand-in: short requests, few levels.
 FAST = ["--slo", "ttft_p90=100ms", "--max-tokens", "8", "--min-tokens", "10", "--max-tokens-in", "40",
         "--start-concurrency", "1", "--max-concurrency", "4", "--confirm-waves", "0", "--level-time", "5",
-        "--tolerance", "0.5", "--ready-timeout", "30"]
+        "--tolerance", "0.5", "--ready-timeout", "30", "--confirm", "0"]
 
 
 # -- the space file (pure) ------------------------------------------------------------
@@ -163,7 +163,7 @@ def test_tune_end_to_end_records_its_trials_and_writes_the_best_as_a_preset(tmp_
         max_num_batched_tokens = {min = 1024, max = 2048, step = 1024}
     """)
     code = main(["tune", "shaped", "--presets", str(presets), "--space", str(space), "--trials", "2",
-                 "--out-preset", "shaped-best", "--confirm", "1", *FAST])
+                 "--out-preset", "shaped-best", *FAST, "--confirm", "2"])
     out, err = capsys.readouterr()
     assert code == 0, err
     res = _record()
@@ -171,9 +171,12 @@ def test_tune_end_to_end_records_its_trials_and_writes_the_best_as_a_preset(tmp_
     assert res["measured_trials"] == 2 and len(measured) == 2 and res["stopped"] == "budget: 2 trials measured"
     assert all(r["goodput"] is not None and r["record_id"] for r in measured)
     assert res["best"]["number"] in {r["number"] for r in measured}
-    # --confirm 1: BASE and the best measured once more each, so the comparison has ranges.
-    assert len(res["base_goodputs"]) == 2 and len(res["best_goodputs"]) == 2
-    assert res["verdict"]["beyond_noise"] in (True, False) and res["verdict"]["low_pct"] is not None
+    # --confirm 2: the best against BASE as the paired sweep compares presets (both up at once, two duel
+    # rounds), so the answer has an interval; the pair's figures are kept with the record.
+    pair = res["extra"]["paired"]["pairs"][0]
+    assert (pair["a"], pair["b"], pair["rounds"]) == ("shaped", res["best"]["preset"], 2), pair
+    assert res["verdict"]["beyond_noise"] == pair["beyond_noise"] and res["verdict"]["low_pct"] is not None
+    assert "paired over 2 rounds" in res["verdict"]["text"]
     assert res["slo"] == "ttft_p90=100ms" and "vs BASE: " in out
     from ernie_tui.engine_ctl.load import runstore
 

@@ -56,9 +56,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--study", metavar="NAME", help="the study's name (default tune-BASE-HASH: see above)")
     p.add_argument("--fresh", action="store_true", help="start the study over, forgetting its saved trials")
     p.add_argument("--seed", type=int, default=0, metavar="N", help="the sampler's seed (0)")
-    p.add_argument("--confirm", type=int, default=0, metavar="N",
-                   help="at the end, measure BASE and the best again, alternately, N times each: the comparison "
-                        "then has ranges (0)")
+    p.add_argument("--confirm", type=int, default=3, metavar="N",
+                   help="at the end, compare the best with BASE as `sweep --capacity` compares presets: both "
+                        "served at once, their levels taking turns, then N duel rounds (at least 2): 'the best "
+                        "carries X %% more (lo to hi %%)' or 'within noise'. Where the two cannot be served side "
+                        "by side, each is measured again N times, alternately, and their ranges compared. 0: no "
+                        "comparison beyond the search's one measurement each (3)")
     p.add_argument("--tui", action="store_true",
                    help="show the tune on a screen: trials as they finish, the best so far, the budget left "
                         "(x stops it, keeping what was measured; q quits once it has ended)")

@@ -24,6 +24,7 @@ Optuna is imported only here, and only when a tune runs (an optional extra).
 from __future__ import annotations
 
 import logging
+import math
 import statistics
 import threading
 import time
@@ -32,6 +33,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ernie_tui import paths
+from ernie_tui.engine_ctl.control import ranking as rk
+from ernie_tui.engine_ctl.control.paired_sweep import run_paired_sweep
 from ernie_tui.engine_ctl.control.sweep import CapacitySweep, SweepOptions, SweepPlan, SweepRun, run_sweep
 from ernie_tui.engine_ctl.launch import gpus_needed, next_free_port, port_is_free, run_preflight
 from ernie_tui.engine_ctl.load import BurstConfig
@@ -98,9 +101,9 @@ def measure_candidate(candidate: Preset, setup: TuneSetup, cancel: threading.Eve
     """THE objective, kept behind this one function so that a better one can
     be swapped in without touching the search: today one capacity search on
     the candidate's own server (a one-preset capacity sweep), goodput at the
-    SLO. Integration point for issue #43: measure the candidate against BASE
-    interleaved (a paired comparison) and return the candidate's goodput on
-    BASE's scale."""
+    SLO. The best found is then compared with BASE paired (--confirm N,
+    _confirm_paired), as `sweep --capacity` compares presets: a search per
+    trial is what fits the budget, the paired rounds what an answer needs."""
     if setup.port is not None:
         candidate = replace(candidate, port=setup.port)
     runs = run_sweep(SweepPlan([candidate]), setup.burst_config, setup.options, progress, cancel,
@@ -125,10 +128,10 @@ class Verdict:
 
 
 def compare_to_base(base: list[float], best: list[float]) -> Verdict:
-    """The answer's "how far the best beats BASE", from each one's goodputs.
-    Integration point for issue #43: point this at its pair verdict
-    ("B carries X % more (lo-hi)" or "within noise"). Until then: medians,
-    and with repeats the min-max ranges; ranges that overlap are noise."""
+    """The answer's "how far the best beats BASE" from each one's goodputs,
+    where no paired comparison was made (--confirm 0, or the two could not
+    be served side by side): medians, and with repeats the min-max ranges;
+    ranges that overlap are noise."""
     if not base or not best:
         return Verdict("not compared: " + ("BASE was not measured" if not base else "no setting was measured"))
     b, t = statistics.median(base), statistics.median(best)
@@ -478,10 +481,40 @@ def _measure_base(study: Any, setup: TuneSetup, stop: threading.Event, progress:
     return [m.goodput]
 
 
+def paired_verdict(pair: rk.PairVerdict) -> Verdict:
+    """The paired sweep's verdict on BASE (a) against the best (b), as the answer says it."""
+    if pair.mean is None or pair.low is None or pair.high is None:
+        return Verdict(f"not compared: {pair.text()}")
+    gain, low, high = (100.0 * (math.exp(x) - 1.0) for x in (pair.mean, pair.low, pair.high))
+    if not pair.beyond_noise:
+        return Verdict(f"within noise ({gain:+.1f} %, interval {low:+.1f} to {high:+.1f} %, paired over "
+                       f"{pair.rounds} rounds)", gain, low, high, False)
+    more = "more" if gain > 0 else "less"
+    return Verdict(f"the best carries {abs(gain):.1f} % {more} ({low:+.1f} to {high:+.1f} %, paired over "
+                   f"{pair.rounds} rounds)", gain, low, high, True)
+
+
+def _confirm_paired(setup: TuneSetup, best: TrialRow, stop: threading.Event,
+                    progress: Progress | None) -> tuple[Verdict | None, dict[str, Any] | None]:
+    """BASE and the best compared as `sweep --capacity` compares presets:
+    both served at once, their levels taking turns, then confirm_rounds duel
+    rounds (at least 2, for an interval). (None, None) when they cannot be
+    served side by side (the caller measures them one after another)."""
+    best_preset = _as_launched(setup.space.candidate(setup.base, best.params, best.preset), setup)
+    base = _as_launched(setup.base, setup)
+    _emit(progress, event="confirm", round=1, preset=f"{base.name} and {best_preset.name}, paired")
+    _runs, result = run_paired_sweep([base, best_preset], setup.burst_config, setup.options, setup.capacity,
+                                     max(2, setup.confirm_rounds), _relay(progress, -2), stop)
+    if result.refused or not result.pairs:
+        return None, None
+    return paired_verdict(result.pairs[0]), result.to_dict()
+
+
 def _confirm(setup: TuneSetup, best: TrialRow, stop: threading.Event,
              progress: Progress | None) -> tuple[list[float], list[float]]:
     """BASE and the best measured again, alternately, confirm_rounds times
-    (what was measured before the budget ran out)."""
+    (what was measured before the budget ran out): where the two cannot be
+    served side by side for the paired comparison."""
     best_preset = setup.space.candidate(setup.base, best.params, best.preset)
     base_again: list[float] = []
     best_again: list[float] = []
@@ -612,16 +645,20 @@ def run_tune(setup: TuneSetup, progress: Progress | None = None, cancel: threadi
         rows = trial_rows(study)
         best = best_row(rows)
         best_values = [best.goodput] if best is not None and best.goodput is not None else []
+        verdict, paired = None, None
         if best is not None and setup.confirm_rounds and not stop.is_set():
-            more_base, more_best = _confirm(setup, best, stop, progress)
-            base, best_values = base + more_base, best_values + more_best
+            verdict, paired = _confirm_paired(setup, best, stop, progress)
+            if verdict is None and not stop.is_set():
+                more_base, more_best = _confirm(setup, best, stop, progress)
+                base, best_values = base + more_base, best_values + more_best
         return TuneResult(
             study_name=setup.study_name, study_dir=str(setup.study_dir), base=setup.base.name,
             slo=" ".join(str(o) for o in setup.capacity.slo), space=[p.describe() for p in setup.space.params],
             settings_in_space=setup.space.size(), trials=rows, best=best, base_goodputs=base,
-            best_goodputs=best_values, verdict=compare_to_base(base, best_values), importances=importances(study),
-            effects=effects(rows), refused=[r for r in rows if r.outcome == "refused"], stopped=why,
-            seconds=round(time.monotonic() - t0, 1), measured_trials=len(_measured(rows)))
+            best_goodputs=best_values, verdict=verdict or compare_to_base(base, best_values),
+            importances=importances(study), effects=effects(rows), refused=[r for r in rows if r.outcome == "refused"],
+            stopped=why, seconds=round(time.monotonic() - t0, 1), measured_trials=len(_measured(rows)),
+            extra={"paired": paired} if paired else {})
     finally:
         done.set()
         _let_go(setup.study_dir)
