@@ -7,6 +7,7 @@ tests/fixtures/vllm-logs (see its README), so a clean clone tests on its own.
 
 from __future__ import annotations
 
+import subprocess
 import sys
 from pathlib import Path
 
@@ -44,3 +45,22 @@ def fixtures_dir() -> Path:
         pytest.fail(f"real vLLM fixture logs not found at {FIXTURES}")
     return FIXTURES
 
+
+@pytest.fixture
+def stand_in():
+    """Start paced stand-ins (tests/paced_server.py ARGS) on free ports: returns
+    start(*args) -> its base URL; every one started is stopped after the test."""
+    procs = []
+
+    def start(*args: str) -> str:
+        proc = subprocess.Popen([sys.executable, str(ROOT / "tests" / "paced_server.py"), "--port", "0", *args],
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        procs.append(proc)
+        line = proc.stdout.readline()
+        assert line.startswith("listening on "), line
+        return line.split()[-1]
+
+    yield start
+    for p in procs:
+        p.terminate()
+        p.wait(10)

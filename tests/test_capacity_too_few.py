@@ -8,8 +8,6 @@ reading of the server's speed."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -21,24 +19,6 @@ from ernie_tui.engine_ctl.load import slo as S
 from ernie_tui.engine_ctl.load.workload import WorkItem, Workload
 
 HERE = Path(__file__).resolve().parent
-
-
-@pytest.fixture
-def stand_in():
-    procs = []
-
-    def start(*args: str) -> str:
-        proc = subprocess.Popen([sys.executable, str(HERE / "paced_server.py"), "--port", "0", *args],
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        procs.append(proc)
-        line = proc.stdout.readline()
-        assert line.startswith("listening on "), line
-        return line.split()[-1]
-
-    yield start
-    for p in procs:
-        p.terminate()
-        p.wait(10)
 
 
 def _level(url: str, concurrency: int, rules: C.LevelRules) -> C.LevelResult:
