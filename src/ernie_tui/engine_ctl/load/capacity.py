@@ -871,22 +871,152 @@ def search(run_level: LevelRunner, slo: Sequence[S.Objective], config: SearchCon
     config.confirm_waves is 0."""
     config = config or SearchConfig()
     config.validate()
-    rate = config.rate
-    key = "rate" if rate else "concurrency"
     t0 = clock()
-    levels: list[LevelResult] = []
-    seen: dict[float, LevelResult] = {}
-    best: LevelResult | None = None  # highest passing level
-    fail_at: float | None = None  # lowest failing load
-    twice: set[float] = set()  # loads measured twice (a remeasure, a confirmation, a recheck)
-    reason: str | None = None
+    state = _Search(run_level, config, progress, cancel)
+    state.double_until_fail()
+    state.settle()  # bisect, recheck the lowest fail, confirm the capacity
+    return state.result(slo, clock, t0)
 
-    def bounds() -> dict[str, Any]:
+
+class _Search:
+    """The state of one capacity search (the levels measured, the bracket,
+    the loads measured twice, the stop reason) and its steps."""
+
+    def __init__(self, run_level: LevelRunner, config: SearchConfig,
+                 progress: Progress | None, cancel: threading.Event | None) -> None:
+        self.run_level = run_level
+        self.config = config
+        self.progress = progress
+        self.cancel = cancel
+        self.rate = config.rate
+        self.key = "rate" if config.rate else "concurrency"
+        self.top: float = config.max_rate if config.rate else config.max_concurrency
+        self.levels: list[LevelResult] = []
+        self.seen: dict[float, LevelResult] = {}
+        self.best: LevelResult | None = None  # highest passing level
+        self.fail_at: float | None = None  # lowest failing load
+        self.twice: set[float] = set()  # loads measured twice (a remeasure, a confirmation, a recheck)
+        self.reason: str | None = None
+        self.top_reason: str | None = None  # the doubling ended on a pass: at the top, or saturated
+        self.confirmations = 0  # three at most: a search must end
+        self.rechecks = 0  # of the bracket's lowest fail (recheck); two at most: a search must end
+
+    # -- the pipeline ------------------------------------------------------
+
+    def double_until_fail(self) -> None:
+        """Doubling from the start until a level fails (or the top, or saturation)."""
+        x: float = self.config.start_rate if self.rate else self.config.start
+        prev: LevelResult | None = None
+        while True:
+            if self.cancelled():
+                self.reason = "cancelled"
+                return
+            lv = self.measure(x)
+            self.record(lv)
+            self.reason = self.interrupted(lv)
+            if self.reason is not None or not lv.passed:
+                return
+            if prev is not None and saturated(prev, lv, self.config):
+                self.reason = "saturated"
+                return
+            if x >= self.top:
+                self.reason = self.ceiling()
+                return
+            prev = lv
+            x = min(2 * x, self.top)
+
+    def settle(self) -> None:
+        """Bisection between the highest pass (0 when none: the start itself
+        may be above the capacity) and the lowest fail; then the
+        confirmation (DEFAULT_CONFIRM_WAVES): the capacity once more, longer.
+        Passing, it is the capacity and its figures are the ones reported;
+        failing, it is the lowest fail and the bisection goes on below it.
+        The doubling may end on a pass (the top, or saturation): nothing to
+        bisect, but its capacity is confirmed all the same."""
+        if self.reason in (*CEILING_STOPS, "saturated"):
+            self.top_reason, self.reason = self.reason, None
+        while self.reason is None:
+            self.reason = self.next_step()
+
+    def next_step(self) -> str | None:
+        """One step after the doubling: a level measured (returning None,
+        or why it interrupted the search), or the reason the search ends."""
+        if self.fail_at is None and self.top_reason is None and self.best is not None:
+            # A recheck passed the doubling's only fail: the doubling goes on from it.
+            if self.best.load < self.top:
+                lv = self.measure(min(2 * self.best.load, self.top))
+                self.record(lv)
+                return self.interrupted(lv)
+            self.top_reason = self.ceiling()
+        done, mid = self.bracket_closed()
+        if done and (end := self.end_reason()) is not None:
+            return end
+        if self.cancelled():
+            return "cancelled"
+        if not done or self.best is None:
+            lv = self.measure(mid)
+            self.record(lv)
+        elif self.fail_at is not None and self.fail_at not in self.twice and self.rechecks < 2:
+            self.rechecks += 1  # the bracket is closed: its fail once more, then
+            lv = self.recheck(self.fail_at)
+        else:  # ... confirm its pass
+            self.confirmations += 1
+            lv = self.confirm(self.best)
+        return self.interrupted(lv)
+
+    def bracket_closed(self) -> tuple[bool, float]:
+        """Whether the bracket is within the tolerance, and its middle."""
+        lo = self.best.load if self.best else 0.0
+        hi = self.fail_at if self.fail_at is not None else lo + 1
+        if self.top_reason is not None and self.fail_at is None:
+            done = True
+        elif self.rate:
+            floor = self.config.start_rate / 8.0
+            done = (lo > 0 and (hi - lo) / lo <= self.config.tolerance) or (lo == 0 and hi <= floor)
+        else:
+            done = hi - lo <= 1 or (lo > 0 and (hi - lo) / lo <= self.config.tolerance)
+        mid = _round_rate((lo + hi) / 2.0) if self.rate else float((int(lo) + int(hi)) // 2)
+        if not done and (mid in self.seen or mid <= lo or mid >= hi):
+            done = True  # rounding met a measured level: as close as it gets
+        return done, mid
+
+    def end_reason(self) -> str | None:
+        """Why the search ends with the bracket closed, or None while its
+        lowest fail or its capacity is still to be measured once more."""
+        if self.best is None:
+            return "first_level_failed"
+        if not self.config.confirm_waves or self.best.confirmation or self.confirmations >= 3:
+            return self.top_reason if self.top_reason is not None and self.fail_at is None else "bracketed"
+        return None
+
+    def result(self, slo: Sequence[S.Objective], clock: Callable[[], float], t0: float) -> CapacityResult:
+        """The capacity found, its warnings and every level measured."""
+        best, levels, config, reason = self.best, self.levels, self.config, self.reason
+        assert reason is not None  # settle() runs until the search has one
+        capacity = capacity_summary(best) if best else None
+        warnings = []
+        if best is not None and capacity is not None and (failed := failed_confirmations(best, levels, config)):
+            capacity["confirmations_failed"] = failed
+            warnings.append(unconfirmed_warning(best, failed))
+        moved = speed_moved(levels)
+        if moved is not None:
+            warnings.append(speed_moved_warning(moved, bool(self.rate)))
+        client_itl = client_itl_note(levels)
+        if client_itl is not None:
+            warnings.append(client_itl)
+        return CapacityResult(slo=S.describe(slo), capacity=capacity, levels=levels, stop_reason=reason,
+                              stop_message=STOP_REASONS.get(reason, reason), seconds=clock() - t0,
+                              config=asdict(config), mode=config.mode, warnings=warnings, speed_moved=moved)
+
+    # -- the steps ---------------------------------------------------------
+
+    def bounds(self) -> dict[str, Any]:
         """The bracket so far, as level_done events carry it."""
-        return {"low_pass": (best.load if rate else best.concurrency) if best else None,
-                "high_fail": fail_at if rate or fail_at is None else int(fail_at)}
+        best, fail_at = self.best, self.fail_at
+        return {"low_pass": (best.load if self.rate else best.concurrency) if best else None,
+                "high_fail": fail_at if self.rate or fail_at is None else int(fail_at)}
 
-    def run_at(load: Any, min_requests: int | None = None, *, again: bool = False) -> LevelResult:
+    def run_at(self, load: Any, min_requests: int | None = None, *, again: bool = False) -> LevelResult:
         """One level (a confirmation with min_requests), measured once more
         when it fails in a way that says little of the server. A level that
         ran out of requests or time undecided fails on its point estimates
@@ -899,55 +1029,58 @@ def search(run_level: LevelRunner, slo: Sequence[S.Objective], config: SearchCon
         tag: dict[str, Any] = {"confirm": True} if min_requests is not None else {}
         if again:
             tag.update(remeasure=True, recheck=True)
-
-        def once() -> LevelResult:
-            emit(progress, event="level_start", index=len(levels), **tag, **{key: load})
-            lv = run_level(load) if min_requests is None else run_level(load, min_requests=min_requests)
-            lv.confirmation = min_requests is not None
-            if tag.get("remeasure"):
-                lv.measured_again = "recheck" if tag.get("recheck") else "remeasure"
-            levels.append(lv)
-            return lv
-
-        lv = once()
+        lv = self.run_once(load, min_requests, tag)
         doubtful = client_stalled(lv) or (min_requests is None and not lv.decided)
-        if not again and not lv.passed and doubtful and interrupted(lv) is None:
-            emit(progress, event="level_done", level=lv, index=len(levels) - 1, remeasure=True, **tag, **bounds())
+        if not again and not lv.passed and doubtful and self.interrupted(lv) is None:
+            emit(self.progress, event="level_done", level=lv, index=len(self.levels) - 1, remeasure=True,
+                 **tag, **self.bounds())
             tag["remeasure"] = True
-            lv = once()
-            twice.add(float(load))
+            lv = self.run_once(load, min_requests, tag)
+            self.twice.add(float(load))
         return lv
 
-    def measure(x: float) -> LevelResult:
-        load: Any = _round_rate(x) if rate else int(x)
-        lv = run_at(load)
-        seen[float(load)] = lv
+    def run_once(self, load: Any, min_requests: int | None, tag: dict[str, Any]) -> LevelResult:
+        """One measurement of a level, announced and kept."""
+        emit(self.progress, event="level_start", index=len(self.levels), **tag, **{self.key: load})
+        lv = self.run_level(load) if min_requests is None else self.run_level(load, min_requests=min_requests)
+        lv.confirmation = min_requests is not None
+        if tag.get("remeasure"):
+            lv.measured_again = "recheck" if tag.get("recheck") else "remeasure"
+        self.levels.append(lv)
         return lv
 
-    def record(lv: LevelResult) -> None:
-        nonlocal best, fail_at
+    def measure(self, x: float) -> LevelResult:
+        load: Any = _round_rate(x) if self.rate else int(x)
+        lv = self.run_at(load)
+        self.seen[float(load)] = lv
+        return lv
+
+    def record(self, lv: LevelResult) -> None:
+        """A bisection or doubling level into the bracket."""
         if lv.passed and lv.stop != "cancelled":
-            if best is None or lv.load > best.load:
-                best = lv
+            if self.best is None or lv.load > self.best.load:
+                self.best = lv
         elif lv.stop != "cancelled":
-            fail_at = lv.load if fail_at is None else min(fail_at, lv.load)
-        emit(progress, event="level_done", level=lv, index=len(levels) - 1, **bounds())
+            self.fail_at = lv.load if self.fail_at is None else min(self.fail_at, lv.load)
+        emit(self.progress, event="level_done", level=lv, index=len(self.levels) - 1, **self.bounds())
 
-    def confirm(level: LevelResult) -> LevelResult:
-        nonlocal best, fail_at
-        lv = run_at(level.load if rate else int(level.load), min_requests=confirm_requests(level, config))
+    def confirm(self, level: LevelResult) -> LevelResult:
+        """The capacity once more, longer: failing, the next lower pass is the best."""
+        lv = self.run_at(level.load if self.rate else int(level.load),
+                         min_requests=confirm_requests(level, self.config))
         if lv.stop != "cancelled":
             if lv.passed:
-                best = lv
+                self.best = lv
             else:
-                twice.add(lv.load)  # the level passed, its confirmation did not: the later decides
-                fail_at = lv.load if fail_at is None else min(fail_at, lv.load)
-                lower = [x for x in levels if x.passed and x.load < lv.load and x.stop != "cancelled"]
-                best = max(lower, key=lambda x: x.load) if lower else None
-        emit(progress, event="level_done", level=lv, index=len(levels) - 1, confirm=True, **bounds())
+                self.twice.add(lv.load)  # the level passed, its confirmation did not: the later decides
+                self.fail_at = lv.load if self.fail_at is None else min(self.fail_at, lv.load)
+                lower = [x for x in self.levels if x.passed and x.load < lv.load and x.stop != "cancelled"]
+                self.best = max(lower, key=lambda x: x.load) if lower else None
+        emit(self.progress, event="level_done", level=lv, index=len(self.levels) - 1, confirm=True,
+             **self.bounds())
         return lv
 
-    def recheck(load: float) -> LevelResult:
+    def recheck(self, load: float) -> LevelResult:
         """The bracket's lowest fail, measured once more before the bracket
         closes: the bench client's bracket asks every round at a level to
         miss before it bounds the capacity, and one bad stretch of a busy
@@ -955,119 +1088,30 @@ def search(run_level: LevelRunner, slo: Sequence[S.Objective], config: SearchCon
         failed in 5 s with vLLM's own TTFT p99 at 4.7 s, where the bench
         client passed 140 twice). The later measurement decides; passing,
         the level is the highest pass and the bisection goes on above it."""
-        nonlocal best, fail_at
-        lv = run_at(load if rate else int(load), again=True)
-        twice.add(float(load))
-        seen[float(load)] = lv
+        lv = self.run_at(load if self.rate else int(load), again=True)
+        self.twice.add(float(load))
+        self.seen[float(load)] = lv
         if lv.passed and lv.stop != "cancelled":
-            if best is None or lv.load > best.load:
-                best = lv
-            above = [x.load for x in levels if not x.passed and x.stop != "cancelled" and x.load > lv.load]
-            fail_at = min(above) if above else None
-        emit(progress, event="level_done", level=lv, index=len(levels) - 1, remeasure=True, recheck=True,
-             **bounds())
+            if self.best is None or lv.load > self.best.load:
+                self.best = lv
+            above = [x.load for x in self.levels if not x.passed and x.stop != "cancelled" and x.load > lv.load]
+            self.fail_at = min(above) if above else None
+        emit(self.progress, event="level_done", level=lv, index=len(self.levels) - 1, remeasure=True,
+             recheck=True, **self.bounds())
         return lv
 
-    def interrupted(lv: LevelResult) -> str | None:
-        if lv.stop == "cancelled" or (cancel is not None and cancel.is_set()):
+    def interrupted(self, lv: LevelResult) -> str | None:
+        if lv.stop == "cancelled" or self.cancelled():
             return "cancelled"
         if lv.stop == "server_down":
             return "server_down"
         return None
 
-    # Doubling.
-    x: float = config.start_rate if rate else config.start
-    top: float = config.max_rate if rate else config.max_concurrency
-    prev: LevelResult | None = None
-    while reason is None:
-        if cancel is not None and cancel.is_set():
-            reason = "cancelled"
-            break
-        lv = measure(x)
-        record(lv)
-        reason = interrupted(lv)
-        if reason is not None:
-            break
-        if not lv.passed:
-            break
-        if prev is not None and saturated(prev, lv, config):
-            reason = "saturated"
-            break
-        if x >= top:
-            reason = "max_rate" if rate else "max_concurrency"
-            break
-        prev = lv
-        x = min(2 * x, top)
+    def cancelled(self) -> bool:
+        return self.cancel is not None and self.cancel.is_set()
 
-    # Bisection between the highest pass (0 when none: the start itself may
-    # be above the capacity) and the lowest fail; then the confirmation
-    # (DEFAULT_CONFIRM_WAVES): the capacity once more, longer. Passing, it is
-    # the capacity and its figures are the ones reported; failing, it is the
-    # lowest fail and the bisection goes on below it (three confirmations at
-    # most: a search must end).
-    floor = (config.start_rate / 8.0) if rate else 1.0
-    confirmations = 0
-    rechecks = 0  # of the bracket's lowest fail (recheck); two at most: a search must end
-    # The doubling may end on a pass (the top, or saturation): nothing to
-    # bisect, but its capacity is confirmed all the same.
-    top_reason = reason if reason in (*CEILING_STOPS, "saturated") else None
-    if top_reason is not None:
-        reason = None
-    while reason is None:
-        lo = best.load if best else 0.0
-        if fail_at is None and top_reason is None and best is not None:
-            # A recheck passed the doubling's only fail: the doubling goes on from it.
-            if lo >= top:
-                top_reason = "max_rate" if rate else "max_concurrency"
-            else:
-                lv = measure(min(2 * lo, top))
-                record(lv)
-                reason = interrupted(lv)
-                continue
-        hi = fail_at if fail_at is not None else lo + 1
-        if top_reason is not None and fail_at is None:
-            done = True
-        elif rate:
-            done = (lo > 0 and (hi - lo) / lo <= config.tolerance) or (lo == 0 and hi <= floor)
-        else:
-            done = hi - lo <= 1 or (lo > 0 and (hi - lo) / lo <= config.tolerance)
-        mid = _round_rate((lo + hi) / 2.0) if rate else float((int(lo) + int(hi)) // 2)
-        if not done and (mid in seen or mid <= lo or mid >= hi):
-            done = True  # rounding met a measured level: as close as it gets
-        if done and best is None:
-            reason = "first_level_failed"
-            break
-        if done and best is not None and (not config.confirm_waves or best.confirmation or confirmations >= 3):
-            reason = top_reason if top_reason is not None and fail_at is None else "bracketed"
-            break
-        if cancel is not None and cancel.is_set():
-            reason = "cancelled"
-            break
-        if done and best is not None and fail_at is not None and fail_at not in twice and rechecks < 2:
-            rechecks += 1  # the bracket is closed: its fail once more, then
-            lv = recheck(fail_at)
-        elif done and best is not None:  # ... confirm its pass
-            confirmations += 1
-            lv = confirm(best)
-        else:
-            lv = measure(mid)
-            record(lv)
-        reason = interrupted(lv)
-
-    capacity = capacity_summary(best) if best else None
-    warnings = []
-    if best is not None and capacity is not None and (failed := failed_confirmations(best, levels, config)):
-        capacity["confirmations_failed"] = failed
-        warnings.append(unconfirmed_warning(best, failed))
-    moved = speed_moved(levels)
-    if moved is not None:
-        warnings.append(speed_moved_warning(moved, bool(rate)))
-    client_itl = client_itl_note(levels)
-    if client_itl is not None:
-        warnings.append(client_itl)
-    return CapacityResult(slo=S.describe(slo), capacity=capacity, levels=levels, stop_reason=reason,
-                          stop_message=STOP_REASONS.get(reason, reason), seconds=clock() - t0,
-                          config=asdict(config), mode=config.mode, warnings=warnings, speed_moved=moved)
+    def ceiling(self) -> str:
+        return "max_rate" if self.rate else "max_concurrency"
 
 
 def failed_confirmations(best: LevelResult, levels: Sequence[LevelResult], config: SearchConfig) -> list[float]:
