@@ -345,62 +345,83 @@ def load_report_data(refs: list[str], directory: str | Path | None = None) -> Re
     if not refs:
         raise ReportError("name at least one run (an id from `ernie-tui runs list`, a run-record file, "
                           "or a sweep's JSON export)")
-    data = ReportData()
-    seen: set[str] = set()
-    lone: list[Curve] = []
-
-    def add_curve(rec: RunRecord, alone: bool) -> None:
-        if rec.id in seen:
-            return
-        seen.add(rec.id)
-        curve = curve_of(rec)
-        data.curves.append(curve)
-        if alone and rec.kind == "capacity":
-            lone.append(curve)
-
+    reader = _ReportReader(directory)
     for ref in refs:
         p = Path(ref)
-        folder = Path(directory) if directory else None
-        if p.is_file():
-            raw = _read_json(p)
-            if isinstance(raw, dict) and "rows" in raw and "kind" not in raw:  # a sweep's JSON export
-                runs = [_sweep_run(d) for row in raw.get("rows") or [] for d in row.get("runs") or []
-                        if isinstance(d, dict)]
-                meta = raw.get("meta") or {}
-                cmp_ = comparison_of([r for r in runs if r], meta, f"sweep {p.name}", raw.get("paired"))
-                if cmp_:
-                    data.comparisons.append(cmp_)
-                for rec in _trial_records(None, [r for r in runs if r], meta, folder):
-                    add_curve(rec, False)
-                data.sources.append(str(p))
-                continue
+        if p.is_file() and reader.read_export(p):
+            continue
+        reader.read_record(ref)
+    reader.compare_lone()
+    return reader.data
+
+
+class _ReportReader:
+    """What load_report_data has read so far: the report's data, the record
+    ids drawn (each once), and the lone capacity searches to compare."""
+
+    def __init__(self, directory: str | Path | None) -> None:
+        self.directory = directory
+        self.folder = Path(directory) if directory else None
+        self.data = ReportData()
+        self.seen: set[str] = set()
+        self.lone: list[Curve] = []
+
+    def add_curve(self, rec: RunRecord, alone: bool) -> None:
+        if rec.id in self.seen:
+            return
+        self.seen.add(rec.id)
+        curve = curve_of(rec)
+        self.data.curves.append(curve)
+        if alone and rec.kind == "capacity":
+            self.lone.append(curve)
+
+    def add_sweep(self, sweep: RunRecord | None, found: list[SweepRun | None], meta: dict[str, Any], title: str,
+                  paired: Any, folder: Path | None) -> None:
+        """A sweep's comparison, and its trials' curves."""
+        runs = [r for r in found if r]
+        cmp_ = comparison_of(runs, meta, title, paired)
+        if cmp_:
+            self.data.comparisons.append(cmp_)
+        for rec in _trial_records(sweep, runs, meta, folder):
+            self.add_curve(rec, False)
+
+    def read_export(self, p: Path) -> bool:
+        """A sweep's JSON export; False when the file is something else (a run record)."""
+        raw = _read_json(p)
+        if not (isinstance(raw, dict) and "rows" in raw and "kind" not in raw):
+            return False
+        runs = [_sweep_run(d) for row in raw.get("rows") or [] for d in row.get("runs") or []
+                if isinstance(d, dict)]
+        self.add_sweep(None, runs, raw.get("meta") or {}, f"sweep {p.name}", raw.get("paired"), self.folder)
+        self.data.sources.append(str(p))
+        return True
+
+    def read_record(self, ref: str) -> None:
+        """A run record (by id or file): a sweep, a capacity search or a burst."""
         try:
-            rec = load_run(ref, directory)
+            rec = load_run(ref, self.directory)
         except RunStoreError as exc:
             raise ReportError(str(exc)) from None
-        data.sources.append(str(rec.path or ref))
+        self.data.sources.append(str(rec.path or ref))
         if rec.kind == "sweep":
             res = rec.results or {}
             runs = [_sweep_run(d) for d in res.get("runs") or [] if isinstance(d, dict)]
-            meta = res.get("meta") or {}
-            cmp_ = comparison_of([r for r in runs if r], meta, f"sweep {rec.id}", res.get("paired"))
-            if cmp_:
-                data.comparisons.append(cmp_)
-            for trial in _trial_records(rec, [r for r in runs if r], meta,
-                                        folder or (rec.path.parent if rec.path else None)):
-                add_curve(trial, False)
+            self.add_sweep(rec, runs, res.get("meta") or {}, f"sweep {rec.id}", res.get("paired"),
+                           self.folder or (rec.path.parent if rec.path else None))
         elif rec.kind in ("capacity", "burst"):
-            add_curve(rec, True)
+            self.add_curve(rec, True)
         else:
             raise ReportError(f"{rec.id} is a {rec.kind} record; a report draws bursts, capacity searches "
                               "and sweeps")
-    if len(lone) > 1:
-        counts: dict[str, int] = {}
-        lone_runs: list[SweepRun] = []
-        for c in lone:
-            lone_runs.append(_capacity_as_run(c, counts.get(c.name, 0)))
-            counts[c.name] = counts.get(c.name, 0) + 1
-        cmp_ = comparison_of(lone_runs, {}, "capacity searches side by side")
-        if cmp_:
-            data.comparisons.append(cmp_)
-    return data
+
+    def compare_lone(self) -> None:
+        """Several lone capacity searches: side by side, as a sweep's runs."""
+        if len(self.lone) > 1:
+            counts: dict[str, int] = {}
+            lone_runs: list[SweepRun] = []
+            for c in self.lone:
+                lone_runs.append(_capacity_as_run(c, counts.get(c.name, 0)))
+                counts[c.name] = counts.get(c.name, 0) + 1
+            cmp_ = comparison_of(lone_runs, {}, "capacity searches side by side")
+            if cmp_:
+                self.data.comparisons.append(cmp_)
