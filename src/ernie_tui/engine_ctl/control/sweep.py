@@ -513,48 +513,99 @@ def _run_one(preset: Preset, repeat: int, burst_config: BurstConfig, options: Sw
              baseline: int | None, progress: Progress | None, cancel: threading.Event,
              index: int, total: int, capacity: CapacitySweep | None = None,
              trial: _TrialEnv | None = None) -> SweepRun:
-    t_begin = time.monotonic()
-    run = SweepRun(preset=preset.name, repeat=repeat, status="ok", key_args=preset.key_args(),
-                   mode="capacity" if capacity is not None else "burst")
+    """One preset's row: preflight, start, wait ready, its burst (or
+    capacity search), then stop and wait for memory to settle."""
+    one = _OneRun(preset, repeat, burst_config, options, log_dir, sampler, baseline, progress, cancel, capacity,
+                  trial)
+    run = one.run
     if preset.get("headless") is True:
         run.status = "skipped: headless"
         run.message = ("sweep: a headless preset runs engines for a head node and serves no API to measure; "
                        "sweep the head preset instead")
         return run
     if trial is not None:
-        # The trial's own GPUs and port; preflight then judges the preset
-        # against exactly the GPUs it will see.
+        one.take_trial_env(trial)
+    model = one.preset.resolve_model(options.model)
+    if not one.preflight(model):
+        return run
+    spec = one.preset.launch_spec(model)
+    server = EngineServer(spec, preset_name=one.preset.name, log_path=log_dir / f"{one.preset.name}-r{repeat}.log")
+    one.ev = dict(preset=one.preset.name, repeat=repeat, index=index, total=total)
+    if trial is not None:
+        one.ev.update(gpus=run.gpus, port=run.port)
+    t_launch = time.monotonic()
+    try:
+        report = one.start(server, t_launch)
+        if report is None:
+            return run
+        if capacity is not None:
+            one.search_capacity(capacity, spec, report)
+        else:
+            one.burst(server, spec, report)
+        return run
+    finally:
+        one.stop(server)
+
+
+@dataclass
+class _OneRun:
+    """One preset measured once (_run_one): its row, its events' fields, its
+    load process (parallel trials) and the times its row reports."""
+
+    preset: Preset
+    repeat: int
+    burst_config: BurstConfig
+    options: SweepOptions
+    log_dir: Path
+    sampler: ResourceSampler
+    baseline: int | None
+    progress: Progress | None
+    cancel: threading.Event
+    capacity: CapacitySweep | None
+    trial: _TrialEnv | None
+    t_begin: float = field(init=False)
+    run: SweepRun = field(init=False)
+    ev: dict[str, Any] = field(init=False, default_factory=dict)
+    loader: LoadProcess | None = field(init=False, default=None)
+    ready_wait: float = field(init=False, default=0.0)
+    burst_s: float = field(init=False, default=0.0)
+
+    def __post_init__(self) -> None:
+        self.t_begin = time.monotonic()
+        self.run = SweepRun(preset=self.preset.name, repeat=self.repeat, status="ok", key_args=self.preset.key_args(),
+                            mode="capacity" if self.capacity is not None else "burst")
+
+    def take_trial_env(self, trial: _TrialEnv) -> None:
+        """The trial's own GPUs and port; preflight then judges the preset
+        against exactly the GPUs it will see."""
         from dataclasses import replace
 
-        preset = replace(preset, env={**preset.env, "CUDA_VISIBLE_DEVICES": ",".join(trial.gpus)},
-                         port=trial.port)
-        run.gpus, run.port = ",".join(trial.gpus), trial.port
-    model = preset.resolve_model(options.model)
-    result = run_preflight(preset, model)
-    if not result.ok:
-        problem = result.first_error()
-        run.status = f"skipped: {problem.kind.value}"
-        run.message = f"preflight: {problem.message}"
-        run.overhead_s = time.monotonic() - t_begin
-        return run
-    if result.estimate is not None:
-        run.weights_gib = result.estimate.weights_bytes / 2**30
-    spec = preset.launch_spec(model)
-    server = EngineServer(spec, preset_name=preset.name, log_path=log_dir / f"{preset.name}-r{repeat}.log")
-    ev = dict(preset=preset.name, repeat=repeat, index=index, total=total)
-    if trial is not None:
-        ev.update(gpus=run.gpus, port=run.port)
-    t_launch = time.monotonic()
-    ready_wait = 0.0
-    burst_s = 0.0
-    stop_s = 0.0
-    loader = None
-    try:
-        _emit(progress, **ev, phase="starting")
+        self.preset = replace(self.preset, env={**self.preset.env, "CUDA_VISIBLE_DEVICES": ",".join(trial.gpus)},
+                              port=trial.port)
+        self.run.gpus, self.run.port = ",".join(trial.gpus), trial.port
+
+    def preflight(self, model: Any) -> bool:
+        """Preflight; a preset that fails it is recorded with its problem and never launched."""
+        run = self.run
+        result = run_preflight(self.preset, model)
+        if not result.ok:
+            problem = result.first_error()
+            run.status = f"skipped: {problem.kind.value}"
+            run.message = f"preflight: {problem.message}"
+            run.overhead_s = time.monotonic() - self.t_begin
+            return False
+        if result.estimate is not None:
+            run.weights_gib = result.estimate.weights_bytes / 2**30
+        return True
+
+    def start(self, server: EngineServer, t_launch: float) -> EngineReport | None:
+        """Start the server and wait until it is ready; None (the row says why) when it is not."""
+        run, options, cancel = self.run, self.options, self.cancel
+        _emit(self.progress, **self.ev, phase="starting")
         run.started_at = time.time()
-        if trial is not None:
+        if self.trial is not None:
             # The trial's load process, spawned now so its start-up overlaps the server's.
-            loader = LoadProcess(f"ernie-tui load {preset.name} r{repeat}").start()
+            self.loader = LoadProcess(f"ernie-tui load {self.preset.name} r{self.repeat}").start()
         server.start()
         deadline = time.monotonic() + options.ready_timeout_s
         st = server.status
@@ -563,86 +614,97 @@ def _run_one(preset: Preset, repeat: int, burst_config: BurstConfig, options: Sw
             if st.state != ServerState.STARTING:
                 break
             if st.phase:
-                _emit(progress, **ev, phase=f"starting: {st.phase}")
-        ready_wait = time.monotonic() - t_launch
+                _emit(self.progress, **self.ev, phase=f"starting: {st.phase}")
+        self.ready_wait = time.monotonic() - t_launch
         report = server.report
         if cancel.is_set():
             run.status, run.message = "cancelled", "cancelled while starting"
-            return run
+            return None
         if st.state != ServerState.READY:
             err = st.error
             run.status = f"failed: {err.kind.value}" if err else "failed: timeout"
             run.message = err.message if err else f"not ready after {options.ready_timeout_s:.0f} s"
-            return run
-        run.ready_s = (st.ready_at - st.started_at) if st.ready_at and st.started_at else ready_wait
+            return None
+        run.ready_s = (st.ready_at - st.started_at) if st.ready_at and st.started_at else self.ready_wait
         run.weights_gib = report.weights_gib if report.weights_gib is not None else run.weights_gib
         run.kv_cache_gib = report.kv_cache_gib
         run.vllm_version, run.platform = report.vllm_version, report.platform
         run.kv_cache_tokens = report.kv_cache_tokens
         run.max_concurrency = report.max_concurrency
-        if capacity is not None:
-            t_search = time.monotonic()
-            try:
-                _measure_capacity(run, capacity, burst_config, spec, preset, report, options, progress, ev, cancel,
-                                  log_dir, loader)
-            finally:
-                burst_s = time.monotonic() - t_search
-                run.burst_s = burst_s
-            return run
-        _emit(progress, **ev, phase="burst", burst_done=0, burst_total=burst_config.n)
+        return report
+
+    def search_capacity(self, capacity: CapacitySweep, spec: LaunchSpec, report: EngineReport) -> None:
+        t_search = time.monotonic()
+        try:
+            _measure_capacity(self.run, capacity, self.burst_config, spec, self.preset, report, self.options,
+                              self.progress, self.ev, self.cancel, self.log_dir, self.loader)
+        finally:
+            self.burst_s = time.monotonic() - t_search
+            self.run.burst_s = self.burst_s
+
+    def burst(self, server: EngineServer, spec: LaunchSpec, report: EngineReport) -> None:
+        """The burst; fills the run's burst columns and saves its record."""
+        run, config, ev, progress = self.run, self.burst_config, self.ev, self.progress
+        _emit(progress, **ev, phase="burst", burst_done=0, burst_total=config.n)
         # The burst's peak memory is this engine's: a fresh sampler bound to its pids.
-        engine_sampler = ResourceSampler(server.engine_pids, use_nvml=sampler.nvml)
+        engine_sampler = ResourceSampler(server.engine_pids, use_nvml=self.sampler.nvml)
         # In a parallel sweep, only the trial's own GPUs: not the ones a neighbour fills.
-        memory = EngineMemory(sampler=engine_sampler, gpus=_gpu_indices(trial.gpus) if trial is not None else None)
-        job = _load_job("burst", spec, preset, burst_config, log_dir, repeat)
+        memory = EngineMemory(sampler=engine_sampler,
+                              gpus=_gpu_indices(self.trial.gpus) if self.trial is not None else None)
+        job = _load_job("burst", spec, self.preset, config, self.log_dir, self.repeat)
         t_burst = time.monotonic()
         try:
             burst = _load(run, job, lambda d, n: _emit(progress, **ev, phase="burst", burst_done=d, burst_total=n),
-                          cancel, ev, loader, memory=memory, sample_interval_s=burst_config.sample_interval_s)
+                          self.cancel, ev, self.loader, memory=memory, sample_interval_s=config.sample_interval_s)
         finally:
             engine_sampler.close()
+        self.burst_s = run.burst_s = time.monotonic() - t_burst
         if burst is None:  # the load's child process died or raised: its row says how
-            burst_s = run.burst_s = time.monotonic() - t_burst
-            return run
-        burst_s = time.monotonic() - t_burst
-        run.burst_s = burst_s
-        run.requests = burst.total
-        run.errors = burst.failed
-        run.output_tps = burst.output_tps
-        run.total_tps = burst.total_tps
-        run.ttft_p50_ms = _ms(burst.ttft.get("p50"))
-        run.ttft_p90_ms = _ms(burst.ttft.get("p90"))
-        run.itl_p50_ms = _ms(burst.itl.get("p50"))
-        run.peak_memory_gib = burst.peak_memory_bytes / 2**30 if burst.peak_memory_bytes else None
-        run.memory_source = burst.memory_source
-        run.kv_usage_peak_pct = burst.kv_cache_usage_peak_pct
-        if burst.cancelled or cancel.is_set():
-            run.status, run.message = "cancelled", "cancelled during the burst"
-        elif burst.completed == 0:
-            run.status = "failed: burst"
-            run.message = "; ".join(burst.errors.get("first", [])[:1]) or "no request succeeded"
-        if options.save_records:
-            record = save_run("burst", burst.to_dict(with_requests=False), preset=preset,
+            return
+        _fill_burst_columns(run, burst, self.cancel)
+        if self.options.save_records:
+            record = save_run("burst", burst.to_dict(with_requests=False), preset=self.preset,
                               engine_report=report.to_dict(), url=spec.url, model=spec.served_model_name,
-                              notes=f"sweep repeat {repeat}")
+                              notes=f"sweep repeat {self.repeat}")
             run.record_id = record.id
-        return run
-    finally:
-        if loader is not None:
-            loader.close()  # gone already after a load; an idle one (start failed, cancelled) told to exit
-        _emit(progress, **ev, phase="stopping")
+
+    def stop(self, server: EngineServer) -> None:
+        """Stop the server (never left running), wait for memory to settle, and time the row."""
+        run = self.run
+        if self.loader is not None:
+            self.loader.close()  # gone already after a load; an idle one (start failed, cancelled) told to exit
+        _emit(self.progress, **self.ev, phase="stopping")
         t_stop = time.monotonic()
         if server.status.running or server.status.state == ServerState.CRASHED:
             server.stop()
         stop_s = time.monotonic() - t_stop
         server.close()
-        if trial is not None:
-            trial.settle()
+        if self.trial is not None:
+            self.trial.settle()
         else:
-            _wait_baseline(sampler, baseline, options)
+            _wait_baseline(self.sampler, self.baseline, self.options)
         run.ended_at = time.time()
         run.stop_s = stop_s
-        run.overhead_s = max(0.0, (time.monotonic() - t_begin) - ready_wait - burst_s - stop_s)
+        run.overhead_s = max(0.0, (time.monotonic() - self.t_begin) - self.ready_wait - self.burst_s - stop_s)
+
+
+def _fill_burst_columns(run: SweepRun, burst: Any, cancel: threading.Event) -> None:
+    """A finished burst's figures in the run's columns, and its status."""
+    run.requests = burst.total
+    run.errors = burst.failed
+    run.output_tps = burst.output_tps
+    run.total_tps = burst.total_tps
+    run.ttft_p50_ms = _ms(burst.ttft.get("p50"))
+    run.ttft_p90_ms = _ms(burst.ttft.get("p90"))
+    run.itl_p50_ms = _ms(burst.itl.get("p50"))
+    run.peak_memory_gib = burst.peak_memory_bytes / 2**30 if burst.peak_memory_bytes else None
+    run.memory_source = burst.memory_source
+    run.kv_usage_peak_pct = burst.kv_cache_usage_peak_pct
+    if burst.cancelled or cancel.is_set():
+        run.status, run.message = "cancelled", "cancelled during the burst"
+    elif burst.completed == 0:
+        run.status = "failed: burst"
+        run.message = "; ".join(burst.errors.get("first", [])[:1]) or "no request succeeded"
 
 
 def _measure_capacity(run: SweepRun, capacity: CapacitySweep, burst_config: BurstConfig, spec: LaunchSpec,
