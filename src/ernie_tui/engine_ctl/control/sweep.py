@@ -839,36 +839,107 @@ def _run_parallel(plan: SweepPlan, burst_config: BurstConfig, options: SweepOpti
                   capacity: CapacitySweep | None) -> list[SweepRun]:
     """Run the plan's trials side by side on disjoint GPU sets; returns the
     runs in plan order (the same runs a sequential sweep would give)."""
-    from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
-
-    gpu_ids = list(options.gpu_ids) if options.gpu_ids else detect_gpu_ids()
-    per = None if options.gpus_per_trial == "auto" else int(options.gpus_per_trial)
-    order = plan.order()
-    sched = TrialScheduler([Trial(i, r, p) for i, (r, p) in enumerate(order)], gpu_ids, per)
-    total = len(order)
-    lock = threading.Lock()
-
-    def emit(**event: Any) -> None:
-        with lock:  # trials report from their own threads; listeners see one at a time
-            _emit(progress, **event)
-
-    runs: dict[int, SweepRun] = {}
-    for t, why in sched.unfit():
-        run = SweepRun(preset=t.preset.name, repeat=t.repeat, status="skipped: tp_exceeds_gpus",
-                       message=f"sweep: {why}", key_args=t.preset.key_args(),
-                       mode="capacity" if capacity is not None else "burst")
-        runs[t.index] = run
-        emit(preset=t.preset.name, repeat=t.repeat, index=t.index, total=total, phase="done",
-             status=run.status, run=run)
-
+    par = _ParallelSweep(plan, burst_config, options, log_dir, progress, cancel, capacity)
+    par.skip_unfit()
     sampler = ResourceSampler()
     # Each GPU's memory before the sweep: a trial is over once its own GPUs
     # are back to where they were (its neighbours' GPUs are none of its business).
     start = sampler.sample() if sampler.nvml else None
     baselines = {g.index: g.used_bytes for g in start.gpus} if start is not None else {}
+    try:
+        par.run_trials(sampler, baselines)
+    finally:
+        sampler.close()
+    return [par.runs[i] for i in sorted(par.runs)]
 
-    def settle_for(gpus: tuple[str, ...]) -> Callable[[], None]:
+
+class _ParallelSweep:
+    """The state of a parallel sweep (_run_parallel): its scheduler, the
+    trials running (their GPUs, port and start time), the ports they hold,
+    the runs done; and its steps."""
+
+    def __init__(self, plan: SweepPlan, burst_config: BurstConfig, options: SweepOptions, log_dir: Path,
+                 progress: Progress | None, cancel: threading.Event, capacity: CapacitySweep | None) -> None:
+        self.burst_config, self.options, self.log_dir = burst_config, options, log_dir
+        self.progress, self.cancel, self.capacity = progress, cancel, capacity
+        self.gpu_ids = list(options.gpu_ids) if options.gpu_ids else detect_gpu_ids()
+        per = None if options.gpus_per_trial == "auto" else int(options.gpus_per_trial)
+        order = plan.order()
+        self.sched = TrialScheduler([Trial(i, r, p) for i, (r, p) in enumerate(order)], self.gpu_ids, per)
+        self.total = len(order)
+        self.lock = threading.Lock()
+        self.runs: dict[int, SweepRun] = {}
+        self.ports: set[int] = set()
+        self.durations: list[float] = []
+        self.running: dict[Any, tuple[Any, int, float]] = {}
+
+    def emit(self, **event: Any) -> None:
+        with self.lock:  # trials report from their own threads; listeners see one at a time
+            _emit(self.progress, **event)
+
+    def skip_unfit(self) -> None:
+        """Rows for the trials no GPU set can hold."""
+        for t, why in self.sched.unfit():
+            run = SweepRun(preset=t.preset.name, repeat=t.repeat, status="skipped: tp_exceeds_gpus",
+                           message=f"sweep: {why}", key_args=t.preset.key_args(),
+                           mode="capacity" if self.capacity is not None else "burst")
+            self.runs[t.index] = run
+            self.emit(preset=t.preset.name, repeat=t.repeat, index=t.index, total=self.total, phase="done",
+                      status=run.status, run=run)
+
+    def run_trials(self, sampler: ResourceSampler, baselines: dict[int, int]) -> None:
+        """Start trials as GPU sets free up, until every one has ended (or the sweep is cancelled)."""
+        from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
+
+        with ThreadPoolExecutor(max_workers=len(self.gpu_ids), thread_name_prefix="sweep-trial") as pool:
+            while not self.sched.done:
+                if self.cancel.is_set():
+                    self.sched.drop_pending()
+                for a in self.sched.start():
+                    self.start_trial(pool, a, sampler, baselines)
+                if not self.running:
+                    break
+                done, _ = wait(list(self.running), timeout=0.5, return_when=FIRST_COMPLETED)
+                for fut in done:
+                    self.finish_trial(fut)
+
+    def start_trial(self, pool: Any, a: Any, sampler: ResourceSampler, baselines: dict[int, int]) -> None:
+        """One trial on its GPU set and a port no running trial holds, in the pool."""
+        t = a.trial
+        port = _trial_port(t.preset, self.ports)
+        self.ports.add(port)
+        sched = self.sched
+        left = len(sched.pending) + len(sched.running)
+        eta = (statistics.mean(self.durations) * left / sched.max_parallel) if self.durations else None
+        self.emit(preset=t.preset.name, repeat=t.repeat, index=t.index, total=self.total, phase="preflight",
+                  eta_s=eta, gpus=a.cuda_visible_devices, port=port)
+        env = _TrialEnv(gpus=a.gpus, port=port, settle=self.settle_for(a.gpus, sampler, baselines))
+        fut = pool.submit(_run_one, t.preset, t.repeat, self.burst_config, self.options, self.log_dir, sampler,
+                          None, _emit_to(self.emit), self.cancel, t.index, self.total, self.capacity, env)
+        self.running[fut] = (a, port, time.monotonic())
+
+    def finish_trial(self, fut: Any) -> None:
+        """A trial ended: its GPUs and port back, its row (a surprise in it becomes a failed row)."""
+        a, port, t0 = self.running.pop(fut)
+        self.sched.finish(a)
+        self.ports.discard(port)
+        self.durations.append(time.monotonic() - t0)
+        t = a.trial
+        try:
+            run = fut.result()
+        except Exception as exc:  # noqa: BLE001  one trial's surprise must not stop its neighbours; its row says it
+            run = SweepRun(preset=t.preset.name, repeat=t.repeat, status="failed: error",
+                           message=f"{type(exc).__name__}: {exc}", key_args=t.preset.key_args(),
+                           gpus=a.cuda_visible_devices, port=port)
+        self.runs[t.index] = run
+        self.emit(preset=t.preset.name, repeat=t.repeat, index=t.index, total=self.total, phase="done",
+                  status=run.status, run=run, gpus=a.cuda_visible_devices)
+
+    def settle_for(self, gpus: tuple[str, ...], sampler: ResourceSampler,
+                   baselines: dict[int, int]) -> Callable[[], None]:
+        """Wait until the trial's own GPUs' memory is back to its baseline."""
         indices = _gpu_indices(gpus)
+        options, lock = self.options, self.lock
 
         def settle() -> None:
             if not sampler.nvml or indices is None:
@@ -883,48 +954,6 @@ def _run_parallel(plan: SweepPlan, burst_config: BurstConfig, options: SweepOpti
                 time.sleep(0.25)
 
         return settle
-
-    ports: set[int] = set()
-    durations: list[float] = []
-    running: dict[Any, tuple[Any, int, float]] = {}
-    try:
-        with ThreadPoolExecutor(max_workers=len(gpu_ids), thread_name_prefix="sweep-trial") as pool:
-            while not sched.done:
-                if cancel.is_set():
-                    sched.drop_pending()
-                for a in sched.start():
-                    t = a.trial
-                    port = _trial_port(t.preset, ports)
-                    ports.add(port)
-                    left = len(sched.pending) + len(sched.running)
-                    eta = (statistics.mean(durations) * left / sched.max_parallel) if durations else None
-                    emit(preset=t.preset.name, repeat=t.repeat, index=t.index, total=total, phase="preflight",
-                         eta_s=eta, gpus=a.cuda_visible_devices, port=port)
-                    env = _TrialEnv(gpus=a.gpus, port=port, settle=settle_for(a.gpus))
-                    fut = pool.submit(_run_one, t.preset, t.repeat, burst_config, options, log_dir, sampler,
-                                      None, _emit_to(emit), cancel, t.index, total, capacity, env)
-                    running[fut] = (a, port, time.monotonic())
-                if not running:
-                    break
-                done, _ = wait(list(running), timeout=0.5, return_when=FIRST_COMPLETED)
-                for fut in done:
-                    a, port, t0 = running.pop(fut)
-                    sched.finish(a)
-                    ports.discard(port)
-                    durations.append(time.monotonic() - t0)
-                    t = a.trial
-                    try:
-                        run = fut.result()
-                    except Exception as exc:  # noqa: BLE001  one trial's surprise must not stop its neighbours; its row says it
-                        run = SweepRun(preset=t.preset.name, repeat=t.repeat, status="failed: error",
-                                       message=f"{type(exc).__name__}: {exc}", key_args=t.preset.key_args(),
-                                       gpus=a.cuda_visible_devices, port=port)
-                    runs[t.index] = run
-                    emit(preset=t.preset.name, repeat=t.repeat, index=t.index, total=total, phase="done",
-                         status=run.status, run=run, gpus=a.cuda_visible_devices)
-    finally:
-        sampler.close()
-    return [runs[i] for i in sorted(runs)]
 
 
 def _emit_to(emit: Callable[..., None]) -> Progress:
