@@ -21,6 +21,7 @@ ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "tests" / "fixtures" / "vllm-logs"
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads xdist_group into each test's id
 def pytest_collection_modifyitems(config, items):
     """Under pytest-xdist (`-n 2 --dist loadgroup`, as scripts/test.sh runs
     it when xdist is installed), every real-vLLM and tmux test goes to one
