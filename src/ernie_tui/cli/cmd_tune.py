@@ -83,7 +83,7 @@ def _duration(text: str) -> float:
 
 def study_name(base: Any, space: Any, args: argparse.Namespace) -> str:
     """tune-BASE-HASH: the same BASE settings, space, SLO and prompts give the same study."""
-    from ernie_tui.presets.store import preset_table
+    from ernie_tui.presets.store import preset_table  # lazy: --help start-up
 
     key = json.dumps({"base": preset_table(base), "space": space.digest(), "slo": sorted(args.slo),
                       "prompts": [args.min_tokens, args.max_tokens_in, args.max_tokens], "workload": args.workload,
@@ -93,7 +93,7 @@ def study_name(base: Any, space: Any, args: argparse.Namespace) -> str:
 
 def _setup(args: argparse.Namespace) -> Any:
     """The TuneSetup from the command line, every mistake refused before anything starts."""
-    from ernie_tui import paths
+    from ernie_tui import paths  # lazy: --help start-up
     from ernie_tui.cli.capacity_args import capacity_sweep
     from ernie_tui.engine_ctl.control import SweepOptions, TuneError, TuneSetup, detect_gpu_ids, require_optuna
     from ernie_tui.engine_ctl.load import BurstConfig
@@ -121,7 +121,7 @@ def _setup(args: argparse.Namespace) -> Any:
         raise CliError(str(exc)) from None
     gpu_ids = None
     if args.gpu_list:
-        from ernie_tui.engine_ctl.control import GpuIdsError
+        from ernie_tui.engine_ctl.control import GpuIdsError  # lazy: --help start-up
 
         try:
             gpu_ids = detect_gpu_ids(args.gpu_list)
@@ -143,7 +143,7 @@ def _setup(args: argparse.Namespace) -> Any:
 def _trial_port(base: Any) -> int | None:
     """None when BASE's port is free; else the next free one (the operator's
     own server may be serving BASE there now), said on stderr."""
-    from ernie_tui.engine_ctl.launch import next_free_port, port_is_free
+    from ernie_tui.engine_ctl.launch import next_free_port, port_is_free  # lazy: --help start-up
 
     if port_is_free(base.host, base.port)[0]:
         return None
@@ -228,7 +228,7 @@ def answer_text(result: Any) -> str:
 
 
 def _write_preset(setup: Any, result: Any, args: argparse.Namespace, run_id: str) -> str | None:
-    from ernie_tui.engine_ctl.control import tuned_preset
+    from ernie_tui.engine_ctl.control import tuned_preset  # lazy: --help start-up
     from ernie_tui.presets import PresetError
     from ernie_tui.presets.store import save_preset
 
@@ -259,7 +259,7 @@ def _tune_on_screen(setup: Any, cancel: threading.Event) -> Any:
 
 
 def _tune(args: argparse.Namespace) -> int:
-    from ernie_tui.engine_ctl.control import TuneError, run_tune
+    from ernie_tui.engine_ctl.control import TuneError, run_tune  # lazy: --help start-up
     from ernie_tui.engine_ctl.load import save_run
 
     setup = _setup(args)

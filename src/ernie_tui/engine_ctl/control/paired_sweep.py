@@ -389,7 +389,12 @@ def _search_one(s: _Served, search: Any, capacity: CapacitySweep, burst_config: 
                 cancel: threading.Event) -> tuple[SweepRun, CapacityResult | None]:
     """One preset's search, its levels taking turns at the gate; its level
     runner is kept in `runners` for the duels."""
-    from ernie_tui.engine_ctl.load import ProbeFailure, Workload, find_tokenizer, run_capacity
+    from ernie_tui.engine_ctl.load import (  # lazy: when a search runs
+        ProbeFailure,
+        Workload,
+        find_tokenizer,
+        run_capacity,
+    )
 
     run = replace(s.ready, repeat=0, started_at=time.time(), record_id=None, load_pid=os.getpid())
     name = s.preset.name
