@@ -457,13 +457,16 @@ def make_handler(srv: Server):
                     srv.c_gen.labels(m).inc()
                 if final_usage:
                     self._chunk(event(n_out, None, choices=False))
-                self._chunk("[DONE]")
-                self.wfile.write(b"0\r\n\r\n")
-                self.wfile.flush()
+                # Counted and logged before the stream's last bytes: a client that
+                # has read its whole stream then finds its request done in
+                # /requests and /metrics, with no race against this thread.
                 srv.h_e2e.labels(m).observe(time.perf_counter() - t_arrive)
                 srv.h_inference.labels(m).observe(time.perf_counter() - t_slot)
                 srv.c_ok.labels(m).inc()
                 entry["end"] = time.monotonic()
+                self._chunk("[DONE]")
+                self.wfile.write(b"0\r\n\r\n")
+                self.wfile.flush()
             except (BrokenPipeError, ConnectionResetError):
                 self.close_connection = True  # the client went away: vLLM aborts the request
             finally:

@@ -216,7 +216,13 @@ def test_a_search_on_a_local_server_reads_its_processes_cpu_per_level_and_says_w
     for lv in out["levels"]:
         by_pid = {p["pid"]: p for p in lv["server_cpu"]}
         assert set(by_pid) == {srv.proc.pid, child}
-        assert by_pid[child]["what"] == "engine core" and by_pid[child]["cpu_pct"] > 5  # busy (the note: below)
+        assert by_pid[child]["what"] == "engine core" and by_pid[child]["cpu_pct"] >= 0.0
+    # The child spins through every level, but how much of a core it gets is the
+    # scheduler's: a CI box running vLLM beside it gave it 2 %. That the figure
+    # matches the kernel's count is the _read_tree tests' job; here, that the
+    # search read it at all: some level saw it run.
+    assert max(lv_cpu["cpu_pct"] for lv in out["levels"] for lv_cpu in lv["server_cpu"]
+               if lv_cpu["pid"] == child) > 0.0, [lv["server_cpu"] for lv in out["levels"]]
     # The note is there exactly when a level read the child at 90 % or more (on a
     # busy 2-core box it may get less of a core than that).
     held = any(p["what"] == "engine core" and p["cpu_pct"] >= SATURATED_PCT
