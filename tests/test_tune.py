@@ -189,6 +189,13 @@ def test_tune_end_to_end_records_its_trials_and_writes_the_best_as_a_preset(tmp_
     assert "BASE" in best.description
     # Each measured trial's capacity search is a run record of its own.
     assert {r["record_id"] for r in measured} <= {r.id for r in runstore.list_runs(kind="capacity")}
+    # The report draws the tune: the answer, the front, and the best's and BASE's own searches.
+    assert res["base_summary"]["record_id"] and res["base_summary"]["goodput"] is not None
+    page = tmp_path / "tune.html"
+    assert main(["report", rec.id, "--out", str(page)]) == 0
+    html = page.read_text()
+    assert "Best setting" in html and 'id="tune-0-front"' in html and 'id="tune-0-effects"' in html
+    assert f'">the best, trial {res["best"]["number"]}</a>' in html and '">BASE shaped</a>' in html
 
 
 def test_a_tune_run_again_goes_on_from_its_saved_trials(tmp_path, tiny_model, capsys):

@@ -11,7 +11,7 @@ from ernie_tui.cli.out_paths import check_out_files
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
-        "report", help="draw saved runs (capacity searches, sweeps, bursts) into an HTML page, PNG or SVG",
+        "report", help="draw saved runs (capacity searches, sweeps, bursts, tunes) into an HTML page, PNG or SVG",
         description="Make one file a colleague opens without the terminal: per run, output tok/s against "
                     "TTFT p99 and ITL p99 (each level a point with its verdict, the SLO limits as lines, the "
                     "capacity ringed) and each level's SLO attainment with its interval; across presets, the "
@@ -20,7 +20,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                     "SLO) with vLLM's own histogram figures beside ours. FILE.html is self-contained (pictures "
                     "inline, no script, nothing fetched from the network) and links the CSV of every level; "
                     "FILE.png / FILE.svg put every picture on one canvas. A sweep brings its trials' runs from "
-                    "the run store. Needs matplotlib: pip install 'ernie-tui[report]'.")
+                    "the run store. A tune shows its answer (the best setting against BASE, the verdict), "
+                    "goodput per trial, the trials' Pareto front, each parameter's effect, every trial, and the "
+                    "capacity curves of the best, BASE and a few more trials. Needs matplotlib: "
+                    "pip install 'ernie-tui[report]'.")
     p.add_argument("runs", nargs="+", metavar="RUN",
                    help="a run id (see `ernie-tui runs list`), a run-record file, or a sweep's JSON export")
     p.add_argument("--out", metavar="FILE", action="append", default=[],

@@ -586,6 +586,9 @@ class TuneResult:
     seconds: float
     measured_trials: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
+    # BASE's own measurement (_summary: capacity, latencies, the record id of
+    # its capacity search), for the report's reference point and curve.
+    base_summary: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -658,7 +661,8 @@ def run_tune(setup: TuneSetup, progress: Progress | None = None, cancel: threadi
             best_goodputs=best_values, verdict=verdict or compare_to_base(base, best_values),
             importances=importances(study), effects=effects(rows), refused=[r for r in rows if r.outcome == "refused"],
             stopped=why, seconds=round(time.monotonic() - t0, 1), measured_trials=len(_measured(rows)),
-            extra={"paired": paired} if paired else {})
+            extra={"paired": paired} if paired else {},
+            base_summary=dict((study.user_attrs.get("base") or {}).get("summary") or {}))
     finally:
         done.set()
         _let_go(setup.study_dir)

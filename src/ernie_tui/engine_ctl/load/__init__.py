@@ -72,7 +72,7 @@ from ernie_tui.engine_ctl.load.metrics import (
     histogram_delta,
     only_metrics,
 )
-from ernie_tui.engine_ctl.load.pareto import front_of_rows
+from ernie_tui.engine_ctl.load.pareto import front_of_rows, pareto_front
 from ernie_tui.engine_ctl.load.probe import format_probe, probe_error_lines, run_probe
 from ernie_tui.engine_ctl.load.prompts import (
     CHINESE_PROMPT,
@@ -189,6 +189,7 @@ __all__ = [
     "long_prompt",
     "make_search",
     "only_metrics",
+    "pareto_front",
     "parse_slo",
     "rate",
     "ready_prompt",

@@ -12,9 +12,9 @@ from __future__ import annotations
 import base64
 import csv
 import io
-import json
 import re
 import time
+from functools import partial
 from html import escape
 from pathlib import Path
 from typing import Any
@@ -22,7 +22,14 @@ from typing import Any
 from ernie_tui import __version__, paths
 from ernie_tui.engine_ctl.control import SweepRow, at_ceiling
 from ernie_tui.engine_ctl.report import figures as F
+from ernie_tui.engine_ctl.report import tune_figures as TF
+from ernie_tui.engine_ctl.report.html_parts import fmt as _fmt
+from ernie_tui.engine_ctl.report.html_parts import info_html
+from ernie_tui.engine_ctl.report.html_parts import pct as _pct
+from ernie_tui.engine_ctl.report.html_parts import svg_inline as _svg_inline
+from ernie_tui.engine_ctl.report.html_parts import table as _table
 from ernie_tui.engine_ctl.report.inputs import Comparison, Curve, ReportData, ReportError
+from ernie_tui.engine_ctl.report.tune_html import tune_html
 
 FORMATS = (".html", ".htm", ".png", ".svg")
 
@@ -73,88 +80,6 @@ ul.warnings { color: #8a5300; background: #fff8e6; padding: .4em .4em .4em 1.6em
 """
 
 
-def _fmt(v: Any, digits: int = 1) -> str:
-    if v is None or v == "":
-        return "–"
-    if isinstance(v, bool):
-        return "yes" if v else "no"
-    if isinstance(v, float):
-        if abs(v) >= 100:
-            return f"{v:,.0f}"
-        return f"{v:.{digits}f}"
-    return str(v)
-
-
-def _pct(v: float | None) -> str:
-    return "–" if v is None else f"{v * 100:.1f}%"
-
-
-def _svg_inline(fig: Any, salt: str) -> str:
-    """The figure as SVG markup to put inside the page (no XML prolog or DOCTYPE)."""
-    text = F.render(fig, "svg", salt=salt).decode("utf-8")
-    start = text.find("<svg")
-    return text[start:] if start >= 0 else text
-
-
-def _table(headers: list[str], rows: list[list[str]], classes: list[str] | None = None,
-           cell_classes: list[list[str]] | None = None) -> str:
-    out = ["<table><tr>" + "".join(f"<th>{escape(h)}</th>" for h in headers) + "</tr>"]
-    for i, r in enumerate(rows):
-        cls = f' class="{classes[i]}"' if classes and classes[i] else ""
-        cells = []
-        for j, c in enumerate(r):
-            cc = cell_classes[i][j] if cell_classes and cell_classes[i][j] else ""
-            cells.append(f'<td class="{cc}">{escape(c)}</td>' if cc else f"<td>{escape(c)}</td>")
-        out.append(f"<tr{cls}>" + "".join(cells) + "</tr>")
-    out.append("</table>")
-    return "\n".join(out)
-
-
-def engine_args_text(args: dict[str, Any]) -> str:
-    """The preset's engine arguments as vLLM's command line spells them."""
-    parts = []
-    for k, v in args.items():
-        flag = "--" + str(k).replace("_", "-")
-        if v is True:
-            parts.append(flag)
-        elif v is False or v is None:
-            parts.append(f"{flag}=false" if v is False else flag)
-        elif isinstance(v, (dict, list)):
-            parts.append(f"{flag} '{json.dumps(v, separators=(',', ':'))}'")
-        else:
-            parts.append(f"{flag} {v}")
-    return " \\\n  ".join(parts)
-
-
-def _nested_text(v: Any, indent: str = "") -> str:
-    """A dict or list as indented `key: value` lines (JSON's braces help nobody here)."""
-    if isinstance(v, dict):
-        lines = []
-        for k, x in v.items():
-            if isinstance(x, (dict, list)) and x:
-                lines.append(f"{indent}{k}:\n{_nested_text(x, indent + '  ')}")
-            else:
-                lines.append(f"{indent}{k}: {json.dumps(x, ensure_ascii=False) if not isinstance(x, str) else x}")
-        return "\n".join(lines)
-    if isinstance(v, list):
-        return "\n".join(f"{indent}- {json.dumps(x, ensure_ascii=False) if not isinstance(x, str) else x}"
-                         for x in v)
-    return f"{indent}{v}"
-
-
-def _info_html(curve: Curve) -> str:
-    rows = []
-    for k, v in curve.info.items():
-        if isinstance(v, (dict, list)):
-            cell = f"<pre>{escape(_nested_text(v))}</pre>"
-        else:
-            cell = f"<code>{escape(_fmt(v))}</code>"
-        rows.append(f'<tr><th class="l">{escape(k)}</th><td class="l">{cell}</td></tr>')
-    args = engine_args_text(curve.engine_args) if curve.engine_args else "(not recorded)"
-    return ("<table>" + "".join(rows) + "</table>"
-            f"<p><b>Engine arguments</b> (the preset's, as given to vLLM):</p><pre>{escape(args)}</pre>")
-
-
 _VLLM_COLUMNS = (("ttft_p50_ms", "vLLM TTFT p50"), ("ttft_p99_ms", "vLLM TTFT p99"),
                  ("itl_p50_ms", "vLLM ITL p50"), ("itl_p99_ms", "vLLM ITL p99"), ("e2e_p99_ms", "vLLM e2e p99"),
                  ("ttft_p50_s", "vLLM TTFT p50"), ("ttft_p99_s", "vLLM TTFT p99"), ("itl_mean_s", "vLLM ITL mean"),
@@ -202,7 +127,7 @@ def _curve_html(curve: Curve, index: int) -> str:
           if curve.warnings else []),
         f'<div class="figure">{_svg_inline(fig, f"curve-{index}")}</div>',
         _levels_html(curve),
-        "<details open><summary>What it ran on</summary>", _info_html(curve), "</details>",
+        "<details open><summary>What it ran on</summary>", info_html(curve.info, curve.engine_args), "</details>",
     ])
 
 
@@ -299,8 +224,8 @@ def _comparison_html(cmp_: Comparison, index: int, curves: list[Curve]) -> str:
 def report_html(data: ReportData, title: str | None = None) -> str:
     csv_text = levels_csv(data)
     csv_uri = "data:text/csv;charset=utf-8;base64," + base64.b64encode(csv_text.encode("utf-8")).decode("ascii")
-    title = title or ("ernie-tui report: " + ", ".join(dict.fromkeys(c.name for c in data.curves))
-                      if data.curves else "ernie-tui report")
+    names = [f"tune of {t.base}" for t in data.tunes] or [c.name for c in data.curves]
+    title = title or ("ernie-tui report: " + ", ".join(dict.fromkeys(names)) if names else "ernie-tui report")
     parts = [
         "<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
         '<meta name="viewport" content="width=device-width, initial-scale=1">',
@@ -311,16 +236,21 @@ def report_html(data: ReportData, title: str | None = None) -> str:
         f"{escape(', '.join(Path(s).name for s in data.sources))}. "
         f'<a download="levels.csv" href="{csv_uri}">Download every level as CSV</a>.</p>',
     ]
-    toc = [f'<li><a href="#cmp-{i}">{escape(c.title)}</a></li>' for i, c in enumerate(data.comparisons)]
+    toc = [f'<li><a href="#tune-{i}">tune of {escape(t.base)}</a> <span class="note">{escape(t.run_id)}</span></li>'
+           for i, t in enumerate(data.tunes)]
+    toc += [f'<li><a href="#cmp-{i}">{escape(c.title)}</a></li>' for i, c in enumerate(data.comparisons)]
     toc += [f'<li><a href="#run-{i}">{escape(F.curve_title(c))}</a> <span class="note">{escape(c.run_id)}</span></li>'
             for i, c in enumerate(data.curves)]
     if len(toc) > 1:
         parts.append(f"<ul>{''.join(toc)}</ul>")
+    curve_index = {c.run_id: i for i, c in enumerate(data.curves)}
+    for i, tune in enumerate(data.tunes):  # the answer on top: the curves it links to are drawn below
+        parts.append(tune_html(tune, i, curve_index))
     for i, cmp_ in enumerate(data.comparisons):
         parts.append(_comparison_html(cmp_, i, data.curves))
     for i, curve in enumerate(data.curves):
         parts.append(_curve_html(curve, i))
-    if not data.curves and not data.comparisons:
+    if not data.curves and not data.comparisons and not data.tunes:
         parts.append("<p>The runs hold nothing to draw.</p>")
     parts.append("</body></html>")
     return "\n".join(parts)
@@ -344,7 +274,8 @@ def write_report(data: ReportData, out: str | Path, title: str | None = None, dp
     if suffix in (".html", ".htm"):
         payload = report_html(data, title).encode("utf-8")
     else:
-        fig = F.overview_figure(data.curves, data.comparisons)
+        tunes = [(partial(TF.draw_tune_rows, tune=t), TF.rows_height(t)) for t in data.tunes]
+        fig = F.overview_figure(data.curves, data.comparisons, tunes)
         payload = F.render(fig, suffix[1:], salt=p.stem, dpi=dpi)
     tmp = p.with_name(p.name + ".tmp")
     tmp.write_bytes(payload)

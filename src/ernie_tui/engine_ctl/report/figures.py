@@ -23,6 +23,7 @@ front-<preset>, attainment-<label>, overlay-<trial>.
 from __future__ import annotations
 
 import io
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ernie_tui.engine_ctl.report.inputs import Comparison, Curve, Level, ReportError
@@ -414,14 +415,23 @@ def comparison_figure(cmp_: Comparison, curves: list[Curve] | None = None) -> "F
     return finish(fig)
 
 
-def overview_figure(curves: list[Curve], comparisons: list[Comparison]) -> "Figure":
-    """Everything on one canvas, for --out FILE.png / FILE.svg: a row per
-    comparison, then a row per run, each row titled with what it found."""
-    n = len(comparisons) + len(curves)
+# A section drawn above the comparisons (a tune's): what draws it, and its height in rows.
+Leading = tuple[Callable[["SubFigure"], None], float]
+
+
+def overview_figure(curves: list[Curve], comparisons: list[Comparison], leading: Sequence[Leading] = ()) -> "Figure":
+    """Everything on one canvas, for --out FILE.png / FILE.svg: the leading
+    sections, then a row per comparison, then a row per run, each row titled
+    with what it found."""
+    heights = [h for _, h in leading] + [1.0] * (len(comparisons) + len(curves))
+    n = len(heights)
     if n == 0:
         raise ReportError("nothing to draw: the runs hold no levels")
-    fig = new_figure(16, 4.6 * n)
-    rows = list(fig.subfigures(n, 1, squeeze=False)[:, 0])
+    fig = new_figure(16, 4.6 * sum(heights))
+    rows = list(fig.subfigures(n, 1, squeeze=False, height_ratios=heights)[:, 0])
+    for sub, (draw, _) in zip(rows, leading, strict=False):
+        draw(sub)
+    rows = rows[len(leading):]
     for sub, cmp_ in zip(rows, comparisons, strict=False):  # the rows: comparisons first, then runs
         draw_comparison_row(sub, cmp_, curves)
     for sub, curve in zip(rows[len(comparisons):], curves, strict=True):

@@ -11,19 +11,23 @@ are kept in `raw` and go to the CSV. Nothing here draws.
 - Comparison: presets side by side (a sweep, or several capacity searches):
   the sweep's own fold (median, min-max spread, rank, "within noise") and
   load.pareto's front, reused, not recomputed here.
+- TuneReport (tune_inputs): a tune's answer and trials, with the capacity
+  curves of its best, BASE and a few more trials.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ernie_tui.engine_ctl.control import SweepRow, SweepRun, fold, score_column
 from ernie_tui.engine_ctl.load import RunRecord, RunStoreError, front_of_rows, list_runs, load_run
+from ernie_tui.engine_ctl.report.tune_inputs import TuneReport, tune_of, wanted_curves
+from ernie_tui.engine_ctl.report.values import num as _num
+from ernie_tui.engine_ctl.report.values import slo_limits
 
 
 class ReportError(Exception):
@@ -32,16 +36,6 @@ class ReportError(Exception):
 
 # A level's x: closed-loop concurrency, or open-loop request rate.
 LEVEL_KEYS = ("concurrency", "rate")
-
-
-def _num(value: Any) -> float | None:
-    if isinstance(value, bool) or value is None:
-        return None
-    try:
-        f = float(value)
-    except (TypeError, ValueError):
-        return None
-    return None if f != f else f
 
 
 def _ms_from_s(d: dict[str, Any] | None, key: str) -> float | None:
@@ -129,30 +123,11 @@ class Comparison:
 class ReportData:
     curves: list[Curve] = field(default_factory=list)
     comparisons: list[Comparison] = field(default_factory=list)
+    tunes: list[TuneReport] = field(default_factory=list)
     sources: list[str] = field(default_factory=list)
 
 
 # -- one level / one record ------------------------------------------------------
-
-_SLO_RE = re.compile(r"^\s*(ttft|itl|e2e|tpot)_(p\d+(?:\.\d+)?)\s*[=<]+\s*([\d.]+)\s*(ms|s)?\s*$", re.I)
-
-
-def slo_limits(slo: list[Any]) -> dict[str, float]:
-    """"ttft_p99<=500ms" / "ttft_p99=0.5s" (or the objectives' dicts) -> {"ttft_p99": 500.0} in ms."""
-    out: dict[str, float] = {}
-    for item in slo or []:
-        if isinstance(item, dict):
-            metric, pct = item.get("metric"), item.get("percentile")
-            limit = _num(item.get("limit_s"))
-            if metric and pct is not None and limit is not None:
-                out[f"{metric}_p{_num(pct):g}"] = limit * 1000.0
-            continue
-        m = _SLO_RE.match(str(item))
-        if m:
-            value = float(m.group(3)) * (1000.0 if (m.group(4) or "ms").lower() == "s" else 1.0)
-            out[f"{m.group(1).lower()}_{m.group(2).lower()}"] = value
-    return out
-
 
 def level_of(d: dict[str, Any]) -> Level | None:
     key = next((k for k in LEVEL_KEYS if _num(d.get(k)) is not None), None)
@@ -366,14 +341,41 @@ class _ReportReader:
         self.seen: set[str] = set()
         self.lone: list[Curve] = []
 
-    def add_curve(self, rec: RunRecord, alone: bool) -> None:
+    def add_curve(self, rec: RunRecord, alone: bool) -> Curve | None:
+        """The record's curve, added; None when it was drawn already."""
         if rec.id in self.seen:
-            return
+            return None
         self.seen.add(rec.id)
         curve = curve_of(rec)
         self.data.curves.append(curve)
         if alone and rec.kind == "capacity":
             self.lone.append(curve)
+        return curve
+
+    def add_tune(self, rec: RunRecord) -> None:
+        """A tune's answer, and the capacity curves of its best, BASE and a
+        few more trials (found in the run store beside it); a record not
+        found is said on the page, never an error."""
+        tune = tune_of(rec)
+        tune.info = _info(rec, {})[0]  # (not the results: a tune's SLO is one string, shown apart)
+        self.data.tunes.append(tune)
+        folder = self.folder or (rec.path.parent if rec.path else None)
+        for what, rid in wanted_curves(tune):
+            if not rid:
+                tune.missing.append(f"{what}: no capacity record was kept")
+                continue
+            try:
+                trial = load_run(rid, folder)
+            except RunStoreError:
+                tune.missing.append(f"{what}: its capacity record {rid} is not in the run store")
+                continue
+            if trial.kind != "capacity":
+                tune.missing.append(f"{what}: record {rid} is a {trial.kind} record, not a capacity search")
+                continue
+            curve = self.add_curve(trial, False)
+            if curve is not None:
+                curve.repeat = f"tune of {tune.base}: {what}"
+            tune.curves.append((what, rid))
 
     def add_sweep(self, sweep: RunRecord | None, found: list[SweepRun | None], meta: dict[str, Any], title: str,
                   paired: Any, folder: Path | None) -> None:
@@ -397,7 +399,7 @@ class _ReportReader:
         return True
 
     def read_record(self, ref: str) -> None:
-        """A run record (by id or file): a sweep, a capacity search or a burst."""
+        """A run record (by id or file): a sweep, a capacity search, a burst or a tune."""
         try:
             rec = load_run(ref, self.directory)
         except RunStoreError as exc:
@@ -410,9 +412,11 @@ class _ReportReader:
                            self.folder or (rec.path.parent if rec.path else None))
         elif rec.kind in ("capacity", "burst"):
             self.add_curve(rec, True)
+        elif rec.kind == "tune":
+            self.add_tune(rec)
         else:
-            raise ReportError(f"{rec.id} is a {rec.kind} record; a report draws bursts, capacity searches "
-                              "and sweeps")
+            raise ReportError(f"{rec.id} is a {rec.kind} record; a report draws bursts, capacity searches, "
+                              "sweeps and tunes")
 
     def compare_lone(self) -> None:
         """Several lone capacity searches: side by side, as a sweep's runs."""
