@@ -3,6 +3,7 @@
 # (ruff, mypy on src/, import-linter's contracts; each one failing fails the
 # script), then pytest. Extra arguments go to pytest, e.g.
 # `scripts/test.sh -m "not vllm and not tmux"` for the fast tests alone.
+# pytest lists its 25 slowest tests at the end (where a CI run's time went).
 # pytest runs on TEST_WORKERS pytest-xdist workers (default 2; 0 runs it in
 # one process, as before): the real-vLLM and tmux tests all on one of them
 # (tests/conftest.py groups them, so one vLLM server runs at a time), the
@@ -16,6 +17,6 @@ B=.venv/bin
 PYTHONPATH=src "$B/lint-imports"  # the contracts judge this tree's src/
 WORKERS=${TEST_WORKERS:-2}
 if [ "$WORKERS" != 0 ] && "$B/python" -c "import xdist" >/dev/null 2>&1; then
-  exec "$B/python" -m pytest -n "$WORKERS" --dist loadgroup "$@"
+  exec "$B/python" -m pytest -n "$WORKERS" --dist loadgroup --durations=25 "$@"
 fi
-exec "$B/python" -m pytest "$@"
+exec "$B/python" -m pytest --durations=25 "$@"
