@@ -759,7 +759,12 @@ def test_our_itl_gaps_are_vllm_bench_clients_on_the_same_stream(fake):
     assert len(mine.itls) == len(out.itl) == 44
     assert sum(out.itl) == pytest.approx(their_sends[-1] - their_sends[0], abs=0.01)
     assert sum(mine.itls) == pytest.approx(my_sends[-1] - my_sends[0], abs=0.01)
-    assert sum(1 for g in mine.itls if g > 0.002) == sum(1 for g in out.itl if g > 0.002) == 14
+    # Every write's gap (10 ms) reads large to both. A token inside a write
+    # can read large too when a busy box preempts the reader between two
+    # events of one read (a CI run saw 15 for vLLM's reader, 14 for ours):
+    # a few such splits, never a write's gap lost.
+    for gaps in (mine.itls, out.itl):
+        assert 14 <= sum(1 for g in gaps if g > 0.002) <= 17, gaps
     assert stats.percentile(out.itl, 99) == pytest.approx(max(write_gaps(their_sends)), abs=0.01)
     assert stats.percentile(mine.itls, 99) == pytest.approx(max(write_gaps(my_sends)), abs=0.01)
 
