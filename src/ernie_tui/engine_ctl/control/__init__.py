@@ -48,6 +48,7 @@ from ernie_tui.engine_ctl.control.trial_schedule import GpuIdsError, detect_gpu_
 from ernie_tui.engine_ctl.control.tune import (  # Optuna is imported only when a tune runs
     INSTALL_HINT,
     Measurement,
+    TrialRow,
     TuneError,
     TuneResult,
     TuneSetup,
@@ -90,6 +91,7 @@ __all__ = [
     "SweepRow",
     "SweepRun",
     "TuneError",
+    "TrialRow",
     "TuneResult",
     "TuneSetup",
     "Verdict",

@@ -17,6 +17,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
+from ernie_tui.engine_ctl.control import TrialRow
 from ernie_tui.engine_ctl.load import RunRecord
 from ernie_tui.engine_ctl.report.values import num, slo_limits
 
@@ -26,21 +27,9 @@ MAX_OTHER_CURVES = 3
 LATENCIES = ("ttft", "itl")  # what each trial keeps at its capacity: the p99 of each
 
 
-@dataclass
-class Trial:
-    """One trial as the record keeps it (control.tune.TrialRow)."""
-
-    number: int
-    params: dict[str, Any]
-    outcome: str  # measured | refused | repeat | failed | cancelled
-    preset: str = ""
-    goodput: float | None = None
-    reason: str = ""
-    capacity: float | None = None
-    ttft_p99_ms: float | None = None
-    itl_p99_ms: float | None = None
-    record_id: str | None = None
-    seconds: float | None = None
+class Trial(TrialRow):
+    """One trial as the record keeps it (control.tune's TrialRow), with what
+    the page asks of it."""
 
     @property
     def measured(self) -> bool:
