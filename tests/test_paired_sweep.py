@@ -129,3 +129,51 @@ def test_one_gpu_share_is_sized_by_the_loads_longest_request_when_known(monkeypa
     assert paired_sweep.co_residency([a, b], cuda, 1024, model="/m")[0] is None  # 219 at 4,096 tokens each
     shared, how = paired_sweep.co_residency([a, b], cuda, 1024, model="/m", tokens_per_request=430)
     assert shared is not None and "KV pool 2093 requests of 430 tokens" in how, how
+
+
+def test_one_gpu_pins_each_kv_pool_so_the_servers_start_at_once(monkeypatch, tmp_path):
+    # With each KV pool fixed (kv_cache_memory_bytes), vLLM skips the memory
+    # profile that a neighbour's start would upset: every server is launched
+    # before any is waited for. A pool that cannot be pinned (no estimate of
+    # its bytes) keeps the one-after-another start.
+    import threading
+    from types import SimpleNamespace
+
+    from ernie_tui.engine_ctl.control import paired_sweep
+    from ernie_tui.engine_ctl.control.sweep import CapacitySweep, SweepOptions
+    from ernie_tui.presets import load_presets
+
+    book = load_presets(include_user=False)
+    a, b = book.get("seed-A"), book.get("seed-C")
+
+    def preflight(preset, model, kv=True):
+        util = preset.get("gpu_memory_utilization") or 0.9
+        est = SimpleNamespace(platform="cuda", kv_cache_tokens=int(2_000_000 * util), max_concurrency=400,
+                              kv_cache_bytes=int(util * 10 * (1 << 30)) + 12345 if kv else 0)
+        return SimpleNamespace(ok=True, first_error=lambda: None, estimate=est)
+
+    monkeypatch.setattr(paired_sweep, "run_preflight", preflight)
+    shared, how = paired_sweep.co_residency([a, b], [preflight(a, None)] * 2, 256, model="/m")
+    assert [p.kv_cache_memory_bytes for p in shared] == [int(0.45 * 10 * (1 << 30)) // (1 << 20) << 20] * 2
+    assert "pinned at 4.50 GiB" in how
+    assert "--kv-cache-memory-bytes" in shared[0].launch_spec("/m").argv
+
+    def order_of_starts(kv: bool) -> list[str]:
+        monkeypatch.setattr(paired_sweep, "run_preflight", lambda p, m: preflight(p, m, kv))
+        seen: list[str] = []
+
+        def start(preset, port, options, log_dir):
+            seen.append(f"start {preset.name}")
+            run = paired_sweep.SweepRun(preset=preset.name, repeat=0, status="ok")
+            return SimpleNamespace(preset=preset, ready=run), run
+
+        monkeypatch.setattr(paired_sweep, "_start_one", start)
+        monkeypatch.setattr(paired_sweep, "_wait_ready", lambda s, o, c: seen.append(f"wait {s.preset.name}"))
+        capacity = CapacitySweep(slo=None, search=SimpleNamespace(max_concurrency=256))
+        served, failed, _ = paired_sweep.start_all([a, b], SweepOptions(model="/m"), capacity, tmp_path,
+                                                   threading.Event(), 430)
+        assert len(served) == 2 and not failed
+        return seen
+
+    assert order_of_starts(kv=True) == ["start seed-A", "start seed-C", "wait seed-A", "wait seed-C"]
+    assert order_of_starts(kv=False) == ["start seed-A", "wait seed-A", "start seed-C", "wait seed-C"]

@@ -62,6 +62,7 @@ from ernie_tui.engine_ctl.control.turn_gate import TurnGate
 from ernie_tui.engine_ctl.launch import run_preflight
 from ernie_tui.engine_ctl.load import BurstConfig, CapacityResult, save_run
 from ernie_tui.presets.model import LaunchSpec, Preset
+from ernie_tui.engine_ctl.units import GiB
 
 log = logging.getLogger(__name__)
 Progress = Callable[[dict[str, Any]], None]
@@ -259,9 +260,26 @@ def co_residency(presets: list[Preset], preflights: list[Any], max_concurrency: 
                 f"its KV pool at gpu_memory_utilization {util} holds {held:.0f} requests{_of(tokens_per_request)} "
                 f"where the search may go to {max_concurrency}" if held is not None else "no estimate")
             return None, f"{p.name} does not fit beside the others on one GPU: {why}"
+        q, pinned = _pin_kv(q, est)
         out.append(q)
-        said.append(f"{p.name} gpu_memory_utilization {util} (KV pool {held:.0f} requests{_of(tokens_per_request)})")
+        said.append(f"{p.name} gpu_memory_utilization {util} (KV pool {held:.0f} requests{_of(tokens_per_request)}"
+                    f"{pinned})")
     return out, "side by side on one GPU, each given a share of its memory: " + "; ".join(said)
+
+
+def _pin_kv(preset: Preset, est: Any) -> tuple[Preset, str]:
+    """The preset with its KV pool fixed at preflight's estimate for its
+    share (kv_cache_memory_bytes, whole MiB), unless it sets one itself:
+    vLLM then skips its memory profile, so the servers can start at once
+    (a profile reads the memory free at that moment, which a neighbour
+    starting beside it changes); one after another, five took 7.5 min on an
+    H100. The share stays as gpu_memory_utilization: vLLM still checks at
+    start that that much is free, which the others' shares leave."""
+    kv = getattr(est, "kv_cache_bytes", None)
+    if preset.kv_cache_memory_bytes is not None or not kv or kv <= 0:
+        return preset, ""
+    pinned = int(kv) // (1 << 20) << 20
+    return preset.with_changes(kv_cache_memory_bytes=pinned), f", pinned at {pinned / GiB:.2f} GiB"
 
 
 def _requests_held(est: Any, tokens_per_request: int | None) -> float | None:
@@ -335,10 +353,11 @@ def start_all(presets: list[Preset], options: SweepOptions, capacity: CapacitySw
     """Preflight every preset, then start them and wait for each: (the ones
     serving, the runs of the ones that are not, how they share the machine).
     ([], [], why) when they cannot share it (the caller runs the sequential
-    sweep instead). On CPU or stand-ins all start at once; sharing one GPU,
-    one after another: vLLM sizes its KV pool from the memory it sees free
-    while it profiles, which a neighbour starting beside it changes, and a
-    later start reuses the first one's torch.compile cache."""
+    sweep instead). All start at once: on CPU and stand-ins as they are; on
+    one GPU with each KV pool pinned (_pin_kv). Only where a pool could not
+    be pinned do they start one after another: vLLM would size it from the
+    memory it sees free while it profiles, which a neighbour starting beside
+    it changes."""
     checked = [(p, run_preflight(p, p.resolve_model(options.model))) for p in presets]
     skipped = [_skipped(p, r) for p, r in checked if not r.ok]
     fit = [(p, r) for p, r in checked if r.ok]
@@ -347,6 +366,7 @@ def start_all(presets: list[Preset], options: SweepOptions, capacity: CapacitySw
     if shared is None:
         return [], [], how
     one_gpu = any(r.estimate is not None and r.estimate.platform == "cuda" for _, r in fit)
+    one_by_one = one_gpu and any(p.kv_cache_memory_bytes is None for p in shared)
     served: list[_Served] = []
     ports: set[int] = set()
     for p in shared:
@@ -354,9 +374,9 @@ def start_all(presets: list[Preset], options: SweepOptions, capacity: CapacitySw
         ports.add(port)
         s, _run = _start_one(p, port, options, log_dir)
         served.append(s)
-        if one_gpu:
+        if one_by_one:
             _wait_ready(s, options, cancel)
-    for s in served if not one_gpu else []:
+    for s in served if not one_by_one else []:
         _wait_ready(s, options, cancel)
     failed = [s for s in served if s.ready.status != "ok"]
     stop_all(failed)
