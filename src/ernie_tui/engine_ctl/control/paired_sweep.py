@@ -61,8 +61,8 @@ from ernie_tui.engine_ctl.control.sweep import (
 from ernie_tui.engine_ctl.control.turn_gate import TurnGate
 from ernie_tui.engine_ctl.launch import run_preflight
 from ernie_tui.engine_ctl.load import BurstConfig, CapacityResult, save_run
-from ernie_tui.presets.model import LaunchSpec, Preset
 from ernie_tui.engine_ctl.units import GiB
+from ernie_tui.presets.model import LaunchSpec, Preset
 
 log = logging.getLogger(__name__)
 Progress = Callable[[dict[str, Any]], None]
