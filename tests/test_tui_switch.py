@@ -152,3 +152,26 @@ async def test_the_dashboard_model_is_for_presets_naming_none(presets_file, tiny
         app.show_command_line("nomodel-32")
         await wait_for(pilot, lambda: isinstance(app.screen, CommandLineScreen), 5, "the command line")
         assert "--model /elsewhere/model " in app.screen.command
+
+
+async def test_the_command_palette_names_the_keys_the_presets_panel_uses(presets_file, tmp_path, monkeypatch):
+    """The panel numbers --presets files first, then the user's file, then the
+    built-ins (so 1-9 reach your own presets); the palette's "Switch preset"
+    commands must name the same key, not the book's order: a preset that
+    `tune` wrote into the user file was key 2 on the panel and "(13)" by
+    the book's order."""
+    monkeypatch.setenv("ERNIE_TUI_HOME", str(tmp_path / "home"))
+    from ernie_tui import paths
+
+    user = paths.user_presets_file()
+    user.parent.mkdir(parents=True, exist_ok=True)
+    user.write_text('[presets.mine-tuned]\nextends = "fake-a"\nmax_num_seqs = 8\n')
+    app = make_app(preset="fake-a", preset_files=[str(presets_file)], live=False)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.pause()
+        names = app.main.preset_names
+        assert names.index("mine-tuned") < 9 and names.index("mine-tuned") > names.index("fake-a")
+        said = {c.title.removeprefix("Switch preset: "): c.help for c in app.get_system_commands(app.screen)
+                if c.title.startswith("Switch preset: ")}
+        for i, name in enumerate(names[:9]):
+            assert said[name].endswith(f"({i + 1})"), (name, said[name])

@@ -824,7 +824,9 @@ class ErnieApp(ShowsWorkerFailures, App[int]):
         yield SystemCommand("Start server", "Start the active preset (s)", self.request_start)
         yield SystemCommand("Stop server", "Stop the server and every engine process (x)", self.request_stop)
         yield SystemCommand("Restart server", "Stop, then start the active preset (r)", self.request_restart)
-        for i, name in enumerate(self.book.names()):
+        # The presets panel's order (--presets files, your file, built-ins) is
+        # what the 1-9 keys follow; the book's own order would name wrong keys.
+        for i, name in enumerate(self.main.preset_names or self.book.names()):
             key = f" ({i + 1})" if i < 9 else ""
             yield SystemCommand(f"Switch preset: {name}", f"Restart the server with {name}{key}",
                                 partial(self.request_switch, name))
