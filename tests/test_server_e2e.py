@@ -10,7 +10,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from ernie_tui.engine_ctl.control.server import ServerState
 from ernie_tui.engine_ctl.logs.errors import ErrorKind
 from ernie_tui.presets import load_presets
-from vllm_support import READY_TIMEOUT, free_port, start_server, tiny_model_dir
+from vllm_support import EAGER, READY_TIMEOUT, free_port, start_server, tiny_model_dir
 
 pytestmark = pytest.mark.vllm
 
@@ -60,7 +60,7 @@ def test_lifecycle_start_restart_crash_stop(tmp_path):
         assert report.kv_cache_tokens == kv_tokens_from_metrics(st.url) == 131072
 
         book = load_presets(include_user=False)
-        b64 = book.get("cpu-demo-b64")
+        b64 = book.get("cpu-demo-b64").with_changes(**EAGER)
         server.restart(b64.launch_spec(str(tiny_model_dir()), port_override=free_port()), preset_name=b64.name)
         st = server.wait_ready(READY_TIMEOUT)
         assert st.state == ServerState.READY and st.preset_name == "cpu-demo-b64", (st, server.report.error)
@@ -78,7 +78,7 @@ def test_lifecycle_start_restart_crash_stop(tmp_path):
         text = (tmp_path / "llm.log.1").read_text(errors="replace")
         assert '"GET /metrics' not in text and '"GET /health' not in text
 
-        bad = book.get("cpu-demo").with_changes(name="bad-block16", block_size=16)
+        bad = book.get("cpu-demo").with_changes(name="bad-block16", block_size=16, **EAGER)
         server.restart(bad.launch_spec(str(tiny_model_dir()), port_override=free_port()), preset_name=bad.name)
         st = server.wait_ready(READY_TIMEOUT)
         assert st.state == ServerState.CRASHED

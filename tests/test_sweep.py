@@ -13,6 +13,7 @@ import pytest
 from ernie_tui.cli import main
 from ernie_tui.engine_ctl.control.sweep import SweepPlan, SweepRun, fold, to_csv, to_json, to_markdown
 from ernie_tui.presets import load_presets
+from vllm_support import EAGER_TOML
 
 
 def test_rotated_order():
@@ -69,10 +70,12 @@ def test_real_sweep_two_presets_and_one_rejected(tmp_path, tiny_model, capsys):
         extends = "cpu-demo"
         model = "{tiny_model}"
         port = 18120
+        {EAGER_TOML}
         [presets.cpu-b]
         extends = "cpu-demo-b64"
         model = "{tiny_model}"
         port = 18121
+        {EAGER_TOML}
         [presets.cpu-bad]
         extends = "cpu-demo"
         model = "{tiny_model}"

@@ -22,6 +22,7 @@ import psutil
 import pytest
 
 from ernie_tui.engine_ctl.launch.ports import free_port
+from vllm_support import EAGER
 
 pytestmark = [pytest.mark.tmux, pytest.mark.vllm]
 
@@ -129,7 +130,7 @@ def test_dashboard_in_tmux_against_real_vllm(tmp_path):
     import tomli_w
 
     table = {"description": f"cpu-demo on port {port} for the tmux test", "model": demo.model, "port": port,
-             **demo.engine_args}
+             **demo.engine_args, **EAGER}
     (home / "config" / "presets.toml").write_text(tomli_w.dumps({"presets": {"cpu-demo": table}}))
     url = f"http://127.0.0.1:{port}"
 
@@ -213,7 +214,7 @@ def _demo_home(tmp_path: Path) -> tuple[Path, dict, str]:
     demo = load_presets(include_user=False).get("cpu-demo")
     port = free_port()
     (home / "config").mkdir(parents=True)
-    table = {"description": f"cpu-demo on port {port}", "model": demo.model, "port": port, **demo.engine_args}
+    table = {"description": f"cpu-demo on port {port}", "model": demo.model, "port": port, **demo.engine_args, **EAGER}
     (home / "config" / "presets.toml").write_text(tomli_w.dumps({"presets": {"cpu-demo": table}}))
     return home, env, f"http://127.0.0.1:{port}"
 

@@ -24,6 +24,7 @@ from ernie_tui.engine_ctl.load import metrics as M
 from ernie_tui.tui.screens.probe import ProbeScreen
 from ernie_tui.tui.widgets.charts import CapacityChart
 from test_tui_probe import Host, _open_probe, shown, wait_for
+from vllm_support import EAGER_TOML
 
 LOOSE_SLO = "ttft_p90=5s itl_p50=2s"
 MAX_TOKENS = 8  # ignore_eos is on: every answer is exactly this long
@@ -236,6 +237,7 @@ async def test_sweep_screen_capacity_mode_on_real_vllm(tmp_path, tiny_model):
             extends = "{base}"
             model = "{tiny_model}"
             port = {free_port()}
+            {EAGER_TOML}
         """)
     path = tmp_path / "presets.toml"
     path.write_text(body)

