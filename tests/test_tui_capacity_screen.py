@@ -53,14 +53,18 @@ async def show_finished(pilot, app, result: CapacityResult | None = None) -> tup
 
 @pytest.mark.parametrize("size", SIZES.values(), ids=SIZES.keys())
 async def test_a_real_search_ends_with_its_capacity_on_screen(paced, size):
-    # 2 slots, 20 ms to the first token, 16 tokens 10 ms apart: 1 and 2 in
-    # flight meet TTFT p90 < 100 ms, 4 queue behind whole requests and miss.
-    srv = paced("--slots", "2", "--ttft-ms", "20", "--itl-ms", "10")
+    # 2 slots, 40 ms to the first token, 16 tokens 10 ms apart: 1 and 2 in
+    # flight meet TTFT p90 < 100 ms; 3 and 4 queue behind whole requests and
+    # miss it clearly (3 waits for one of 2 requests of 190 ms to end: TTFT
+    # about 135 ms; with 20 ms to the first token 3 read about 96 ms, a level
+    # on the limit's edge that ran to its time cap). Max reqs 24: the
+    # confirmation counts max(8 waves, max reqs) requests, not 400.
+    srv = paced("--slots", "2", "--ttft-ms", "40", "--itl-ms", "10")
     app = Host(ProbeScreen(srv.url))
     async with app.run_test(size=size) as pilot:
         screen, tab = await _capacity_form(pilot, app, **{
             "pf-cap-slo": "ttft_p90=100ms", "pf-b-max": "16", "pf-b-lmin": "10", "pf-b-lmax": "40",
-            "pf-cap-maxc": "4", "pf-cap-minr": "20"})
+            "pf-cap-maxc": "4", "pf-cap-minr": "20", "pf-cap-maxr": "24", "pf-cap-time": "15"})
         await pilot.press("ctrl+r")
         assert tab.running and tab.folded  # the fields fold away while it runs
         await wait_for(pilot, lambda: not tab.running, 150, "the search to end")

@@ -15,10 +15,15 @@ from ernie_tui.presets import Preset, PresetError
 from ernie_tui.presets.space import load_space, parse_space, tunable_fields
 
 PACED = Path(__file__).resolve().parent / "paced_server.py"
-# A capacity search that decides quickly on the stand-in: short requests, few levels.
+# A capacity search that decides quickly on the stand-in: short requests, two
+# levels (1 and 2; a setting of 2 slots or more stops at the ceiling, one of
+# 1 fails at 2), two windows a level. These tests check the tune's
+# bookkeeping, not the capacities it finds, so each trial needs a goodput,
+# not a sharp one. --max-requests 20: a paired confirmation's duel levels
+# run to it (or to --level-time), not to a verdict.
 FAST = ["--slo", "ttft_p90=100ms", "--max-tokens", "8", "--min-tokens", "10", "--max-tokens-in", "40",
-        "--start-concurrency", "1", "--max-concurrency", "4", "--confirm-waves", "0", "--level-time", "5",
-        "--tolerance", "0.5", "--ready-timeout", "30", "--confirm", "0"]
+        "--start-concurrency", "1", "--max-concurrency", "2", "--min-windows", "2", "--max-requests", "20",
+        "--confirm-waves", "0", "--level-time", "5", "--tolerance", "0.5", "--ready-timeout", "30", "--confirm", "0"]
 
 
 # -- the space file (pure) ------------------------------------------------------------
@@ -206,20 +211,20 @@ def test_a_tune_run_again_goes_on_from_its_saved_trials(tmp_path, tiny_model, ca
     logs = tmp_path / "logs"
     args = ["tune", "shaped", "--presets", str(presets), "--space", str(space), "--log-dir", str(logs),
             "--no-preset", *FAST]
-    assert main([*args, "--trials", "2"]) == 0, capsys.readouterr().err
+    assert main([*args, "--trials", "1"]) == 0, capsys.readouterr().err
     first = _record()
     base_log = logs / "shaped-r0.log"
     base_written = base_log.stat().st_mtime_ns
-    assert main([*args, "--trials", "4"]) == 0, capsys.readouterr().err
+    assert main([*args, "--trials", "2"]) == 0, capsys.readouterr().err
     second = _record()
     assert second["study_name"] == first["study_name"]
-    assert second["measured_trials"] == 4
+    assert second["measured_trials"] == 2
     # The first run's trials are kept as they were, not measured again ...
     assert second["trials"][:len(first["trials"])] == first["trials"]
     # ... nor is BASE: its measurement and its server's log are the first run's.
     assert second["base_goodputs"] == first["base_goodputs"] and base_log.stat().st_mtime_ns == base_written
     measured = [r["preset"] for r in second["trials"] if r["outcome"] == "measured"]
-    assert len(measured) == 4 == len(set(measured))
+    assert len(measured) == 2 == len(set(measured))
     trial_logs = [p for p in logs.glob("shaped-tune-*-r0.log")]
     assert sorted(p.name for p in trial_logs) == sorted(f"{m}-r0.log" for m in measured)
     # --fresh starts the study over.
@@ -321,8 +326,14 @@ def test_a_wall_time_budget_stops_the_tune_and_keeps_what_it_measured(tmp_path, 
     import socket
 
     port = 18487
-    presets, space = _standin(tmp_path, tiny_model, port, "max_num_seqs = [1, 2, 3]\n")
-    code = main(["tune", "shaped", "--presets", str(presets), "--space", str(space), "--budget", "25s",
+    # A space of 9 settings, more than the budget holds (a search here takes
+    # about 6 s), so the budget ends the tune, not the space: most often in
+    # the middle of trial 0, whose server is then stopped.
+    presets, space = _standin(tmp_path, tiny_model, port, """
+        max_num_seqs = [1, 2, 3]
+        max_num_batched_tokens = [1024, 1536, 2048]
+    """)
+    code = main(["tune", "shaped", "--presets", str(presets), "--space", str(space), "--budget", "10s",
                  "--no-preset", *FAST])
     assert code == 0, capsys.readouterr().err  # the budget is no interruption
     res = _record()
