@@ -55,6 +55,7 @@ from ernie_tui.engine_ctl.logs import (
     Section,
     read_existing,
 )
+from ernie_tui.engine_ctl.tls import tls_context
 from ernie_tui.presets.model import LaunchSpec
 
 log = logging.getLogger(__name__)
@@ -212,7 +213,7 @@ class _Watcher:
                                     log_path=log_path, attached=attached)
         self._thread: threading.Thread | None = None
         self._stop_monitor = threading.Event()
-        self._http = httpx.Client(timeout=httpx.Timeout(1.0, connect=0.5))
+        self._http = httpx.Client(timeout=httpx.Timeout(1.0, connect=0.5), verify=tls_context())
         self._partial = ""
         self.api_key: str | None = None
         self._run = 0  # bumps with each log read from its start (a restart writes a new llm.log)

@@ -23,6 +23,7 @@ from ernie_tui.engine_ctl.load.http_errors import (
     error_from_response,
     is_transport_error,
 )
+from ernie_tui.engine_ctl.tls import tls_context
 
 DEFAULT_CONNECT_TIMEOUT_S = 5.0
 # vLLM sends nothing while a request waits in its queue or is prefilled, so
@@ -195,7 +196,7 @@ def new_async_client(api_key: str | None = None, read_timeout: float = DEFAULT_R
     if transport != "httpx":
         raise ValueError(f"unknown transport {transport!r}; choose one of {', '.join(TRANSPORTS)}")
     return httpx.AsyncClient(timeout=make_timeout(read_timeout, connect_timeout),
-                             headers=auth_headers(api_key), trust_env=False,
+                             headers=auth_headers(api_key), trust_env=False, verify=tls_context(),
                              limits=httpx.Limits(max_connections=max_connections,
                                                  max_keepalive_connections=max_connections))
 

@@ -27,6 +27,8 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, cast
 
+from ernie_tui.engine_ctl.tls import tls_context
+
 if TYPE_CHECKING:  # httpx itself is imported where a scrape needs it
     import httpx
 
@@ -542,7 +544,7 @@ def _deadline_transport(total: float) -> httpx.BaseTransport:
             response.stream = DeadlineStream(cast(httpx.SyncByteStream, response.stream), deadline)  # a sync transport
             return response
 
-    return DeadlineTransport()
+    return DeadlineTransport(verify=tls_context())
 
 
 class MetricsClient:

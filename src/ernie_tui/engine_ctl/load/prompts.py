@@ -23,6 +23,7 @@ from ernie_tui.engine_ctl.load.http_errors import (
     classify_exception,
     error_from_response,
 )
+from ernie_tui.engine_ctl.tls import tls_context
 
 SHORT_PROMPT = "Explain in two sentences what the KV cache of a large language model is for."
 CHINESE_PROMPT = "请用一句话介绍ERNIE系列模型的特点。"
@@ -101,7 +102,8 @@ class ServerTokenizer:
     def __init__(self, url: str, model: str, api_key: str | None = None, timeout: float = 10.0) -> None:
         self.url = base_url(url)
         self.model = model
-        self._client = httpx.Client(timeout=timeout, headers=auth_headers(api_key), trust_env=False)
+        self._client = httpx.Client(timeout=timeout, headers=auth_headers(api_key), trust_env=False,
+                                    verify=tls_context())
         self._candidates: list[int] | None = None
 
     def _post(self, path: str, body: dict) -> dict:
