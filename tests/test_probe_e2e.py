@@ -39,8 +39,7 @@ class VllmProcess:
         argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
                 "--served-model-name", "tiny-ernie", "--host", "127.0.0.1", "--port", str(self.port),
                 "--block-size", "32", "--max-model-len", str(MAX_MODEL_LEN),
-                "--kv-cache-memory-bytes", "67108864"]  # not eager: the one real start that compiles, as the
-        # product's presets do (every other test server starts eager, vllm_support.EAGER)
+                "--kv-cache-memory-bytes", "67108864"]
         self._log = open(log_path, "wb")
         self.proc = subprocess.Popen(argv, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                      start_new_session=True)
