@@ -39,7 +39,7 @@ class VllmProcess:
         argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
                 "--served-model-name", "tiny-ernie", "--host", "127.0.0.1", "--port", str(self.port),
                 "--block-size", "32", "--max-model-len", str(MAX_MODEL_LEN),
-                "--kv-cache-memory-bytes", "67108864"]
+                "--kv-cache-memory-bytes", "67108864", "--enforce-eager"]  # eager: see vllm_support.EAGER
         self._log = open(log_path, "wb")
         self.proc = subprocess.Popen(argv, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                      start_new_session=True)
