@@ -96,7 +96,7 @@ def summarise(res: dict) -> None:
 
 async def press_tuned_key(presets: Path, name: str, timeout_s: float) -> None:
     """The dashboard, its number key for `name`, and the server that key starts."""
-    from ernie_tui.engine_ctl.control.server import ServerState
+    from ernie_tui.engine_ctl.control import ServerState
     from ernie_tui.tui.app import make_app
 
     app = make_app(preset_files=[str(presets)], on_exit="stop")
