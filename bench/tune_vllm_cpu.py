@@ -36,13 +36,9 @@ HERE = Path(__file__).resolve()
 ROOT = HERE.parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
+from rank_vllm_cpu import SWEEP_ARGS as LOAD_ARGS  # noqa: E402  (the ranking's load and SLO on this box)
 from vllm_support import tiny_model_dir  # noqa: E402  (the tests' tiny ERNIE-4.5-shaped model)
 
-# As bench/rank_vllm_cpu.py: ~30 output tokens a request, prompts up to 200
-# words, an SLO a batching server meets for a few levels on 2 cores.
-LOAD_ARGS = ["--max-tokens", "32", "--min-tokens", "30", "--max-tokens-in", "200", "--client-procs", "1",
-             "--ready-timeout", "600", "--slo", "ttft_p99=2s", "--slo", "itl_p99=300ms",
-             "--start-concurrency", "2", "--max-concurrency", "32", "--level-time", "15"]
 SPACE = """\
 max_num_seqs = [2, 8, 32]
 max_num_batched_tokens = [2048, 8192]
