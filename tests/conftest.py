@@ -23,12 +23,17 @@ FIXTURES = ROOT / "tests" / "fixtures" / "vllm-logs"
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads xdist_group into each test's id
 def pytest_collection_modifyitems(config, items):
-    """Under pytest-xdist (`-n 2 --dist loadgroup`, as scripts/test.sh runs
-    it when xdist is installed), every real-vLLM and tmux test goes to one
-    worker: at most one vLLM server runs at a time, and the session's shared
-    server (cpu_server) is started once, by that worker. The other worker
-    runs the rest, most of which wait on stand-ins' pacing, not on the CPU."""
+    """Under pytest-xdist (`-n 3 --dist loadgroup`, as scripts/test.sh runs
+    it when xdist is installed), every test that starts a real vLLM server
+    (and every tmux test that does) goes to one worker: at most one vLLM
+    server runs at a time, and the session's shared server (cpu_server) is
+    started once, by that worker. That worker is the suite's critical path,
+    so a test that only runs vLLM's own code (its bench client, its sampler,
+    its argument parser) or drives a stand-in says `no_server` and runs on
+    the others, most of whose tests wait on stand-ins' pacing."""
     for item in items:
+        if item.get_closest_marker("no_server"):
+            continue
         if item.get_closest_marker("vllm") or item.get_closest_marker("tmux"):
             item.add_marker(pytest.mark.xdist_group("real-vllm"))
 

@@ -881,3 +881,21 @@ def test_report_state_from_the_last_lines(fixtures_dir, tmp_path, capsys):
     assert "state           READY at http://127.0.0.1:18001" in capsys.readouterr().out
     assert cli_main(["parse-log", "--json", str(tmp_path / "stopped.log")]) == 0
     assert '"state": "stopped"' in capsys.readouterr().out
+
+
+def test_an_engine_core_killed_while_serving_reads_as_a_crash_not_a_stop(fixtures_dir, capsys):
+    """vLLM 0.32 after its EngineCore was SIGKILLed while idle (as the OOM
+    killer does): it logs its cleanup as "[shutdown]" lines and the API server
+    exits 0, like a stop. The parser read "stopped" with no error, so the
+    dashboard showed STOPPED for a dead engine. It is a crash, and the
+    unexpected exit is its reason (the EngineDeadError after it is the echo)."""
+    log = fixtures_dir / CPU / "engine_core_killed.log"
+    r = parse_file(log)
+    assert r.ready and r.state == "failed", r.state
+    assert r.error is not None and r.error.kind is ErrorKind.ENGINE_DEAD
+    assert "engine core exited unexpectedly" in r.error.message
+    lines = log.read_bytes().split(b"\n")  # the parser's line numbers count newlines only
+    assert b"exited unexpectedly" in lines[r.error.line_no - 1]
+    # A stop the operator asked for has "[shutdown]" lines too, and no error.
+    stopped = parse_file(fixtures_dir / CPU / "ok_block32_len2048.log")
+    assert stopped.state == "stopped" and stopped.error is None

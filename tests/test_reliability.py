@@ -129,6 +129,7 @@ def test_probe_non_string_text_is_a_malformed_chunk_not_a_crash():
 
 
 @pytest.mark.tmux
+@pytest.mark.no_server  # the paced stand-in
 def test_hangup_follows_each_on_exit_in_tmux(tmp_path):
     if shutil.which("tmux") is None:
         pytest.fail("tmux is not installed")

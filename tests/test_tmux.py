@@ -1,11 +1,12 @@
-"""The real terminal app in tmux against real vLLM CPU (slow: two vLLM starts).
+"""The real terminal app in tmux against real vLLM CPU (slow: three vLLM starts in all).
 
 tmux runs `.venv/bin/ernie-tui --preset cpu-demo --start` with ERNIE_TUI_HOME
 in a temp dir and the tiny model from `ernie-tui demo-model`. The test reads
 the screen as a person would (`tmux capture-pane`): it waits for the KV-cache
 tokens that /metrics' cache_config_info reports, presses the presets-panel
 number of cpu-demo-b64, confirms, sees the restart and the new preset's
-report, quits choosing "stop", and checks that no engine process is left.
+report, stops it with x, quits, and checks that no engine process is left.
+The new user's path (demo, leave, come back, stop from the CLI) is one more start.
 """
 
 from __future__ import annotations
@@ -168,13 +169,10 @@ def test_dashboard_in_tmux_against_real_vllm(tmp_path):
                                and "block · len 64" in s, 30, "the new preset's report")
         assert f"GiB = {tokens:,} tokens" not in screen, "the old report is gone"
 
-        tmux.keys("q")
-        tmux.wait_for(lambda s: "Quit ernie-tui" in s, 10, "the quit dialog")
-        tmux.keys("s")
-        deadline = time.monotonic() + 60
-        while tmux.alive() and time.monotonic() < deadline:
-            time.sleep(0.5)
-        assert not tmux.alive(), "ernie-tui did not exit after stopping the server"
+        tmux.keys("x")  # stop; the new-user test stops from the CLI, the Pilot tests by quit -> stop
+        tmux.wait_for(lambda s: "STOPPED" in header(s), 90, "x to stop it")
+        tmux.keys("q")  # nothing running: no dialog
+        _exits(tmux, "with nothing running")
         engines = [p for p in seen if p.pid != pane]
         assert engines, "no engine process was ever seen"
         time.sleep(0.5)
@@ -195,10 +193,6 @@ def metrics_kv_tokens_or_none(url: str) -> int | None:
         return metrics_kv_tokens(url)
     except Exception:  # noqa: BLE001  polled until it answers: any failure means "not yet"
         return None
-
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(pytest.main([__file__, "-v"]))
 
 
 def _demo_home(tmp_path: Path) -> tuple[Path, dict, str]:
@@ -262,69 +256,84 @@ def _health(url: str) -> bool:
         return False
 
 
-@pytest.mark.parametrize("cols, rows, stop_with", [(80, 24, "x"), (160, 48, "cli")])
-def test_new_user_path_leave_come_back_stop(tmp_path, cols, rows, stop_with):
-    """The README's path for a new user (issue #18): `ernie-tui demo`, READY and
-    its report, a probe, quit -> leave; plain `ernie-tui` takes the server back
-    (ours, with its log); x (or `ernie-tui stop`) stops it. Content, not
+def _leave(tmux: Tmux, url: str) -> None:
+    """q, then l (leave it running): ernie-tui exits and the server still answers."""
+    tmux.keys("q")
+    tmux.wait_for(lambda s: "Quit ernie-tui" in s, 15, "the quit dialog")
+    tmux.keys("l")
+    deadline = time.monotonic() + 30
+    while tmux.alive() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not tmux.alive(), "ernie-tui did not exit after leave"
+    assert _health(url), "the server left running answers"
+
+
+def _take_back(tmux: Tmux, run: str, cols: int, rows: int) -> str:
+    """Plain `ernie-tui`: the server left running is taken back, shown as ours with its log."""
+    tmux.start(run, cols, rows)
+    screen = tmux.wait_for(lambda s: "READY" in s and "cpu-demo" in s, 60, "the left-running server taken back")
+    assert "STOPPED" not in screen
+    return tmux.wait_for(lambda s: "took back" in s or "Uvicorn" in s or "startup complete" in s.lower(), 30,
+                         "its log (or the note that it was taken back)")
+
+
+def _exits(tmux: Tmux, what: str) -> None:
+    deadline = time.monotonic() + 30
+    while tmux.alive() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not tmux.alive(), f"ernie-tui did not exit {what}"
+
+
+def test_new_user_path_leave_come_back_stop(tmp_path):
+    """The README's path for a new user (issue #18), on one vLLM start:
+    `ernie-tui demo` at 80x24, READY and its report, a probe, a capacity
+    search, quit -> leave; plain `ernie-tui` at 160x48 takes the server back
+    (ours, with its log and the whole footer); leave again; back at 80x24,
+    `ernie-tui stop` from another shell stops it and the dashboard sees that.
+    (x is the other test's; quit -> stop is the Pilot tests'.) Content, not
     positions: the layout at 80x24 is allowed to change."""
     if shutil.which("tmux") is None:
         pytest.fail("tmux is not installed")
     home, env, url = _demo_home(tmp_path)
     record = home / "state" / "server.json"
-    tmux = Tmux(f"ernie-tui-path-{os.getpid()}-{cols}")
+    tmux = Tmux(f"ernie-tui-path-{os.getpid()}")
     run = f"cd {ROOT} && exec env -u COLUMNS -u LINES ERNIE_TUI_HOME={home} {ERNIE_TUI}"
     server_pid = None
     try:
-        tmux.start(f"{run} demo", cols, rows)
-        screen = tmux.wait_for(lambda s: "READY" in s and "cpu-demo" in s, START_TIMEOUT, "the demo to be ready")
-        screen = tmux.wait_for(lambda s: re.search(r"[\d,]+ tokens", s), 30, "the report's KV tokens")
-        if cols >= 160:  # 80x24's footer is operator-ui's (issue #18, 7): it ended at "/ Sea" on main
-            assert "q Quit" in screen and "x Stop" in screen
-
+        tmux.start(f"{run} demo", 80, 24)
+        tmux.wait_for(lambda s: "READY" in s and "cpu-demo" in s, START_TIMEOUT, "the demo to be ready")
+        tmux.wait_for(lambda s: re.search(r"[\d,]+ tokens", s), 30, "the report's KV tokens")
         tmux.keys("p")
         tmux.wait_for(lambda s: "Send" in s or "Probe" in s, 15, "the probe pane")
         tmux.keys("C-r")
         tmux.wait_for(lambda s: re.search(r"TTFT\s+[\d.,]+\s*ms", s), 120, "the probe's TTFT")
         tmux.keys("Escape")
         tmux.wait_for(lambda s: "READY" in s, 15, "back on the dashboard")
-        if cols == 80:  # issue 44: the capacity figure was below an 80x24 screen
-            _capacity_search_at_80x24(tmux, env)
-
-        tmux.keys("q")
-        tmux.wait_for(lambda s: "Quit ernie-tui" in s, 15, "the quit dialog")
-        tmux.keys("l")
-        deadline = time.monotonic() + 30
-        while tmux.alive() and time.monotonic() < deadline:
-            time.sleep(0.5)
-        assert not tmux.alive(), "ernie-tui did not exit after leave"
-        assert _health(url), "the server left running answers"
+        _capacity_search_at_80x24(tmux, env)  # issue 44: the capacity figure was below an 80x24 screen
+        _leave(tmux, url)
         import json
 
         server_pid = json.loads(record.read_text())["pid"]
 
-        # Plain `ernie-tui`: the server is taken back, shown as ours with its log.
-        tmux.start(run, cols, rows)
-        screen = tmux.wait_for(lambda s: "READY" in s and "cpu-demo" in s, 60, "the left-running server taken back")
-        assert "STOPPED" not in screen
-        tmux.wait_for(lambda s: "took back" in s or "Uvicorn" in s or "startup complete" in s.lower(), 30,
-                      "its log (or the note that it was taken back)")
-        if stop_with == "x":
-            tmux.keys("x")
-            tmux.wait_for(lambda s: "STOPPED" in s, 90, "x to stop it")
-        else:
-            out = subprocess.run([str(ERNIE_TUI), "stop"], env=env, capture_output=True, text=True, timeout=120)
-            assert out.returncode == 0 and "stopped cpu-demo" in out.stdout, out
-            tmux.wait_for(lambda s: "STOPPED" in s, 60, "the dashboard to see it stopped")
+        # 160x48 shows the whole footer (80x24's is operator-ui's, issue #18, 7: it ended at "/ Sea" on main).
+        screen = _take_back(tmux, run, 160, 48)
+        assert "q Quit" in screen and "x Stop" in screen, screen
+        _leave(tmux, url)
+
+        _take_back(tmux, run, 80, 24)
+        out = subprocess.run([str(ERNIE_TUI), "stop"], env=env, capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0 and "stopped cpu-demo" in out.stdout, out
+        tmux.wait_for(lambda s: "STOPPED" in s, 60, "the dashboard to see it stopped")
         assert not _health(url), "the server still answers"
         assert not psutil.pid_exists(server_pid) or not alive([psutil.Process(server_pid)])
         assert not record.exists(), "server.json went with the server"
         tmux.keys("q")
-        deadline = time.monotonic() + 30
-        while tmux.alive() and time.monotonic() < deadline:
-            time.sleep(0.5)
-        assert not tmux.alive(), "ernie-tui did not exit with nothing running"
+        _exits(tmux, "with nothing running")
     finally:
         tmux.kill()
         if server_pid is not None and psutil.pid_exists(server_pid):
             subprocess.run([str(ERNIE_TUI), "stop"], env=env, capture_output=True, timeout=120)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(pytest.main([__file__, "-v"]))

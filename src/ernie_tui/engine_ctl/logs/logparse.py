@@ -130,6 +130,8 @@ _RE_PYD_TAIL = re.compile(r"\s*\[type=[\w.]+, input_value=.*$")
 _IGNORED_EXC = ("KeyboardInterrupt", "SystemExit", "CancelledError", "GeneratorExit")
 # Error kinds that still matter after the server became ready.
 _FATAL_AFTER_READY = {ErrorKind.ENGINE_DEAD, ErrorKind.CUDA_OOM, ErrorKind.PORT_IN_USE}
+# vLLM 0.32's "[shutdown] MPClient: engine core exited unexpectedly; starting cleanup".
+_ENGINE_GONE = "engine core exited unexpectedly"
 # Messages that only say "something failed, see above".
 _WRAPPERS = ("Engine core initialization failed", "WorkerProc initialization failed",
              "Engine process failed to start", "validation error for", "validation errors for",
@@ -660,6 +662,11 @@ class LogParser:
         """Messages starting with "[tag] ", a space or box-drawing characters."""
         if line.startswith("[", s):
             if line.startswith("[shutdown]", s):
+                if _ENGINE_GONE in line:
+                    # vLLM 0.32's cleanup after its engine core died (killed, the
+                    # OOM killer): a shutdown it did not choose, so a crash, even
+                    # though the API server then exits 0 like a stopped one.
+                    self._error(_text(line, s + 11), n, while_stopping=True)
                 self._m_shutdown("", line, n)
                 return
             k = line.find("] ", s)  # 0.32 puts "[backbone] " before monitor messages
@@ -1100,11 +1107,11 @@ class LogParser:
         self._pyd_pending = None
         self._error(text, n)
 
-    def _error(self, message: str, n: int, known_only: bool = False) -> None:
+    def _error(self, message: str, n: int, known_only: bool = False, while_stopping: bool = False) -> None:
         rep = self.report
         if rep.error is not None and not self._err_is_wrapper:
             return  # the root cause is known; the rest are its echoes
-        if self._shutting_down and rep.error is None:
+        if self._shutting_down and rep.error is None and not while_stopping:
             return  # noise while stopping (cancelled tasks, closed pipes)
         message = message.strip()
         dropped: list[str] = []  # notes on figures left out, kept only with the error
