@@ -899,3 +899,23 @@ def test_an_engine_core_killed_while_serving_reads_as_a_crash_not_a_stop(fixture
     # A stop the operator asked for has "[shutdown]" lines too, and no error.
     stopped = parse_file(fixtures_dir / CPU / "ok_block32_len2048.log")
     assert stopped.state == "stopped" and stopped.error is None
+
+
+@pytest.mark.parametrize("name, line", [
+    ("cpu-vllm0.32.0/fail_block16.log", 67), ("cpu-vllm0.32.0/fail_kv_too_small.log", 60),
+    ("cpu-vllm0.32.0/fail_insufficient_free_memory.log", 31), ("gpu-h200-vllm0.26.0/fail_block8_len2048.log", 15),
+    ("gpu-h200-vllm0.26.0/fail_no_cache_memory_util0.005.log", 34),
+    # Not vLLM giving a start up: a start that served, a crash after ready, and failures
+    # where the launcher itself exits at once (argparse, pydantic).
+    ("cpu-vllm0.32.0/ok_block32_len2048.log", None), ("cpu-vllm0.32.0/engine_core_killed.log", None),
+    ("gpu-h200-vllm0.26.0/fail_unknown_arg_enable_paged_attn.log", None),
+    ("gpu-h200-vllm0.26.0/fail_len_over_derived.log", None),
+])
+def test_the_line_where_vllm_gave_its_start_up(fixtures_dir, name, line):
+    """EngineServer ends the teardown that follows this line (once the root
+    cause is in) instead of waiting it out."""
+    parser = LogParser()
+    parser.feed_many((fixtures_dir / name).read_bytes().decode("utf-8", "replace").split("\n"))
+    assert parser.start_failed_line == line
+    if line is not None:
+        assert parser.report.error is not None and parser.report.error.line_no > line  # the root cause comes after

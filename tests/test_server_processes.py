@@ -32,15 +32,20 @@ STUBBORN = textwrap.dedent("""
     if mode == "crash":
         print("ValueError: No common block size for 16 (CPU_ATTN: [MultipleOf(32)])", flush=True)
         sys.exit(3)
+    if mode == "give-up":  # a real failing start's log, then a teardown that never ends (SIGTERM ends it)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        with open(sys.argv[sys.argv.index("--log") + 1]) as f:
+            sys.stdout.write("".join(f.readlines()[:200]))
+        sys.stdout.flush()
     time.sleep(600)
 """)
 
 
-def spec_for(tmp_path, mode: str):
+def spec_for(tmp_path, mode: str, **args: str):
     script = tmp_path / "fake_server.py"
     script.write_text(STUBBORN)
     preset = Preset(name=f"fake-{mode}", launcher=[sys.executable, str(script)], model=str(tmp_path),
-                    engine_args={"mode": mode}, port=free_port())
+                    engine_args={"mode": mode, **args}, port=free_port())
     return preset.launch_spec()
 
 
@@ -179,3 +184,27 @@ def test_start_stop_cycles_leave_no_log_open(tmp_path, fixtures_dir):
         server.stop()
         server.close()
     assert _open_logs(logs) == []
+
+
+def test_a_start_vllm_gave_up_is_a_crash_without_waiting_out_its_teardown(tmp_path, fixtures_dir):
+    """vLLM 0.32's block-16 failure: "WorkerProc hit an exception", the root
+    cause, "EngineCore failed to start". Its teardown then took 7 s here and,
+    on a busy box, minutes; this one never ends by itself. Once the root cause
+    is in, the server ends the teardown and reports the crash with it."""
+    log = fixtures_dir / "cpu-vllm0.32.0" / "fail_block16.log"
+    server = EngineServer(spec_for(tmp_path, "give-up", log=str(log)), preset_name="fake",
+                          log_path=tmp_path / "llm.log")
+    server.start()
+    try:
+        st = server.wait_ready(120)  # the teardown alone would take 600 s
+        assert st.state == ServerState.CRASHED, st
+        assert st.error is not None and st.error.kind.value == "block_size_unsupported", st.error
+        assert st.exit_code is not None  # it exited: SIGTERM ended it
+        group = st.pid
+        deadline = time.time() + 60
+        while group_members(group) and time.time() < deadline:  # the forked child ignores SIGTERM
+            time.sleep(0.1)
+        assert not group_members(group), "the failed start left a process behind"
+    finally:
+        server.stop()
+

@@ -136,6 +136,11 @@ Listener = Callable[[object], None]
 SIGINT_GRACE = 15.0
 SIGTERM_GRACE = 5.0
 ORPHAN_GRACE = 3.0  # a crashed server's leftovers get this long after SIGTERM
+# After vLLM says it gave its start up: how long the root cause's traceback
+# gets to reach the log before the teardown is cut short (a known cause; an
+# unknown one waits longer for a better line).
+GAVE_UP_SETTLE_S = 1.0
+GAVE_UP_WAIT_S = 10.0
 
 # After the parser says the server serves, /health gets this long to confirm
 # it (when /health can be trusted) before the parser's word alone counts.
@@ -471,6 +476,7 @@ class EngineServer(_Watcher):
         self._procs_seen: dict[int, psutil.Process] = {}
         self._health_trusted = True
         self._stopping = False
+        self._gave_up: list[float] = []  # when vLLM's give-up was seen, then when we hurried its exit
         self.adopted = False  # a server a previous dashboard left running, taken back
         # When a server taken back became ready: its record's ready_at (the
         # start's, not the moment we took it back, which would make "ready in"
@@ -560,6 +566,7 @@ class EngineServer(_Watcher):
         self._remember_tree()
         self._begin_log(log)
         self._stopping = False
+        self._gave_up = []
         self._stop_monitor = threading.Event()
         self._set_status(state=ServerState.STARTING, phase="launching", pid=self._proc.pid,
                          started_at=time.time(), ready_at=None, exit_code=None, error=None, leftovers_ended=0)
@@ -709,6 +716,7 @@ class EngineServer(_Watcher):
             with self._lock:
                 phase, serving, seen = self._parser.report.phase, self._parser.report.ready, self._ready_seen
             if state == ServerState.STARTING:
+                self._hurry_a_failed_start(now)
                 if phase and phase != self.status.phase:
                     self._set_status(phase=phase)
                 healthy = False
@@ -725,6 +733,31 @@ class EngineServer(_Watcher):
                     self._set_status(state=ServerState.READY, phase="ready", ready_at=self._ready_time())
             if not busy:
                 time.sleep(0.1)
+
+    def _hurry_a_failed_start(self, now: float) -> None:
+        """vLLM said it gave its start up (the parser's start_failed_line).
+        Once the root cause is in the log, end the teardown that follows
+        (7 s here; on a busy box vLLM was once still up 240 s after its
+        engine failed) so that the crash and its diagnosis come now: SIGTERM
+        to the group, SIGKILL after ORPHAN_GRACE. The exit path then reports
+        it as any crash, with the parser's root cause."""
+        if self._stopping or self._proc is None:
+            return
+        with self._lock:
+            line, error = self._parser.start_failed_line, self._parser.report.error
+        if line is None:
+            return
+        if not self._gave_up:
+            self._gave_up.append(now)
+            return
+        known = error is not None and error.kind not in (ErrorKind.ENGINE_DEAD, ErrorKind.OTHER)
+        if len(self._gave_up) == 1 and now - self._gave_up[0] >= (GAVE_UP_SETTLE_S if known else GAVE_UP_WAIT_S):
+            self._gave_up.append(now)
+            log.info("vLLM gave its start up at log line %d: ending its teardown", line)
+            self._signal_group(self._proc.pid, signal.SIGTERM)
+        elif len(self._gave_up) == 2 and now - self._gave_up[1] >= ORPHAN_GRACE:
+            self._gave_up.append(now)
+            self._signal_group(self._proc.pid, signal.SIGKILL)
 
     def _ready_time(self) -> float | None:
         """When the server became ready, for "ready in": now, for a start we

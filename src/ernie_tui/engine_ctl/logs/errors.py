@@ -66,7 +66,8 @@ _CLASSIFIERS: list[tuple[re.Pattern[str], ErrorKind]] = [
     (re.compile(r"unrecognized arguments: "), ErrorKind.UNKNOWN_ARGUMENT),
     (re.compile(r"[Aa]ddress already in use|\[Errno (?:98|48|10048)\]"), ErrorKind.PORT_IN_USE),
     (re.compile(r"ModuleNotFoundError|No module named "), ErrorKind.MISSING_MODULE),
-    (re.compile(r"EngineDeadError|Engine core proc \S+ died|died unexpectedly|exited unexpectedly|EngineCore encountered"
+    (re.compile(r"EngineDeadError|Engine core proc \S+ died|died unexpectedly|exited unexpectedly"
+                r"|EngineCore encountered"
                 r"|Engine core initialization failed|WorkerProc initialization failed|EngineCore failed to start"
                 r"|WorkerProc hit an exception|WorkerProc failed to start|Engine process failed to start"
                 r"|AsyncLLM output_handler failed"), ErrorKind.ENGINE_DEAD),

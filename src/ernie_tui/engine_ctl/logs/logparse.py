@@ -144,6 +144,10 @@ _ROLE_NORM = re.compile(r"(EngineCore)_DP0$|(?:VllmWorker[- ]|Worker_TP)(\d+)$")
 _ERROR_MESSAGES = ("EngineCore failed to start", "EngineCore encountered", "Engine core proc ",
                    "WorkerProc hit an exception", "WorkerProc failed to start", "Worker proc ",
                    "AsyncLLM output_handler failed")
+# vLLM's words for a start it gave up itself (a process of it failed to
+# initialise): the server will exit, whatever else the log says.
+_START_FAILED = ("EngineCore failed to start", "WorkerProc failed to start", "WorkerProc hit an exception",
+                 "Engine core initialization failed", "Engine process failed to start")
 _PHASE_INDEX: dict[str, int] = {p: i for i, p in enumerate(PHASES)}  # phase name -> its place
 
 
@@ -295,6 +299,10 @@ class LogParser:
         self._kv_bytes: int | None = None  # kv_cache_memory_bytes from the args
         self._blocks: int | None = None  # `# GPU blocks: N` waiting for a block size
         self._warmup_ts: str | None = None  # CPU: when "Warming up model for the compilation" came
+        # The line where vLLM itself gave its start up ("EngineCore failed to
+        # start", ...): what follows is the root cause's traceback, then
+        # teardown, which took 7 s here and once minutes on a busy box.
+        self.start_failed_line: int | None = None
 
     # -- public API ---------------------------------------------------------
 
@@ -1109,6 +1117,9 @@ class LogParser:
 
     def _error(self, message: str, n: int, known_only: bool = False, while_stopping: bool = False) -> None:
         rep = self.report
+        if (self.start_failed_line is None and not rep.ready and not self._shutting_down
+                and any(m in message[:120] for m in _START_FAILED)):
+            self.start_failed_line = n
         if rep.error is not None and not self._err_is_wrapper:
             return  # the root cause is known; the rest are its echoes
         if self._shutting_down and rep.error is None and not while_stopping:
