@@ -113,6 +113,9 @@ class DuelLevel:
     passed: bool = False
     reference: bool = False  # the round's reference preset (measured first and last)
     adjusted: float | None = None
+    # output_tps is the level's stream rate (LevelResult.stream_output_tps;
+    # its windows' rate for a rate level); this is its windows' rate.
+    window_output_tps: float | None = None
 
 
 @dataclass
@@ -560,9 +563,11 @@ def duel_round(r: int, names: list[str], loads: dict[str, float], runners: dict[
             log.exception("duel level of %s failed", name)
             lv = None
         t1 = time.time()
-        out.append(DuelLevel(name, r, load, (t0 + t1) / 2, t1 - t0, lv and lv.output_tps,
-                             lv and lv.goodput_output_tps, bool(lv and lv.passed), reference=k in (0, len(order) - 1)))
-        tps = f"{lv.output_tps:,.0f} tok/s" if lv and lv.output_tps else "no figure"
+        tps_of = (lv.stream_output_tps or lv.output_tps) if lv else None  # see LevelResult.stream_output_tps
+        out.append(DuelLevel(name, r, load, (t0 + t1) / 2, t1 - t0, tps_of, lv and lv.goodput_output_tps,
+                             bool(lv and lv.passed), reference=k in (0, len(order) - 1),
+                             window_output_tps=lv and lv.output_tps))
+        tps = f"{tps_of:,.0f} tok/s" if tps_of else "no figure"
         emit(preset=name, repeat=r, index=first_index + k, total=total,
              phase=f"duel round {r}: {'rate' if rate else 'concurrency'} {load:g}, {tps}")
     adjust(out)

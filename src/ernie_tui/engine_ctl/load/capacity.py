@@ -310,6 +310,14 @@ class LevelResult:
     attainment_target: float | None = None
     goodput_rps: float | None = None
     goodput_output_tps: float | None = None
+    # Closed loop: concurrency x tokens / latency over the answered requests
+    # (Little's law), the output rate the level's streams held. output_tps
+    # counts the requests sent inside the measured windows; against a server
+    # whose requests end in waves (alike lengths, all C started at once) a
+    # window holds 4 waves or 5, and a short level's figure jumps by a wave
+    # (216 then 172.8 tok/s, 25 %, on the paced stand-in). The paired sweep's
+    # duels compare this one.
+    stream_output_tps: float | None = None
     passed: bool = False
     decided: bool = False
     # pass | fail | undecided (at a cap; `passed` then follows the estimate) |
@@ -652,6 +660,16 @@ class LevelMonitor:
         return res
 
 
+def _stream_rate(concurrency: int | None, ok: Sequence[S.RequestOutcome]) -> float | None:
+    """LevelResult.stream_output_tps: C streams, each at its answered
+    requests' tokens over their time (None open loop, or with nothing timed)."""
+    timed = [o for o in ok if o.latency_s and o.completion_tokens]
+    spent = math.fsum(o.latency_s or 0.0 for o in timed)
+    if not concurrency or not timed or spent <= 0:
+        return None
+    return concurrency * sum(o.completion_tokens or 0 for o in timed) / spent
+
+
 def level_result(concurrency: int | None, outcomes: Sequence[S.RequestOutcome], slo: Sequence[S.Objective],
                  ev: S.Evaluation, seconds: float, stop: str,
                  server: dict[str, Any] | None = None, *, attainment_target: float = 0.0,
@@ -692,6 +710,7 @@ def level_result(concurrency: int | None, outcomes: Sequence[S.RequestOutcome], 
         attainment_target=attainment_target or None,
         goodput_rps=stats.rate(len(good), seconds) if outcomes else None,
         goodput_output_tps=stats.rate(good_tokens, seconds) if outcomes else None,
+        stream_output_tps=_stream_rate(concurrency, ok),
         passed=passed, decided=decided, verdict=verdict, stop=stop,
         objectives=[asdict(o) for o in ev.objectives], errors=errors, end_missed=end_missed,
     )
