@@ -1,128 +1,41 @@
-"""Probes and bursts against real vLLM (CPU build) with the tiny stand-in.
-
-One server for the module, started here from argv in its own process group
-(starts cost 30-60 s on 2 cores). The last test kills it mid-burst, which is
-why this module does not borrow the session's shared server.
+"""Probes and bursts against real vLLM (CPU build) with the tiny stand-in,
+on the session's shared server (a start costs 30-60 s on 2 cores). A burst
+whose server dies under it is test_server_e2e.py's lifecycle test.
 """
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
-import threading
 import time
-from pathlib import Path
 
-import httpx
-import psutil
 import pytest
 
-from ernie_tui.engine_ctl.launch.ports import free_port
 from ernie_tui.engine_ctl.load import burst as B
 from ernie_tui.engine_ctl.load import metrics as M
 from ernie_tui.engine_ctl.load import probe as P
 
 pytestmark = pytest.mark.vllm
 
-READY_TIMEOUT = 300.0
 MAX_MODEL_LEN = 2048
 
 
-class VllmProcess:
-    def __init__(self, model_dir: Path, log_path: Path) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.model_dir = model_dir
-        self.log_path = log_path
-        argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
-                "--served-model-name", "tiny-ernie", "--host", "127.0.0.1", "--port", str(self.port),
-                "--block-size", "32", "--max-model-len", str(MAX_MODEL_LEN),
-                "--kv-cache-memory-bytes", "67108864", "--enforce-eager"]  # eager: see vllm_support.EAGER
-        self._log = open(log_path, "wb")
-        self.proc = subprocess.Popen(argv, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                     start_new_session=True)
-        self.pids: set[int] = {self.proc.pid}
-
-    def wait_ready(self) -> None:
-        deadline = time.monotonic() + READY_TIMEOUT
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"vLLM exited with {self.proc.returncode}; log tail:\n{self.log_tail()}")
-            try:
-                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
-                    self.remember_tree()
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.5)
-        raise RuntimeError(f"vLLM not ready after {READY_TIMEOUT} s; log tail:\n{self.log_tail()}")
-
-    def remember_tree(self) -> None:
-        try:
-            self.pids |= {p.pid for p in psutil.Process(self.proc.pid).children(recursive=True)}
-        except psutil.NoSuchProcess:
-            pass
-
-    def log_tail(self, n: int = 4000) -> str:
-        try:
-            return self.log_path.read_bytes()[-n:].decode("utf-8", "replace")
-        except OSError:
-            return ""
-
-    def kill_group(self, sig: int) -> None:
-        try:
-            os.killpg(self.proc.pid, sig)
-        except ProcessLookupError:
-            pass
-
-    def alive(self) -> list[int]:
-        out = []
-        for pid in self.pids:
-            try:
-                if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
-                    out.append(pid)
-            except psutil.NoSuchProcess:
-                pass
-        return out
-
-    def stop(self) -> None:
-        self.remember_tree()
-        self.kill_group(signal.SIGINT)
-        deadline = time.monotonic() + 30
-        while self.alive() and time.monotonic() < deadline:
-            self.proc.poll()
-            time.sleep(0.2)
-        if self.alive():
-            self.kill_group(signal.SIGKILL)
-            for pid in self.alive():  # a child that left the group
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-        try:
-            self.proc.wait(10)
-        except subprocess.TimeoutExpired:
-            pass
-        self._log.close()
-
-
-@pytest.fixture(scope="module")
-def vllm_server(tmp_path_factory):
-    from ernie_tui.demo_model import write_demo_model
-
-    root = tmp_path_factory.mktemp("probe-e2e")
-    model_dir = root / "tiny-ernie"
-    write_demo_model(model_dir, "tiny")
-    server = VllmProcess(model_dir, root / "llm.log")
-    try:
-        server.wait_ready()
-        yield server
-    finally:
-        server.stop()
-        left = server.alive()
-        assert not left, f"vLLM processes left behind: {left}"
+@pytest.fixture
+def vllm_server(cpu_server):
+    """The session's shared cpu-demo server (served as tiny-ernie, block 32,
+    max_model_len 2048), idle: these tests compare vLLM's counters before and
+    after their own requests, so a request an earlier test left decoding
+    would count as theirs."""
+    url = cpu_server.status.url
+    deadline = time.monotonic() + 60
+    last = None
+    while time.monotonic() < deadline:
+        with M.MetricsClient(url, timeout=30.0) as client:
+            snap = client.fetch()
+        now = (snap.running, snap.waiting, snap.total(M.GENERATION_TOKENS))
+        if now[0] == 0 and now[1] == 0 and now == last:
+            return cpu_server.status
+        last = now
+        time.sleep(0.5)
+    raise AssertionError(f"the shared server is still busy after 60 s: running, waiting, tokens {last}")
 
 
 @pytest.mark.timeout(600)
@@ -198,30 +111,3 @@ def test_burst_of_20_at_concurrency_4(vllm_server):
     for key in ("p50", "p90", "p99"):
         assert r.ttft[key] is not None
     assert r.itl["p50"] is not None and r.latency["p90"] is not None
-
-
-@pytest.mark.timeout(900)
-def test_killing_the_server_mid_burst_ends_with_errors(vllm_server):
-    """Runs last: it kills the module's server (SIGKILL to the whole group)."""
-    killed = threading.Event()
-
-    def on_progress(done: int, total: int) -> None:
-        if done >= 3 and not killed.is_set():
-            killed.set()
-            vllm_server.remember_tree()
-            vllm_server.kill_group(signal.SIGKILL)
-
-    r = B.run_burst(vllm_server.url, B.BurstConfig(n=60, concurrency=4, max_tokens=128, read_timeout_s=30),
-                    progress=on_progress)
-    assert killed.is_set()
-    assert 3 <= r.completed < 60
-    assert r.errors["count"] == 60 - r.completed
-    kinds = set(r.errors["by_kind"])
-    assert kinds & {"disconnected", "connection_refused", "connect_error"}, r.errors
-    assert "timeout" not in kinds, r.errors  # the dead server's requests ended at once, none waited out 30 s
-    assert r.errors["first"], r.errors
-    deadline = time.monotonic() + 30
-    while vllm_server.alive() and time.monotonic() < deadline:
-        vllm_server.proc.poll()
-        time.sleep(0.2)
-    assert not vllm_server.alive()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 
 import httpx
@@ -10,6 +11,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from ernie_tui.engine_ctl.control.server import ServerState
+from ernie_tui.engine_ctl.load import burst as B
 from ernie_tui.engine_ctl.logs.errors import ErrorKind
 from ernie_tui.presets import load_presets
 from vllm_support import EAGER, READY_TIMEOUT, free_port, start_server, tiny_model_dir
@@ -88,13 +90,26 @@ def test_lifecycle_start_restart_crash_stop(tmp_path):
         text = (tmp_path / "llm.log.1").read_text(errors="replace")
         assert '"GET /metrics' not in text and '"GET /health' not in text
 
-        # A crash while serving: the engine core killed, as the OOM killer would. vLLM
-        # 0.32 then cleans up and its API server exits 0, like a stop; it read STOPPED
-        # until the parser took that cleanup's "engine core exited unexpectedly" for
-        # the crash it is. (A start that fails is test_preflight_vllm.py's.)
+        # A crash while serving: the engine core killed mid-burst, as the OOM killer
+        # would. The burst ends at once with the dead server's errors (none waits out
+        # its read timeout). vLLM 0.32 then cleans up and its API server exits 0, like
+        # a stop; it read STOPPED until the parser took that cleanup's "engine core
+        # exited unexpectedly" for the crash it is. (A failing start is
+        # test_preflight_vllm.py's.)
         core = [p for p in seen.values() if p.is_running() and _named(p, "EngineCore")]
         assert core, [(p.pid, _named(p, "")) for p in seen.values()]
-        core[-1].kill()
+        killed = threading.Event()
+
+        def kill_at_the_third_answer(done: int, total: int) -> None:
+            if done >= 3 and not killed.is_set():
+                killed.set()
+                core[-1].kill()
+
+        burst = B.run_burst(st.url, B.BurstConfig(n=60, concurrency=4, max_tokens=128, read_timeout_s=30),
+                            progress=kill_at_the_third_answer)
+        assert killed.is_set() and 3 <= burst.completed < 60, B.format_burst(burst)
+        assert burst.errors["count"] == 60 - burst.completed and burst.errors["first"], burst.errors
+        assert "timeout" not in burst.errors["by_kind"], burst.errors
         deadline = time.monotonic() + 120
         while server.status.state == ServerState.READY and time.monotonic() < deadline:
             time.sleep(0.2)
