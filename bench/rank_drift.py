@@ -123,9 +123,11 @@ def main() -> int:
     p.add_argument("--only-sequential", action="store_true", help="run the old mode only")
     p.add_argument("--knee", type=int, default=8, help="preset A's knee (8; B's is knee x (1 + gap))")
     p.add_argument("--json", metavar="FILE", help="append one JSON line per run here")
+    p.add_argument("--port", type=int, default=28451, help="the stand-ins' ports: this and the next (28451); "
+                   "another at once needs its own")
     args, extra = p.parse_known_args()
     tmp = Path(tempfile.mkdtemp(prefix="rank-drift-"))
-    names = write_presets(tmp / "presets.toml", args.gap, args.drift, args.period, knee_a=args.knee)
+    names = write_presets(tmp / "presets.toml", args.gap, args.drift, args.period, knee_a=args.knee, port=args.port)
     truth = args.gap * 100
     modes = (["sequential"] if args.only_sequential else ["paired"] + (["sequential"] if args.sequential else []))
     tally: dict[str, list[dict]] = {m: [] for m in modes}

@@ -353,7 +353,6 @@ def tiny_tokenizer(tmp_path):
 
 
 @pytest.mark.vllm  # runs vLLM's bench client (imports vLLM, ~20 s a run on 2 cores); no vLLM server
-@pytest.mark.no_server
 def test_agreement_bench_on_the_paced_stand_in(tmp_path, tiny_tokenizer):
     srv = subprocess.Popen([sys.executable, str(ROOT / "tests" / "paced_server.py"), "--port", "0",
                             "--slots", "4", "--ttft-ms", "20", "--itl-ms", "5"],
@@ -411,7 +410,6 @@ def test_agreement_bench_on_the_paced_stand_in(tmp_path, tiny_tokenizer):
 
 
 @pytest.mark.vllm  # imports vLLM once for its bench client (~15 s on 2 cores); no vLLM server
-@pytest.mark.no_server
 def test_one_bench_client_process_serves_a_whole_bracket_taken_in_two_calls(tmp_path, tiny_tokenizer):
     """The bench client is kept in one process across runs (importing vLLM is
     most of a short run's time); a bad run says why and leaves it usable; a
@@ -463,7 +461,6 @@ def test_one_bench_client_process_serves_a_whole_bracket_taken_in_two_calls(tmp_
 
 
 @pytest.mark.vllm  # runs vLLM's bench client twice over (imports vLLM in each)
-@pytest.mark.no_server  # against stand-ins
 def test_a_bench_run_split_over_two_bench_clients_keeps_its_concurrency_and_pools_their_requests(tiny_tokenizer):
     # On an H200 one bench client's process sat at p90 86 % of a core at
     # 448-512 streams; a run split over K of them, each with C/K, is the

