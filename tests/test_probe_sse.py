@@ -701,7 +701,10 @@ def test_single_probe_ttft_is_the_servers_not_our_setup(fake):
                          timeout=60, env=env)
     r = json.loads(out.stdout.strip().splitlines()[-1])
     assert r["ok"], r["error"]
-    assert r["ttft_s"] == pytest.approx(paced.true_ttft, abs=0.005)
+    # Within 20 ms: a CI run with both cores busy read 9.4 ms late. The fault's
+    # mechanism is checked below, load or not: the warm-up GET, then the stream
+    # on the same connection.
+    assert r["ttft_s"] == pytest.approx(paced.true_ttft, abs=0.020)
     # the warm-up GET went out first and the stream came on the same connection
     assert [h.split(b" ")[0] for _, h in s.heads] == [b"GET", b"POST"]
 

@@ -44,7 +44,8 @@ async def show_finished(pilot, app, result: CapacityResult | None = None) -> tup
     await pilot.pause()
     tab.post_message(CapacityDone(tab._run, result or finished_search(), RECORD, f"/runs/{RECORD}.json"))
     view = screen.query_one(CapacityView)
-    await wait_for(pilot, lambda: tab.last_capacity is not None and view.levels, 10, "the result on screen")
+    # An upper bound, not a speed claim: a CI box with both cores busy took over 10 s (2026-12-06).
+    await wait_for(pilot, lambda: tab.last_capacity is not None and view.levels, 60, "the result on screen")
     await pilot.pause(0.3)
     return screen, view
 
