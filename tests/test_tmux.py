@@ -261,10 +261,7 @@ def _leave(tmux: Tmux, url: str) -> None:
     tmux.keys("q")
     tmux.wait_for(lambda s: "Quit ernie-tui" in s, 15, "the quit dialog")
     tmux.keys("l")
-    deadline = time.monotonic() + 30
-    while tmux.alive() and time.monotonic() < deadline:
-        time.sleep(0.5)
-    assert not tmux.alive(), "ernie-tui did not exit after leave"
+    _exits(tmux, "after leave")
     assert _health(url), "the server left running answers"
 
 

@@ -476,7 +476,7 @@ class EngineServer(_Watcher):
         self._procs_seen: dict[int, psutil.Process] = {}
         self._health_trusted = True
         self._stopping = False
-        self._gave_up: list[float] = []  # when vLLM's give-up was seen, then when we hurried its exit
+        self._gave_up_at: float | None = None  # when the parser first said vLLM gave its start up
         self.adopted = False  # a server a previous dashboard left running, taken back
         # When a server taken back became ready: its record's ready_at (the
         # start's, not the moment we took it back, which would make "ready in"
@@ -566,7 +566,7 @@ class EngineServer(_Watcher):
         self._remember_tree()
         self._begin_log(log)
         self._stopping = False
-        self._gave_up = []
+        self._gave_up_at = None
         self._stop_monitor = threading.Event()
         self._set_status(state=ServerState.STARTING, phase="launching", pid=self._proc.pid,
                          started_at=time.time(), ready_at=None, exit_code=None, error=None, leftovers_ended=0)
@@ -739,25 +739,22 @@ class EngineServer(_Watcher):
         Once the root cause is in the log, end the teardown that follows
         (7 s here; on a busy box vLLM was once still up 240 s after its
         engine failed) so that the crash and its diagnosis come now: SIGTERM
-        to the group, SIGKILL after ORPHAN_GRACE. The exit path then reports
-        it as any crash, with the parser's root cause."""
+        to the group, SIGKILL after ORPHAN_GRACE (_end_group). The exit path,
+        at the monitor's next look, then reports it as any crash, with the
+        parser's root cause."""
         if self._stopping or self._proc is None:
             return
         with self._lock:
             line, error = self._parser.start_failed_line, self._parser.report.error
         if line is None:
             return
-        if not self._gave_up:
-            self._gave_up.append(now)
+        if self._gave_up_at is None:
+            self._gave_up_at = now
             return
         known = error is not None and error.kind not in (ErrorKind.ENGINE_DEAD, ErrorKind.OTHER)
-        if len(self._gave_up) == 1 and now - self._gave_up[0] >= (GAVE_UP_SETTLE_S if known else GAVE_UP_WAIT_S):
-            self._gave_up.append(now)
+        if now - self._gave_up_at >= (GAVE_UP_SETTLE_S if known else GAVE_UP_WAIT_S):
             log.info("vLLM gave its start up at log line %d: ending its teardown", line)
-            self._signal_group(self._proc.pid, signal.SIGTERM)
-        elif len(self._gave_up) == 2 and now - self._gave_up[1] >= ORPHAN_GRACE:
-            self._gave_up.append(now)
-            self._signal_group(self._proc.pid, signal.SIGKILL)
+            self._end_group(self._proc.pid, group_members(self._proc.pid))
 
     def _ready_time(self) -> float | None:
         """When the server became ready, for "ready in": now, for a start we
@@ -779,18 +776,23 @@ class EngineServer(_Watcher):
             return
         for p in left:
             self._procs_seen.setdefault(p.pid, p)
+        self._end_group(pgid, left)
+        self._set_status(leftovers_ended=len(left))
+
+    def _end_group(self, pgid: int, procs: list[psutil.Process]) -> None:
+        """SIGTERM to the group, then SIGKILL (to the group and to each of
+        `procs` still alive) after ORPHAN_GRACE."""
         self._signal_group(pgid, signal.SIGTERM)
         deadline = time.monotonic() + ORPHAN_GRACE
-        while _alive(left) and time.monotonic() < deadline:
+        while _alive(procs) and time.monotonic() < deadline:
             time.sleep(0.1)
-        if _alive(left):
+        if _alive(procs):
             self._signal_group(pgid, signal.SIGKILL)
-            for p in _alive(left):
+            for p in _alive(procs):
                 try:
                     p.kill()
                 except psutil.Error:
                     pass
-        self._set_status(leftovers_ended=len(left))
 
     def _crashed(self, code: int) -> None:
         with self._lock:
