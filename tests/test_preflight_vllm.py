@@ -5,7 +5,10 @@ real server is started and fails; its log is parsed and diagnosed to the same
 kind, and the fix agrees with preflight's (for the KV case: vLLM's own
 max_model_len estimate equals the one preflight computed).
 
-Each start takes 10-60 s on two cores; all four run one after the other.
+Each start takes 10-60 s on two cores. All four start at once (one module
+fixture) and each case's test reads its own: one after the other they took
+about four minutes of the serial real-vLLM group, CI's critical path, while
+most of a start is importing torch and vLLM on one core, and the box has two.
 Servers are started through EngineServer (own session, argv, no shell), and
 stop() takes each one's whole process group down.
 """
@@ -15,7 +18,8 @@ from __future__ import annotations
 import socket
 import sys
 import time
-from dataclasses import replace
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pytest
@@ -89,14 +93,25 @@ CASES = {
 }
 
 
-@pytest.mark.timeout(FAIL_TIMEOUT + 60)
-@pytest.mark.parametrize("case", list(CASES))
-def test_real_failure_caught_by_preflight_and_diagnosed(case, tiny_model, tmp_path):
+@dataclass
+class FailedStart:
+    """One case's bad preset: what preflight said before the launch, and how the real server ended."""
+
+    preset: object
+    pre: object  # preflight's whole answer
+    caught: list
+    pre_s: float
+    status: object
+    took: float
+    log: Path
+
+
+def _fail_one(case: str, port: int, tiny_model: Path, log: Path) -> FailedStart:
     changes, kind = CASES[case]
     base = load_presets(include_user=False).get("cpu-demo")  # block 32, len 2048, KV 64M
     # Eager (vllm_support.EAGER): none of these failures is torch.compile's, and the KV
     # case fails after the profile run, which compiles first unless told not to.
-    preset = replace(base.with_changes(**{**EAGER, **changes}), port=free_port())
+    preset = replace(base.with_changes(**{**EAGER, **changes}), port=port)
     holder = None
     if case == "port_taken":
         holder = socket.socket()
@@ -115,12 +130,37 @@ def test_real_failure_caught_by_preflight_and_diagnosed(case, tiny_model, tmp_pa
         spec = preset.launch_spec(str(tiny_model))
         assert spec.argv[:3] == [sys.executable, "-m", "vllm.entrypoints.openai.api_server"]
         assert "--kv-cache-memory-bytes" in spec.argv
-        log = tmp_path / "llm.log"
         status, took = run_until_exit(spec, log)
     finally:
         if holder is not None:
             holder.close()
-    print(f"{case}: preflight {pre_s * 1000:.1f} ms, vLLM failed after {took:.1f} s (exit {status.exit_code})")
+    return FailedStart(preset, pre, caught, pre_s, status, took, log)
+
+
+@pytest.fixture(scope="module")
+def failed_starts(tiny_model, tmp_path_factory) -> dict[str, FailedStart | BaseException]:
+    """Every case at once, each in a thread of its own; a case that went wrong holds its exception."""
+    ports: list[int] = []
+    while len(ports) < len(CASES):  # distinct, though each is only free until its server binds it
+        if (port := free_port()) not in ports:
+            ports.append(port)
+    logs = tmp_path_factory.mktemp("failed-starts")
+    with ThreadPoolExecutor(len(CASES)) as pool:
+        futures = {case: pool.submit(_fail_one, case, port, tiny_model, logs / f"{case}.log")
+                   for case, port in zip(CASES, ports, strict=True)}
+    return {case: f.exception() or f.result() for case, f in futures.items()}
+
+
+@pytest.mark.timeout(FAIL_TIMEOUT + 60)  # the first case's wait covers the fixture's four starts
+@pytest.mark.parametrize("case", list(CASES))
+def test_real_failure_caught_by_preflight_and_diagnosed(case, failed_starts, tiny_model):
+    _, kind = CASES[case]
+    run = failed_starts[case]
+    if isinstance(run, BaseException):
+        raise run
+    preset, pre, caught, status, log = run.preset, run.pre, run.caught, run.status, run.log
+    print(f"{case}: preflight {run.pre_s * 1000:.1f} ms, vLLM failed after {run.took:.1f} s "
+          f"(exit {status.exit_code}; {len(CASES)} started at once)")
 
     # 3. its log, parsed (live, as the dashboard sees it, and from the file) and diagnosed
     assert status.error is not None and status.error.kind == kind, (status.error, log.read_text()[-3000:])

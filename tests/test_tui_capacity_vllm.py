@@ -21,6 +21,7 @@ import pytest
 from textual.widgets import DataTable, Input
 
 from ernie_tui.engine_ctl.load import metrics as M
+from ernie_tui.engine_ctl.load import slo as S
 from ernie_tui.tui.screens.probe import ProbeScreen
 from ernie_tui.tui.widgets.charts import CapacityChart
 from test_tui_probe import Host, _open_probe, shown, wait_for
@@ -135,16 +136,20 @@ async def test_the_demos_default_search_finds_a_capacity_on_real_vllm(cpu_server
     In the dashboard's session the two agree and the search finds a level
     that meets the SLO. While a level runs, its progress is on screen.
 
-    Every default but one: the level cap is 20 s, not 60. Under the default
-    SLO this box's levels near the knee run to the cap undecided, and with
-    60 s caps the search took 302 s alone and over 420 s in a full CI run
-    (2 cores shared with vLLM's engine); with 20 s caps, 220 s alone. The
-    cap bounds how long an undecided level runs, which is not what this
-    test is about."""
+    Every default but two, neither of them what #18 was about. The level
+    cap is 20 s, not 60: under the default SLO this box's levels near the
+    knee run to the cap undecided, and with 60 s caps the search took 302 s
+    alone and over 420 s in a full CI run (2 cores shared with vLLM's
+    engine). The highest concurrency is 4: on a quiet box the default
+    search climbed to 16 and bisected down to 10 (18 levels, 238 s, of the
+    serial real-vLLM group that is CI's critical path); in a CI run it
+    answered 5. At 4 it answers "≥ 4", or a lower capacity where a busy box
+    misses the SLO there."""
     url = cpu_server.status.url
     app = Host(ProbeScreen(url))
     async with app.run_test(size=(140, 44)) as pilot:
-        screen, tab = await _capacity_form(pilot, app, **{"pf-cap-time": "20"})  # the SLO and prompt: defaults
+        # the SLO and the prompt shape: the form's defaults
+        screen, tab = await _capacity_form(pilot, app, **{"pf-cap-time": "20", "pf-cap-maxc": "4"})
         progress = screen.query_one("#pf-cap-progress")
         seen: list[str] = []
 
@@ -170,7 +175,15 @@ async def test_the_demos_default_search_finds_a_capacity_on_real_vllm(cpu_server
         # Issue #18's fault: the first level failed on our own slowness (TTFT p50
         # ~400 ms against vLLM's ~37 ms). In the dashboard's session it passes, and
         # our TTFT agrees with vLLM's histogram.
-        assert first.concurrency == 1 and first.passed, result
+        # On a box whose other workers keep both cores busy, the first level can end
+        # at its 20 s cap with 9 answers, too few to judge (one CI run); the search
+        # then measures concurrency 1 again. What #18 was about holds either way: no
+        # look at concurrency 1 fails its TTFT objective, and the last one passes.
+        assert first.concurrency == 1, result
+        at_one = [lv for lv in r.levels if lv.concurrency == 1]
+        ttft_verdicts = [o["verdict"] for lv in at_one for o in lv.objectives if o["metric"] == "ttft"]
+        assert ttft_verdicts and S.FAIL not in ttft_verdicts, (ttft_verdicts, result)
+        assert at_one[-1].passed or "those token gaps were ours" in result, result
         theirs = (first.vllm or {}).get("ttft_p50_ms")
         assert theirs is not None and first.ttft_p50_ms <= 2 * theirs + 50, (first.ttft_p50_ms, theirs)
         if r.capacity is None:
@@ -262,7 +275,7 @@ async def test_sweep_screen_capacity_mode_on_real_vllm(tmp_path, tiny_model):
         screen.query_one("#sw-capacity").value = True
         await pilot.pause()
         for wid, value in (("#sw-cap-slo", LOOSE_SLO), ("#sw-max", str(MAX_TOKENS)), ("#sw-lmin", "10"),
-                           ("#sw-lmax", "40"), ("#sw-cap-maxc", "4"), ("#sw-cap-minr", "10"),
+                           ("#sw-lmax", "40"), ("#sw-cap-maxc", "2"), ("#sw-cap-minr", "10"),
                            ("#sw-cap-maxr", "40"), ("#sw-cap-time", "20")):
             screen.query_one(wid, Input).value = value
         await pilot.press("ctrl+r")
@@ -272,14 +285,15 @@ async def test_sweep_screen_capacity_mode_on_real_vllm(tmp_path, tiny_model):
         notes = shown(screen, "#sw-notes")
         print("\n" + notes)
         assert [r.status for r in screen.runs] == ["ok", "ok"], notes
-        # The loose SLO holds up to the cap on both: 1, 2, 4 measured and 4 confirmed, capacity 4.
+        # The loose SLO holds up to the cap on both: 1 and 2 measured and 2 confirmed, capacity 2.
+        # (A cap of 2, not more: each level is a few seconds of the serial real-vLLM group.)
         assert {r.preset: (r.levels, r.capacity_concurrency) for r in screen.runs} == {
-            "cpu-b32": (4, 4.0), "cpu-b64": (4, 4.0)}
+            "cpu-b32": (3, 2.0), "cpu-b64": (3, 2.0)}
         # The curves are the searches' own levels, as their run records hold them,
         # and those are real vLLM's (its /metrics counted every answer).
         records = {r.preset_name: r for r in list_runs(kind="capacity")}
         assert set(records) == {"cpu-b32", "cpu-b64"}, records
-        assert {c.name for c in chart.curves} == {"cpu-b32", "cpu-b64"} and chart.points_drawn == 8
+        assert {c.name for c in chart.curves} == {"cpu-b32", "cpu-b64"} and chart.points_drawn == 6
         for curve in chart.curves:
             saved = records[curve.name].results["levels"]
             assert [(lv.concurrency, lv.output_tps, lv.ttft_p99_ms) for lv in curve.levels] == [
@@ -298,8 +312,8 @@ async def test_sweep_screen_capacity_mode_on_real_vllm(tmp_path, tiny_model):
         for run in screen.runs:
             row = table.get_row(run.preset)
             assert (str(row[keys.index("front")]) == "◆") == (run.preset in screen.front)
-            # 4 is the search's ceiling (max C) and it passed: a lower bound, so "≥ 4"
-            assert run.capacity_stop == "max_concurrency" and str(row[keys.index("capacity_concurrency")]) == "≥ 4"
+            # 2 is the search's ceiling (max C) and it passed: a lower bound, so "≥ 2"
+            assert run.capacity_stop == "max_concurrency" and str(row[keys.index("capacity_concurrency")]) == "≥ 2"
         out = tmp_path / "sweep.json"
         screen.query_one("#sw-path", Input).value = str(out)
         await pilot.press("ctrl+s")
