@@ -23,7 +23,7 @@ FIXTURES = ROOT / "tests" / "fixtures" / "vllm-logs"
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads xdist_group into each test's id
 def pytest_collection_modifyitems(config, items):
-    """Under pytest-xdist (`-n 3 --dist loadgroup`, as scripts/test.sh runs
+    """Under pytest-xdist (`-n 4 --dist loadgroup`, as scripts/test.sh runs
     it when xdist is installed), every test that starts a real vLLM server
     (and every tmux test that does) goes to one worker: at most one vLLM
     server runs at a time, and the session's shared server (cpu_server) is
@@ -38,6 +38,20 @@ def pytest_collection_modifyitems(config, items):
             continue
         if item.get_closest_marker("vllm") or item.get_closest_marker("tmux"):
             item.add_marker(pytest.mark.xdist_group("real-vllm"))
+    # Longest first: xdist hands the group to one worker, then the other tests
+    # out in this order, a few at a time, as workers free up. In collection
+    # (file) order the slowest stand-in modules (test_tune, test_tui_*) came
+    # last, and one worker ran them on alone while the others sat idle.
+    items.sort(key=lambda item: _SLOW_FIRST.get(item.path.stem, len(_SLOW_FIRST)))
+
+
+# The modules whose stand-in tests took longest in a CI run (`--durations`),
+# slowest first; the order only spreads the work, so a stale list costs minutes,
+# never a result. sort() is stable: a module's tests stay in their own order.
+_SLOW_FIRST = {name: rank for rank, name in enumerate((
+    "test_sweep", "test_tune", "test_paired_sweep", "test_tui_probe", "test_parallel_sweep",
+    "test_guide_blocks", "test_capacity_steady", "test_capacity", "test_tui_tune", "test_report_figures",
+    "test_tui_capacity_form", "test_tui_capacity_screen"))}
 
 
 @pytest.fixture(autouse=True)
