@@ -11,9 +11,10 @@
 # Both pack what the sweep wrote (its table, JSON with the pair verdicts, the servers' logs,
 # its run records) into $OUT/rank-h200.tgz and print the verdicts once it has ended.
 # RANK_PRESETS: the presets (default the five); RANK_SLO: the objectives; RANK_ARGS: more sweep options
-# (default --start-concurrency 64 --max-concurrency 1024 --repeat 3 --confirm-waves 0 --level-time 30: round 0's
-# searches only pick each preset's duel load, the highest level that passed, which a confirmation does not
-# change; the 21st run's round 0 had not ended after 12.5 min with confirmations and 60 s levels).
+# (default --start-concurrency 64 --max-concurrency 1024 --repeat 3 --confirm-waves 0 --level-time 30
+# --tolerance 0.25: round 0's searches only pick each preset's duel load, the highest level that passed, which a
+# confirmation does not change and a bracket of 25 % places well enough; the 21st run's round 0 had not ended
+# after 12.5 min with confirmations, 60 s levels and 10 %: 12-17 levels a preset, 6 at 25 %).
 # The servers start at once, each KV pool pinned (kv_cache_memory_bytes) at its share of the GPU.
 # Two runs' verdicts, pair by pair (the same machine later, or a second one):
 #   python bench/compare_rankings.py first/rank.json second/rank.json
@@ -48,7 +49,7 @@ start)
   setsid python3 -m ernie_tui --presets "$W/code/bench/presets-h200.toml" --model "$M" sweep \
       ${RANK_PRESETS:-seed-A seed-C long-doc seed-A-seqs128 seed-A-batch16k} --capacity \
       ${RANK_SLO:---slo ttft_p99=1000ms --slo itl_p99=50ms} \
-      ${RANK_ARGS:---start-concurrency 64 --max-concurrency 1024 --repeat 3 --confirm-waves 0 --level-time 30} \
+      ${RANK_ARGS:---start-concurrency 64 --max-concurrency 1024 --repeat 3 --confirm-waves 0 --level-time 30 --tolerance 0.25} \
       --log-dir "$W/logs" --out "$W/rank.md" --out "$W/rank.json" \
       > "$W/rank.log" 2>&1 < /dev/null &
   sleep 2
