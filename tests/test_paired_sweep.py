@@ -10,8 +10,19 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 from ernie_tui.cli import main
-from ernie_tui.engine_ctl.control.paired_sweep import DuelLevel, adjust, duel_order
+from ernie_tui.engine_ctl.control.paired_sweep import (
+    DUEL_LEVEL_S,
+    DuelLevel,
+    adjust,
+    duel_order,
+    duel_seconds,
+    knees_from,
+    search_around,
+)
+from ernie_tui.engine_ctl.load import CapacityResult, LevelResult, SearchConfig
 
 PACED = Path(__file__).resolve().parent / "paced_server.py"
 
@@ -38,6 +49,46 @@ def test_adjust_divides_out_a_linear_drift():
     assert not adjust(levels) and all(d.adjusted is None for d in levels)
 
 
+def _search(*levels: LevelResult) -> CapacityResult:
+    return CapacityResult([], None, list(levels), stop_reason="bracketed", stop_message="", seconds=1.0)
+
+
+def _level(concurrency: int, passed: bool, warmup_s: float | None, e2e_ms: list[float] | None) -> LevelResult:
+    return LevelResult(concurrency=concurrency, requests=100, ok=100, seconds=10.0, passed=passed, decided=True,
+                       warmup_s=warmup_s, window_e2e_ms=e2e_ms)
+
+
+def test_a_duel_level_outlasts_its_warm_up_and_four_requests():
+    # The 22nd GPU run's seed-A at 256: warm-up 2.3 s, requests of about 2.5 s.
+    slow = _search(_level(128, True, 1.1, [1100.0] * 4), _level(256, True, 2.3, [2400.0, 2500.0, float("nan"), 2600.0]),
+                   _level(320, False, 3.1, [3300.0] * 3))
+    assert duel_seconds(slow, 256.0) == 2.3 + 4 * 2.5
+    # Short requests (the stand-ins): the floor.
+    quick = _search(_level(8, True, 0.3, [250.0] * 3))
+    assert duel_seconds(quick, 8.0) == DUEL_LEVEL_S
+    # No warm-up measured, no level at that load, no search: the floor.
+    assert duel_seconds(_search(_level(8, True, None, None)), 8.0) == DUEL_LEVEL_S
+    assert duel_seconds(slow, 192.0) == DUEL_LEVEL_S
+    assert duel_seconds(None, 256.0) == DUEL_LEVEL_S
+
+
+def test_knees_from_reads_a_paired_export_and_the_search_starts_there(tmp_path):
+    export = tmp_path / "rank.json"
+    export.write_text(json.dumps({"paired": {"searches": [{"preset": "A", "duel_load": 256.0},
+                                                           {"preset": "B", "duel_load": None}]}}))
+    assert knees_from(export) == {"A": 256.0}
+    around = search_around(SearchConfig(tolerance=0.25, max_concurrency=1024), 256.0)
+    assert (around.start, around.max_concurrency, around.tolerance) == (256, 320, 0.25)
+    assert search_around(SearchConfig(tolerance=0.1), 2.0).max_concurrency == 3  # always one step up
+    rate = search_around(SearchConfig(tolerance=0.25, mode="rate"), 80.0)
+    assert (rate.start_rate, rate.max_rate) == (80.0, 100.0)
+    for text, says in (("{}", "not a paired sweep"), ("not json", "cannot read"),
+                       ('{"paired": {"searches": []}}', "no preset's duel load")):
+        export.write_text(text)
+        with pytest.raises(ValueError, match=says):
+            knees_from(export)
+
+
 def test_sweep_capacity_pairs_two_drifting_stand_ins(tmp_path, tiny_model, capsys):
     body = ""
     for name, knee, port in (("weak", 2, 18161), ("strong", 4, 18162)):
@@ -57,6 +108,7 @@ def test_sweep_capacity_pairs_two_drifting_stand_ins(tmp_path, tiny_model, capsy
     args = ["sweep", "weak", "strong", "--presets", str(presets), "--capacity", "--slo", "itl_p99=50ms",
             "--max-tokens", "8", "--min-tokens", "5", "--max-tokens-in", "20", "--max-requests", "40",
             "--level-time", "15", "--confirm-waves", "0", "--client-procs", "1", "--ready-timeout", "30"]
+    base = list(args)
     for out in outs:
         args += ["--out", str(out)]
     assert main(args) == 0, capsys.readouterr().err
@@ -74,6 +126,15 @@ def test_sweep_capacity_pairs_two_drifting_stand_ins(tmp_path, tiny_model, capsy
         rows = list(csv.DictReader(f))
     assert [(r["a"], r["b"], r["better"]) for r in rows] == [("weak", "strong", "strong")]
     assert pair["text"] in capsys.readouterr().out
+    # Again from the first sweep's knees: each search starts at its knee.
+    knees = {r["preset"]: int(r["duel_load"]) for r in paired["searches"]}
+    assert main([*base, "--out", str(tmp_path / "again.json"), "--knees-from", str(outs[0])]) == 0
+    err = capsys.readouterr().err
+    for name, knee in knees.items():
+        first = next(line for line in err.splitlines() if f" {name} r1: capacity: concurrency " in line)
+        assert f"capacity: concurrency {knee} " in first, (first, knees)
+    redone = json.loads((tmp_path / "again.json").read_text())["paired"]
+    assert {d["round"] for d in redone["duels"]} == {1, 2, 3}
 
 
 def test_one_gpu_side_by_side_only_when_each_share_holds_the_search(monkeypatch):

@@ -8,6 +8,7 @@ import random
 import pytest
 
 from ernie_tui.engine_ctl.control.ranking import (
+    PairVerdict,
     compare_all,
     compare_pair,
     drift_seen,
@@ -97,7 +98,36 @@ def test_ranking_is_a_partial_order_with_ties_named():
     r = rank(["A", "B", "C"], compare_all(["A", "B", "C"], values))
     assert r.tiers == [["B", "C"], ["A"]]
     assert r.ties == [("A", "B"), ("B", "C")]
-    assert r.text() == "B = C > A (within noise of each other: A ~ B)"
+    assert r.text() == "C > A; not placed (no pair beyond noise): B"
+    assert r.to_dict()["wins"] == [["C", "A"]]
+
+
+def _verdict(a: str, b: str, mean: float) -> PairVerdict:
+    """A pair's verdict as compare_pair leaves it: beyond noise when mean is
+    not 0 (an interval of +-0.05 around it), within noise otherwise."""
+    return PairVerdict(a, b, "output_tps_at_capacity", [mean] * 3, 0.95, mean, mean - 0.05, mean + 0.05)
+
+
+def test_ranking_text_claims_only_the_wins_measured():
+    names = ["seed-A", "seed-C", "long-doc", "seqs128", "batch16k"]
+    # The 22nd GPU run: one pair beyond noise of ten. Tiers alone read
+    # 'seed-A = seed-C = seqs128 = batch16k > long-doc', three wins never seen.
+    one = [_verdict(a, b, 0.33 if (a, b) == ("long-doc", "seqs128") else 0.0)
+           for i, a in enumerate(names) for b in names[i + 1:]]
+    assert rank(names, one).text() == "seqs128 > long-doc; not placed (no pair beyond noise): seed-A, seed-C, batch16k"
+    # Two wins that say nothing about each other are listed as they are.
+    two = [_verdict("A", "B", -0.2), _verdict("C", "D", -0.2), _verdict("A", "C", 0.0), _verdict("A", "D", 0.0),
+           _verdict("B", "C", 0.0), _verdict("B", "D", 0.0)]
+    assert rank(list("ABCD"), two).text() == "A > B; C > D"
+    # A chain: the win its links imply is not repeated, and the tiers are whole.
+    chain = [_verdict("A", "B", -0.2), _verdict("B", "C", -0.2), _verdict("A", "C", -0.4)]
+    assert rank(list("ABC"), chain).text() == "A > B > C"
+    chain[2] = _verdict("A", "C", 0.0)  # A ~ C: A > B > C still holds through B
+    assert rank(list("ABC"), chain).text() == "A > B > C"
+    # A cycle (by chance only) shows its wins, not a tier of equals.
+    cycle = [_verdict("A", "B", -0.2), _verdict("B", "C", -0.2), _verdict("A", "C", 0.2)]
+    assert rank(list("ABC"), cycle).text() == "A > B; B > C; C > A"
+    assert rank(list("AB"), [_verdict("A", "B", 0.0)]).text() == "no pair beyond noise (A, B)"
 
 
 def test_drift_seen_shows_the_presets_moving_together():

@@ -55,6 +55,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--sequential", action="store_true",
                    help="with --capacity: the old mode, one preset at a time (started, searched, stopped), "
                         "ranked by medians; the host's drift between presets lands in the comparison")
+    p.add_argument("--knees-from", metavar="FILE.json", dest="knees_from",
+                   help="a paired --capacity sweep: start each preset's search at the load its duels ran at "
+                        "in FILE.json (an earlier paired sweep's --out export, e.g. of another machine) and go "
+                        "up one --tolerance step: two levels a preset where the knee holds, not a whole search; "
+                        "presets not in FILE get a whole search")
     p.add_argument("--ready-timeout", type=float, default=600.0, metavar="S")
     p.add_argument("--log-dir", metavar="DIR", help="keep each run's llm.log here")
     p.add_argument("--gpus-per-trial", metavar="N|auto", type=_per_trial, dest="gpus_per_trial",
@@ -115,6 +120,9 @@ def _check_args(args) -> bool:
     paired = bool(args.capacity and not args.sequential and args.gpus_per_trial is None and len(args.names) > 1)
     if args.sequential and not args.capacity:
         raise CliError("--sequential belongs to --capacity (a burst sweep is always sequential)")
+    if args.knees_from and not paired:
+        raise CliError("--knees-from belongs to a paired sweep: --capacity with two or more presets, without "
+                       "--sequential or --gpus-per-trial")
     if args.repeat is None:
         args.repeat = 3 if paired else 1
     if args.repeat < 1:
@@ -158,6 +166,13 @@ def _setup(args) -> _Setup:
         from ernie_tui.cli.capacity_args import capacity_sweep, trials_at_once  # lazy: --help start-up
 
         capacity = capacity_sweep(args, trials_at_once(gpu_ids, args.gpus_per_trial))
+        if getattr(args, "knees_from", None):
+            from ernie_tui.engine_ctl.control import knees_from  # lazy: --help start-up
+
+            try:
+                capacity.knees = knees_from(Path(args.knees_from))
+            except ValueError as exc:
+                raise CliError(str(exc)) from None
     if gpu_ids is not None:
         own = [p.name for p in presets if "CUDA_VISIBLE_DEVICES" in p.env]
         if own:

@@ -7,7 +7,7 @@ The top district: it may use launch, load and logs; none of them uses it.
 """
 
 from ernie_tui.engine_ctl.control.fleet import FleetError, FleetPoller, connecting_rows, load_fleet, servers_from_urls
-from ernie_tui.engine_ctl.control.paired_sweep import PairedResult, run_paired_sweep
+from ernie_tui.engine_ctl.control.paired_sweep import PairedResult, knees_from, run_paired_sweep
 from ernie_tui.engine_ctl.control.ranking import PairVerdict, Ranking
 from ernie_tui.engine_ctl.control.resources import EngineMemory, ResourceSampler
 from ernie_tui.engine_ctl.control.server import (
@@ -75,6 +75,7 @@ __all__ = [
     "LoadProcess",
     "PairVerdict",
     "PairedResult",
+    "knees_from",
     "Ranking",
     "LogLines",
     "LogRead",

@@ -60,7 +60,7 @@ from ernie_tui.engine_ctl.control.sweep import (
 )
 from ernie_tui.engine_ctl.control.turn_gate import TurnGate
 from ernie_tui.engine_ctl.launch import run_preflight
-from ernie_tui.engine_ctl.load import BurstConfig, CapacityResult, save_run
+from ernie_tui.engine_ctl.load import BurstConfig, CapacityResult, SearchConfig, save_run
 from ernie_tui.engine_ctl.units import GiB
 from ernie_tui.presets.model import LaunchSpec, Preset
 
@@ -94,6 +94,7 @@ class PresetRound:
     ended_at: float | None = None
     at_ceiling: bool = False
     duel_load: float | None = None  # where its duels ran (duel_load())
+    duel_seconds: float | None = None  # how long each of its duel levels may run (duel_seconds())
 
 
 @dataclass
@@ -470,7 +471,9 @@ def search_round(served: list[_Served], capacity: CapacitySweep, burst_config: B
     def work(i: int, s: _Served) -> None:
         ev = dict(preset=s.preset.name, repeat=0, index=i, total=total, port=s.ready.port)
         emit(**ev, phase="capacity")
-        out[i] = _search_one(s, capacity.search, capacity, burst_config, gate, runners,
+        knee = (capacity.knees or {}).get(s.preset.name)
+        search = capacity.search if knee is None else search_around(capacity.search, knee)
+        out[i] = _search_one(s, search, capacity, burst_config, gate, runners,
                              lambda e: emit(**ev, phase="capacity", capacity_event=e), cancel)
         run, result = out[i]
         if save and result is not None:
@@ -488,12 +491,50 @@ def search_round(served: list[_Served], capacity: CapacitySweep, burst_config: B
     return out, gate.order
 
 
+def search_around(search: Any, knee: float) -> Any:
+    """A search that starts at a knee an earlier run found (--knees-from)
+    and goes up to (1 + tolerance) x it: where the knee holds, two levels
+    (the knee passes, the step above fails) instead of a whole search (the
+    22nd GPU run's round 0: 5-7 levels a preset from 64, 7.6 min for five
+    presets). Passing the step above stops at that ceiling (its duels run
+    there, noted as a lower bound); failing the knee bisects below it."""
+    base = search or SearchConfig()
+    if base.rate:
+        return replace(base, start_rate=knee, max_rate=round(knee * (1 + base.tolerance), 3))
+    start = max(1, int(knee))
+    return replace(base, start=start, max_concurrency=max(start + 1, math.ceil(start * (1 + base.tolerance))))
+
+
+def knees_from(path: Path) -> dict[str, float]:
+    """Each preset's duel load in a paired sweep's JSON export (its
+    `paired.searches`), for search_around(). ValueError with a plain
+    message for a file that is not one."""
+    import json
+
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"cannot read {path}: {exc}") from None
+    paired = data.get("paired") if isinstance(data, dict) else None
+    searches = paired.get("searches") if isinstance(paired, dict) else None
+    if not isinstance(searches, list):
+        raise ValueError(f"{path} is not a paired sweep's JSON export (no paired.searches): write one with "
+                         "`ernie-tui sweep A B --capacity --out FILE.json`")
+    knees = {s["preset"]: float(s["duel_load"]) for s in searches
+             if isinstance(s, dict) and s.get("preset") and s.get("duel_load")}
+    if not knees:
+        raise ValueError(f"{path} holds no preset's duel load (its searches found no capacity)")
+    return knees
+
+
 def _preset_round(run: SweepRun, result: CapacityResult | None) -> PresetRound:
     cap = run.capacity_rate if run.capacity_rate is not None else run.capacity_concurrency
+    load = duel_load(result) or cap
     return PresetRound(preset=run.preset, round=0, capacity=cap, goodput_output_tps=run.goodput_output_tps,
                        stop=result.stop_reason if result else run.status, levels=len(result.levels) if result else 0,
                        started_at=run.started_at, ended_at=run.ended_at,
-                       at_ceiling=bool(result and result.at_ceiling), duel_load=duel_load(result) or cap)
+                       at_ceiling=bool(result and result.at_ceiling), duel_load=load,
+                       duel_seconds=duel_seconds(result, load))
 
 
 def duel_load(result: CapacityResult | None) -> float | None:
@@ -512,13 +553,34 @@ def duel_load(result: CapacityResult | None) -> float | None:
     return max(passed) if passed else None
 
 
+def duel_seconds(result: CapacityResult | None, load: float | None) -> float:
+    """How long a duel level at `load` may run: DUEL_LEVEL_S, or longer
+    where the preset's requests take long at that load: its search's level
+    there, warm-up plus four request times (the median of its windows'
+    median E2E). A level's window counts only once every request sent in it
+    has ended, so a level must outlast its warm-up and a few requests. Why:
+    on an H100 (the 22nd GPU run) requests at concurrency 256 took 2-4 s; an
+    8 s duel level closed one window or none and its figure came from a
+    handful of requests (the same server read 16.5 k, then 10.3 k tok/s 48 s
+    later), so every pair stayed within noise but one."""
+    level = None
+    if result is not None and load is not None:
+        at = [lv for lv in result.levels if lv.load == load and lv.passed and lv.stop != "cancelled"]
+        level = at[-1] if at else None
+    if level is None or not level.warmup_s:
+        return DUEL_LEVEL_S
+    e2e = sorted(m / 1000.0 for m in (level.window_e2e_ms or []) if m is not None and math.isfinite(m))
+    request_s = e2e[len(e2e) // 2] if e2e else level.warmup_s
+    return max(DUEL_LEVEL_S, round(level.warmup_s + 4 * request_s, 1))
+
+
 # -- rounds 1..R: duels at each preset's capacity --------------------------------------------------
 
-def _reuse(runner: Any, rules: Any) -> None:
+def _reuse(runner: Any, rules: Any, seconds: float = DUEL_LEVEL_S) -> None:
     """A search's level runner made ready for the duel's levels: each runs
-    DUEL_LEVEL_S (or to --max-requests), not until a verdict (its min
-    requests raised to its max, so no early pass or fail ends it)."""
-    runner.rules = replace(rules, min_requests=rules.max_requests, time_cap_s=min(rules.time_cap_s, DUEL_LEVEL_S))
+    `seconds` (duel_seconds(); or to --max-requests), not until a verdict
+    (its min requests raised to its max, so no early pass or fail ends it)."""
+    runner.rules = replace(rules, min_requests=rules.max_requests, time_cap_s=min(rules.time_cap_s, seconds))
 
 
 def duel_order(names: list[str], r: int) -> list[str]:
@@ -630,8 +692,9 @@ def _measure(result: PairedResult, runs: list[SweepRun], served: list[_Served], 
         result.notes.append(f"no capacity to duel at for {', '.join(left_out)}: not compared")
     if len(names) < 2:
         return
+    seconds = {r.preset: r.duel_seconds or DUEL_LEVEL_S for r in result.searches}
     for name in names:
-        _reuse(runners[name], capacity.rules or runners[name].rules)
+        _reuse(runners[name], capacity.rules or runners[name].rules, seconds[name])
     rate = bool(capacity.search and capacity.search.rate)
     for r in range(1, rounds + 1):
         if cancel.is_set():

@@ -187,22 +187,54 @@ def compare_all(names: Sequence[str], values: Mapping[str, Sequence[float | None
 @dataclass
 class Ranking:
     """The order the pairs beyond noise give: tiers, best first (a preset is
-    in the tier after the lowest tier of any preset that beats it), and the
-    pairs left unordered (within noise, or too few rounds)."""
+    in the tier after the lowest tier of any preset that beats it), the pairs
+    left unordered (within noise, or too few rounds), and the wins beyond
+    noise, (better, worse), that the tiers come from."""
 
     tiers: list[list[str]]
     ties: list[tuple[str, str]] = field(default_factory=list)
+    wins: list[tuple[str, str]] = field(default_factory=list)
 
     def text(self) -> str:
-        """'knee10 > knee8', with any ties named: 'a > b = c' reads tiers, and
-        ties across tiers are listed after."""
-        line = " > ".join(" = ".join(t) for t in self.tiers)
-        tier_of = {n: i for i, t in enumerate(self.tiers) for n in t}
-        across = [f"{a} ~ {b}" for a, b in self.ties if tier_of.get(a) != tier_of.get(b)]
-        return line + (f" (within noise of each other: {', '.join(across)})" if across else "")
+        """What the wins say and no more. 'C > A = B' when every preset of a
+        higher tier beats every one of a lower tier (directly or through
+        others) and no wins form a cycle (possible by chance only); otherwise
+        the wins themselves, 'A > B; C > D', since tiers would read as wins
+        that were never measured (a GPU run's 'seed-A = seed-C > long-doc'
+        came from one win, seqs128 over long-doc, and seed-A and seed-C sat in
+        the top tier only for never being beaten). Presets in no win are named
+        last as not placed."""
+        placed = {n for w in self.wins for n in w}
+        unplaced = [n for t in self.tiers for n in t if n not in placed]
+        tail = f"not placed (no pair beyond noise): {', '.join(unplaced)}" if unplaced else ""
+        if not placed:
+            return "no pair beyond noise" + (f" ({', '.join(unplaced)})" if unplaced else "")
+        beats = _closure(self.wins)
+        tiers = [[n for n in t if n in placed] for t in self.tiers]
+        tiers = [t for t in tiers if t]
+        cyclic = any((y, x) in beats for x, y in beats)
+        whole = not cyclic and all((x, y) in beats for i, t in enumerate(tiers) for u in tiers[i + 1:]
+                                   for x in t for y in u)
+        if whole:
+            head = " > ".join(" = ".join(t) for t in tiers)
+        else:  # the wins no others imply (in a cycle every win is implied: all are shown)
+            head = "; ".join(f"{x} > {y}" for x, y in self.wins if cyclic
+                             or not any((x, z) in beats and (z, y) in beats for z in placed - {x, y}))
+        return head + (f"; {tail}" if tail else "")
 
     def to_dict(self) -> dict[str, Any]:
-        return {"tiers": self.tiers, "ties": [list(t) for t in self.ties], "text": self.text()}
+        return {"tiers": self.tiers, "ties": [list(t) for t in self.ties], "wins": [list(w) for w in self.wins],
+                "text": self.text()}
+
+
+def _closure(wins: Sequence[tuple[str, str]]) -> set[tuple[str, str]]:
+    """Every (x, y) with a chain of wins from x down to y."""
+    beats = set(wins)
+    while True:
+        more = {(x, w) for x, y in beats for v, w in beats if y == v and x != w} - beats
+        if not more:
+            return beats
+        beats |= more
 
 
 def rank(names: Sequence[str], verdicts: Sequence[PairVerdict]) -> Ranking:
@@ -211,9 +243,11 @@ def rank(names: Sequence[str], verdicts: Sequence[PairVerdict]) -> Ranking:
     in it in one tier."""
     beaten_by: dict[str, set[str]] = {n: set() for n in names}
     ties: list[tuple[str, str]] = []
+    wins: list[tuple[str, str]] = []
     for v in verdicts:
         if v.better is not None and v.worse is not None:
             beaten_by[v.worse].add(v.better)
+            wins.append((v.better, v.worse))
         else:
             ties.append((v.a, v.b))
     depth: dict[str, int] = {}
@@ -228,7 +262,7 @@ def rank(names: Sequence[str], verdicts: Sequence[PairVerdict]) -> Ranking:
     for n in names:
         level(n, frozenset())
     tiers = [[n for n in names if depth[n] == d] for d in range(max(depth.values(), default=-1) + 1)]
-    return Ranking([t for t in tiers if t], ties)
+    return Ranking([t for t in tiers if t], ties, wins)
 
 
 def drift_seen(names: Sequence[str], values: Mapping[str, Sequence[float | None]]) -> dict[str, Any]:

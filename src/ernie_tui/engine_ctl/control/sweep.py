@@ -419,6 +419,9 @@ class CapacitySweep:
     rules: Any = None  # capacity.LevelRules
     settings: Any = None  # capacity_run.RequestSettings
     workload_items: list | None = None  # workload.WorkItem; None: built prompts (burst_config)
+    # The paired sweep only: presets whose search starts at a load an earlier
+    # run found (--knees-from; paired_sweep.search_around).
+    knees: dict[str, float] | None = None
 
 
 def sweep_meta(names: list[str], repeat: int, burst_config: BurstConfig | None, runs: list[SweepRun], *,
