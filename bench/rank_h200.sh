@@ -10,7 +10,8 @@
 #   bash bench/rank_h200.sh wait    waits again (call it back to back: a machine goes back after 30 s idle)
 # Both pack what the sweep wrote (its table, JSON with the pair verdicts, the servers' logs,
 # its run records) into $OUT/rank-h200.tgz and print the verdicts once it has ended.
-# RANK_PRESETS: the presets (default the five); RANK_SLO: the objectives; RANK_ARGS: more sweep options
+# RANK_PRESETS: the presets (default the five); RANK_SLO: the objectives; RANK_KNEES: an earlier run's rank.json
+# (--knees-from: each search starts at that run's knee, two levels a preset where it holds); RANK_ARGS: more sweep options
 # (default --start-concurrency 64 --max-concurrency 1024 --repeat 3 --confirm-waves 0 --level-time 30
 # --tolerance 0.25: round 0's searches only pick each preset's duel load, the highest level that passed, which a
 # confirmation does not change and a bracket of 25 % places well enough; the 21st run's round 0 had not ended
@@ -43,14 +44,16 @@ start)
   rm -rf "$W/code" && mkdir -p "$W/code" && cp -r "$HERE/src" "$HERE/bench" "$W/code/"
   [ -f "$M/config.json" ] || python3 -m ernie_tui demo-model "$M" --shape ernie-4.5-0.3b | tail -1
   mkdir -p "$W/logs"
-  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+  nvidia-smi --query-gpu=name,memory.total,driver_version,uuid --format=csv,noheader
+  echo "host $(hostname)"
+  KNEES=(); [ -n "${RANK_KNEES:-}" ] && KNEES=(--knees-from "$(realpath "$RANK_KNEES")")
   date -u +"sweep started %FT%TZ"
   # shellcheck disable=SC2086  # the option strings split on purpose
   setsid python3 -m ernie_tui --presets "$W/code/bench/presets-h200.toml" --model "$M" sweep \
       ${RANK_PRESETS:-seed-A seed-C long-doc seed-A-seqs128 seed-A-batch16k} --capacity \
       ${RANK_SLO:---slo ttft_p99=1000ms --slo itl_p99=50ms} \
       ${RANK_ARGS:---start-concurrency 64 --max-concurrency 1024 --repeat 3 --confirm-waves 0 --level-time 30 --tolerance 0.25} \
-      --log-dir "$W/logs" --out "$W/rank.md" --out "$W/rank.json" \
+      "${KNEES[@]}" --log-dir "$W/logs" --out "$W/rank.md" --out "$W/rank.json" \
       > "$W/rank.log" 2>&1 < /dev/null &
   sleep 2
   wait_for_it;;
