@@ -781,7 +781,7 @@ def test_a_stream_read_past_done_keeps_its_connection(fake, transport):
     def script(conn, head):
         _stream_headers(conn)
         _send_chunked(conn, sse(_chunk(" a", 1)) + sse(_chunk(" b", 2, finish="length")) + sse(_usage(2)) + DONE)
-        time.sleep(0.05)  # the body's last chunk comes in a later write
+        time.sleep(0.4)  # the body's last chunk comes in a later write
         _end_chunked(conn)
     s = fake(script)
 
@@ -792,8 +792,10 @@ def test_a_stream_read_past_done_keeps_its_connection(fake, transport):
     results = asyncio.run(go())
     assert all(r.ok for r in results), [r.error for r in results]
     assert s.connections == 1
-    # its latency ends at [DONE], not at the body's end 50 ms later
-    assert all(r.latency_s < 0.045 for r in results), [r.latency_s for r in results]
+    # Its latency ends at [DONE], not at the body's end 400 ms later. (With
+    # 50 ms and a 45 ms bound a fresh-clone run on a quiet 2-core box read
+    # 50.6 ms for the first request, its connection's set-up included.)
+    assert all(r.latency_s < 0.3 for r in results), [r.latency_s for r in results]
 
 
 @pytest.mark.parametrize("transport", P.TRANSPORTS)

@@ -242,7 +242,9 @@ async def test_a_kept_search_comes_back_only_for_its_server(size):
         await app.push_screen(ProbeScreen(url, memory=memory))
         await pilot.pause(0.3)
         again = app.screen
-        await wait_for(pilot, lambda: any("capacity: concurrency 128" in line for line in screen_lines(app)), 10,
+        # Bounds for a loaded box: the 80x24 case once missed a 10 s bound in a fresh-clone run.
+        await wait_for(pilot, lambda: again.burst_tab.last_capacity is not None, 30, "the kept answer")
+        await wait_for(pilot, lambda: any("capacity: concurrency 128" in line for line in screen_lines(app)), 30,
                        "the kept answer on screen")
         assert again.burst_tab.last_capacity is not None and again.burst_tab.folded
         assert again.query_one("#pf-cap-slo", Input).value == "ttft_p99=800ms"
