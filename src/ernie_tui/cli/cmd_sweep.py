@@ -166,7 +166,7 @@ def _setup(args) -> _Setup:
         from ernie_tui.cli.capacity_args import capacity_sweep, trials_at_once  # lazy: --help start-up
 
         capacity = capacity_sweep(args, trials_at_once(gpu_ids, args.gpus_per_trial))
-        if getattr(args, "knees_from", None):
+        if args.knees_from:
             from ernie_tui.engine_ctl.control import knees_from  # lazy: --help start-up
 
             try:

@@ -39,9 +39,11 @@ the TUI).
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import os
+import statistics
 import threading
 import time
 from dataclasses import dataclass, field, replace
@@ -491,7 +493,7 @@ def search_round(served: list[_Served], capacity: CapacitySweep, burst_config: B
     return out, gate.order
 
 
-def search_around(search: Any, knee: float) -> Any:
+def search_around(search: SearchConfig | None, knee: float) -> SearchConfig:
     """A search that starts at a knee an earlier run found (--knees-from)
     and goes up to (1 + tolerance) x it: where the knee holds, two levels
     (the knee passes, the step above fails) instead of a whole search (the
@@ -509,8 +511,6 @@ def knees_from(path: Path) -> dict[str, float]:
     """Each preset's duel load in a paired sweep's JSON export (its
     `paired.searches`), for search_around(). ValueError with a plain
     message for a file that is not one."""
-    import json
-
     try:
         data = json.loads(Path(path).read_text())
     except (OSError, ValueError) as exc:
@@ -569,8 +569,8 @@ def duel_seconds(result: CapacityResult | None, load: float | None) -> float:
         level = at[-1] if at else None
     if level is None or not level.warmup_s:
         return DUEL_LEVEL_S
-    e2e = sorted(m / 1000.0 for m in (level.window_e2e_ms or []) if m is not None and math.isfinite(m))
-    request_s = e2e[len(e2e) // 2] if e2e else level.warmup_s
+    e2e = [m / 1000.0 for m in (level.window_e2e_ms or []) if m is not None and math.isfinite(m)]
+    request_s = statistics.median(e2e) if e2e else level.warmup_s
     return max(DUEL_LEVEL_S, round(level.warmup_s + 4 * request_s, 1))
 
 
