@@ -122,6 +122,12 @@ def test_sweep_capacity_pairs_two_drifting_stand_ins(tmp_path, tiny_model, capsy
     assert set(paired["turns"]) == {"weak", "strong"}
     assert data["meta"]["mode"].startswith("paired")
     assert "Pairs (" in outs[1].read_text() and pair["text"] in outs[1].read_text()
+    # The table's rank and vs best are the pair's, not the two round-0 searches'.
+    table = {r["preset"]: (r["rank"], r["vs_best"]) for r in data["rows"]}
+    assert table["strong"] == (1, "best") and table["weak"][0] == 2, table
+    assert table["weak"][1].startswith("-") and table["weak"][1].endswith(" vs strong"), table
+    assert "Rank and vs best come from the paired duels" in outs[1].read_text()
+    assert "One run per preset" not in outs[1].read_text()
     with open(tmp_path / "sweep-pairs.csv") as f:
         rows = list(csv.DictReader(f))
     assert [(r["a"], r["b"], r["better"]) for r in rows] == [("weak", "strong", "strong")]

@@ -110,7 +110,13 @@ def test_a_paired_sweeps_verdicts_ranking_and_drift_are_on_the_page(store, tmp_p
     export.write_text(json.dumps(raw))
     data = load_report_data([str(export)])
     assert data.comparisons[0].paired is not None
+    # The table ranks by the pair beyond noise; presets in no pair are not placed.
+    ranks = {r.preset: (r.rank, r.vs_best) for r in data.comparisons[0].rows}
+    assert ranks["slots4"] == (1, "best") and ranks["slots2"][0] == 2 and ranks["slots2"][1].endswith("vs slots4")
+    assert all(rank is None and vs == "within noise" for name, (rank, vs) in ranks.items()
+               if name not in ("slots2", "slots4"))
     page = report_html(data)
+    assert "Rank and vs best come from the paired duels" in page
     verdict = result.pairs[0]
     assert verdict.better == "slots4"
     assert verdict.text().replace("'", "&#x27;") in page

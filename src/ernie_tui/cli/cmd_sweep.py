@@ -276,7 +276,7 @@ def _finish(args, setup: _Setup, runs: list, result: Any, meta: dict) -> None:
     from ernie_tui.engine_ctl.control import export_sweep, fold, to_markdown  # lazy: --help start-up
     from ernie_tui.engine_ctl.load import save_run  # lazy: --help start-up
 
-    rows = fold(runs, [p.name for p in setup.presets])
+    rows = fold(runs, [p.name for p in setup.presets], paired=result.to_dict() if result is not None else None)
     body: dict = {"meta": meta, "runs": runs}
     if result is not None:
         meta.update(mode=f"paired: {args.repeat} rounds, levels alternating between presets",

@@ -7,6 +7,7 @@ The top district: it may use launch, load and logs; none of them uses it.
 """
 
 from ernie_tui.engine_ctl.control.fleet import FleetError, FleetPoller, connecting_rows, load_fleet, servers_from_urls
+from ernie_tui.engine_ctl.control.paired_rows import PAIRED_TABLE_NOTE
 from ernie_tui.engine_ctl.control.paired_sweep import PairedResult, knees_from, run_paired_sweep
 from ernie_tui.engine_ctl.control.ranking import PairVerdict, Ranking
 from ernie_tui.engine_ctl.control.resources import EngineMemory, ResourceSampler
@@ -73,6 +74,7 @@ __all__ = [
     "INSTALL_HINT",
     "LoadJob",
     "LoadProcess",
+    "PAIRED_TABLE_NOTE",
     "PairVerdict",
     "PairedResult",
     "knees_from",

@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ernie_tui import paths
+from ernie_tui.engine_ctl.control.paired_rows import PAIRED_TABLE_NOTE, mark_paired
 from ernie_tui.engine_ctl.control.resources import EngineMemory, ResourceSampler, used_on
 from ernie_tui.engine_ctl.control.server import EngineServer, ServerState
 from ernie_tui.engine_ctl.control.trial_load import LoadJob, LoadProcess, PeakMemory, run_load
@@ -140,7 +141,8 @@ class SweepRow:
     kv_cache_tokens: int | None = None
     max_concurrency: float | None = None
     vs_best: str = ""  # the score against the best preset, or "within noise"
-    rank: int | None = None  # by the score's median, 1 = best
+    rank: int | None = None  # by the score's median, 1 = best (a paired sweep: by its pairs beyond noise)
+    paired: bool = False  # rank and vs best come from a paired sweep's duels (paired_rows)
 
 
 @dataclass
@@ -173,7 +175,10 @@ def score_column(runs: list[SweepRun]) -> str:
     return "goodput_output_tps" if any(r.mode == "capacity" for r in runs) else "output_tps"
 
 
-def fold(runs: list[SweepRun], preset_order: list[str], score: str | None = None) -> list[SweepRow]:
+def fold(runs: list[SweepRun], preset_order: list[str], score: str | None = None,
+         paired: dict[str, Any] | None = None) -> list[SweepRow]:
+    """One row per preset. With `paired` (a paired sweep's to_dict()), rank
+    and vs best come from its duels, not from the one search per preset."""
     score = score or score_column(runs)
     rows = []
     for name in preset_order:
@@ -190,7 +195,10 @@ def fold(runs: list[SweepRun], preset_order: list[str], score: str | None = None
         for col in ("weights_gib", "kv_cache_gib", "kv_cache_tokens", "max_concurrency"):
             setattr(row, col, getattr(first, col))
         rows.append(row)
-    _mark_noise(rows, score)
+    if paired and not paired.get("refused"):
+        mark_paired(rows, paired)
+    else:
+        _mark_noise(rows, score)
     return rows
 
 
@@ -315,7 +323,9 @@ def to_markdown(rows: list[SweepRow], title: str | None = None) -> str:
               "with every level passing, so that capacity is a lower bound; raise the ceiling to find it."
               for r in rows if at_ceiling(r)]
     notes += [f"- **{r.preset}**: {moved}." for r in rows if (moved := speed_moved_note(r)) is not None]
-    if rows and all(len([x for x in r.runs if x.status == "ok"]) <= 1 for r in rows):
+    if any(r.paired for r in rows):
+        notes.append(f"- {PAIRED_TABLE_NOTE[0].upper()}{PAIRED_TABLE_NOTE[1:]}.")
+    elif rows and all(len([x for x in r.runs if x.status == "ok"]) <= 1 for r in rows):
         notes.append("- One run per preset: no spread was measured, so 'vs best' carries no noise "
                      "estimate; `--repeat 3` gives medians with min–max ranges.")
     if notes:

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from ernie_tui import __version__, paths
-from ernie_tui.engine_ctl.control import SweepRow, at_ceiling
+from ernie_tui.engine_ctl.control import PAIRED_TABLE_NOTE, SweepRow, at_ceiling
 from ernie_tui.engine_ctl.report import figures as F
 from ernie_tui.engine_ctl.report import tune_figures as TF
 from ernie_tui.engine_ctl.report.html_parts import fmt as _fmt
@@ -197,10 +197,12 @@ def _comparison_html(cmp_: Comparison, index: int, curves: list[Curve]) -> str:
             r += [_agg_text(row, "ttft_p50_ms"), _agg_text(row, "itl_p50_ms")]
         rows.append(r)
     single = all(len([x for x in r.runs if x.status == "ok"]) <= 1 for r in cmp_.rows)
+    paired = any(r.paired for r in cmp_.rows)
     notes = ["Figures are medians over the repeats with their min–max range in brackets. A gap to the best "
              "that lies inside either preset's range is reported as <b>within noise</b>: the repeats do not "
-             "tell the two apart."]
-    if single:
+             "tell the two apart."] if not paired else [f"{escape(PAIRED_TABLE_NOTE[0].upper())}"
+                                                        f"{escape(PAIRED_TABLE_NOTE[1:])}."]
+    if single and not paired:
         notes.append("One run per preset: no spread was measured, so no difference can be called noise; "
                      "<code>--repeat 3</code> gives medians with ranges.")
     if capacity:

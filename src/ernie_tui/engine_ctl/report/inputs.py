@@ -253,7 +253,7 @@ def comparison_of(runs: list[SweepRun], meta: dict[str, Any], title: str,
         return None
     order = list(dict.fromkeys(r.preset for r in runs))
     score = score_column(runs)
-    rows = fold(runs, order, score)
+    rows = fold(runs, order, score, paired=paired if isinstance(paired, dict) else None)
     front = front_of_rows(rows) if score == "goodput_output_tps" else set()
     return Comparison(title=title, rows=rows, score=score, front=front, meta=dict(meta or {}),
                       paired=paired if isinstance(paired, dict) else None)

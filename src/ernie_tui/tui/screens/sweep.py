@@ -613,7 +613,8 @@ class SweepScreen(ShowsWorkerFailures, Screen[None]):
         self._say(text)
 
     def _refresh_table(self) -> None:
-        self.rows = fold(self.runs, self.names or [r.preset for r in self.runs])
+        paired = self.paired.to_dict() if self.paired is not None else None
+        self.rows = fold(self.runs, self.names or [r.preset for r in self.runs], paired=paired)
         capacity = self._table_capacity
         self.front = front_of_rows(self.rows) if capacity else set()
         table = self.query_one("#sw-table", DataTable)
