@@ -673,7 +673,59 @@ def format_level(lv: dict[str, Any]) -> str:
             lines.append(f"  variant {arm_name} ({' '.join(arm['args'])}) against the bench client:")
         lines += _text_table(arm, arm_name)
     lines.append("  vLLM's view of each client's requests (medians over the rounds): " + phases(lv))
+    delay = client_delay_ms(lv)
+    if delay:
+        lines.append("  each client's TTFT p50 after vLLM's own (median over the rounds): "
+                     + ", ".join(f"{who} {ms:.0f} ms" for who, ms in delay.items()))
+    note = client_bound_note(lv)
+    if note:
+        lines.append("  " + note)
     return "\n".join(lines)
+
+
+# A client whose TTFT p50 sits further after vLLM's own than the other
+# client's, by more than this and by more than the TTFT goal's share of its
+# TTFT p50, is late to read its streams: the two clients' latencies then
+# differ by the clients, beyond what the goal allows.
+CLIENT_LATE_MS = 25.0
+
+
+def client_delay_ms(lv: dict[str, Any]) -> dict[str, float]:
+    """Each client's median over the rounds of its TTFT p50 minus vLLM's TTFT
+    p50 for the same requests (the referee's histogram over its window). Both
+    clocks see the same prefill and queue; what is left is the network, the
+    API server's streaming and the client's own lateness in reading. vLLM's
+    figure is interpolated within a histogram bucket, the same way for both
+    clients, so the difference between the clients is the reading, not each
+    one's absolute value."""
+    out = {}
+    for who, runs in (lv.get("runs") or {}).items():
+        gaps = [r["ttft_p50_ms"] - r["referee"]["ttft_p50_ms"] for r in runs
+                if r.get("ttft_p50_ms") is not None and (r.get("referee") or {}).get("ttft_p50_ms") is not None]
+        if gaps:
+            out[who] = statistics.median(gaps)
+    return out
+
+
+def client_bound_note(lv: dict[str, Any]) -> str:
+    """A line naming a client that reads its streams late, or "" (H100 host,
+    2026-12-06, c128: the bench client's TTFT p50 sat 47 ms after vLLM's own,
+    ours 5 ms, and its ITL p50 read 13.0 ms where vLLM's engine put both
+    clients' at 5.4: its figures were the client's pace)."""
+    delay = client_delay_ms(lv)
+    if len(delay) < 2:
+        return ""
+    late = max(delay, key=lambda who: delay[who])
+    other = min(delay.values())
+    ttft = statistics.median([r["ttft_p50_ms"] for r in lv["runs"][late] if r.get("ttft_p50_ms") is not None])
+    if delay[late] - other < CLIENT_LATE_MS or delay[late] - other < GOAL["ttft_p50_ms"] * ttft:
+        return ""
+    def name(who: str) -> str:
+        return {"ours": "our burst", "theirs": "the bench client"}.get(who, f"variant {who}")
+    others = ", ".join(f"{name(who)} {ms:.0f} ms" for who, ms in delay.items() if who != late)
+    return (f"CLIENT-BOUND: {name(late)} reads TTFT p50 {delay[late]:.0f} ms after vLLM's own for its requests "
+            f"({others}): it reads its streams late, so its latencies and tok/s here are its own pace, "
+            "not the server's")
 
 
 def _text_table(arm: dict[str, Any], label: str = "ours") -> list[str]:

@@ -580,3 +580,28 @@ def test_a_bench_runs_line_names_the_servers_busiest_processes():
                                                                       "cpu_pct": 102.7}]
     assert T.server_cpu_note(procs) == "; server CPU: API server 3 104 %, engine core 103 %"
     assert T.server_cpu_note(None) == "" and T.server_cpu_note([]) == ""
+
+
+def test_a_client_that_reads_its_streams_late_is_named_client_bound():
+    # The H100 host's c128 level (2026-12-06): vLLM's own TTFT p50 for both
+    # clients' requests 110-178 ms; ours read 5-11 ms after it, the bench client 40-60.
+    def run(client_ms: float, vllm_ms: float) -> dict:
+        return {"ttft_p50_ms": client_ms, "referee": {"ttft_p50_ms": vllm_ms}}
+    lv = {"runs": {"ours": [run(121.6, 110.1), run(132.8, 127.9), run(147.6, 138.7)],
+                   "theirs": [run(221.4, 174.2), run(237.2, 177.7), run(212.8, 164.9)]}}
+    delay = A.client_delay_ms(lv)
+    assert round(delay["ours"]) == 9 and round(delay["theirs"]) == 48
+    note = A.client_bound_note(lv)
+    assert note.startswith("CLIENT-BOUND: the bench client reads TTFT p50 48 ms after vLLM's own"), note
+    assert "our burst 9 ms" in note
+    text = A.format_level({**lv, "concurrency": 128, "rate": None, "n": 1024, "rounds": 3,
+                           "figures": {f: A.summarize_figure([1.0], [1.0], g) for f, g in A.GOAL.items()},
+                           "referee": {f: A.summarize_figure([1.0], [1.0], g) for f, g in A.GOAL.items()}})
+    assert note in text and "TTFT p50 after vLLM's own (median over the rounds): ours 9 ms, theirs 48 ms" in text
+    # A gap under the TTFT goal's 10 % of the late client's TTFT p50 (here 53 ms of 587) names nobody:
+    # vLLM's histogram is interpolated within a bucket, and the goal allows that much.
+    lv256 = {"runs": {"ours": [run(587.0, 449.6)], "theirs": [run(481.3, 396.8)]}}
+    assert A.client_bound_note(lv256) == ""
+    # Nor does one client alone, or runs without vLLM's view.
+    alone = {"runs": {"ours": [run(100, 50)], "theirs": [{"ttft_p50_ms": 300, "referee": {}}]}}
+    assert A.client_bound_note(alone) == ""
