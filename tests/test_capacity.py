@@ -122,6 +122,21 @@ def test_a_looser_tolerance_measures_fewer_levels():
     assert b.capacity["concurrency"] == 32 and len(loose.calls) < len(tight.calls)
 
 
+def test_a_search_from_a_known_knee_steps_by_the_tolerance_and_follows_a_knee_that_moved_up():
+    # search_around's shape (paired sweep, --knees-from): start at the old knee, grow by 1 + tolerance.
+    cfg = dict(confirm_waves=0, tolerance=0.25, growth=1.25, max_concurrency=1024)
+    held = SimServer(40)
+    res = C.search(held.runner(SLO, RULES), SLO, C.SearchConfig(start=40, **cfg))
+    assert held.calls == [40, 50] and res.capacity["concurrency"] == 40  # the knee holds: two levels
+    moved = SimServer(70)
+    res = C.search(moved.runner(SLO, RULES), SLO, C.SearchConfig(start=40, **cfg))
+    # 40, 50, 63 pass, 79 fails (16/63 > 25 %), 71 fails: followed up, not stopped at 50 as a lower bound.
+    assert moved.calls == [40, 50, 63, 79, 71] and res.capacity["concurrency"] == 63
+    assert res.stop_reason == "bracketed"
+    with pytest.raises(ValueError, match="growth"):
+        C.SearchConfig(growth=1.0).validate()
+
+
 def test_first_level_failing_and_a_start_above_capacity():
     res = C.search(SimServer(1, ttft=0.1).runner(SLO, RULES), SLO, C.SearchConfig(confirm_waves=0))
     assert res.capacity is None and res.stop_reason == "first_level_failed"

@@ -78,10 +78,11 @@ def test_knees_from_reads_a_paired_export_and_the_search_starts_there(tmp_path):
                                                            {"preset": "B", "duel_load": None}]}}))
     assert knees_from(export) == {"A": 256.0}
     around = search_around(SearchConfig(tolerance=0.25, max_concurrency=1024), 256.0)
-    assert (around.start, around.max_concurrency, around.tolerance) == (256, 320, 0.25)
-    assert search_around(SearchConfig(tolerance=0.1), 2.0).max_concurrency == 3  # always one step up
-    rate = search_around(SearchConfig(tolerance=0.25, mode="rate"), 80.0)
-    assert (rate.start_rate, rate.max_rate) == (80.0, 100.0)
+    assert (around.start, around.growth, around.max_concurrency, around.tolerance) == (256, 1.25, 1024, 0.25)
+    # A knee at or above the search's own ceiling: still one step up.
+    assert search_around(SearchConfig(tolerance=0.1, max_concurrency=2), 2.0).max_concurrency == 3
+    rate = search_around(SearchConfig(tolerance=0.25, mode="rate", max_rate=500.0), 80.0)
+    assert (rate.start_rate, rate.growth, rate.max_rate) == (80.0, 1.25, 500.0)
     for text, says in (("{}", "not a paired sweep"), ("not json", "cannot read"),
                        ('{"paired": {"searches": []}}', "no preset's duel load")):
         export.write_text(text)

@@ -58,7 +58,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--knees-from", metavar="FILE.json", dest="knees_from",
                    help="a paired --capacity sweep: start each preset's search at the load its duels ran at "
                         "in FILE.json (an earlier paired sweep's --out export, e.g. of another machine) and go "
-                        "up one --tolerance step: two levels a preset where the knee holds, not a whole search; "
+                        "step up by --tolerance while levels pass: two levels a preset where the knee holds, "
+                        "not a whole search; a knee that moved up is followed; "
                         "presets not in FILE get a whole search")
     p.add_argument("--ready-timeout", type=float, default=600.0, metavar="S")
     p.add_argument("--log-dir", metavar="DIR", help="keep each run's llm.log here")

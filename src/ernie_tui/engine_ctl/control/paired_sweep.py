@@ -495,16 +495,20 @@ def search_round(served: list[_Served], capacity: CapacitySweep, burst_config: B
 
 def search_around(search: SearchConfig | None, knee: float) -> SearchConfig:
     """A search that starts at a knee an earlier run found (--knees-from)
-    and goes up to (1 + tolerance) x it: where the knee holds, two levels
-    (the knee passes, the step above fails) instead of a whole search (the
-    22nd GPU run's round 0: 5-7 levels a preset from 64, 7.6 min for five
-    presets). Passing the step above stops at that ceiling (its duels run
-    there, noted as a lower bound); failing the knee bisects below it."""
+    and steps up by (1 + tolerance): where the knee holds, two levels (the
+    knee passes, the step above fails) instead of a whole search (the 22nd
+    GPU run's round 0: 5-7 levels a preset from 64, 7.6 min for five
+    presets). Where the step above passes too, it goes on stepping up to the
+    search's own ceiling (before 2026-12-06 it stopped there: in the 24th GPU
+    run two presets' duels ran at a lower bound, one step above their old
+    knees); failing the knee bisects below it."""
     base = search or SearchConfig()
+    growth = 1 + base.tolerance
     if base.rate:
-        return replace(base, start_rate=knee, max_rate=round(knee * (1 + base.tolerance), 3))
+        return replace(base, start_rate=knee, growth=growth, max_rate=max(base.max_rate, round(knee * growth, 3)))
     start = max(1, int(knee))
-    return replace(base, start=start, max_concurrency=max(start + 1, math.ceil(start * (1 + base.tolerance))))
+    return replace(base, start=start, growth=growth,
+                   max_concurrency=max(base.max_concurrency, start + 1, math.ceil(start * growth)))
 
 
 def knees_from(path: Path) -> dict[str, float]:

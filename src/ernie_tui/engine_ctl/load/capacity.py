@@ -209,6 +209,11 @@ class SearchConfig:
     max_rate: float = DEFAULT_MAX_RATE
     arrivals: str = DEFAULT_ARRIVALS  # poisson | constant
     confirm_waves: int = DEFAULT_CONFIRM_WAVES  # see DEFAULT_CONFIRM_WAVES; 0: off
+    # Each step up while levels pass multiplies the load by this. 2 from a
+    # low start; a search that starts at a knee found earlier steps by
+    # 1 + tolerance (control.paired_sweep.search_around), so a knee that
+    # holds costs two levels and one that moved up is followed, not capped.
+    growth: float = 2.0
 
     def validate(self) -> None:
         if self.confirm_waves < 0:
@@ -225,6 +230,8 @@ class SearchConfig:
             raise ValueError("the start rate must be more than zero")
         if self.max_rate < self.start_rate:
             raise ValueError("the highest rate must be at least the start rate")
+        if not self.growth > 1:
+            raise ValueError(f"the search's growth must be above 1 (got {self.growth:g})")
         if self.arrivals not in ARRIVALS:
             raise ValueError(f"arrivals are one of {', '.join(ARRIVALS)}")
 
@@ -942,7 +949,7 @@ class _Search:
                 self.reason = self.ceiling()
                 return
             prev = lv
-            x = min(2 * x, self.top)
+            x = self.step_up(x)
 
     def settle(self) -> None:
         """Bisection between the highest pass (0 when none: the start itself
@@ -963,7 +970,7 @@ class _Search:
         if self.fail_at is None and self.top_reason is None and self.best is not None:
             # A recheck passed the doubling's only fail: the doubling goes on from it.
             if self.best.load < self.top:
-                lv = self.measure(min(2 * self.best.load, self.top))
+                lv = self.measure(self.step_up(self.best.load))
                 self.record(lv)
                 return self.interrupted(lv)
             self.top_reason = self.ceiling()
@@ -982,6 +989,13 @@ class _Search:
             self.confirmations += 1
             lv = self.confirm(self.best)
         return self.interrupted(lv)
+
+    def step_up(self, x: float) -> float:
+        """The next load up while levels pass: x times the growth, at the top at most."""
+        up = x * self.config.growth
+        if not self.rate:  # a whole concurrency, at least one above
+            up = float(max(int(x) + 1, math.ceil(up)))
+        return min(up, self.top)
 
     def bracket_closed(self) -> tuple[bool, float]:
         """Whether the bracket is within the tolerance, and its middle."""
