@@ -605,3 +605,19 @@ def test_a_client_that_reads_its_streams_late_is_named_client_bound():
     # Nor does one client alone, or runs without vLLM's view.
     alone = {"runs": {"ours": [run(100, 50)], "theirs": [{"ttft_p50_ms": 300, "referee": {}}]}}
     assert A.client_bound_note(alone) == ""
+
+
+def test_a_tok_s_spread_is_split_into_the_servers_output_and_the_clients_reading():
+    # Ours read what vLLM's counter made to 0.1 %, round by round; the counter itself moved 17 %.
+    def run(client: float, counter: float) -> dict:
+        return {"output_tps": client, "referee": {"output_tps": counter}}
+    lv = {"runs": {"ours": [run(20540.7, 20561.0), run(19371.1, 19390.0), run(17232.0, 17248.0)],
+                   "theirs": [run(18000.0, 20000.0), run(18000.0, 18000.0)],  # a reading 10 % off in one round
+                   "alone": [run(100.0, 100.0)]}}
+    split = A.spread_split(lv)
+    made, read = split["ours"]
+    assert abs(made - (20561.0 - 17248.0) / 19390.0) < 1e-9 and read < 0.001
+    made, read = split["theirs"]
+    assert abs(made - 2000.0 / 19000.0) < 1e-9 and abs(read - 0.1 / 0.95) < 1e-9
+    assert "alone" not in split  # one round has no spread
+
