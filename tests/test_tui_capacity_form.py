@@ -157,12 +157,12 @@ async def test_the_burst_tab_explains_a_bad_field(paced):
 async def test_a_rate_search_in_the_burst_tab_shows_req_s_and_its_progress(paced):
     # 4 slots, 20 ms to the first token, 16 tokens 10 ms apart: a request
     # lasts ~0.2 s, so the stand-in carries ~20 req/s; 4 and 8 req/s pass,
-    # and the search stops at its cap of 8.
+    # and the search stops at its cap of 8 (the SLO far above 20 ms, so a stalled box passes them too).
     srv = paced("--slots", "4", "--ttft-ms", "20", "--itl-ms", "10")
     app = Host(ProbeScreen(srv.url))
     async with app.run_test(size=(140, 44)) as pilot:
         screen, tab = await _capacity_form(pilot, app, **{
-            "pf-cap-slo": "ttft_p90=400ms", "pf-b-max": "16", "pf-b-lmin": "10", "pf-b-lmax": "40"})
+            "pf-cap-slo": "ttft_p90=3000ms", "pf-b-max": "16", "pf-b-lmin": "10", "pf-b-lmax": "40"})
         form = screen.query_one(CapacityForm)
         form.mode = "rate"
         for wid, value in (("start-rate", "4"), ("max-rate", "8"), ("minr", "10"), ("time", "20")):
@@ -270,7 +270,9 @@ async def test_sweep_rate_mode_runs_rate_searches(tmp_path, tiny_model_dir_fixtu
         screen.query_one("#sw-capacity").value = True
         screen.query_one(CapacityForm).mode = "rate"
         await pilot.pause()
-        for wid, value in (("#sw-cap-slo", "ttft_p90=400ms"), ("#sw-max", "16"), ("#sw-lmin", "10"),
+        # The SLO is far from the stand-in's 20 ms TTFT: this checks the rate mode's wiring (a CI run on a
+        # stalled box once failed 8 req/s against 400 ms and answered 7.5).
+        for wid, value in (("#sw-cap-slo", "ttft_p90=3000ms"), ("#sw-max", "16"), ("#sw-lmin", "10"),
                            ("#sw-lmax", "40"), ("#sw-cap-start-rate", "4"), ("#sw-cap-max-rate", "8"),
                            ("#sw-cap-minr", "10"), ("#sw-cap-time", "20")):
             screen.query_one(wid, Input).value = value

@@ -105,8 +105,12 @@ async def test_a_dead_server_shows_since_when_and_its_last_figures(stand_ins):
         state = cell(app, "alpha", "state")
         assert re.fullmatch(r"not answering since \d\d:\d\d:\d\d: .+", state)  # and why (#18, 6)
         assert time.strftime("%H:%M:%S", time.localtime(down.down_since)) in state
-        # its last good figures stay, dimmed
-        assert {col: cell(app, "alpha", col) for col in last_good} == last_good
+        # its last good figures stay, dimmed. The steady ones read as before the kill; the rate and the
+        # RSS may have moved in a poll that landed between reading them and the kill (a CI run once read
+        # 1,326.3 tok/s against 1,299.1), so those are checked for a figure, not a value.
+        after = {col: cell(app, "alpha", col) for col in last_good}
+        assert {c: after[c] for c in ("model", "kv", "reqs")} == {c: last_good[c] for c in ("model", "kv", "reqs")}
+        assert re.fullmatch(r"[\d,]+\.\d", after["tps"]) and after["mem"].endswith("GiB RSS"), after
         assert "dim" in str(app.fleet.query_one(DataTable).get_cell("alpha", "kv").style)
 
         # the other keeps updating, on its own period
