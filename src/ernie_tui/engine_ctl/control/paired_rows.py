@@ -22,6 +22,8 @@ from __future__ import annotations
 import math
 from typing import Any, Protocol, Sequence
 
+from ernie_tui.engine_ctl.control.ranking import _closure
+
 
 class RankedRow(Protocol):
     preset: str
@@ -41,27 +43,12 @@ def _wins(paired: dict[str, Any]) -> list[tuple[str, str]]:
     return wins
 
 
-def _above(wins: Sequence[tuple[str, str]]) -> dict[str, set[str]]:
-    """For each preset in a win, every preset above it through a chain of wins."""
-    above: dict[str, set[str]] = {}
-    for better, worse in wins:
-        above.setdefault(worse, set()).add(better)
-        above.setdefault(better, set())
-    changed = True
-    while changed:
-        changed = False
-        for ups in above.values():
-            more = set().union(*(above.get(u, set()) for u in ups)) - ups
-            if more:
-                ups |= more
-                changed = True
-    return above
-
-
 def paired_ranks(paired: dict[str, Any]) -> dict[str, int]:
     """Preset -> rank, for the presets a win beyond noise places (none in a cycle)."""
-    above = _above(_wins(paired))
-    return {name: 1 + len(ups) for name, ups in above.items() if name not in ups}
+    beats = _closure(_wins(paired))
+    placed = {n for pair in beats for n in pair}
+    above = {n: {x for x, y in beats if y == n} for n in placed}
+    return {n: 1 + len(ups) for n, ups in above.items() if not any((n, x) in beats for x in ups)}
 
 
 def _log_gap(pair: dict[str, Any], name: str, best: str) -> tuple[float, float, float] | None:
