@@ -145,6 +145,19 @@ def test_first_level_failing_and_a_start_above_capacity():
     assert sim.calls == [16, 8, 4, 2, 3] and res.capacity["concurrency"] == 3
 
 
+def test_a_lowest_load_too_slow_to_judge_is_not_called_a_miss():
+    # A CI box with both cores busy: concurrency 1 counted 8 answers in its
+    # 20 s twice, under the 10 a verdict needs. That is no answer, not "even
+    # the lowest load misses the SLO".
+    sim = SimServer(4, ttft=0.02, itl=0.2, tokens=16)  # about 3 s a request
+    rules = C.LevelRules(min_requests=20, max_requests=300, time_cap_s=20)
+    res = C.search(sim.runner(SLO, rules), SLO, C.SearchConfig(confirm_waves=0))
+    assert sim.calls == [1, 1] and all(lv.verdict == S.TOO_FEW for lv in res.levels)
+    assert res.capacity is None and res.stop_reason == "first_level_too_few"
+    text = C.format_capacity(res)
+    assert "capacity: not judged" in text and "--level-time" in text and "no level met the SLO" not in text
+
+
 def test_max_concurrency_stops_a_search_that_never_fails():
     sim = SimServer(1000)
     res = C.search(sim.runner(SLO, RULES), SLO, C.SearchConfig(confirm_waves=0, max_concurrency=24))

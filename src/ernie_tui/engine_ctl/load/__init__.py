@@ -42,6 +42,7 @@ from ernie_tui.engine_ctl.load.capacity import (
     capacity_from_dict,
     format_capacity,
     make_search,
+    no_capacity_words,
 )
 from ernie_tui.engine_ctl.load.capacity_run import RequestSettings, request_setup, run_capacity
 from ernie_tui.engine_ctl.load.http_client import DEFAULT_READ_TIMEOUT_S, ServedModel, resolve_model
@@ -203,6 +204,7 @@ __all__ = [
     "run_capacity",
     "run_probe",
     "save_run",
+    "no_capacity_words",
     "second_look",
     "send_lag",
     "server_pid",

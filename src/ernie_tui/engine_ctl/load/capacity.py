@@ -110,6 +110,8 @@ CEILING_STOPS = ("max_concurrency", "max_rate")
 STOP_REASONS = {
     "bracketed": "the highest pass and the lowest fail are within the tolerance",
     "first_level_failed": "even the lowest load misses the SLO",
+    "first_level_too_few": ("the lowest load answered too few requests within a level's time to be judged: neither a "
+                            "pass nor a fail (give each level more time, --level-time)"),
     "max_concurrency": "the highest concurrency allowed still meets the SLO",
     "max_rate": "the highest request rate allowed still meets the SLO",
     "saturated": "the server is past saturation: requests queue, throughput is flat and TTFT climbs",
@@ -1017,7 +1019,12 @@ class _Search:
         """Why the search ends with the bracket closed, or None while its
         lowest fail or its capacity is still to be measured once more."""
         if self.best is None:
-            return "first_level_failed"
+            # Not a miss when the lowest load's last look was not judged at all:
+            # a CI box with both cores busy counted 8 answers in a 20 s level
+            # at concurrency 1 and was told the server misses its SLO there.
+            looks = [lv for lv in self.levels if lv.stop != "cancelled"]
+            lowest = [lv for lv in looks if lv.load == min(x.load for x in looks)]
+            return "first_level_too_few" if lowest and lowest[-1].verdict == S.TOO_FEW else "first_level_failed"
         if not self.config.confirm_waves or self.best.confirmation or self.confirmations >= 3:
             return self.top_reason if self.top_reason is not None and self.fail_at is None else "bracketed"
         return None
@@ -1291,6 +1298,13 @@ def speed_moved_warning(moved: dict[str, Any], rate: bool) -> str:
             f"once (sweep --repeat) before ranking presets on it")
 
 
+def no_capacity_words(stop_reason: str) -> str:
+    """The headline of a search that found no capacity: none, or not judged."""
+    if stop_reason == "first_level_too_few":
+        return "not judged (the lowest load answered too few requests to judge)"
+    return "none (no level met the SLO)"
+
+
 def format_capacity(r: CapacityResult) -> str:
     """The curve and the verdict, for a terminal."""
     def f(v: float | None, fmt: str = ".1f") -> str:
@@ -1341,7 +1355,7 @@ def format_capacity(r: CapacityResult) -> str:
                      + (f", attainment {c['attainment'] * 100:.1f}% (target {target * 100:.0f}%)"
                         if c.get("attainment") is not None and target else ""))
     else:
-        lines.append("capacity: none (no level met the SLO)")
+        lines.append(f"capacity: {no_capacity_words(r.stop_reason)}")
     lines.append(f"stopped: {r.stop_reason} ({r.stop_message}), {r.seconds:.1f} s")
     lines.extend(f"warning: {w}" for w in r.warnings)
     return "\n".join(lines)

@@ -16,7 +16,7 @@ from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.content import Content
 from textual.widgets import DataTable, Static
 
-from ernie_tui.engine_ctl.load import second_look, verdict_text
+from ernie_tui.engine_ctl.load import no_capacity_words, second_look, verdict_text
 from ernie_tui.tui.widgets.charts import CapacityChart, CapacityCurve
 
 # The level table's columns, in the order they stand: (key, header). The
@@ -202,7 +202,7 @@ def describe_capacity(result: Any) -> Content:
             ("  · TTFT p99 ", "dim"), f"{_num(c['ttft_p99_ms'])} ms", ("  · ITL p99 ", "dim"),
             f"{_num(c['itl_p99_ms'])} ms")
     else:
-        head = Content.styled("capacity: none (no level met the SLO)", "bold $error")
+        head = Content.styled(f"capacity: {no_capacity_words(result.stop_reason)}", "bold $error")
     lines = [head]
     if c:
         lines += _capacity_level_words(result)
