@@ -2,7 +2,8 @@
 # The H200 run behind docs/lab/benchmarks/agree-vllm-bench.md "our burst against vLLM's bench
 # client": one device call, after vLLM 0.26.0 was staged (/work/shared/gpu).
 # Run from a folder holding src/ and bench/ (copied to .gpu9 of the carry):
-#   bash .gpu9/bench/agree_h200.sh       (results in $OUT/agree-h200.tgz)
+#   bash .gpu9/bench/agree_h200.sh       (results in $OUT/agree-h200.tgz; AGREE_ROUNDS, default 3;
+#                                        a run cut short by AGREE_DEADLINE_S keeps the rounds it finished)
 set -u
 HERE=$(cd "$(dirname "$0")/.." && pwd)
 export PYTHONPATH=/root/stage/site:$HERE/src VLLM_USE_FLASHINFER_SAMPLER=0
@@ -21,7 +22,7 @@ for i in $(seq 1 200); do
 done
 echo "server ready after ${i} s"; date -u
 timeout $(( ${AGREE_DEADLINE_S:-560} - SECONDS )) python3 "$HERE/bench/agree_vllm_bench.py" --url http://127.0.0.1:8000 --model m03 \
-    --tokenizer "$M" --concurrency ${AGREE_C:-128 256} --rate ${AGREE_RATE:-80} --rounds 3 --waves 8 \
+    --tokenizer "$M" --concurrency ${AGREE_C:-128 256} --rate ${AGREE_RATE:-80} --rounds ${AGREE_ROUNDS:-3} --waves 8 \
     --rate-seconds ${AGREE_RATE_S:-10} --json "$W/agree-h200.json" 2>&1 | tee "$W/agree.log"
 date -u
 kill $SRV; wait $SRV
