@@ -188,11 +188,11 @@ async def test_the_demos_default_search_finds_a_capacity_on_real_vllm(cpu_server
         # that the server misses its SLO there.
         too_few = at_one[-1].verdict == S.TOO_FEW
         assert at_one[-1].passed or too_few or "those token gaps were ours" in result, result
-        if too_few:
-            assert r.stop_reason == "first_level_too_few" and "capacity: not judged" in result, result
         theirs = (first.vllm or {}).get("ttft_p50_ms")
         assert theirs is not None and first.ttft_p50_ms <= 2 * theirs + 50, (first.ttft_p50_ms, theirs)
-        if r.capacity is None and not too_few:
+        if too_few:
+            assert r.stop_reason == "first_level_too_few" and "capacity: not judged" in result, result
+        elif r.capacity is None:
             # On a CI box whose other workers keep both cores busy, a later look at
             # concurrency 1 or 2 can miss itl_p99=50ms by a few ms of this client's
             # own event-loop lag (one run read 50-54 ms where vLLM's histogram read
