@@ -722,7 +722,10 @@ def test_itl_one_gap_per_event_as_the_bench_client_counts(fake, per_write):
     assert r.ok, r.error
     assert r.completion_tokens == 60 and len(r.itls) == 59 and r.token_events == 60
     assert r.reads == 60 // per_write
-    assert sum(r.itls) == pytest.approx(paced.sent_at[-1] - paced.sent_at[0], abs=0.005)
+    # The gaps add up to the stream's span: a lost or doubled gap is 10-30 ms, and the
+    # counts above and below catch either; the span itself is read on a box that
+    # may be busy (ciR, both cores taken: 628 ms read against 614 ms sent).
+    assert sum(r.itls) == pytest.approx(paced.sent_at[-1] - paced.sent_at[0], abs=0.050)
     big = [g for g in r.itls if g > 0.002]
     assert len(big) == 60 // per_write - 1  # one gap per read; the other events of a read are 0 apart
     assert stats.percentile(big, 50) == pytest.approx(0.010 * per_write, abs=0.003)

@@ -226,6 +226,10 @@ def _capacity_search_at_80x24(tmux: Tmux, env: dict) -> None:
                                ("20", 5, r"\n20\s*\n")):  # SLO, max C, level s
         if tabs:
             tmux.keys(*["Tab"] * tabs)
+            # Apart too: keys read in one go are all handed to the field focused as they
+            # arrive, so a ctrl+u right behind the Tabs cleared the SLO, not max C (the
+            # typed 2 then replaced max C's selected text), on a busy box (ciR, 2026-12-06).
+            time.sleep(0.5)
         tmux.keys("C-u")
         # Apart, and typed literally: a ctrl+u followed at once by text reached the field as
         # one sequence and the text was lost (tmux 3, 2026-12-05).
