@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 from typing import Any, Protocol, Sequence
 
-from ernie_tui.engine_ctl.control.ranking import _closure
+from ernie_tui.engine_ctl.control.ranking import win_closure
 
 
 class RankedRow(Protocol):
@@ -45,7 +45,7 @@ def _wins(paired: dict[str, Any]) -> list[tuple[str, str]]:
 
 def paired_ranks(paired: dict[str, Any]) -> dict[str, int]:
     """Preset -> rank, for the presets a win beyond noise places (none in a cycle)."""
-    beats = _closure(_wins(paired))
+    beats = win_closure(_wins(paired))
     placed = {n for pair in beats for n in pair}
     above = {n: {x for x, y in beats if y == n} for n in placed}
     return {n: 1 + len(ups) for n, ups in above.items() if not any((n, x) in beats for x in ups)}

@@ -209,7 +209,7 @@ class Ranking:
         tail = f"not placed (no pair beyond noise): {', '.join(unplaced)}" if unplaced else ""
         if not placed:
             return "no pair beyond noise" + (f" ({', '.join(unplaced)})" if unplaced else "")
-        beats = _closure(self.wins)
+        beats = win_closure(self.wins)
         tiers = [[n for n in t if n in placed] for t in self.tiers]
         tiers = [t for t in tiers if t]
         cyclic = any((y, x) in beats for x, y in beats)
@@ -227,7 +227,7 @@ class Ranking:
                 "text": self.text()}
 
 
-def _closure(wins: Sequence[tuple[str, str]]) -> set[tuple[str, str]]:
+def win_closure(wins: Sequence[tuple[str, str]]) -> set[tuple[str, str]]:
     """Every (x, y) with a chain of wins from x down to y."""
     beats = set(wins)
     while True:

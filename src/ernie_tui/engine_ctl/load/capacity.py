@@ -1023,8 +1023,9 @@ class _Search:
             # a CI box with both cores busy counted 8 answers in a 20 s level
             # at concurrency 1 and was told the server misses its SLO there.
             looks = [lv for lv in self.levels if lv.stop != "cancelled"]
-            lowest = [lv for lv in looks if lv.load == min(x.load for x in looks)]
-            return "first_level_too_few" if lowest and lowest[-1].verdict == S.TOO_FEW else "first_level_failed"
+            low = min((lv.load for lv in looks), default=None)
+            last = [lv for lv in looks if lv.load == low][-1:]
+            return "first_level_too_few" if last and last[0].verdict == S.TOO_FEW else "first_level_failed"
         if not self.config.confirm_waves or self.best.confirmation or self.confirmations >= 3:
             return self.top_reason if self.top_reason is not None and self.fail_at is None else "bracketed"
         return None
