@@ -1,0 +1,68 @@
+"""A closed-loop level's rates come from its streams, not from how many
+waves of requests happened to start inside its windows.
+
+Against a server whose requests end together (alike lengths, all C sent at
+once) the requests sent inside the measured windows come in whole waves, and
+a short level counts 2 waves or 3 in the same span: on an H100 a level read
+12,136 tok/s where vLLM's own counter read 17,228 and the streams 16,548
+(docs/lab/capacity-h200/2026-12-06-tune-h100.md). Pure: outcomes built by
+hand, no server."""
+
+from __future__ import annotations
+
+import pytest
+
+from ernie_tui.engine_ctl.load import capacity as C
+from ernie_tui.engine_ctl.load import slo as S
+
+SLO = S.parse_slo(["ttft_p99=1s"])
+STREAMS, TOKENS, LATENCY, PERIOD = 4, 10, 1.35, 1.4  # each stream: a 1.35 s request every 1.4 s
+
+
+def waves(starts: list[float], ok: bool = True) -> list[S.RequestOutcome]:
+    return [S.RequestOutcome(ok=ok, ttft_s=0.1, latency_s=LATENCY, itls=[0.125] * (TOKENS - 1),
+                             completion_tokens=TOKENS, start_s=t, end_s=t + LATENCY)
+            for t in starts for _ in range(STREAMS)]
+
+
+def result(outcomes: list[S.RequestOutcome], concurrency: int | None, span: float) -> C.LevelResult:
+    return C.level_result(concurrency, outcomes, SLO, S.evaluate(outcomes, SLO), span, "decided")
+
+
+def test_three_waves_in_a_three_second_span_read_the_streams_rate_not_the_waves():
+    # Waves start at 0, 1.4 and 2.8 s: all three inside a 3 s span, so the
+    # windows hold 12 requests (40 tok/s) where the streams carry 29.6.
+    res = result(waves([0.0, PERIOD, 2 * PERIOD]), STREAMS, 3.0)
+    streams = STREAMS * TOKENS / LATENCY
+    assert res.window_output_tps == pytest.approx(12 * TOKENS / 3.0)
+    assert res.stream_output_tps == pytest.approx(streams)
+    assert res.output_tps == pytest.approx(streams)
+    assert res.goodput_output_tps == pytest.approx(streams)  # every request met the SLO
+    assert res.requests_per_s == pytest.approx(STREAMS / LATENCY)
+    assert res.goodput_rps == pytest.approx(STREAMS / LATENCY)
+    # The true rate (a request every 1.4 s a stream, 28.6 tok/s) is within the
+    # 50 ms a stream spends between requests; the windows' was 40 % over it.
+    assert abs(res.output_tps / (STREAMS * TOKENS / PERIOD) - 1) < 0.05
+
+
+def test_the_same_streams_read_alike_whether_two_waves_or_three_fell_in_the_span():
+    two = result(waves([0.0, PERIOD]), STREAMS, 2.9)
+    three = result(waves([0.0, PERIOD, 2 * PERIOD]), STREAMS, 2.9)
+    assert three.window_output_tps / two.window_output_tps == pytest.approx(1.5)
+    assert three.output_tps == pytest.approx(two.output_tps)
+
+
+def test_only_meeting_requests_count_as_goodput_at_the_streams_rate():
+    slow = [S.RequestOutcome(ok=True, ttft_s=2.0, latency_s=LATENCY, itls=[0.125] * (TOKENS - 1),
+                             completion_tokens=TOKENS, start_s=0.0, end_s=LATENCY) for _ in range(STREAMS)]
+    res = result(waves([PERIOD, 2 * PERIOD]) + slow, STREAMS, 3.0)
+    assert res.goodput_output_tps == pytest.approx(res.output_tps * 2 / 3)
+
+
+def test_open_loop_and_levels_with_failures_keep_the_windows_rate():
+    arrivals = result(waves([0.0, PERIOD, 2 * PERIOD]), None, 3.0)  # open loop: no streams
+    assert arrivals.stream_output_tps is None
+    assert arrivals.output_tps == pytest.approx(arrivals.window_output_tps)
+    failed = waves([0.0, PERIOD]) + waves([2 * PERIOD], ok=False)
+    closed = result(failed, STREAMS, 3.0)
+    assert closed.output_tps == pytest.approx(8 * TOKENS / 3.0)
