@@ -113,6 +113,21 @@ def test_compare_to_base_says_within_noise_only_when_ranges_overlap():
     assert "not compared" in compare_to_base([], [1.0]).text
 
 
+def test_a_paired_verdict_within_noise_says_how_many_rounds_the_best_led():
+    from ernie_tui.engine_ctl.control import ranking
+    from ernie_tui.engine_ctl.control.tune import paired_verdict
+
+    # The H100 tune's confirmation: the best ahead by +30 % and +100 % in its two
+    # rounds, yet one degree of freedom leaves the interval at -90 to +2404 %.
+    two = paired_verdict(ranking.compare_pair("seed-A", "tuned", [1.0, 1.0], [1.297, 1.998]))
+    assert two.beyond_noise is False
+    assert "paired over 2 rounds; the best ahead in 2 of them: more rounds, --confirm N, narrow it" in two.text
+    mixed = paired_verdict(ranking.compare_pair("seed-A", "tuned", [1.0, 1.0, 1.0], [1.1, 0.9, 1.05]))
+    assert "the best ahead in 2 of them" in mixed.text
+    many = paired_verdict(ranking.compare_pair("seed-A", "tuned", [1.0] * 6, [1.30, 1.28, 1.33, 1.25, 1.31, 1.29]))
+    assert many.beyond_noise is True and many.text.startswith("the best carries")
+
+
 # -- tunes on the paced stand-in -----------------------------------------------------------
 
 def _standin(tmp_path: Path, model: Path, port: int, space: str) -> tuple[Path, Path]:

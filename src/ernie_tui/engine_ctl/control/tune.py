@@ -487,8 +487,13 @@ def paired_verdict(pair: rk.PairVerdict) -> Verdict:
         return Verdict(f"not compared: {pair.text()}")
     gain, low, high = (100.0 * (math.exp(x) - 1.0) for x in (pair.mean, pair.low, pair.high))
     if not pair.beyond_noise:
+        # How many rounds the best led: two of two is no verdict (one degree
+        # of freedom, an interval of ±12.7 standard errors), but the operator
+        # should see which way they leaned and what would settle it.
+        ahead = sum(1 for d in pair.diffs if d > 0)
         return Verdict(f"within noise ({gain:+.1f} %, interval {low:+.1f} to {high:+.1f} %, paired over "
-                       f"{pair.rounds} rounds)", gain, low, high, False)
+                       f"{pair.rounds} rounds; the best ahead in {ahead} of them: more rounds, --confirm N, "
+                       "narrow it)", gain, low, high, False)
     more = "more" if gain > 0 else "less"
     return Verdict(f"the best carries {abs(gain):.1f} % {more} ({low:+.1f} to {high:+.1f} %, paired over "
                    f"{pair.rounds} rounds)", gain, low, high, True)
