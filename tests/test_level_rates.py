@@ -66,3 +66,21 @@ def test_open_loop_and_levels_with_failures_keep_the_windows_rate():
     failed = waves([0.0, PERIOD]) + waves([2 * PERIOD], ok=False)
     closed = result(failed, STREAMS, 3.0)
     assert closed.output_tps == pytest.approx(8 * TOKENS / 3.0)
+
+
+def test_the_bench_reads_the_h100_records_windows_against_streams_against_vllms_counter(capsys):
+    """bench/level_rates.py on the H100 tune's records (docs/lab/data): the
+    windows' rate strayed to 0.69 of vLLM's counter, the streams' stayed
+    within 0.95-1.09."""
+    import importlib.util
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    spec = importlib.util.spec_from_file_location("level_rates", root / "bench" / "level_rates.py")
+    assert spec is not None and spec.loader is not None
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    records = sorted((root / "docs/lab/data/h100-tune-2026-12-06/home/data/runs").glob("*capacity*.json"))
+    assert bench.main([str(p) for p in records]) == 0
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert last == "30 levels; windows' rate over vLLM's counter 0.692-1.056, streams' 0.953-1.084"
