@@ -106,7 +106,11 @@ async def test_burst_tab_capacity_search_on_real_vllm(cpu_server):
         for lv in r.levels:
             assert lv.requests > 0 and lv.ok == lv.requests and lv.failed == 0, lv
             assert lv.attainment is not None and 0.0 <= lv.attainment <= 1.0 and lv.passed
-            assert lv.output_tps is not None and lv.output_tps * lv.seconds == pytest.approx(lv.ok * MAX_TOKENS)
+            # The windows' rate is their requests' tokens over their span; the level's
+            # rates are the streams' (no request failed: see LevelResult.stream_output_tps).
+            assert lv.window_output_tps is not None
+            assert lv.window_output_tps * lv.seconds == pytest.approx(lv.ok * MAX_TOKENS)
+            assert lv.output_tps == pytest.approx(lv.stream_output_tps)
             v = lv.vllm
             assert v is not None, "the level read no /metrics window"
             # vLLM counted every answer we counted, and (ignore_eos) 8 tokens each. Its
