@@ -22,6 +22,8 @@
 # Draw it here (the GPU image has no matplotlib): ernie-tui report rank.json --out rank.html
 set -u
 HERE=$(cd "$(dirname "$0")/.." && pwd)
+# shellcheck source=bench/gpu_job.sh
+. "$HERE/bench/gpu_job.sh"
 W=/root/rank; mkdir -p "$W"
 OUT=${OUT:-/tmp/rank-out}; mkdir -p "$OUT"
 export PYTHONPATH=/root/stage/site:$W/code/src VLLM_USE_FLASHINFER_SAMPLER=0 ERNIE_TUI_HOME=$W/home
@@ -31,21 +33,11 @@ pack() {
   tar czf "$OUT/rank-h200.tgz" -C "$W" $(cd "$W" && ls rank.* 2>/dev/null) logs home 2>/dev/null
   cp "$W"/rank.md "$OUT/" 2>/dev/null
 }
-wait_for_it() {
-  for i in $(seq 1 "${RANK_WAIT_S:-540}"); do running || break; sleep 1; done
-  if running; then echo "the sweep is still running after ${i} s"; else echo "the sweep has ended"; fi
-  tail -c 4000 "$W/rank.log"
-  nvidia-smi --query-gpu=memory.used,memory.total,utilization.gpu --format=csv,noheader
-  pack
-}
+wait_for_it() { job_wait "${RANK_WAIT_S:-540}" sweep "$W/rank.log" 4000; }
 case "${1:-}" in
 start)
   if running; then echo "a sweep is already running"; wait_for_it; exit 0; fi
-  rm -rf "$W/code" && mkdir -p "$W/code" && cp -r "$HERE/src" "$HERE/bench" "$W/code/"
-  [ -f "$M/config.json" ] || python3 -m ernie_tui demo-model "$M" --shape ernie-4.5-0.3b | tail -1
-  mkdir -p "$W/logs"
-  nvidia-smi --query-gpu=name,memory.total,driver_version,uuid --format=csv,noheader
-  echo "host $(hostname)"
+  job_prepare "$HERE" "$W" "$M"
   KNEES=(); [ -n "${RANK_KNEES:-}" ] && KNEES=(--knees-from "$(realpath "$RANK_KNEES")")
   date -u +"sweep started %FT%TZ"
   # shellcheck disable=SC2086  # the option strings split on purpose

@@ -17,6 +17,8 @@
 # ERNIE_TUI_HOME pointing at the unpacked home.
 set -u
 HERE=$(cd "$(dirname "$0")/.." && pwd)
+# shellcheck source=bench/gpu_job.sh
+. "$HERE/bench/gpu_job.sh"
 W=/root/tune; mkdir -p "$W"
 OUT=${OUT:-/tmp/tune-out}; mkdir -p "$OUT"
 export PYTHONPATH=/root/stage/site:$W/code/src VLLM_USE_FLASHINFER_SAMPLER=0 ERNIE_TUI_HOME=$W/home
@@ -25,21 +27,11 @@ running() { pgrep -f 'ernie_tui --presets .* tune ' > /dev/null; }
 pack() {
   tar czf "$OUT/tune-h200.tgz" -C "$W" tune.log logs home 2>/dev/null
 }
-wait_for_it() {
-  for i in $(seq 1 "${TUNE_WAIT_S:-540}"); do running || break; sleep 1; done
-  if running; then echo "the tune is still running after ${i} s"; else echo "the tune has ended"; fi
-  tail -c 5000 "$W/tune.log"
-  nvidia-smi --query-gpu=memory.used,memory.total,utilization.gpu --format=csv,noheader
-  pack
-}
+wait_for_it() { job_wait "${TUNE_WAIT_S:-540}" tune "$W/tune.log" 5000; }
 case "${1:-}" in
 start)
   if running; then echo "a tune is already running"; wait_for_it; exit 0; fi
-  rm -rf "$W/code" && mkdir -p "$W/code" && cp -r "$HERE/src" "$HERE/bench" "$W/code/"
-  [ -f "$M/config.json" ] || python3 -m ernie_tui demo-model "$M" --shape ernie-4.5-0.3b | tail -1
-  mkdir -p "$W/logs"
-  nvidia-smi --query-gpu=name,memory.total,driver_version,uuid --format=csv,noheader
-  echo "host $(hostname)"
+  job_prepare "$HERE" "$W" "$M"
   date -u +"tune started %FT%TZ"
   # shellcheck disable=SC2086  # the option strings split on purpose
   setsid python3 -m ernie_tui --presets "$W/code/bench/presets-h200.toml" --model "$M" tune seed-A \
