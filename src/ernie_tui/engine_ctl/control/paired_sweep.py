@@ -632,7 +632,7 @@ def duel_round(r: int, names: list[str], loads: dict[str, float], runners: dict[
         tps_of = (lv.stream_output_tps or lv.output_tps) if lv else None  # see LevelResult.stream_output_tps
         out.append(DuelLevel(name, r, load, (t0 + t1) / 2, t1 - t0, tps_of, lv and lv.goodput_output_tps,
                              bool(lv and lv.passed), reference=k in (0, len(order) - 1),
-                             window_output_tps=lv and (lv.window_output_tps or lv.output_tps)))
+                             window_output_tps=lv and lv.window_output_tps))
         tps = f"{tps_of:,.0f} tok/s" if tps_of else "no figure"
         emit(preset=name, repeat=r, index=first_index + k, total=total,
              phase=f"duel round {r}: {'rate' if rate else 'concurrency'} {load:g}, {tps}")

@@ -719,9 +719,10 @@ def level_result(concurrency: int | None, outcomes: Sequence[S.RequestOutcome], 
                                    and not end_missed)
     stream_tps = _stream_rate(concurrency, ok)
     window_tps = stats.rate(out_tokens, seconds) if ok else None
-    k = _wave_free(stream_tps, window_tps, len(outcomes) - len(ok))
+    failed = len(outcomes) - len(ok)
+    k = _wave_free(stream_tps, window_tps, failed)
     res = LevelResult(
-        concurrency=concurrency, requests=len(outcomes), ok=len(ok), failed=len(outcomes) - len(ok),
+        concurrency=concurrency, requests=len(outcomes), ok=len(ok), failed=failed,
         seconds=seconds,
         requests_per_s=stats.rate(len(ok) * k, seconds) if ok else None,
         output_tps=stats.rate(out_tokens * k, seconds) if ok else None,
