@@ -40,6 +40,7 @@ from ernie_tui.tui.screens.sweep import RATE_TABLE_COLUMNS, SweepScreen, describ
 from ernie_tui.tui.widgets.capacity_form import CapacityForm
 from ernie_tui.tui.widgets.capacity_view import CapacityView, describe_progress
 from ernie_tui.tui.widgets.charts import CapacityChart
+from search_looks import assert_search_path
 from test_tui_probe import Host, _capacity_form, shown, wait_for
 
 # The stand-ins test_tui_probe starts (its fixtures, shared).
@@ -186,21 +187,25 @@ async def test_a_rate_search_in_the_burst_tab_shows_req_s_and_its_progress(paced
         await wait_for(pilot, lambda: not tab.running, 90, "the search to end")
         r = tab.last_capacity
         assert r is not None and r.mode == "rate", shown(screen, "#pf-cap-result")
-        # (the last: the capacity measured once more, longer: the confirmation)
-        assert [lv.rate for lv in r.levels] == [4.0, 8.0, 8.0] and r.stop_reason == "max_rate"
-        assert [lv.confirmation for lv in r.levels] == [False, False, True]
+        # (the last: the capacity measured once more, longer: the confirmation; a stalled box's search
+        # measures a level again: search_looks.py)
+        assert_search_path(r.levels, [(4.0, True), (8.0, True), (8.0, True)])
+        assert r.stop_reason == "max_rate"
+        n = len(r.levels)
         assert not progress.display  # no level runs: the line is gone
         # The table's load column is in req/s, a row per level (they lack a concurrency).
         table = screen.query_one("#pf-cap-levels", DataTable)
-        assert table.row_count == 3 and str(table.columns[table.coordinate_to_cell_key((0, 0)).column_key].label) \
+        assert table.row_count == n and str(table.columns[table.coordinate_to_cell_key((0, 0)).column_key].label) \
             == "req/s sent"
         # by load, the confirmation under its first look, marked as the answer's row
-        assert [str(table.get_row_at(i)[0]) for i in range(3)] == [" 4/s", " 8/s", "▸8/s conf."]
-        assert str(table.get_cell("level-2", "verdict")) == "pass"
+        rows = [str(table.get_row_at(i)[0]) for i in range(n)]
+        assert rows[0] == " 4/s" and rows[-1] == "▸8/s conf." and all(x.startswith(" 8/s") for x in rows[1:-1]), rows
+        # (a pass on its estimates where the box stood still in its windows: they never agreed)
+        assert str(table.get_cell(f"level-{n - 1}", "verdict")) in ("pass", "undecided: pass")
         result = shown(screen, "#pf-cap-result")
         assert "capacity: ≥ 8 req/s (a lower bound" in result and "stopped: max_rate" in result
         chart = screen.query_one(CapacityChart)
-        assert chart.points_drawn == 3 and "in req/s" in chart.border_subtitle
+        assert chart.points_drawn == n and "in req/s" in chart.border_subtitle
 
 
 def _rate_level(rate: float, passed: bool) -> LevelResult:
@@ -287,7 +292,10 @@ async def test_sweep_rate_mode_runs_rate_searches(tmp_path, tiny_model_dir_fixtu
         assert run.capacity_stop == "max_rate" and str(table.get_row("slots4")[keys.index("capacity_rate")]) == "≥ 8"
         assert {str(c.label) for c in table.columns.values()} >= {"capacity (req/s)"}
         chart = screen.query_one("#sw-chart", CapacityChart)
-        assert chart.points_drawn == 3 and chart.curves[0].capacity == 8.0  # 4, 8 and 8's confirmation
+        levels = chart.curves[0].levels
+        # 4, 8 and 8's confirmation (or, on a stalled box, the same verdicts: search_looks.py)
+        assert_search_path(levels, [(4.0, True), (8.0, True), (8.0, True)])
+        assert chart.points_drawn == len(levels) == run.levels and chart.curves[0].capacity == 8.0
 
 
 @pytest.fixture

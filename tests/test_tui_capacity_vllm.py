@@ -24,6 +24,7 @@ from ernie_tui.engine_ctl.load import metrics as M
 from ernie_tui.engine_ctl.load import slo as S
 from ernie_tui.tui.screens.probe import ProbeScreen
 from ernie_tui.tui.widgets.charts import CapacityChart
+from search_looks import assert_search_path
 from test_tui_probe import Host, _open_probe, shown, wait_for
 from vllm_support import EAGER_TOML
 
@@ -90,9 +91,10 @@ async def test_burst_tab_capacity_search_on_real_vllm(cpu_server):
         n = len(r.levels)
         # The loose SLO holds at every level up to the cap: 1, 2, 4, then the cap stops it,
         # and 4 is measured once more, longer: the confirmation, whose figures are reported.
-        assert [lv.concurrency for lv in r.levels] == [1, 2, 4, 4] and r.stop_reason == "max_concurrency", result
-        assert [lv.confirmation for lv in r.levels] == [False, False, False, True]
-        assert tab.level_starts == [1, 2, 4, 4] and r.capacity["confirmed"]
+        # (a stalled box's search measures a level again: search_looks.py)
+        assert_search_path(r.levels, [(1, True), (2, True), (4, True), (4, True)])
+        assert r.stop_reason == "max_concurrency", result
+        assert tab.level_starts == [lv.concurrency for lv in r.levels] and r.capacity["confirmed"]
         assert r.capacity is not None and r.capacity["concurrency"] == 4
         # 0 points (the reset), then one more as each level finished, all before the end.
         while_running = [pts for pts, running in draws if running]
