@@ -20,10 +20,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-Path = list[tuple[float, bool]]  # (load, passed) per level, the last one the confirmation
+SearchPath = list[tuple[float, bool]]  # (load, passed) per level, the last one the confirmation
 
 
-def search_path(levels: Sequence[Any]) -> Path:
+def search_path(levels: Sequence[Any]) -> SearchPath:
     return [(lv.load, lv.passed) for lv in levels]
 
 
@@ -32,12 +32,12 @@ def remeasured(levels: Sequence[Any]) -> bool:
     return any(lv.measured_again == "remeasure" for lv in levels)
 
 
-def last_verdicts(path: Path, confirmations: Sequence[bool]) -> dict[float, bool]:
+def last_verdicts(path: SearchPath, confirmations: Sequence[bool]) -> dict[float, bool]:
     """Each load's last verdict, confirmations apart."""
     return {load: passed for (load, passed), conf in zip(path, confirmations, strict=True) if not conf}
 
 
-def assert_search_path(levels: Sequence[Any], calm: Path) -> None:
+def assert_search_path(levels: Sequence[Any], calm: SearchPath) -> None:
     """`levels` took the calm path exactly or, measuring a level again, came
     to the same verdicts and the same confirmed capacity (calm's last entry
     is its confirmation)."""

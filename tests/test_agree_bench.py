@@ -6,7 +6,6 @@ against the paced stand-in, vLLM's bench client included."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -15,22 +14,15 @@ from pathlib import Path
 
 import pytest
 
+from bench_scripts import load_bench
 from ernie_tui.engine_ctl.load import parse_slo
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
 
 
-def _load(name: str):
-    spec = importlib.util.spec_from_file_location(name, ROOT / "bench" / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod  # dataclasses look their module up there
-    spec.loader.exec_module(mod)
-    return mod
-
-
-A = _load("agree_vllm_bench")
-T = _load("capacity_truth")
+A = load_bench("agree_vllm_bench")
+T = load_bench("capacity_truth")
 
 
 def test_figure_summary_medians_spreads_ratio_and_goal():

@@ -26,6 +26,7 @@ import pytest
 from ernie_tui.engine_ctl.load import capacity as C
 from ernie_tui.engine_ctl.load import capacity_run as R
 from ernie_tui.engine_ctl.load import slo as S
+from search_looks import levels_said
 
 HERE = Path(__file__).resolve().parent
 
@@ -346,10 +347,7 @@ def test_cli_rate_capacity_on_the_paced_stand_in(paced, capsys):
                  "--max-tokens", "16", "--min-tokens", "10", "--max-tokens-in", "40", "--level-time", "15",
                  "--tolerance", "0.3", "--json", "--no-save"])
     out = json.loads(capsys.readouterr().out)
-    said = (out["stop_reason"], out.get("warnings"),
-            [(lv["rate"], lv["verdict"], lv["stop"], lv["errors"], lv["measured_again"], lv["client_lag_max_ms"])
-             for lv in out["levels"]])
-    assert code == 0, said
+    assert code == 0, (out["stop_reason"], out.get("warnings"), levels_said(C.capacity_from_dict(out).levels))
     assert out["mode"] == "rate" and out["config"]["search"]["mode"] == "rate"
     assert [lv["rate"] for lv in out["levels"]][:2] == [8.0, 16.0]
     assert 12.0 <= out["capacity"]["rate"] <= 24.0, out["capacity"]

@@ -4,19 +4,14 @@ stopped; the verdict line and the JSON the GPU run will be read from."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
-from pathlib import Path
 
-SCRIPT = Path(__file__).resolve().parents[1] / "bench" / "gpu_multi.py"
+from bench_scripts import load_bench
 
 
 def _load():
-    spec = importlib.util.spec_from_file_location("gpu_multi", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_bench("gpu_multi")
 
 
 def test_dp2_on_the_stand_in(tmp_path, capsys):

@@ -105,14 +105,10 @@ def test_the_bench_reads_the_h100_records_windows_against_streams_against_vllms_
     """bench/level_rates.py on the H100 tune's records (docs/lab/data): the
     windows' rate strayed to 0.69 of vLLM's counter, the streams' stayed
     within 0.95-1.09."""
-    import importlib.util
-    from pathlib import Path
+    from bench_scripts import BENCH, load_bench
 
-    root = Path(__file__).resolve().parent.parent
-    spec = importlib.util.spec_from_file_location("level_rates", root / "bench" / "level_rates.py")
-    assert spec is not None and spec.loader is not None
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = load_bench("level_rates")
+    root = BENCH.parent
     records = sorted((root / "docs/lab/data/h100-tune-2026-12-06/home/data/runs").glob("*capacity*.json"))
     assert bench.main([str(p) for p in records]) == 0
     last = capsys.readouterr().out.strip().splitlines()[-1]

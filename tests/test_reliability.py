@@ -8,25 +8,17 @@ to them.
 
 from __future__ import annotations
 
-import importlib.util
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
 
+from bench_scripts import load_bench
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def _load_bench():
-    spec = importlib.util.spec_from_file_location("reliability_bench", ROOT / "bench" / "reliability.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look the module up by name
-    spec.loader.exec_module(module)
-    return module
-
-
-bench = _load_bench()
+bench = load_bench("reliability")
 
 
 def passed(verdict) -> bool:
