@@ -15,6 +15,9 @@ For testing timing and the capacity search over real HTTP without vLLM:
   token and finished-request counters, all
   measured here, server side; the prefix-cache query/hit counters, where a
   hit is a whole prompt sent before (its every token);
+- --drop-completions N closes the connections of the first N completion
+  requests that ask for more than one token without an answer (-1: all),
+  while every other path answers: transport failures from a server that is up;
 - GET /v1/models, /health; POST /tokenize and /detokenize with a word-level
   vocabulary (one word = one token), so prompts of exact lengths can be built;
 - GET /requests: the server's log of every completions/chat request, in
@@ -22,7 +25,8 @@ For testing timing and the capacity search over real HTTP without vLLM:
   ended (time.monotonic(), the clock of time.perf_counter() on Linux, so a
   test can lay them beside its own), the sampling fields the body held and
   its max_tokens, so a test can see the load a client put on it (requests
-  in flight over time, send times, what each asked for).
+  in flight over time, send times, what each asked for); a request dropped
+  (--drop-completions) is there as {"arrive", "dropped": true, "max_tokens"}.
 
 Load-shaped pacing, each off unless asked for (the capacity search's tests):
 - --prefill-ms-per-token: prefill takes this long per prompt token (TTFT
@@ -205,6 +209,7 @@ class Server:
         self.stall_t0: float | None = None
         self.t0 = time.perf_counter()  # --itl-wander's periods count from here
         self.seen_lock = threading.Lock()
+        self.drop_left = args.drop_completions
         self.log: list[dict] = []
         self.log_lock = threading.Lock()
         self.h_ttft = Histogram("vllm:time_to_first_token_seconds", "TTFT", lbl, buckets=TTFT_BUCKETS, registry=r)
@@ -297,6 +302,15 @@ class Server:
         with self.pace_lock:
             self.decode_ends.pop(key, None)
 
+    def drop_this(self) -> bool:
+        """Whether this completion request is dropped (--drop-completions)."""
+        with self.cold_lock:
+            if self.drop_left == 0:
+                return False
+            if self.drop_left > 0:
+                self.drop_left -= 1
+            return True
+
     def gauges(self) -> None:
         running, waiting = self.slots.counts()
         m = self.args.model_name
@@ -363,6 +377,14 @@ def make_handler(srv: Server):
             elif self.path == "/detokenize":
                 self._send(200, json.dumps({"prompt": srv.vocab.decode(list(body.get("tokens") or []))}))
             elif self.path in ("/v1/completions", "/v1/chat/completions"):
+                if (body.get("max_tokens") or 16) > 1 and srv.drop_this():
+                    # Closed without a word: the client reads "disconnected"
+                    # while /v1/models still answers.
+                    with srv.log_lock:
+                        srv.log.append({"arrive": time.monotonic(), "dropped": True,
+                                        "max_tokens": body.get("max_tokens")})
+                    self.close_connection = True
+                    return
                 self._stream(body, chat=self.path.endswith("chat/completions"))
             else:
                 self._send(404, json.dumps({"error": {"message": "not found", "code": 404}}))
@@ -568,6 +590,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "wait --stall-ms more for their first token")
     p.add_argument("--stall-s", type=float, default=0.0)
     p.add_argument("--stall-ms", type=float, default=0.0)
+    p.add_argument("--drop-completions", type=int, default=0, metavar="N",
+                   help="close the connections of the first N completion requests that ask for more than one token "
+                        "(a warm-up's 1-token requests are answered) without an answer (-1: all of them)")
     p.add_argument("--busy-child", action="store_true",
                    help="a child titled VLLM::EngineCore keeps one CPU core busy while this server lives")
     p.add_argument("--model-name", default="paced")

@@ -397,6 +397,54 @@ def test_the_stand_ins_speed_wanders_by_period(paced):
     assert wander["p90"] - wander["p50"] > steady["p90"] - steady["p50"] + 0.0015
 
 
+def _search(url: str, **kw) -> C.CapacityResult:
+    cfg, settings = R.request_setup(min_tokens=10, max_tokens_in=40, max_tokens=16)
+    return R.run_capacity(url, S.parse_slo_text("ttft_p90=500ms"),
+                          search_config=C.SearchConfig(start=4, max_concurrency=8),
+                          rules=C.LevelRules(max_requests=60, time_cap_s=20), settings=settings, burst_config=cfg,
+                          use_metrics=False, **kw)
+
+
+def test_transport_failures_from_a_server_that_answers_fail_the_level_and_the_search_goes_on(paced):
+    # The stand-in closes 28 requests' connections without a word while
+    # /v1/models answers: the first level's warm-up and its first 8 requests
+    # (each sent twice: a drop before any answer goes out again once), which
+    # is a level's "transport failures in a row". ciZ3 ended a search
+    # "server_down" against a live stand-in: such a level is now failed on
+    # errors, said so, and the search goes on.
+    url = paced("--slots", "8", "--drop-completions", "28")
+    res = _search(url)
+    first = res.levels[0]
+    assert first.stop == "errors" and not first.passed, levels_said(res.levels)
+    assert first.errors.get("disconnected", 0) >= 8 and set(first.errors) == {"disconnected"}, first.errors
+    assert any("the server answered /v1/models" in w and "disconnected" in w for w in first.warnings), first.warnings
+    assert res.stop_reason != "server_down" and res.capacity is not None and res.capacity["concurrency"] == 8, \
+        (res.stop_reason, levels_said(res.levels))
+    dropped = [e for e in json.loads(urlopen(url + "/requests").read()) if e.get("dropped")]
+    assert len(dropped) == 28  # the stand-in did drop them all
+
+
+def test_a_server_that_is_gone_still_ends_the_search_server_down(paced):
+    # The same run of transport failures from a server killed in the first
+    # level: it no longer answers /v1/models, so the search ends there.
+    proc = subprocess.Popen([sys.executable, str(HERE / "paced_server.py"), "--port", "0", "--slots", "8"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    url = proc.stdout.readline().split()[-1]
+
+    def progress(ev: dict) -> None:
+        if ev["event"] == "level_progress" and proc.poll() is None:
+            proc.kill()  # half a second into the first level
+
+    try:
+        res = _search(url, progress=progress)
+    finally:
+        proc.kill()
+        proc.wait(10)
+    assert res.stop_reason == "server_down" and res.capacity is None, (res.stop_reason, levels_said(res.levels))
+    assert [lv.stop for lv in res.levels] == ["server_down"], levels_said(res.levels)
+    assert not any("answered /v1/models" in w for w in res.levels[0].warnings)
+
+
 def test_old_capacity_records_still_load():
     old = {"slo": ["ttft_p99=1s"], "capacity": {"concurrency": 4, "goodput_rps": 3.0, "goodput_output_tps": 48.0,
                                                  "ttft_p99_ms": 50.0, "itl_p99_ms": 10.0, "attainment": 1.0,

@@ -67,6 +67,16 @@ def list_models(url: str, api_key: str | None = None, timeout: float = 5.0) -> l
     return _models_from_response(r.status_code, r.text, target)
 
 
+def server_answers(url: str, api_key: str | None = None, timeout: float = 5.0) -> bool:
+    """Whether the server answers GET /v1/models with its list now (a run of
+    failed requests is then the requests' trouble, not a server that is gone)."""
+    try:
+        list_models(url, api_key, timeout)
+    except ProbeFailure:
+        return False
+    return True
+
+
 def _models_from_response(status: int, body: str, target: str) -> list[ServedModel]:
     if status != 200:
         raise ProbeFailure(error_from_response(status, body, target))

@@ -31,6 +31,7 @@ import asyncio
 import math
 import threading
 import time
+from collections import Counter
 from collections.abc import Awaitable
 from dataclasses import dataclass
 from functools import partial
@@ -42,7 +43,7 @@ from ernie_tui.engine_ctl.load import slo as S
 from ernie_tui.engine_ctl.load import stats
 from ernie_tui.engine_ctl.load.arrivals import arrival_stream
 from ernie_tui.engine_ctl.load.burst import ClientHealth
-from ernie_tui.engine_ctl.load.http_client import new_async_client
+from ernie_tui.engine_ctl.load.http_client import new_async_client, server_answers
 from ernie_tui.engine_ctl.load.http_errors import TRANSPORT_KINDS
 from ernie_tui.engine_ctl.load.level_procs import ChildTotals, LevelProcs, closed_specs, open_specs, request_outcome
 from ernie_tui.engine_ctl.load.level_server import MetricsSampler, vllm_window
@@ -376,8 +377,11 @@ class LevelPath:
         elapsed = max(time.perf_counter() - self.t0, 1e-9)
         server_cpu = self.cpu_watch.stop() if self.cpu_watch is not None else None
         server = await self.server_view()
-        res = self.monitor.result(elapsed, self.stop_reason(), server)
+        stop, alive = await self.checked_stop()
+        res = self.monitor.result(elapsed, stop, server)
         res.server_cpu = server_cpu
+        if alive:
+            res.warnings.append(alive)
         late_n, late_max = self.note_client(res)
         self.warn_client(res, late_n, late_max)
         return res
@@ -411,6 +415,23 @@ class LevelPath:
                 o.error_kind in TRANSPORT_KINDS for o in outcomes):
             stop_reason = "server_down"
         return stop_reason
+
+    async def checked_stop(self) -> tuple[str, str | None]:
+        """The stop reason, a server_down asked of the server first. Transport
+        failures in a row come from a server that is gone, but also from one
+        that drops connections while it stays up, or from our own client
+        standing still past its 5 s connect timeout (a starved CI box ended a
+        search "server down" against a live stand-in). A server that answers
+        /v1/models now failed this level on errors (the search goes on);
+        the note says so."""
+        stop = self.stop_reason()
+        if stop != "server_down" or not await asyncio.to_thread(server_answers, self.owner.url,
+                                                                self.owner.api_key):
+            return stop, None
+        kinds = Counter(str(o.error_kind) for o in self.monitor.outcomes if o.error_kind in TRANSPORT_KINDS)
+        said = ", ".join(f"{n} {kind}" for kind, n in kinds.most_common())
+        return "errors", (f"requests failed in transport ({said}) but the server answered /v1/models after them: "
+                          f"the level is failed on those errors, not read as a server that is down")
 
     def note_client(self, res: C.LevelResult) -> tuple[int, float]:
         """The client's own figures on the result: loop lag, GC, judging,
