@@ -23,6 +23,7 @@ from ernie_tui.engine_ctl.control.paired_sweep import (
     search_around,
 )
 from ernie_tui.engine_ctl.load import CapacityResult, LevelResult, SearchConfig
+from worker_ports import own_port
 
 PACED = Path(__file__).resolve().parent / "paced_server.py"
 
@@ -92,7 +93,7 @@ def test_knees_from_reads_a_paired_export_and_the_search_starts_there(tmp_path):
 
 def test_sweep_capacity_pairs_two_drifting_stand_ins(tmp_path, tiny_model, capsys):
     body = ""
-    for name, knee, port in (("weak", 2, 18161), ("strong", 4, 18162)):
+    for name, knee, port in (("weak", 2, own_port(18161)), ("strong", 4, own_port(18162))):
         env = (f'PACED_SLOTS = "64", PACED_TTFT_MS = "10", PACED_ITL_MS = "20", PACED_ITL_SCALE_KNEE = "{knee}", '
                'PACED_DRIFT = "0.3", PACED_DRIFT_PERIOD_S = "60"')
         body += textwrap.dedent(f"""

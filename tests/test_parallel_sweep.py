@@ -34,6 +34,7 @@ from ernie_tui.engine_ctl.launch import machine
 from ernie_tui.engine_ctl.launch.parallel_layout import gpus_needed, layout_of
 from ernie_tui.engine_ctl.load.burst import BurstConfig
 from ernie_tui.presets import Preset, load_presets
+from worker_ports import own_port
 
 PACED = Path(__file__).resolve().parent / "paced_server.py"
 
@@ -161,7 +162,7 @@ def stand_ins(tmp_path: Path, model: Path, names, **env) -> Path:
             [presets.{name}]
             extends = "cpu-demo"
             model = "{model}"
-            port = 18140
+            port = {own_port(18140)}
             launcher = ["{sys.executable}", "{PACED}"]
             env = {{ {env_text} }}
         """)

@@ -14,6 +14,7 @@ from ernie_tui.cli import main
 from ernie_tui.engine_ctl.control.sweep import SweepPlan, SweepRun, fold, to_csv, to_json, to_markdown
 from ernie_tui.presets import load_presets
 from vllm_support import EAGER_TOML
+from worker_ports import own_port
 
 
 def test_rotated_order():
@@ -73,13 +74,13 @@ def test_real_sweep_a_preset_and_a_rejected_one(tmp_path, tiny_model, capsys):
         [presets.cpu-a]
         extends = "cpu-demo"
         model = "{tiny_model}"
-        port = 18120
+        port = {own_port(18120)}
         {EAGER_TOML}
         [presets.cpu-bad]
         extends = "cpu-demo"
         model = "{tiny_model}"
         block_size = 16
-        port = 18122
+        port = {own_port(18122)}
     """))
     out = tmp_path / "sweep.json"
     code = main(["sweep", "cpu-a", "cpu-bad", "--presets", str(presets), "--out", str(out),
@@ -217,7 +218,7 @@ def test_capacity_sweep_on_paced_stand_ins(tmp_path, tiny_model, capsys):
     paced = Path(__file__).resolve().parent / "paced_server.py"
     presets = tmp_path / "p.toml"
     body = ""
-    for name, slots, port in (("slots2", 2, 18131), ("slots4", 4, 18132)):
+    for name, slots, port in (("slots2", 2, own_port(18131)), ("slots4", 4, own_port(18132))):
         body += textwrap.dedent(f"""
             [presets.{name}]
             extends = "cpu-demo"
@@ -288,7 +289,7 @@ def test_sigterm_ends_a_capacity_sweep_stopping_its_server_and_keeping_what_it_m
     from pathlib import Path
 
     paced = Path(__file__).resolve().parent / "paced_server.py"
-    port = 18137
+    port = own_port(18137)
     (tmp_path / "p.toml").write_text(textwrap.dedent(f"""
         [presets.slow]
         extends = "cpu-demo"

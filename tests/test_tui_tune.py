@@ -10,6 +10,7 @@ from ernie_tui.cli import build_parser
 from ernie_tui.cli.cmd_tune import _setup
 from ernie_tui.tui.tune_app import TuneApp
 from test_tune import FAST, _standin
+from worker_ports import own_port
 
 
 async def _until(pilot, done, seconds: float = 300.0) -> None:
@@ -27,7 +28,7 @@ def _app(tmp_path, tiny_model, port: int, trials: str) -> TuneApp:
 
 
 async def test_the_screen_lists_trials_as_they_finish_and_quits_with_the_answer(tmp_path, tiny_model):
-    app = _app(tmp_path, tiny_model, 18481, "1")
+    app = _app(tmp_path, tiny_model, own_port(18481), "1")
     async with app.run_test(size=(140, 30)) as pilot:
         screen = app.tune_screen
         await pilot.press("q")  # refused while the tune runs: no trial's server left unwatched
@@ -44,7 +45,7 @@ async def test_the_screen_lists_trials_as_they_finish_and_quits_with_the_answer(
 
 
 async def test_x_stops_the_tune_keeping_what_was_measured(tmp_path, tiny_model):
-    app = _app(tmp_path, tiny_model, 18483, "3")
+    app = _app(tmp_path, tiny_model, own_port(18483), "3")
     async with app.run_test(size=(140, 30)) as pilot:
         screen = app.tune_screen
         await _until(pilot, lambda: screen.measured >= 1)  # a trial measured, the next one started

@@ -13,6 +13,7 @@ from ernie_tui.cli import main
 from ernie_tui.engine_ctl.control import compare_to_base
 from ernie_tui.presets import Preset, PresetError
 from ernie_tui.presets.space import load_space, parse_space, tunable_fields
+from worker_ports import own_port
 
 PACED = Path(__file__).resolve().parent / "paced_server.py"
 # A capacity search that decides quickly on the stand-in: short requests, two
@@ -155,7 +156,7 @@ def _record(kind: str = "tune") -> dict:
 
 
 def test_preflight_refusals_are_pruned_with_their_reason_and_start_no_server(tmp_path, tiny_model, capsys):
-    presets, space = _standin(tmp_path, tiny_model, 18471, "block_size = [7, 32, 33]\n")
+    presets, space = _standin(tmp_path, tiny_model, own_port(18471), "block_size = [7, 32, 33]\n")
     logs = tmp_path / "logs"
     code = main(["tune", "shaped", "--presets", str(presets), "--space", str(space), "--trials", "3",
                  "--log-dir", str(logs), *FAST])
@@ -178,7 +179,7 @@ def test_preflight_refusals_are_pruned_with_their_reason_and_start_no_server(tmp
 def test_tune_end_to_end_records_its_trials_and_writes_the_best_as_a_preset(tmp_path, tiny_model, capsys):
     from ernie_tui.presets import load_presets
 
-    presets, space = _standin(tmp_path, tiny_model, 18473, """
+    presets, space = _standin(tmp_path, tiny_model, own_port(18473), """
         max_num_seqs = [1, 2, 3]
         max_num_batched_tokens = {min = 1024, max = 2048, step = 1024}
     """)
@@ -219,7 +220,7 @@ def test_tune_end_to_end_records_its_trials_and_writes_the_best_as_a_preset(tmp_
 
 
 def test_a_tune_run_again_goes_on_from_its_saved_trials(tmp_path, tiny_model, capsys):
-    presets, space = _standin(tmp_path, tiny_model, 18475, """
+    presets, space = _standin(tmp_path, tiny_model, own_port(18475), """
         max_num_seqs = [1, 2, 3]
         max_num_batched_tokens = [1024, 1536, 2048]
     """)
@@ -248,7 +249,7 @@ def test_a_tune_run_again_goes_on_from_its_saved_trials(tmp_path, tiny_model, ca
 
 
 def test_tune_refuses_a_bad_space_before_anything_starts(tmp_path, tiny_model, capsys):
-    presets, space = _standin(tmp_path, tiny_model, 18477, "max_num_seq = [1, 2]\n")
+    presets, space = _standin(tmp_path, tiny_model, own_port(18477), "max_num_seq = [1, 2]\n")
     assert main(["tune", "shaped", "--presets", str(presets), "--space", str(space), *FAST]) != 0
     err = capsys.readouterr().err
     assert "max_num_seq" in err and "a space may name:" in err and "max_num_seqs" in err
@@ -265,7 +266,7 @@ def test_sigterm_stops_a_tune_keeping_its_trials_and_the_cut_trial_runs_first_ne
     import socket
     import subprocess
 
-    port = 18479
+    port = own_port(18479)
     presets, space = _standin(tmp_path, tiny_model, port, """
         max_num_seqs = [1, 2, 3]
         max_num_batched_tokens = [1024, 1536, 2048]
@@ -323,7 +324,7 @@ def test_one_tune_per_study_at_a_time(tmp_path):
 def test_with_several_gpus_trials_run_side_by_side_each_on_its_own(tmp_path, tiny_model):
     # --gpus 0,1 and a BASE needing one GPU: two lanes, each trial's server
     # on a GPU and a port of its own (the stand-in prints what it was given).
-    presets, space = _standin(tmp_path, tiny_model, 18485, "max_num_seqs = [1, 3]\n")
+    presets, space = _standin(tmp_path, tiny_model, own_port(18485), "max_num_seqs = [1, 3]\n")
     logs = tmp_path / "logs"
     assert main(["tune", "shaped", "--presets", str(presets), "--space", str(space), "--trials", "2",
                  "--gpus", "0,1", "--log-dir", str(logs), "--no-preset", *FAST]) == 0
@@ -340,7 +341,7 @@ def test_with_several_gpus_trials_run_side_by_side_each_on_its_own(tmp_path, tin
 def test_a_wall_time_budget_stops_the_tune_and_keeps_what_it_measured(tmp_path, tiny_model, capsys):
     import socket
 
-    port = 18487
+    port = own_port(18487)
     # A space of 9 settings, more than the budget holds (a search here takes
     # about 6 s), so the budget ends the tune, not the space: most often in
     # the middle of trial 0, whose server is then stopped.
