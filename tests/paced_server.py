@@ -210,6 +210,7 @@ class Server:
         self.t0 = time.perf_counter()  # --itl-wander's periods count from here
         self.seen_lock = threading.Lock()
         self.drop_left = args.drop_completions
+        self.drop_lock = threading.Lock()
         self.log: list[dict] = []
         self.log_lock = threading.Lock()
         self.h_ttft = Histogram("vllm:time_to_first_token_seconds", "TTFT", lbl, buckets=TTFT_BUCKETS, registry=r)
@@ -304,7 +305,7 @@ class Server:
 
     def drop_this(self) -> bool:
         """Whether this completion request is dropped (--drop-completions)."""
-        with self.cold_lock:
+        with self.drop_lock:
             if self.drop_left == 0:
                 return False
             if self.drop_left > 0:

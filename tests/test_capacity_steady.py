@@ -407,9 +407,10 @@ def _search(url: str, **kw) -> C.CapacityResult:
 
 def test_transport_failures_from_a_server_that_answers_fail_the_level_and_the_search_goes_on(paced):
     # The stand-in closes 28 requests' connections without a word while
-    # /v1/models answers: the first level's warm-up and its first 8 requests
-    # (each sent twice: a drop before any answer goes out again once), which
-    # is a level's "transport failures in a row". ciZ3 ended a search
+    # /v1/models answers: the first level's warm-up batch (4) and its first 8
+    # requests, each sent twice (a drop before any answer goes out again
+    # once), are 24; 8 failed in a row is a level's "transport failures in a
+    # row"; the rest meet what was in flight as it stopped. ciZ3 ended a search
     # "server_down" against a live stand-in: such a level is now failed on
     # errors, said so, and the search goes on.
     url = paced("--slots", "8", "--drop-completions", "28")
@@ -424,7 +425,7 @@ def test_transport_failures_from_a_server_that_answers_fail_the_level_and_the_se
     assert len(dropped) == 28  # the stand-in did drop them all
 
 
-def test_a_server_that_is_gone_still_ends_the_search_server_down(paced):
+def test_a_server_that_is_gone_still_ends_the_search_server_down():
     # The same run of transport failures from a server killed in the first
     # level: it no longer answers /v1/models, so the search ends there.
     proc = subprocess.Popen([sys.executable, str(HERE / "paced_server.py"), "--port", "0", "--slots", "8"],
