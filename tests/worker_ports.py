@@ -26,7 +26,9 @@ def worker_index() -> int:
 
 def own_port(port: int) -> int:
     """`port` moved into this worker's block (unchanged on gw0 and without xdist)."""
-    moved = port + BLOCK * worker_index()
+    # TEST_PORT_OFFSET moves a whole run's ports, so that two checkouts tested
+    # side by side on one box (two developers' worktrees) keep apart too.
+    moved = port + BLOCK * worker_index() + int(os.environ.get("TEST_PORT_OFFSET", "0") or 0)
     if moved > 32767:  # below Linux's ephemeral range, where free_port() and clients' own ports live
         raise ValueError(f"port {port} moved to {moved}, into the ephemeral range: use a lower one")
     return moved
