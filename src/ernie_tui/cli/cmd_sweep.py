@@ -20,7 +20,8 @@ from ernie_tui.cli.shared_options import shared_options
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "sweep", parents=[shared_options(top_level=False)],
-        help="measure several presets one after another and write the comparison table",
+        help="measure several presets and write the comparison table: a burst each, in turn; with --capacity "
+             "paired (all served at once, levels taking turns, duel rounds)",
         description="For each preset: preflight (a preset that fails it is recorded and not launched), start, "
                     "wait ready, burst, stop, wait for the engine to be gone and GPU memory back to its "
                     "baseline. With --repeat R the presets run in rotated order R times and each figure is the "

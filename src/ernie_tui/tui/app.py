@@ -171,6 +171,9 @@ class ErnieApp(ShowsWorkerFailures, App[int]):
                                          api_key=self.config.api_key)
             if self.config.log_path:
                 self.log_name = Path(self.config.log_path).name
+            else:  # nothing to tail: say so and how to give one, not "it fills in as vLLM starts"
+                self.log_name = "none given (--log PATH)"
+                self.main.show_no_log(self.config.attach_url or "URL")
             self._connect(self.server)
             self.server.start()
         elif self.mode == "control" and self._adopt_left_running():
@@ -834,7 +837,8 @@ class ErnieApp(ShowsWorkerFailures, App[int]):
                             self.open_probe)
         yield SystemCommand("Capacity search", "The highest load whose requests meet an SLO (k)",
                             lambda: self.open_probe(capacity=True))
-        yield SystemCommand("Sweep", "Run a burst against several presets in turn (w)", self.open_sweep)
+        yield SystemCommand("Sweep", "Measure several presets: a burst each in turn, or capacity searches, paired (w)",
+                            self.open_sweep)
         yield SystemCommand("Help", "Keys and what each figure means (?)", self.open_help)
 
 

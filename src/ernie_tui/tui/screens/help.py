@@ -1,4 +1,5 @@
-"""`?`: every key, and one line on what each figure on the screen means."""
+"""`?`: every key, the commands the keys do not reach (tune among them), and one
+line on what each figure on the screen means."""
 
 from __future__ import annotations
 
@@ -18,7 +19,10 @@ KEYS: tuple[tuple[str, str], ...] = (
     ("p", "probe pane: one streamed prompt, a load burst, or the capacity search (its Burst tab, ctrl+b)"),
     ("k", "capacity search: the highest concurrency (or req/s) whose requests meet an SLO; opens the probe "
           "pane on it, ctrl+r runs it"),
-    ("w", "sweep: the same burst against several presets in turn, a table to compare"),
+    ("w", "sweep: pick presets and measure each, a table to compare. A burst: one preset at a time (started, "
+          "burst, stopped), in turn. Its capacity-search box: each preset's capacity under an SLO, ranked by "
+          "goodput; two or more are paired where they fit side by side (all served at once, their levels taking "
+          "turns, then duel rounds: each pair's verdict with its interval), else one after another"),
     ("t", "chart window: 1 / 5 / 15 minutes"),
     ("/  n  N", "search the log; next / previous match; escape closes the search"),
     ("l / end", "follow the log again (scrolling up pauses it)"),
@@ -29,6 +33,20 @@ KEYS: tuple[tuple[str, str], ...] = (
     ("ctrl+p", "command palette: start, stop, restart, switch preset, quit"),
     ("q", "quit (control mode asks: stop the server or leave it running; plain `ernie-tui` takes a "
           "left-running server back, `ernie-tui stop` stops it)"),
+)
+
+# What the keys do not reach: the commands a shell runs (`ernie-tui CMD --help` says more).
+COMMANDS: tuple[tuple[str, str], ...] = (
+    ("tune BASE", "search engine settings (--space FILE.toml) for the most goodput under --slo; the best is "
+                  "written to your presets file as BASE-tuned (--tui: its trials on a screen)"),
+    ("sweep NAME...", "the sweep from a shell: a burst per preset in turn, or --capacity paired (all served at "
+                      "once); --out FILE.md / .csv / .json"),
+    ("probe --url URL", "one streamed prompt, a burst (--burst N), or a capacity search (--capacity --slo ...)"),
+    ("check NAME", "preflight a preset: what vLLM would refuse, why, the fix, a KV-cache estimate"),
+    ("runs / report", "the saved run records (runs list, runs show ID); report draws them into HTML, PNG or SVG"),
+    ("--attach URL", "watch a server this tool did not start; --log PATH, its log, gives the startup report "
+                     "and the log pane"),
+    ("stop", "stop the server a dashboard left running"),
 )
 
 FIGURES: tuple[tuple[str, str], ...] = (
@@ -63,6 +81,7 @@ class HelpScreen(Screen[None]):
             yield Label("ernie-tui — keys and figures", classes="dialog-title")
             with VerticalScroll(id="help-scroll"):
                 yield Static(self._table("Keys", KEYS), classes="help-section")
+                yield Static(self._table("Commands (ernie-tui CMD, in a shell)", COMMANDS), classes="help-section")
                 yield Static(self._table("What the figures mean", FIGURES), classes="help-section")
             yield Label("? or escape closes", classes="dialog-hint")
 

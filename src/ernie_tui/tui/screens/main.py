@@ -35,7 +35,10 @@ COMPACT_HEIGHT = 32  # below this many rows the charts swap with the log
 NARROW_WIDTH = 120  # below this many columns the footer is compact and leaves out NARROW_OPTIONAL
 # In the help screen; `? Help` and `q Quit` must stay on screen. `p` too: `k`
 # opens the same pane (on its capacity search), ctrl+b there reaches the rest.
-NARROW_OPTIONAL = ("command", "window", "probe")
+NARROW_OPTIONAL = ("command", "window", "probe", "sweep")
+# `w` from this many columns (at 160 it was in no footer at all): below it,
+# with `f Fix` after a crash, the footer ran past `q Quit`.
+SWEEP_KEY_WIDTH = 132
 
 CONTROL_ACTIONS = {"start", "stop", "restart", "switch", "edit", "fix", "command", "sweep"}
 
@@ -53,7 +56,7 @@ class MainScreen(Screen):
         Binding("f", "fix", "Fix"),
         Binding("p", "probe", "Probe"),
         Binding("k", "capacity", "Capacity"),
-        Binding("w", "sweep", "Sweep", show=False),
+        Binding("w", "sweep", "Sweep"),
         Binding("t", "window", "Window"),
         Binding("slash", "search", "Search"),
         Binding("n", "next_match(1)", "Next", show=False),
@@ -122,7 +125,8 @@ class MainScreen(Screen):
         self.query_one(KeyFooter).set_layout(
             narrow=self.size.width < NARROW_WIDTH,
             extra=frozenset({"toggle_charts"}) if compact else frozenset(),
-            labels={"toggle_charts": "Log" if self.has_class("-show-charts") else "Charts"})
+            labels={"toggle_charts": "Log" if self.has_class("-show-charts") else "Charts"},
+            left_out=frozenset({"sweep"}) if self.size.width < SWEEP_KEY_WIDTH else frozenset())
 
     # -- what the app hands us ----------------------------------------------------
     @property
@@ -193,6 +197,14 @@ class MainScreen(Screen):
                 (todo, "$text-muted")]}
         if self.is_mounted:
             self._show_unreachable()
+
+    def show_no_log(self, url: str) -> None:
+        """Attached without a log: the report and the log pane read the
+        server's log, so say that none was given and how to give one."""
+        self.query_one(ReportPanel).set_no_log(
+            "The startup report (args, attention backend, weights, KV cache) and the log pane read the "
+            f"server's log. Give it: ernie-tui --attach {url} --log PATH (the file vLLM's output goes to; "
+            "in a --fleet file, log = PATH). The status and the charts come from /health and /metrics meanwhile.")
 
     def _show_unreachable(self) -> None:
         down = self._unreachable

@@ -500,7 +500,7 @@ class BurstTab(ShowsWorkerFailures, Vertical):
         self.last_record = record
         self.levels = list(r.levels)
         view.show_progress(None)
-        view.show_levels(self.levels, capacity_load(r))
+        view.show_levels(self.levels, capacity_load(r), final=True)
         parts = [describe_capacity(r)]
         if record:
             parts.append(Content.assemble(("saved as run record ", "dim"), (record, "bold"),

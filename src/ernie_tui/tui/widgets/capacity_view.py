@@ -41,6 +41,10 @@ GAP_FACTOR = 1.5
 GAP_WHY = ("Ours is timed at this client; vLLM's from when its engine takes the request. The gap is time "
            "outside the engine: the client's CPU (shared with vLLM on one box), the network, vLLM's API server "
            "process. The SLO judges ours, what users see.")
+# The same in two lines of an 80-column terminal: the note under the level
+# table and the cause beside the answer (the long form was cut mid-sentence there).
+GAP_WHY_SHORT = ("The gap is time outside vLLM's engine (its API server process, the network, the client's CPU); "
+                 "the SLO judges ours.")
 
 
 def level_load(lv: Any) -> float:
@@ -172,17 +176,88 @@ def fit_columns(width: int, labels: dict[str, str], rows: Sequence[dict[str, Any
     return [key for key, _ in LEVEL_COLUMNS if key in chosen]
 
 
-def describe_gaps(levels: Sequence[Any]) -> Content | None:
+def _gaps_by_load(levels: Sequence[Any]) -> list[tuple[str, tuple[str, float, float, float]]]:
+    """(where, gap) for every flagged p99, the lowest load first."""
+    return [(f"rate {lv.rate:g} req/s" if getattr(lv, "rate", None) is not None else f"conc. {lv.concurrency}", gap)
+            for lv in sorted(levels, key=level_load) for gap in level_gaps(lv)]
+
+
+def _gap_words(found: Sequence[tuple[str, tuple[str, float, float, float]]], limit: int) -> str:
+    more = len(found) - limit
+    return "; ".join(f"{c}: {metric} ours {ours:.0f} ms, vLLM's {theirs:.0f} ms ({r:.1f}×)"
+                     for c, (metric, ours, theirs, r) in found[:limit]) + (f"; {more} more" if more > 0 else "")
+
+
+# Kept on every page of columns: which row it is, and its verdict.
+PINNED = ("concurrency", "verdict")
+# vLLM's figure on a page without ours beside it: named in full.
+THEIRS = {"vllm_ttft_p99_ms": ("ttft_p99_ms", "vLLM's TTFT p99"), "vllm_itl_p99_ms": ("itl_p99_ms", "vLLM's ITL p99")}
+
+
+def page_labels(keys: Sequence[str], labels: dict[str, str]) -> dict[str, str]:
+    """The headers of one page of columns: "(vLLM's)" where ours stands to
+    its left, else "vLLM's ITL p99"."""
+    out = dict(labels)
+    for key, (ours, full) in THEIRS.items():
+        if key in keys and ours not in keys:
+            out[key] = full
+    return out
+
+
+def column_pages(width: int, labels: dict[str, str], rows: Sequence[dict[str, Any]]) -> list[list[str]]:
+    """The level table's columns in pages that each fit `width` cells: the
+    first is fit_columns' choice; each next page keeps the load and the
+    verdict and takes the hidden columns that fit, in COLUMN_PRIORITY's
+    order. An 80-column terminal reached 6 of the 14 columns, and "8 more
+    column(s) on a wider terminal" had no way to them (issue 59, 9)."""
+    first = fit_columns(width, labels, rows)
+    pages = [first]
+    rest = [key for key in COLUMN_PRIORITY if key not in first]
+    pinned = [key for key in PINNED if key in first]
+    while rest:
+        taken: list[str] = []
+        used = sum(column_width(key, labels, rows) + 2 for key in pinned)
+        for key in rest:
+            w = column_width(key, page_labels([*pinned, *taken, key], labels), rows) + 2
+            if used + w > width and taken:
+                break
+            taken.append(key)
+            used += w
+        pages.append([key for key, _ in LEVEL_COLUMNS if key in pinned or key in taken])
+        rest = rest[len(taken):]
+    return pages
+
+
+def describe_gaps(levels: Sequence[Any], short: bool = False) -> Content | None:
     """Where our p99s and vLLM's differ by more than GAP_FACTOR, and why
-    that can happen; None when they agree (or vLLM's are not there)."""
-    found = [(f"rate {lv.rate:g} req/s" if getattr(lv, "rate", None) is not None else f"conc. {lv.concurrency}", gap)
-             for lv in levels for gap in level_gaps(lv)]
+    that can happen; None when they agree (or vLLM's are not there).
+    `short`: the first place and the short why, for an 80-column terminal,
+    where the whole note did not fit under the table."""
+    found = _gaps_by_load(levels)
     if not found:
         return None
-    where = "; ".join(f"{c}: {metric} ours {ours:.0f} ms, vLLM's {theirs:.0f} ms ({r:.1f}×)"
-                      for c, (metric, ours, theirs, r) in found[:3]) + ("; …" if len(found) > 3 else "")
     return Content.assemble((f"ours and vLLM's differ by more than {GAP_FACTOR:g}× · ", "bold $warning"),
-                            (where, "$warning"), "\n", (GAP_WHY, "dim"))
+                            (_gap_words(found, 1 if short else 3), "$warning"), "\n",
+                            (GAP_WHY_SHORT if short else GAP_WHY, "dim"))
+
+
+def gap_cause(result: Any) -> Content | None:
+    """The line beside the answer when ours and vLLM's differ: under a
+    starved client a "none" answer's cause is there (ours 535 ms, vLLM's
+    39 ms), and it was only at the bottom of the pane, below the table."""
+    found = _gaps_by_load(getattr(result, "levels", None) or [])
+    if not found:
+        return None
+    at = getattr(result, "capacity_level", None) if result.capacity else None
+    if at is not None and level_gaps(at):  # a capacity: the gap of the level it reports first
+        found = _gaps_by_load([at]) + [f for f in found if f[1] not in level_gaps(at)]
+    c, (metric, ours, theirs, r) = found[0]
+    more = len(found) - 1
+    lead = "why none: " if not result.capacity else "ours and vLLM's differ: "
+    return Content.assemble((lead, "bold $warning"),
+                            (f"at {c} {metric} ours {ours:.0f} ms, vLLM's {theirs:.0f} ms ({r:.1f}×)"
+                             + (f" (and {more} more level(s))" if more > 0 else "") + ".", "$warning"), " ",
+                            (GAP_WHY_SHORT, "dim"))
 
 
 def describe_capacity(result: Any) -> Content:
@@ -204,6 +279,9 @@ def describe_capacity(result: Any) -> Content:
     else:
         head = Content.styled(f"capacity: {no_capacity_words(result.stop_reason)}", "bold $error")
     lines = [head]
+    cause = gap_cause(result)
+    if cause is not None:  # beside the answer, in view at 80x24 (issue 59, 9)
+        lines.append(cause)
     if c:
         lines += _capacity_level_words(result)
     lines += [Content.assemble(("stopped: ", "dim"), (result.stop_reason, "bold"),
@@ -253,12 +331,25 @@ def describe_progress(ev: dict[str, Any] | None, level: int | None = None, load:
 
 
 class LevelTable(DataTable):
-    """The level table; it picks its columns again when its width changes."""
+    """The level table; it picks its columns again when its width changes.
+    Its rows are its cursor, so → and ← (a horizontal scroll of a table that
+    fits) turn its pages of columns instead, where there are more."""
+
+    @property
+    def view(self) -> CapacityView | None:
+        return next((a for a in self.ancestors if isinstance(a, CapacityView)), None)
 
     def on_resize(self) -> None:
-        view = next((a for a in self.ancestors if isinstance(a, CapacityView)), None)
-        if view is not None:
-            view.fit_table()
+        if self.view is not None:
+            self.view.fit_table()
+
+    def action_cursor_right(self) -> None:
+        if self.view is None or not self.view.turn_page(1):
+            super().action_cursor_right()
+
+    def action_cursor_left(self) -> None:
+        if self.view is None or not self.view.turn_page(-1):
+            super().action_cursor_left()
 
 
 # Below this many columns the chart and the table take turns (ctrl+t): the
@@ -282,6 +373,9 @@ class CapacityView(Vertical):
         self.capacity: float | None = None
         self.columns: list[str] = []
         self._widths: dict[str, int] = {}
+        self.pages: list[list[str]] = []  # the columns, in pages that fit the table's width
+        self.page = 0
+        self.final = False  # the answer is in: its box carries the gap's cause, not the note below
 
     def compose(self) -> ComposeResult:
         with VerticalScroll(id="pf-cap-result-box"):
@@ -299,7 +393,20 @@ class CapacityView(Vertical):
         self.show_progress(None)
 
     def on_resize(self) -> None:
-        self.set_class(self.size.width < NARROW_VIEW, "-narrow")
+        narrow = self.size.width < NARROW_VIEW
+        if narrow != self.narrow:
+            self.set_class(narrow, "-narrow")
+            self._show_gaps(self.levels)  # the note's short form, or its long one
+        self._size_answer()
+
+    def _size_answer(self) -> None:
+        """The answer box as tall as the pane allows once the level table has
+        room for its rows (up to 8): at 160x48 the answer's record line sat
+        under a scroll bar in a 6-line box, with the screen's lower half free."""
+        table = max(6, min(len(self.levels), 8) + 3)  # its rows, a header, a border
+        below = (2 if self.query_one("#pf-cap-progress").has_class("-visible") else 0) + (
+            6 if self.query_one("#pf-cap-gap").has_class("-visible") else 0)
+        self.query_one("#pf-cap-result-box").styles.max_height = max(8, self.size.height - table - below)
 
     @property
     def narrow(self) -> bool:
@@ -313,7 +420,21 @@ class CapacityView(Vertical):
         table = self.query_one("#pf-cap-levels", DataTable)
         table.border_title = f"levels by load · {CAPACITY_MARK} the answer's"
         hidden = len(LEVEL_COLUMNS) - len(self.columns)
-        table.border_subtitle = f"{hidden} more column(s) on a wider terminal" if self.columns and hidden else ""
+        if len(self.pages) < 2:
+            table.border_subtitle = ""
+        elif self.page == 0:
+            table.border_subtitle = f"→ {hidden} more column(s)"
+        else:
+            table.border_subtitle = f"columns {self.page + 1}/{len(self.pages)} · ← →"
+
+    def turn_page(self, step: int) -> bool:
+        """The next (or previous) page of columns; False where there is none."""
+        page = self.page + step
+        if not 0 <= page < len(self.pages):
+            return False
+        self.page = page
+        self.fit_table()
+        return True
 
     def _labels(self) -> dict[str, str]:
         return {key: ("req/s sent" if key == "concurrency" and self.rate else label) for key, label in LEVEL_COLUMNS}
@@ -325,8 +446,10 @@ class CapacityView(Vertical):
         width = table.size.width - 4  # its border, and room for its scroll bar
         mark = capacity_row(self.levels, self.capacity)
         rows = [level_cells(lv, i == mark) for i, lv in enumerate(self.levels)]
-        columns = fit_columns(width, self._labels(), rows) if width > 0 else [LEVEL_COLUMNS[0][0]]
-        labels = self._labels()
+        self.pages = column_pages(width, self._labels(), rows) if width > 0 else [[LEVEL_COLUMNS[0][0]]]
+        self.page = min(self.page, len(self.pages) - 1)
+        columns = self.pages[self.page]
+        labels = page_labels(columns, self._labels())
         # Each column as wide as its label and its widest cell, set here rather than measured by the DataTable
         # on its next idle pass: a frame drawn before that pass kept its rows cut at the labels' widths
         # (Textual caches the rendered rows), so a busy box showed "76.0 (9.4×)" as "76.0 (9." until the next level.
@@ -336,7 +459,7 @@ class CapacityView(Vertical):
             table.clear(columns=True)
             for key in columns:
                 table.add_column(labels[key], key=key, width=widths[key])
-            self._title()
+        self._title()
         self._fill(rows)
 
     def _fill(self, rows: list[dict[str, Any]]) -> None:
@@ -358,20 +481,23 @@ class CapacityView(Vertical):
         self._limit_ms = ttft.limit_s * 1000.0 if ttft else None
         self.rate = rate
         self.levels, self.capacity = [], None
+        self.page, self.final = 0, False
         self.fit_table(force=True)
         self.show_progress(None)
         self._show_gaps([])
         self.query_one(CapacityChart).show([], self._limit_ms, self._percentile, empty="waiting for the first level")
         self.say(note)
 
-    def show_levels(self, levels: Sequence[Any], capacity: float | None = None) -> None:
+    def show_levels(self, levels: Sequence[Any], capacity: float | None = None, final: bool = False) -> None:
         """Redraw the curve and the table from the levels measured so far;
-        `capacity`: the load (concurrency, or rate) settled on so far."""
-        self.levels, self.capacity = list(levels), capacity
+        `capacity`: the load (concurrency, or rate) settled on so far;
+        `final`: the search's answer (whose box says where ours and vLLM's differ)."""
+        self.levels, self.capacity, self.final = list(levels), capacity, final
         self.query_one(CapacityChart).show([CapacityCurve("this server", list(levels), capacity)],
                                            self._limit_ms, self._percentile)
         self.fit_table()
         self._show_gaps(levels)
+        self._size_answer()
 
     def show_progress(self, event: dict[str, Any] | None, level: int | None = None, load: str = "") -> None:
         """The running level's progress line (hidden when `level` is None:
@@ -381,7 +507,7 @@ class CapacityView(Vertical):
         box.update(describe_progress(event, level, load) if level is not None else "")
 
     def _show_gaps(self, levels: Sequence[Any]) -> None:
-        note = describe_gaps(levels)
+        note = None if self.final else describe_gaps(levels, short=self.narrow)
         box = self.query_one("#pf-cap-gap", Static)
         box.update(note or "")
         box.set_class(note is not None, "-visible")

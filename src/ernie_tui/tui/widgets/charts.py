@@ -9,6 +9,7 @@ subtitle so the number is readable even when the plot is small.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -303,6 +304,55 @@ def _load_label(level: Any) -> str:
 PASS_MARKER, FAIL_MARKER, FRONT_MARKER = "●", "×", "◆"
 
 
+def place_labels(spots: Sequence[tuple[str, int, int]], width: int,
+                 order: Sequence[int] | None = None) -> dict[int, int]:
+    """Where each point's label goes, as {index: first column}, in a canvas
+    `width` cells wide; `spots` are (label, column, row) of the points'
+    markers. A label stands right of its marker, or left of it where the
+    right edge would cut it; it is left out where it would touch a label
+    already placed (a free cell between them) or cover any point's marker.
+    `order`: which labels are placed first (all, in turn, by default).
+    Points close together read "c32cc34" when each got its label (issue 59, 8)."""
+    placed: dict[int, int] = {}
+    taken: dict[int, list[tuple[int, int]]] = {}  # row: (first, last) columns of the labels placed there
+    markers: dict[int, set[int]] = {}
+    for _, col, row in spots:
+        markers.setdefault(row, set()).add(col)
+    for i in (range(len(spots)) if order is None else order):
+        text, col, row = spots[i]
+        n = len(text)
+        for start in (col + 1, col - n):
+            end = start + n - 1
+            if start < 0 or end >= width:
+                continue
+            if any(start <= c <= end for c in markers.get(row, ())):
+                continue
+            if any(start <= last + 1 and first <= end + 1 for first, last in taken.get(row, [])):
+                continue
+            placed[i] = start
+            taken.setdefault(row, []).append((start, end))
+            break
+    return placed
+
+
+def canvas_cell(value: float, top: float, cells: int) -> int:
+    """The cell (column or row from the bottom) plotext draws `value` in, on
+    an axis from 0 to `top` that is `cells` wide (its own rounding)."""
+    if top <= 0 or cells <= 1:
+        return 0
+    return math.floor(round(0.5 + (cells - 1) * value / top, 8))
+
+
+def value_ticks(top: float, rows: int) -> tuple[list[float], list[str]]:
+    """The y axis's ticks from 0 to `top` and their labels, set here rather
+    than left to plotext, so that the labels' width (and so where each
+    point lands) is known before the picture is built."""
+    n = max(2, min(7, rows // 5 + 1))
+    ticks = [top * i / (n - 1) for i in range(n)]
+    fmt = ",.0f" if top >= 100 else ".1f" if top >= 10 else ".2f"
+    return ticks, [format(t, fmt) for t in ticks]
+
+
 def ttft_at(level: Any, percentile: int) -> float | None:
     """A level's TTFT at a percentile, in ms: p50 and p99 are its own
     columns, another percentile is there when the SLO judged it."""
@@ -368,13 +418,14 @@ class CapacityChart(PlotextPlot):
             xs_all += xs
             ys_all += ys
         right = max([*xs_all, self.limit_ms or 0.0], default=0.0) * 1.1 or 1.0
+        top = max(ys_all, default=0.0) * 1.2 or 1.0
+        ticks, tick_labels = value_ticks(top, self.size.height - 3)
         for i, curve, levels, xs, ys in drawn:
             label = curve.name + (f" {FRONT_MARKER} front" if curve.front else "")
             plt.plot(xs, ys, marker="braille", color=COLORS[i % len(COLORS)],
                      label=label if len(self.curves) > 1 else None)
             if len(self.curves) == 1:  # one search: say which load (concurrency, or req/s) each point is
-                for lv, x, y in zip(levels, xs, ys, strict=True):
-                    plt.text(_load_label(lv), x + right * 0.03, y, color="gray", alignment="left")
+                self._label_points(plt, curve, levels, xs, ys, right, top, max(map(len, tick_labels)))
             for lv, x, y in zip(levels, xs, ys, strict=True):
                 at_capacity = curve.capacity is not None and _load(lv) == float(curve.capacity)
                 marker = FRONT_MARKER if curve.front and at_capacity else (
@@ -385,8 +436,8 @@ class CapacityChart(PlotextPlot):
             plt.vline(self.limit_ms, color="red")
         if xs_all:
             plt.xlim(0, right)
-            top = max(ys_all)
-            plt.ylim(0, top * 1.2 if top > 0 else 1)
+            plt.ylim(0, top)
+            plt.yticks(ticks, tick_labels)
         else:
             plt.xlim(0, (self.limit_ms or 1.0) * 1.5)
             plt.ylim(0, 1)
@@ -398,3 +449,19 @@ class CapacityChart(PlotextPlot):
         rate = any(getattr(lv, "rate", None) is not None for c in self.curves for lv in c.levels)
         self.border_subtitle = f"{self.points_drawn} level(s){' in req/s' if rate else ''}{limit}{self.note}"
         self.refresh()
+
+    def _label_points(self, plt, curve: CapacityCurve, levels: Sequence[Any], xs: list[float], ys: list[float],
+                      right: float, top: float, ylabel_width: int) -> None:
+        """Each point's load beside it, where it fits without touching
+        another label or covering a marker: the answer's first, then by load."""
+        # The canvas plotext draws in: the widget less its two y axes and the
+        # y labels across, less the two x axes and the x labels down.
+        width, height = self.size.width - 2 - ylabel_width, self.size.height - 3
+        if width < 4 or height < 2:
+            return
+        spots = [(_load_label(lv), canvas_cell(x, right, width), canvas_cell(y, top, height))
+                 for lv, x, y in zip(levels, xs, ys, strict=True)]
+        answer = [i for i, lv in enumerate(levels) if curve.capacity is not None and _load(lv) == float(curve.capacity)]
+        order = answer + [i for i in range(len(levels)) if i not in answer]
+        for i, start in place_labels(spots, width, order).items():
+            plt.text(spots[i][0], start * right / (width - 1), ys[i], color="gray", alignment="left")

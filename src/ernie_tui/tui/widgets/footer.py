@@ -33,7 +33,8 @@ def shown_keys(screen: Screen, footer: KeyFooter | None = None) -> tuple:
                  or (footer is not None and active.binding.action in footer.extra))
     if footer is None:
         return keys
-    return keys + (footer.narrow, tuple(sorted(footer.extra)), tuple(sorted(footer.labels.items())))
+    return keys + (footer.narrow, tuple(sorted(footer.extra)), tuple(sorted(footer.labels.items())),
+                   tuple(sorted(footer.left_out)))
 
 
 class KeyFooter(Footer):
@@ -43,7 +44,9 @@ class KeyFooter(Footer):
     actions in `optional` left out (the help screen lists them), so that
     `? Help` and `q Quit` stay on screen. `extra` names actions of hidden
     bindings to show all the same (`g` when the charts swap with the log);
-    `labels` gives an action another description ("Log" while charts show)."""
+    `labels` gives an action another description ("Log" while charts show);
+    `left_out` names actions to leave out at this width all the same (`w`
+    between 120 and 132 columns, where with `f Fix` it pushed `q Quit` off)."""
 
     _composed_keys: tuple | None = None
 
@@ -53,12 +56,13 @@ class KeyFooter(Footer):
         self.narrow = False
         self.extra: frozenset[str] = frozenset()
         self.labels: dict[str, str] = {}
+        self.left_out: frozenset[str] = frozenset()
 
     def set_layout(self, *, narrow: bool, extra: frozenset[str] = frozenset(),
-                   labels: dict[str, str] | None = None) -> None:
+                   labels: dict[str, str] | None = None, left_out: frozenset[str] = frozenset()) -> None:
         labels = labels or {}
-        if (narrow, extra, labels) != (self.narrow, self.extra, self.labels):
-            self.narrow, self.extra, self.labels = narrow, extra, labels
+        if (narrow, extra, labels, left_out) != (self.narrow, self.extra, self.labels, self.left_out):
+            self.narrow, self.extra, self.labels, self.left_out = narrow, extra, labels, left_out
             self.compact = narrow
             self.show_command_palette = not narrow
             if self._bindings_ready:
@@ -77,7 +81,7 @@ class KeyFooter(Footer):
                 continue
             if not (binding.show or binding.action in self.extra):
                 continue
-            if self.narrow and binding.action in self.optional:
+            if (self.narrow and binding.action in self.optional) or binding.action in self.left_out:
                 continue
             seen.add(binding.action)
             yield FooterKey(binding.key, self.app.get_key_display(binding),

@@ -83,6 +83,7 @@ class ReportPanel(Vertical):
         self._estimate = None
         self._estimate_for: str | None = None
         self._unreachable: list[tuple[str, str]] | None = None
+        self._no_log: str | None = None  # attached without a log: how to give one
 
     def compose(self) -> ComposeResult:
         yield Static("", id="report-body")
@@ -105,6 +106,14 @@ class ReportPanel(Vertical):
         instead of the report; None: the report again."""
         if lines != self._unreachable:
             self._unreachable = lines
+            self._redraw()
+
+    def set_no_log(self, hint: str | None) -> None:
+        """Attached with no log to read (`--attach URL` alone): the report
+        cannot fill in, so say so and how to give one (`hint`), instead of
+        promising it fills in as vLLM starts."""
+        if hint != self._no_log:
+            self._no_log = hint
             self._redraw()
 
     def set_state(self, state: str) -> None:
@@ -142,13 +151,19 @@ class ReportPanel(Vertical):
             return
         r = self._report
         body = self.query_one("#report-body", Static)
-        body.set_class(self._unreachable is not None, "-wrap")
+        no_report = r is None or r.lines == 0
+        body.set_class(self._unreachable is not None or (no_report and self._no_log is not None), "-wrap")
         if self._unreachable is not None and (r is None or r.lines == 0 or self._state != "ready"):
             self._put(body, Content("\n").join([Content.styled(text, style) for text, style in self._unreachable]),
                       layout=False)
             self._phases(None)
             return
-        if r is None or r.lines == 0:
+        if no_report and self._no_log is not None:
+            self._put(body, Content.assemble(("No startup report: no log was given.", "bold $warning"), "\n",
+                                             (self._no_log, "")), layout=False)
+            self._phases(None)
+            return
+        if no_report:
             self._put(body, Content.from_markup(
                 "[dim]No startup report yet.[/]\n"
                 "[dim]It fills in from the server's log as vLLM starts:[/]\n"
