@@ -224,6 +224,26 @@ async def test_the_chart_draws_each_label_whole_and_apart():
         assert not re.search(r"c\d+c", text) and not re.search(r"\dc\d", text), text  # none run into another
         for label in labels:
             assert label in {f"c{lv.concurrency}" for lv in levels}, (label, text)  # whole: no cut-off "c3"
+        assert_labels_where_placed(app, chart)
+
+
+def assert_labels_where_placed(app, chart: CapacityChart) -> None:
+    """Each label where place_labels put it: the placing knows plotext's canvas to the cell."""
+    lines = screen_lines(app)
+    left, bottom = chart.canvas_origin
+    assert chart.labels_placed
+    for label, col, row in chart.labels_placed:
+        y, x = chart.content_region.y + bottom - row, chart.content_region.x + left + col
+        assert lines[y][x:x + len(label)] == label, (label, col, row, "\n".join(lines))
+
+
+async def test_the_panes_chart_labels_stand_where_placed_at_160x48():
+    app = Host(ProbeScreen(f"http://127.0.0.1:{free_port()}"))
+    async with app.run_test(size=(160, 48)) as pilot:
+        screen, _ = await show_finished(pilot, app, finished_search())
+        chart = screen.query_one("#pf-cap-chart", CapacityChart)
+        assert_labels_where_placed(app, chart)
+        assert len(chart.labels_placed) >= 5  # c1 … c64 stand apart; the crowded row keeps what fits
 
 
 # -- 6: footer, help, sweep's help ---------------------------------------------------------------

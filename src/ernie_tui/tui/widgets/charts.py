@@ -406,6 +406,7 @@ class CapacityChart(PlotextPlot):
         xs_all: list[float] = []
         ys_all: list[float] = []
         self.points_drawn = 0
+        self.labels_placed: list[tuple[str, int, int]] = []  # (label, canvas column, canvas row from the bottom)
         p = self.percentile
         drawn: list[tuple[int, CapacityCurve, list[Any], list[float], list[float]]] = []
         for i, curve in enumerate(self.curves):
@@ -457,6 +458,7 @@ class CapacityChart(PlotextPlot):
         # The canvas plotext draws in: the widget less its two y axes and the
         # y labels across, less the two x axes and the x labels down.
         width, height = self.size.width - 2 - ylabel_width, self.size.height - 3
+        self.canvas_origin = (ylabel_width + 1, self.size.height - 3)  # the canvas' bottom-left cell in the widget
         if width < 4 or height < 2:
             return
         spots = [(_load_label(lv), canvas_cell(x, right, width), canvas_cell(y, top, height))
@@ -465,3 +467,4 @@ class CapacityChart(PlotextPlot):
         order = answer + [i for i in range(len(levels)) if i not in answer]
         for i, start in place_labels(spots, width, order).items():
             plt.text(spots[i][0], start * right / (width - 1), ys[i], color="gray", alignment="left")
+            self.labels_placed.append((spots[i][0], start, spots[i][2]))
