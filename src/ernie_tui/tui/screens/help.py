@@ -18,7 +18,7 @@ KEYS: tuple[tuple[str, str], ...] = (
     ("f", "apply the diagnosis' fix to a copy NAME-fixed and relaunch (after a crash)"),
     ("p", "probe pane: one streamed prompt, a load burst, or the capacity search (its Burst tab, ctrl+b)"),
     ("k", "capacity search: the highest concurrency (or req/s) whose requests meet an SLO; opens the probe "
-          "pane on it, ctrl+r runs it"),
+          "pane on it, ctrl+r runs it; → and ← turn its level table's columns where they do not all fit"),
     ("w", "sweep: pick presets and measure each, a table to compare. A burst: one preset at a time (started, "
           "burst, stopped), in turn. Its capacity-search box: each preset's capacity under an SLO, ranked by "
           "goodput; two or more are paired where they fit side by side (all served at once, their levels taking "
