@@ -432,8 +432,11 @@ class CapacityView(Vertical):
         page = self.page + step
         if not 0 <= page < len(self.pages):
             return False
+        table = self.query_one("#pf-cap-levels", DataTable)
+        row = table.cursor_row
         self.page = page
         self.fit_table()
+        table.move_cursor(row=row, animate=False)  # the row read stays under the cursor
         return True
 
     def _labels(self) -> dict[str, str]:
