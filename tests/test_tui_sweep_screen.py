@@ -29,9 +29,9 @@ from ernie_tui.tui.screens.sweep import (
     CHART_MIN_HEIGHT,
     PAIRED_ROUNDS,
     SweepScreen,
-    record_meta,
 )
 from ernie_tui.tui.sweep_progress import SweepSteps
+from ernie_tui.tui.sweep_results import record_meta
 from finished_sweep import MEASURED, ROUNDS, SKIPPED, finished_sweep
 from test_tui_operator import screen_text
 from test_tui_probe import Host, shown, wait_for
@@ -179,22 +179,33 @@ async def test_the_repeat_field_is_a_paired_sweeps_duel_rounds():
         assert field.value == "1" and str(label.content) == "repeat R"
 
 
+async def _finish(pilot, screen: SweepScreen):
+    """The screen begun as start() begins it, then handed the finished sweep as its worker hands it."""
+    for name in (*MEASURED, SKIPPED):
+        screen.query_one("#sw-presets").select(name)
+    screen.query_one("#sw-capacity").value = True
+    await pilot.pause()
+    config, repeat = screen._read_config()
+    screen.begin([*MEASURED, SKIPPED], repeat, config, screen._read_capacity())
+    assert screen.rounds == repeat == ROUNDS
+    runs, paired = finished_sweep()
+    screen.post_message(SweepFinished(runs, False, None, RECORD, "/tmp/sweep-logs/20261207-012250", paired))
+    await wait_for(pilot, lambda: not screen.running and screen.rows, 10, "the finished sweep")
+    await settle(pilot)
+    return paired
+
+
+async def settle(pilot) -> None:
+    """A few layouts: the screen shares its rows from the last one's sizes, and looks again after each change."""
+    for _ in range(8):
+        await pilot.pause(0.05)
+
+
 @pytest.mark.parametrize("size", SIZES.values(), ids=SIZES.keys())
 async def test_a_finished_paired_sweep_reads_without_scrolling_at(size):
     app, screen = _screen()
     async with app.run_test(size=size) as pilot:
-        for name in (*MEASURED, SKIPPED):
-            screen.query_one("#sw-presets").select(name)
-        screen.query_one("#sw-capacity").value = True
-        await pilot.pause()
-        config, repeat = screen._read_config()
-        screen.begin([*MEASURED, SKIPPED], repeat, config, screen._read_capacity())
-        assert screen.rounds == repeat == ROUNDS
-        runs, paired = finished_sweep()
-        screen.post_message(SweepFinished(runs, False, None, RECORD, "/tmp/sweep-logs/20261207-012250", paired))
-        await wait_for(pilot, lambda: not screen.running and screen.rows, 10, "the finished sweep")
-        for _ in range(3):
-            await pilot.pause(0.05)
+        paired = await _finish(pilot, screen)
         # The Done line, the ranking (first, whole, wrapped where it must be) and the pair's verdict: all on
         # screen, their widgets inside it.
         for selector in ("#sw-phase", "#sw-notes-box", "#sw-table"):
@@ -204,7 +215,7 @@ async def test_a_finished_paired_sweep_reads_without_scrolling_at(size):
         assert on_screen(app, done)
         ranking = next(line for line in paired.lines() if line.startswith("Ranking"))
         assert ranking.endswith("cpu-demo-b64 > cpu-demo") and on_screen(app, ranking)
-        assert on_screen(app, paired.pairs[0].text())
+        assert on_screen(app, paired.pairs[0].text()), screen_text(app)
         # The table: every preset's row, and its answer columns whole at 80 columns.
         table = screen.query_one("#sw-table", DataTable)
         assert table.region.height >= table.row_count + 3 and table.row_count == 3
@@ -229,6 +240,29 @@ async def test_a_finished_paired_sweep_reads_without_scrolling_at(size):
         await pilot.press("ctrl+f")
         await pilot.pause()
         assert screen.query_one("#sw-top").region.height == 0
+
+
+async def test_the_chart_takes_the_tables_place_only_where_it_has_the_rows():
+    app, screen = _screen()
+    async with app.run_test(size=(100, 40)) as pilot:  # too narrow for both side by side, tall enough for one
+        await _finish(pilot, screen)
+        chart, table = screen.query_one("#sw-chart"), screen.query_one("#sw-table")
+        assert not chart.display and table.region.width > 90
+        await pilot.press("ctrl+t")
+        await pilot.pause()
+        assert chart.display and not table.display and chart.region.height >= CHART_MIN_HEIGHT
+        assert_within_screen(app, "#sw-chart")
+        await pilot.press("ctrl+t")
+        await pilot.pause()
+        assert not chart.display and table.display
+        # Squeezed below its rows it goes, and ctrl+t does not bring it back.
+        await pilot.press("ctrl+t")
+        await pilot.resize_terminal(100, 24)
+        await settle(pilot)
+        assert not chart.display and table.display
+        await pilot.press("ctrl+t")
+        await pilot.pause()
+        assert not chart.display
 
 
 # -- a real paired sweep ------------------------------------------------------------------------
@@ -291,12 +325,10 @@ async def test_a_paired_sweep_on_screen_counts_true_and_records_its_rounds(paced
         assert max(d.round for d in screen.paired.duels) == 2
         record = load_run(screen.record)
         assert record.results["meta"]["repeat"] == 2 and "repeat 1" not in describe(record)
-        for _ in range(3):
-            await pilot.pause(0.05)
+        await settle(pilot)
         for size in SIZES.values():
             await pilot.resize_terminal(*size)
-            for _ in range(4):
-                await pilot.pause(0.05)
+            await settle(pilot)
             for selector in ("#sw-phase", "#sw-notes-box", "#sw-table", "#sw-overall"):
                 assert_within_screen(app, selector)
             assert on_screen(app, "Done: 2 run(s), 2 measured")

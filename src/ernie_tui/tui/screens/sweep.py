@@ -72,7 +72,6 @@ from ernie_tui.engine_ctl.control import (
     run_paired_sweep,
     run_sweep,
     speed_moved_note,
-    sweep_meta,
 )
 from ernie_tui.engine_ctl.launch import detect_machine, gpus_needed
 from ernie_tui.engine_ctl.load import (
@@ -88,7 +87,8 @@ from ernie_tui.presets import PresetError
 from ernie_tui.tui.failures import ShowsWorkerFailures
 from ernie_tui.tui.lifecycle import drop_when_torn_down
 from ernie_tui.tui.messages import SweepFinished, SweepLevelDone, SweepProgress, SweepRunDone
-from ernie_tui.tui.sweep_progress import SweepSteps, rounds_run
+from ernie_tui.tui.sweep_progress import SweepSteps
+from ernie_tui.tui.sweep_results import done_line, home_short, measured, not_measured, record_meta, verdict_lines
 from ernie_tui.tui.widgets.capacity_form import CapacityForm
 from ernie_tui.tui.widgets.charts import FRONT_MARKER, CapacityChart, CapacityCurve
 from ernie_tui.tui.widgets.footer import KeyFooter
@@ -111,8 +111,8 @@ ROOMY_HEIGHT = 40
 
 # The table on screen leads with what a person compares; the exports keep
 # sweep.COLUMNS' order (the articles' table).
-_FIRST = ("preset", "status", "output_tps", "ttft_p50_ms", "ttft_p90_ms", "itl_p50_ms", "peak_memory_gib",
-          "kv_usage_peak_pct", "vs_best")
+_FIRST = ("preset", "status", "output_tps", "vs_best", "ttft_p50_ms", "ttft_p90_ms", "itl_p50_ms", "peak_memory_gib",
+          "kv_usage_peak_pct")
 TABLE_COLUMNS = [c for key in _FIRST for c in COLUMNS if c[0] == key] + [c for c in COLUMNS if c[0] not in _FIRST]
 
 # Capacity mode: the capacity, goodput and latency there first, then the
@@ -186,60 +186,6 @@ def is_paired(capacity: bool, chosen: int) -> bool:
 def paired_rounds(capacity: CapacitySweep | None, names: list[str], repeat: int) -> int | None:
     """A paired sweep's duel rounds (the repeat field); None: one preset after another."""
     return repeat if is_paired(capacity is not None, len(names)) else None
-
-
-def record_meta(names: list[str], repeat: int, config: BurstConfig, runs: list[SweepRun],
-                capacity: CapacitySweep | None, paired: Any) -> dict[str, Any]:
-    """What the sweep's record and exports say of it (sweep_meta): a paired
-    sweep's repeat is the duel rounds it ran (`repeat` asked for them), as
-    `runs list` and `runs show` then read it."""
-    if paired is None:
-        return sweep_meta(names, repeat, config, runs, capacity=capacity)
-    ran = rounds_run(paired)
-    meta = sweep_meta(names, ran, config, runs, capacity=capacity)
-    rounds = f"{ran} rounds" if ran == repeat else f"{ran} of {repeat} duel rounds"
-    meta.update(mode=f"paired: {rounds}, levels alternating between presets", servers=paired.co_residency)
-    return meta
-
-
-def home_short(path: str) -> str:
-    """`path` with the home directory as ~ (an 80-column line holds it)."""
-    home = str(Path.home())
-    return "~" + path[len(home):] if path == home or path.startswith(home + "/") else path
-
-
-def measured(row: SweepRow) -> bool:
-    return any(r.status == "ok" for r in row.runs)
-
-
-def not_measured(row: SweepRow) -> str:
-    """A row with no measured run, in the vs-best column: "not measured
-    (why)", never "within noise" (it was compared with nothing)."""
-    why = row.status.split(": ", 1)[-1] if ": " in row.status else row.status
-    return f"not measured ({why})"
-
-
-def verdict_lines(lines: list[str]) -> list[Content]:
-    """A paired sweep's summary lines for the screen: the ranking first and
-    bold (the answer), then the pairs' verdicts and the rest in their order."""
-    ranking = [line for line in lines if line.startswith("Ranking")]
-    rest = [line for line in lines if not line.startswith("Ranking")]
-    return [Content.styled(line, "bold") for line in ranking] + [Content(line) for line in rest]
-
-
-def done_line(runs: list[SweepRun], message: SweepFinished, elapsed: str) -> Content:
-    """The sweep's last word: Done or Cancelled with what it measured, then
-    what broke and where its record and logs are, in as few lines as wrap."""
-    ok = sum(1 for r in runs if r.status == "ok")
-    head = ("Cancelled: the server was stopped; " if message.cancelled else "Done: ") + \
-        f"{len(runs)} run(s), {ok} measured, in {elapsed}."
-    style = "bold $warning" if message.cancelled or not ok else "bold $success"
-    parts = [Content.styled(head + (" Nothing was measured: see why below." if runs and not ok else ""), style)]
-    if message.error:
-        parts.append(Content.styled(message.error, "$error"))
-    if message.record:
-        parts.append(Content.assemble(("Run record ", "dim"), message.record, (".", "dim")))
-    return Content(" ").join(parts)
 
 
 def status_text(status: str) -> Text:
@@ -515,12 +461,16 @@ class SweepScreen(ShowsWorkerFailures, Screen[None]):
     def on_resize(self) -> None:
         self.call_after_refresh(self._fit)
 
-    def _fit(self) -> None:
-        """The chart beside the table where there is room for both, else
-        hidden (ctrl+t puts it in the table's place where it has the rows);
-        then the table's hint of columns past its edge."""
+    def _fit(self, passes: int = 4) -> None:
+        """The rows shared between the notes and the table; the chart beside
+        the table where there is room for both, else hidden (ctrl+t puts it
+        in the table's place where it has the rows); then the table's hint
+        of columns past its edge. Read from the sizes of the last layout,
+        which a change here (or a message just handled) makes stale: so it
+        runs again after the next one, until nothing changes."""
         if not self.is_mounted:
             return
+        before = (self.classes, self.query_one("#sw-notes-box").styles.max_height)
         row = self.query_one(".sw-row")
         columns = max(2, (row.size.width + 1) // 15)  # 14 a field, 1 between, as the capacity form's
         if row.size.width and row.styles.grid_size_columns != columns:
@@ -535,7 +485,10 @@ class SweepScreen(ShowsWorkerFailures, Screen[None]):
         if beside or not tall:
             self.set_class(False, "-chart-only")
         self.refresh_bindings()
-        self.call_after_refresh(self._hint_columns)
+        if passes > 1 and (self.classes, self.query_one("#sw-notes-box").styles.max_height) != before:
+            self.call_after_refresh(self._fit, passes - 1)
+        else:
+            self.call_after_refresh(self._hint_columns)
 
     def _share_rows(self, results: Widget) -> None:
         """The rows under the Done line, shared: the table keeps its rows
