@@ -64,7 +64,8 @@ def done_line(runs: list[SweepRun], message: SweepFinished, elapsed: str) -> Con
     """The sweep's last word: Done or Cancelled with what it measured, then
     what broke and where its record and logs are, in as few lines as wrap."""
     ok = sum(1 for r in runs if r.status == "ok")
-    head = ("Cancelled: the server was stopped; " if message.cancelled else "Done: ") + \
+    stopped = "the servers were stopped" if message.paired is not None else "the server was stopped"
+    head = (f"Cancelled: {stopped}; " if message.cancelled else "Done: ") + \
         f"{len(runs)} run(s), {ok} measured, in {elapsed}."
     style = "bold $warning" if message.cancelled or not ok else "bold $success"
     parts = [Content.styled(head + (" Nothing was measured: see why below." if runs and not ok else ""), style)]
