@@ -242,6 +242,29 @@ async def test_a_finished_paired_sweep_reads_without_scrolling_at(size):
         assert screen.query_one("#sw-top").region.height == 0
 
 
+async def test_a_measured_preset_in_no_duel_is_not_called_within_noise():
+    from ernie_tui.engine_ctl.control import SweepRun
+
+    app, screen = _screen()
+    async with app.run_test(size=SIZES["160x48"]) as pilot:
+        for name in (*MEASURED, "seed-C"):
+            screen.query_one("#sw-presets").select(name)
+        screen.query_one("#sw-capacity").value = True
+        await pilot.pause()
+        config, repeat = screen._read_config()
+        screen.begin([*MEASURED, "seed-C"], repeat, config, screen._read_capacity())
+        runs, paired = finished_sweep()
+        # seed-C served and searched, but no level met the SLO: no load to duel at, so in no pair's rounds.
+        runs = runs[:2] + [SweepRun("seed-C", 0, "ok", mode="capacity", capacity_concurrency=0, levels=3)]
+        paired.presets.append("seed-C")
+        paired.analyse()
+        screen.post_message(SweepFinished(runs, False, None, RECORD, None, paired))
+        await wait_for(pilot, lambda: not screen.running and screen.rows, 10, "the finished sweep")
+        keys = [k for k, _ in CAPACITY_TABLE_COLUMNS]
+        row = screen.query_one("#sw-table", DataTable).get_row("seed-C")
+        assert str(row[keys.index("vs_best")]) == "not compared (no capacity to duel at)", row
+
+
 async def test_the_chart_takes_the_tables_place_only_where_it_has_the_rows():
     app, screen = _screen()
     async with app.run_test(size=(100, 40)) as pilot:  # too narrow for both side by side, tall enough for one

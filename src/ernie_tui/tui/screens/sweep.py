@@ -745,6 +745,7 @@ class SweepScreen(ShowsWorkerFailures, Screen[None]):
         table = self.query_one("#sw-table", DataTable)
         table.clear()
         moved = {row.preset: speed_moved_note(row) for row in self.rows}
+        dueled = {d.preset for d in (self.paired.duels if self.paired is not None else []) if d.output_tps}
         for row in self.rows:
             cells: list[Any] = []
             for key, _ in self._table_columns(capacity):
@@ -755,6 +756,8 @@ class SweepScreen(ShowsWorkerFailures, Screen[None]):
                 if not measured(row) and key in ("status", "vs_best", "rank"):
                     # Compared with nothing: the status in a word, the why beside the rank (the notes say more).
                     text = {"status": row.status.split(":", 1)[0], "vs_best": not_measured(row)}.get(key, "–")
+                elif key == "vs_best" and self.paired is not None and row.preset not in dueled:
+                    text = "not compared (no capacity to duel at)"  # measured, but in no pair: not "within noise"
                 cells.append(status_text(text) if key == "status" else text)
             cells.append(row.message or (Text("speed moved", style="bold yellow") if moved[row.preset] else ""))
             table.add_row(*cells, key=row.preset)
