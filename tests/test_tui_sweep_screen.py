@@ -172,11 +172,18 @@ async def test_the_repeat_field_is_a_paired_sweeps_duel_rounds():
         field.value = "2"
         config, repeat = screen._read_config()
         assert repeat == 2
-        # Back to one preset after another: the field's own default again, where it was the paired one.
+        # Back to one preset after another: the field's own default again, where it held the paired one.
         field.value = "3"
         screen.query_one("#sw-capacity").value = False
         await pilot.pause()
         assert field.value == "1" and str(label.content) == "repeat R"
+        # A value typed in is kept across the switch.
+        field.value = "3"
+        screen.query_one("#sw-capacity").value = True
+        await pilot.pause()
+        screen.query_one("#sw-capacity").value = False
+        await pilot.pause()
+        assert field.value == "3"
 
 
 async def _finish(pilot, screen: SweepScreen):

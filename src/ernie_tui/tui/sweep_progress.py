@@ -159,8 +159,7 @@ class SweepSteps:
             per = m + 1
             r, k = min(len(self._duels) // per + 1, self.rounds), len(self._duels) % per + 1
             return f"duel round {r}/{self.rounds}, level {k} of {per}: {ev.get('preset', '?')}: {what}"
-        return (f"searches ({len(self._searched)}/{n} done, levels taking turns): {ev.get('preset', '?')}: "
-                f"{phase_text(ev)}")
+        return f"searches ({len(self._searched)}/{n} done, levels taking turns): {ev.get('preset', '?')}: {what}"
 
 
 def rounds_run(paired: Any) -> int:

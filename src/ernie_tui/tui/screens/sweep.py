@@ -244,6 +244,7 @@ class SweepScreen(ShowsWorkerFailures, Screen[None]):
         self._t0: float | None = None
         self.steps: SweepSteps | None = None  # the sweep's steps, done and to do (the bar, the phase line)
         self._snap: tuple[int, int, str] = (0, 0, "")  # its latest (done, total, phase line)
+        self._repeat_default = "1"  # what the screen last put in the repeat field (the sweep's default)
 
     # -- layout -------------------------------------------------------------------------
     def compose(self) -> ComposeResult:
@@ -411,9 +412,9 @@ class SweepScreen(ShowsWorkerFailures, Screen[None]):
         paired = self._paired_form()
         self.query_one("#sw-repeat-label", Label).update(ROUNDS_LABEL if paired else REPEAT_LABEL)
         field = self.query_one("#sw-repeat", Input)
-        before, after = ("1", str(PAIRED_ROUNDS)) if paired else (str(PAIRED_ROUNDS), "1")
-        if field.value.strip() == before:
-            field.value = after
+        default = str(PAIRED_ROUNDS) if paired else "1"
+        if field.value.strip() == self._repeat_default:  # not typed over: the sweep's own default
+            field.value = self._repeat_default = default
 
     @on(SelectionList.SelectedChanged, "#sw-presets")
     def _chosen_changed(self) -> None:
