@@ -36,7 +36,8 @@ from ernie_tui.engine_ctl.load import (
 from ernie_tui.engine_ctl.load.capacity import LevelResult
 from ernie_tui.tui.messages import CapacityLevelProgress
 from ernie_tui.tui.screens.probe import ProbeScreen
-from ernie_tui.tui.screens.sweep import RATE_TABLE_COLUMNS, SweepScreen, describe_event
+from ernie_tui.tui.screens.sweep import RATE_TABLE_COLUMNS, SweepScreen
+from ernie_tui.tui.sweep_progress import describe_event
 from ernie_tui.tui.widgets.capacity_form import CapacityForm
 from ernie_tui.tui.widgets.capacity_view import CapacityView, describe_progress
 from ernie_tui.tui.widgets.charts import CapacityChart

@@ -8,7 +8,7 @@ The top district: it may use launch, load and logs; none of them uses it.
 
 from ernie_tui.engine_ctl.control.fleet import FleetError, FleetPoller, connecting_rows, load_fleet, servers_from_urls
 from ernie_tui.engine_ctl.control.paired_rows import PAIRED_TABLE_NOTE
-from ernie_tui.engine_ctl.control.paired_sweep import PairedResult, knees_from, run_paired_sweep
+from ernie_tui.engine_ctl.control.paired_sweep import DEFAULT_ROUNDS, PairedResult, knees_from, run_paired_sweep
 from ernie_tui.engine_ctl.control.ranking import PairVerdict, Ranking
 from ernie_tui.engine_ctl.control.resources import EngineMemory, ResourceSampler
 from ernie_tui.engine_ctl.control.server import (
@@ -66,6 +66,7 @@ __all__ = [
     "CAPACITY_COLUMNS",
     "COLUMNS",
     "CapacitySweep",
+    "DEFAULT_ROUNDS",
     "EngineMemory",
     "EngineServer",
     "FleetError",

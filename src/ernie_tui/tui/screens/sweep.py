@@ -13,6 +13,19 @@ preset's curve (output tok/s against TTFT p99, a point per level, as levels
 finish) with the Pareto front marked: the presets whose goodput and TTFT p99
 no other preset beats on both (engine_ctl.pareto).
 
+A capacity sweep of two or more presets is paired (control/paired_sweep.py),
+as `sweep --capacity` is: the repeat field is then its duel rounds (3 by
+default, at least 2), and its record's repeat is the rounds it ran. The bar
+and the phase line count what the sweep does (tui/sweep_progress.py).
+
+The layout (issue 59: at 80x24 the form had the screen and the answer was
+under it): before the first sweep the form has the screen; once one starts
+the form goes (ctrl+f brings it back) and from the top come the phase line
+(then the Done line), the bar, the notes (a paired sweep's ranking first,
+then its verdicts, the drift), then the table; the chart stands beside the
+table where there are the columns and rows for an axis that reads, in its
+place on ctrl+t where only the rows are there, and is hidden below that.
+
 The sweep starts and stops its own servers, so it refuses to start while
 the dashboard's own server runs (`is_serving`). `run_sweep` is blocking: it
 runs in a thread worker that only posts the Messages below; rows appear in
@@ -34,10 +47,12 @@ from rich.text import Text
 from textual import on, work
 from textual.app import ComposeResult
 from textual.binding import Binding
-from textual.containers import Horizontal, Vertical
+from textual.containers import Container, Horizontal, Vertical, VerticalScroll
 from textual.content import Content
+from textual.css.scalar import Scalar
 from textual.message import Message
 from textual.screen import Screen
+from textual.widget import Widget
 from textual.widgets import Button, Checkbox, DataTable, Input, Label, ProgressBar, SelectionList, Static
 from textual.widgets.selection_list import Selection
 
@@ -45,6 +60,7 @@ from ernie_tui import paths
 from ernie_tui.engine_ctl.control import (
     CAPACITY_COLUMNS,
     COLUMNS,
+    DEFAULT_ROUNDS,
     CapacitySweep,
     SweepOptions,
     SweepPlan,
@@ -56,7 +72,6 @@ from ernie_tui.engine_ctl.control import (
     run_paired_sweep,
     run_sweep,
     speed_moved_note,
-    sweep_meta,
 )
 from ernie_tui.engine_ctl.launch import detect_machine, gpus_needed
 from ernie_tui.engine_ctl.load import (
@@ -67,30 +82,45 @@ from ernie_tui.engine_ctl.load import (
     front_of_rows,
     limit_ms,
     save_run,
-    verdict_text,
 )
 from ernie_tui.presets import PresetError
 from ernie_tui.tui.failures import ShowsWorkerFailures
 from ernie_tui.tui.lifecycle import drop_when_torn_down
 from ernie_tui.tui.messages import SweepFinished, SweepLevelDone, SweepProgress, SweepRunDone
+from ernie_tui.tui.sweep_progress import SweepSteps
+from ernie_tui.tui.sweep_results import done_line, home_short, measured, not_measured, record_meta, verdict_lines
 from ernie_tui.tui.widgets.capacity_form import CapacityForm
-from ernie_tui.tui.widgets.capacity_view import describe_load, describe_progress
 from ernie_tui.tui.widgets.charts import FRONT_MARKER, CapacityChart, CapacityCurve
 from ernie_tui.tui.widgets.footer import KeyFooter
 from ernie_tui.tui.widgets.form import read_int
 
 EXPORT_SUFFIXES = (".md", ".csv", ".json")
 
+HEAD = Content.assemble(("Preset sweep ", "bold"), ("each preset: preflight → start → ready → burst or capacity "
+                                                    "search → stop; the sweep runs its own servers", "dim"))
+REPEAT_LABEL, ROUNDS_LABEL = "repeat R", "duel rounds"
+# The chart beside the table needs this many columns (the table keeps 64
+# for its first columns) and, beside it or in its place (ctrl+t), this many
+# rows: squeezed to a few rows its y-axis came out inverted, 2353.6 above
+# 4707.3, with no curve (issue 59); below them it is hidden.
+CHART_BESIDE_WIDTH = 120
+CHART_MIN_HEIGHT = 12
+# From this many rows the form (ctrl+f, after a sweep) shares the screen with
+# the results; below, it has the screen to itself until ctrl+f again.
+ROOMY_HEIGHT = 40
+
 # The table on screen leads with what a person compares; the exports keep
 # sweep.COLUMNS' order (the articles' table).
-_FIRST = ("preset", "status", "output_tps", "ttft_p50_ms", "ttft_p90_ms", "itl_p50_ms", "peak_memory_gib",
-          "kv_usage_peak_pct", "vs_best")
+_FIRST = ("preset", "status", "output_tps", "vs_best", "ttft_p50_ms", "ttft_p90_ms", "itl_p50_ms", "peak_memory_gib",
+          "kv_usage_peak_pct")
 TABLE_COLUMNS = [c for key in _FIRST for c in COLUMNS if c[0] == key] + [c for c in COLUMNS if c[0] not in _FIRST]
 
 # Capacity mode: the capacity, goodput and latency there first, then the
 # Pareto front column ("front"), then the rest of sweep.CAPACITY_COLUMNS.
-_CAP_FIRST = ("preset", "status", "capacity_concurrency", "goodput_output_tps", "goodput_rps", "ttft_p99_ms",
-              "itl_p99_ms", "rank", "vs_best")
+# The rank and vs best right after the status: they are the sweep's answer (a paired sweep's from its duels),
+# and an 80-column terminal shows them beside the capacity; ← → scrolls to the rest.
+_CAP_FIRST = ("preset", "status", "rank", "vs_best", "capacity_concurrency", "goodput_output_tps", "ttft_p99_ms",
+              "itl_p99_ms", "goodput_rps")
 CAPACITY_TABLE_COLUMNS = ([c for key in _CAP_FIRST for c in CAPACITY_COLUMNS if c[0] == key] + [("front", "Pareto")]
                           + [c for c in CAPACITY_COLUMNS if c[0] not in _CAP_FIRST])
 # A rate search (open loop): the capacity is a request rate.
@@ -112,32 +142,6 @@ def short_duration(seconds: float | None) -> str:
         return f"{m} min {s:02d} s"
     h, m = divmod(m, 60)
     return f"{h} h {m:02d} min"
-
-
-def describe_event(ev: dict[str, Any], repeat: int) -> str:
-    """'[2/3] cpu-a (round 1/2): burst 40/100'."""
-    where = f"[{ev.get('index', 0) + 1}/{ev.get('total', '?')}] {ev.get('preset', '?')}"
-    if repeat > 1:
-        where += f" (round {ev.get('repeat', 0) + 1}/{repeat})"
-    phase = str(ev.get("phase", ""))
-    if phase == "burst" and ev.get("burst_total"):
-        phase = f"burst {ev.get('burst_done', 0)}/{ev['burst_total']} requests"
-    elif phase == "capacity" and ev.get("capacity_event"):
-        ce = ev["capacity_event"]
-        if ce.get("event") == "level_done":
-            lv = ce["level"]
-            load = f"rate {lv.rate:g} req/s" if lv.rate is not None else f"concurrency {lv.concurrency}"
-            phase = f"capacity search: {load} {verdict_text(lv)}, {lv.requests} requests"
-        elif ce.get("event") == "level_progress":
-            rate = ce.get("rate") is not None
-            load = describe_load(ce["rate"] if rate else ce.get("concurrency"), rate)
-            phase = "capacity search: " + describe_progress(ce, load=load).plain.removeprefix("level · ")
-        else:
-            rate = ce.get("rate") is not None
-            phase = f"capacity search: {describe_load(ce['rate'] if rate else ce.get('concurrency'), rate)} …"
-    elif phase == "done":
-        phase = f"done: {ev.get('status', '?')}"
-    return f"{where}: {phase}"
 
 
 def cannot_run_here(preset, machine) -> str | None:
@@ -166,15 +170,22 @@ class MachineFacts(Message):
         self.machine = machine
 
 
-PAIRED_ROUNDS = 3  # a paired sweep's duel rounds when the repeat field asks for fewer than 2 (no interval)
+# The repeat field of a paired sweep is its duel rounds: by default as many as
+# `sweep --capacity` runs, and at least 2, as the guide says (one round gives
+# a pair no interval). The field used to show 1 while the sweep ran 3 rounds
+# and its record said "repeat 1" (issue 59).
+PAIRED_ROUNDS = DEFAULT_ROUNDS
+MIN_PAIRED_ROUNDS = 2
+
+
+def is_paired(capacity: bool, chosen: int) -> bool:
+    """A capacity sweep of several presets is paired, as `sweep --capacity` is."""
+    return capacity and chosen >= 2
 
 
 def paired_rounds(capacity: CapacitySweep | None, names: list[str], repeat: int) -> int | None:
-    """A capacity sweep of several presets is paired, as `sweep --capacity`
-    is: its duel rounds (the repeat field, at least 2). None: sequential."""
-    if capacity is None or len(names) < 2:
-        return None
-    return repeat if repeat >= 2 else PAIRED_ROUNDS
+    """A paired sweep's duel rounds (the repeat field); None: one preset after another."""
+    return repeat if is_paired(capacity is not None, len(names)) else None
 
 
 def status_text(status: str) -> Text:
@@ -199,6 +210,8 @@ class SweepScreen(ShowsWorkerFailures, Screen[None]):
         Binding("ctrl+c", "cancel", "Cancel", priority=True),
         Binding("x", "cancel", "Cancel"),
         Binding("ctrl+s", "export", "Export"),
+        Binding("ctrl+f", "toggle_form", "Form"),
+        Binding("ctrl+t", "toggle_chart", "Chart"),
     ]
 
     def __init__(self, book, model: str | None = None, api_key: str | None = None, *,
@@ -224,47 +237,52 @@ class SweepScreen(ShowsWorkerFailures, Screen[None]):
         self.front: set[str] = set()  # presets on the Pareto front
         self.last_error: str | None = None
         self.record: str | None = None
+        self.log_dir: str | None = None  # the finished sweep's server logs
         self._cancel: threading.Event | None = None
         self._eta_at: float | None = None
         self._table_capacity = False
         self._t0: float | None = None
-        self._last_event: dict[str, Any] = {}
+        self.steps: SweepSteps | None = None  # the sweep's steps, done and to do (the bar, the phase line)
+        self._snap: tuple[int, int, str] = (0, 0, "")  # its latest (done, total, phase line)
+        self._repeat_default = "1"  # what the screen last put in the repeat field (the sweep's default)
 
     # -- layout -------------------------------------------------------------------------
     def compose(self) -> ComposeResult:
-        yield Static(Content.assemble(("Preset sweep ", "bold"),
-                                      ("each preset: preflight → start → ready → burst or capacity search → "
-                                       "stop; the sweep runs its own servers", "dim")), id="sw-head")
+        yield Static(HEAD, id="sw-head")
         yield Static("", id="sw-refuse")
         with Horizontal(id="sw-top"):
             with Vertical(id="sw-left"):
                 yield SelectionList[str](*self._selections(), id="sw-presets", compact=True)
                 yield Static("", id="sw-desc")
-            with Vertical(id="sw-right"):
-                with Horizontal(classes="sw-row"):
+            with VerticalScroll(id="sw-right"):  # scrolls where the form is taller than its room (80x24)
+                with Container(classes="sw-row"):  # a grid: its fields wrap where the form is narrow
                     yield self._field("N requests", "sw-n", "100", "-burst-only")
                     yield self._field("L_min tok", "sw-lmin", "30")
                     yield self._field("L_max tok", "sw-lmax", "300")
                     yield self._field("conc. C", "sw-c", "4", "-burst-only")
                     yield self._field("max_tokens", "sw-max", "128")
-                    yield self._field("repeat R", "sw-repeat", "1")
+                    yield self._field(REPEAT_LABEL, "sw-repeat", "1")
                 yield CapacityForm("sw-cap", id="sw-cap-form", classes="-capacity-only")
                 yield Checkbox("capacity search (SLO) per preset, ranked by goodput", False, id="sw-capacity",
                                compact=True)
                 with Horizontal(classes="sw-buttons"):
                     yield Button("Start (ctrl+r)", id="sw-start", variant="primary", compact=True)
                     yield Button("Cancel (x)", id="sw-cancel", compact=True, disabled=True)
-                yield Static(Content.styled("choose presets (space), then ctrl+r", "dim"), id="sw-phase")
-                with Horizontal(classes="sw-bar", id="sw-overall-row"):
-                    yield Label("presets")
-                    yield ProgressBar(total=None, id="sw-overall", show_eta=False)
-                with Horizontal(classes="sw-bar", id="sw-burst-row"):
-                    yield Label("burst")
-                    yield ProgressBar(total=None, id="sw-burst", show_eta=False)
+        # Where the sweep is, then its answer, then the table: in that order from the top, so that an 80x24
+        # terminal shows the Done line, the verdict and the ranking without scrolling (issue 59).
+        with Vertical(id="sw-state"):
+            yield Static(Content.styled("choose presets (space), then ctrl+r", "dim"), id="sw-phase")
+            with Horizontal(classes="sw-bar", id="sw-overall-row"):
+                yield Label("runs", id="sw-overall-label")
+                yield ProgressBar(total=None, id="sw-overall", show_eta=False)
+            with Horizontal(classes="sw-bar", id="sw-burst-row"):
+                yield Label("burst")
+                yield ProgressBar(total=None, id="sw-burst", show_eta=False)
+        with VerticalScroll(id="sw-notes-box"):
+            yield Static("", id="sw-notes")
         with Horizontal(id="sw-results"):
             yield DataTable(id="sw-table", cursor_type="row", zebra_stripes=True)
-            yield CapacityChart(id="sw-chart", classes="-capacity-only")
-        yield Static("", id="sw-notes")
+            yield CapacityChart(id="sw-chart")
         with Horizontal(id="sw-export"):
             yield Label("export to (.md .csv .json)")
             yield Input(default_export_path(), id="sw-path", compact=True)
@@ -273,7 +291,8 @@ class SweepScreen(ShowsWorkerFailures, Screen[None]):
 
     @staticmethod
     def _field(label: str, wid: str, value: str, classes: str = "", kind: str = "integer") -> Vertical:
-        return Vertical(Label(label), Input(value, type=kind, id=wid, compact=True), classes=f"sw-field {classes}")
+        return Vertical(Label(label, id=f"{wid}-label"), Input(value, type=kind, id=wid, compact=True),
+                        classes=f"sw-field {classes}")
 
     def _selections(self) -> list[Selection[str]]:
         out = []
@@ -310,6 +329,7 @@ class SweepScreen(ShowsWorkerFailures, Screen[None]):
             presets.highlighted = highlighted
 
     def on_mount(self) -> None:
+        self.call_after_refresh(self._fit)
         self.query_one("#sw-left").border_title = "presets (space selects)"
         table = self.query_one("#sw-table", DataTable)
         table.border_title = "results"
@@ -318,6 +338,7 @@ class SweepScreen(ShowsWorkerFailures, Screen[None]):
         for row in self.query(".sw-bar"):
             row.display = False
         self.query_one("#sw-presets", SelectionList).focus()
+        self._show_notes()
         if self.machine is None:
             self._detect_machine()
         self._update_refusal()
@@ -368,10 +389,37 @@ class SweepScreen(ShowsWorkerFailures, Screen[None]):
                              concurrency=read_int(q("#sw-c", Input), "C"),
                              max_tokens=read_int(q("#sw-max", Input), "max_tokens"))
         config.validate()
-        repeat = read_int(q("#sw-repeat", Input), "repeat R")
-        if repeat < 1:
-            raise ValueError("repeat R must be at least 1")
+        if self._paired_form():
+            repeat = read_int(q("#sw-repeat", Input), ROUNDS_LABEL)
+            if repeat < MIN_PAIRED_ROUNDS:
+                raise ValueError(f"duel rounds must be at least {MIN_PAIRED_ROUNDS}: one round gives a pair's "
+                                 f"verdict no interval ({PAIRED_ROUNDS} is `sweep --capacity`'s default)")
+        else:
+            repeat = read_int(q("#sw-repeat", Input), REPEAT_LABEL)
+            if repeat < 1:
+                raise ValueError("repeat R must be at least 1")
         return config, repeat
+
+    # -- the repeat field: the rounds of one after another, or a paired sweep's duel rounds ------------
+    def _paired_form(self) -> bool:
+        """The form, as filled in, asks for a paired sweep."""
+        return is_paired(self.query_one("#sw-capacity", Checkbox).value,
+                         len(self.query_one("#sw-presets", SelectionList).selected))
+
+    def _repeat_mode(self) -> None:
+        """Name the repeat field for the sweep the form asks for, and give it
+        that sweep's default where it still holds the other's untouched."""
+        paired = self._paired_form()
+        self.query_one("#sw-repeat-label", Label).update(ROUNDS_LABEL if paired else REPEAT_LABEL)
+        field = self.query_one("#sw-repeat", Input)
+        default = str(PAIRED_ROUNDS) if paired else "1"
+        if field.value.strip() == self._repeat_default:  # not typed over: the sweep's own default
+            field.value = self._repeat_default = default
+
+    @on(SelectionList.SelectedChanged, "#sw-presets")
+    def _chosen_changed(self) -> None:
+        if not self.running:
+            self._repeat_mode()
 
     def _read_capacity(self) -> CapacitySweep | None:
         """The capacity search of each preset when capacity mode is on,
@@ -391,6 +439,8 @@ class SweepScreen(ShowsWorkerFailures, Screen[None]):
             self.notify("wait for the sweep to end (or x) before switching", timeout=3)
             return
         self.set_class(event.value, "-capacity")
+        self._repeat_mode()
+        self.refresh_bindings()
         if not self.runs:
             self._columns(capacity=event.value)
 
@@ -410,7 +460,52 @@ class SweepScreen(ShowsWorkerFailures, Screen[None]):
         self.call_after_refresh(self._hint_columns)
 
     def on_resize(self) -> None:
-        self.call_after_refresh(self._hint_columns)
+        self.call_after_refresh(self._fit)
+
+    def _fit(self, passes: int = 4) -> None:
+        """The rows shared between the notes and the table; the chart beside
+        the table where there is room for both, else hidden (ctrl+t puts it
+        in the table's place where it has the rows); then the table's hint
+        of columns past its edge. Read from the sizes of the last layout,
+        which a change here (or a message just handled) makes stale: so it
+        runs again after the next one, until nothing changes."""
+        if not self.is_mounted:
+            return
+        before = (self.classes, self.query_one("#sw-notes-box").styles.max_height)
+        row = self.query_one(".sw-row")
+        columns = max(2, (row.size.width + 1) // 15)  # 14 a field, 1 between, as the capacity form's
+        if row.size.width and row.styles.grid_size_columns != columns:
+            row.styles.grid_size_columns = columns
+        results = self.query_one("#sw-results")
+        self._share_rows(results)
+        tall = results.size.height >= CHART_MIN_HEIGHT
+        beside = tall and self.size.width >= CHART_BESIDE_WIDTH
+        self.set_class(tall, "-chart-room")
+        self.set_class(self.size.height >= ROOMY_HEIGHT, "-roomy")
+        self.set_class(beside, "-chart-beside")
+        if beside or not tall:
+            self.set_class(False, "-chart-only")
+        self.refresh_bindings()
+        if passes > 1 and (self.classes, self.query_one("#sw-notes-box").styles.max_height) != before:
+            self.call_after_refresh(self._fit, passes - 1)
+        else:
+            self.call_after_refresh(self._hint_columns)
+
+    def _share_rows(self, results: Widget) -> None:
+        """The rows under the Done line, shared: the table keeps its rows
+        (and the chart's, where it stands beside it), the notes (the
+        answer) get the rest and scroll past that."""
+        box = self.query_one("#sw-notes-box")
+        if not (box.display and results.display and self.has_class("-ran")):
+            return
+        room = box.outer_size.height + results.outer_size.height
+        table = self.query_one("#sw-table", DataTable)
+        keep = max(5, table.row_count + 4)  # its border, header and horizontal scroll bar
+        if self.has_class("-capacity") and self.size.width >= CHART_BESIDE_WIDTH:
+            keep = max(keep, CHART_MIN_HEIGHT)
+        rows = max(3, room - keep)
+        if box.styles.max_height != Scalar.parse(str(rows)):
+            box.styles.max_height = rows
 
     def _hint_columns(self) -> None:
         """Name the columns right of the table's edge (a wide table was cut
@@ -459,44 +554,71 @@ class SweepScreen(ShowsWorkerFailures, Screen[None]):
             self.last_error = str(exc)
             return False
         self.last_error = None
-        self.names, self.repeat, self.config, self.capacity = names, repeat, config, capacity
-        self.runs, self.rows, self.record = [], [], None
-        self.curves, self.front = {}, set()
         self._cancel = threading.Event()
+        self.begin(names, repeat, config, capacity)
+        self._worker(SweepPlan(presets, repeat), config, self._cancel, capacity, self.rounds, self.steps)
+        return True
+
+    def begin(self, names: list[str], repeat: int, config: BurstConfig, capacity: CapacitySweep | None) -> None:
+        """The screen as a sweep of `names` starts: its steps, an empty
+        table, the bars, the form away. (start() then runs its worker; a
+        test hands the worker's messages to a screen begun so.)"""
+        self.names, self.repeat, self.config, self.capacity = names, repeat, config, capacity
+        self.runs, self.rows, self.record, self.log_dir = [], [], None, None
+        self.curves, self.front = {}, set()
         self.running, self.cancelling = True, False
         self._t0 = time.monotonic()
         self._eta_at = None
         self.rounds = paired_rounds(capacity, names, repeat)
         self.paired = None
-        steps = len(names) + self.rounds * (len(names) + 1) if self.rounds else len(names) * repeat
-        self._last_event = {"phase": "preflight", "index": 0, "total": steps, "preset": names[0]}
+        self.steps = SweepSteps(names, repeat, self.rounds)
+        self._snap = self._snapshot(self.steps)
         self._columns(capacity=capacity is not None)
         self._redraw_chart()
         for row in self.query(".sw-bar"):
             row.display = True
         self.query_one("#sw-burst-row").display = capacity is None  # a search's levels are in the phase line
-        self.query_one("#sw-overall", ProgressBar).update(total=steps, progress=0)
+        self.query_one("#sw-overall-label", Label).update("steps" if self.rounds else "runs")
+        self.query_one("#sw-overall", ProgressBar).update(total=self.steps.total, progress=0)
         self.query_one("#sw-burst", ProgressBar).update(total=config.n, progress=0)
+        self.query_one("#sw-notes", Static).update("")
+        self._show_notes()
+        # The form gives its room to the results while the sweep runs and after (ctrl+f brings it back).
+        self.add_class("-ran")
+        self.set_class(False, "-form")
+        self._brief()
+        self.query_one("#sw-table", DataTable).focus()
+        self.call_after_refresh(self._fit)
         self._buttons()
         self._show_phase()
-        self._worker(SweepPlan(presets, repeat), config, self._cancel, capacity, self.rounds)
-        return True
+
+    @staticmethod
+    def _snapshot(steps: SweepSteps) -> tuple[int, int, str]:
+        """(steps done, steps in all, the phase line): taken where the events
+        are fed, so a coalesced SweepProgress only drops an older snapshot."""
+        return steps.done, steps.total, steps.line()
 
     @work(thread=True, group="sweep", exit_on_error=False)
     def _worker(self, plan: SweepPlan, config: BurstConfig, cancel: threading.Event,
-                capacity: CapacitySweep | None = None, rounds: int | None = None) -> None:
+                capacity: CapacitySweep | None = None, rounds: int | None = None,
+                steps: SweepSteps | None = None) -> None:
         log_dir = paths.state_dir() / "sweep-logs" / time.strftime("%Y%m%d-%H%M%S")
         done: list[SweepRun] = []
+        steps = steps or SweepSteps([p.name for p in plan.presets], plan.repeat, rounds)
 
         def progress(ev: dict[str, Any]) -> None:
-            if ev.get("phase") == "done" and ev.get("run") is not None:
-                done.append(ev["run"])
-                self.post_message(SweepRunDone(ev["run"], {k: v for k, v in ev.items() if k != "run"}))
+            # The sweeps call this one event at a time (the paired sweep under its lock): the steps are fed here.
+            run = ev.get("run")
+            steps.feed(ev, found=bool(run and (run.capacity_concurrency or run.capacity_rate)))
+            snap = self._snapshot(steps)
+            if ev.get("phase") == "done" and run is not None:
+                done.append(run)
+                self.post_message(SweepRunDone(run, {**{k: v for k, v in ev.items() if k != "run"}, "steps": snap}))
                 return
             ce = ev.get("capacity_event") or {}
             if ce.get("event") == "level_done":  # a point of the preset's curve: never coalesced away
                 self.post_message(SweepLevelDone(ev["preset"], ev.get("repeat", 0), ce["level"]))
-            self.post_message(SweepProgress(dict(ev)))
+            self.post_message(SweepProgress({**ev, "steps": snap}))
 
         error, paired = None, None
         options = SweepOptions(model=self.model, log_dir=log_dir)
@@ -513,8 +635,8 @@ class SweepScreen(ShowsWorkerFailures, Screen[None]):
             error = f"{type(exc).__name__}: {exc}"
         record = None
         if runs:
-            body: dict[str, Any] = {"meta": sweep_meta([p.name for p in plan.presets], plan.repeat, config, runs,
-                                                       capacity=capacity), "runs": runs}
+            body: dict[str, Any] = {"meta": record_meta([p.name for p in plan.presets], plan.repeat, config, runs,
+                                                        capacity, paired), "runs": runs}
             if paired is not None:
                 body["paired"] = paired.to_dict()
             try:
@@ -525,7 +647,8 @@ class SweepScreen(ShowsWorkerFailures, Screen[None]):
         self.post_message(SweepFinished(runs, cancel.is_set(), error, record, str(log_dir), paired))
 
     def _meta(self) -> dict:
-        return sweep_meta(self.names, self.repeat, self.config or BurstConfig(), self.runs, capacity=self.capacity)
+        return record_meta(self.names, self.repeat, self.config or BurstConfig(), self.runs, self.capacity,
+                           self.paired)
 
     # -- progress ------------------------------------------------------------------------------
     @on(SweepProgress)
@@ -534,15 +657,19 @@ class SweepScreen(ShowsWorkerFailures, Screen[None]):
         if not self.running:
             return
         ev = message.event
-        self._last_event = ev
+        self._snap = ev.get("steps", self._snap)
         if ev.get("phase") == "preflight":
             eta = ev.get("eta_s")
             self._eta_at = time.monotonic() + eta if eta else None
             self.query_one("#sw-burst", ProgressBar).update(progress=0)
         if ev.get("phase") == "burst" and ev.get("burst_total"):
             self.query_one("#sw-burst", ProgressBar).update(total=ev["burst_total"], progress=ev.get("burst_done", 0))
-        self.query_one("#sw-overall", ProgressBar).update(progress=ev.get("index", 0))
+        self._show_steps()
         self._show_phase()
+
+    def _show_steps(self) -> None:
+        done, total, _ = self._snap
+        self.query_one("#sw-overall", ProgressBar).update(total=max(total, 1), progress=done)
 
     @on(SweepLevelDone)
     @drop_when_torn_down
@@ -557,7 +684,8 @@ class SweepScreen(ShowsWorkerFailures, Screen[None]):
         capacity_at = {(r.preset, r.repeat): float(r.capacity_rate if r.capacity_rate is not None
                                                    else r.capacity_concurrency or 0) for r in self.runs
                        if r.capacity_rate or r.capacity_concurrency}
-        curves = [CapacityCurve(name if self.repeat == 1 else f"{name} r{repeat + 1}", levels,
+        rounds = self.repeat > 1 and self.rounds is None  # a paired sweep has one search per preset
+        curves = [CapacityCurve(f"{name} r{repeat + 1}" if rounds else name, levels,
                                 capacity_at.get((name, repeat)), front=name in self.front)
                   for (name, repeat), levels in self.curves.items()]
         limit = limit_ms(self.capacity.slo, "ttft", 99) if self.capacity else None
@@ -569,8 +697,8 @@ class SweepScreen(ShowsWorkerFailures, Screen[None]):
     @drop_when_torn_down
     def _run_done(self, message: SweepRunDone) -> None:
         self.runs.append(message.run)
-        self._last_event = {**message.event, "phase": "done", "status": message.run.status}
-        self.query_one("#sw-overall", ProgressBar).update(progress=message.event.get("index", 0) + 1)
+        self._snap = message.event.get("steps", self._snap)
+        self._show_steps()
         self._refresh_table()
         self._show_phase()
 
@@ -581,28 +709,26 @@ class SweepScreen(ShowsWorkerFailures, Screen[None]):
         self.cancelling = False
         self.runs = list(message.runs)
         self.record = message.record
+        self.log_dir = message.log_dir
         self.paired = message.paired
+        if self.paired is None:
+            self.rounds = None  # not paired after all (refused, or it broke): one preset after another
         self._refresh_table()
+        self.call_after_refresh(self._fit)
         self._buttons()
         self._update_refusal()
-        elapsed = short_duration(time.monotonic() - self._t0) if self._t0 else "–"
-        measured = sum(1 for r in self.runs if r.status == "ok")
-        head = ("Cancelled: the server was stopped; " if message.cancelled else "Done: ") + \
-            f"{len(self.runs)} run(s), {measured} measured, in {elapsed}."
-        parts = [Content.styled(head, "bold $warning" if message.cancelled else "bold $success")]
-        if message.error:
-            parts.append(Content.styled(message.error, "$error"))
-        if message.record:
-            parts.append(Content.assemble(("saved as run record ", "dim"), message.record,
-                                          ("; server logs in ", "dim"), message.log_dir or "–"))
-        parts.append(Content.styled("ctrl+s exports the table", "dim"))
-        self._say(Content("\n").join(parts))
+        if self.steps is not None:  # the worker has ended: its steps are read here alone now
+            self.steps.finish(message.cancelled)
+            self._snap = self._snapshot(self.steps)
+        self._show_steps()
+        self._say(done_line(self.runs, message, short_duration(time.monotonic() - self._t0) if self._t0 else "–"))
         self.query_one("#sw-burst-row").display = False
+        self._brief()
 
     def _show_phase(self) -> None:
         if not self.running:
             return
-        line = describe_event(self._last_event, self.repeat)
+        line = self._snap[2]
         extra = []
         if self._t0 is not None:
             extra.append(f"elapsed {short_duration(time.monotonic() - self._t0)}")
@@ -620,6 +746,7 @@ class SweepScreen(ShowsWorkerFailures, Screen[None]):
         table = self.query_one("#sw-table", DataTable)
         table.clear()
         moved = {row.preset: speed_moved_note(row) for row in self.rows}
+        dueled = {d.preset for d in (self.paired.duels if self.paired is not None else []) if d.output_tps}
         for row in self.rows:
             cells: list[Any] = []
             for key, _ in self._table_columns(capacity):
@@ -627,6 +754,11 @@ class SweepScreen(ShowsWorkerFailures, Screen[None]):
                     cells.append(Text(FRONT_MARKER, style="bold green") if row.preset in self.front else "")
                     continue
                 text = cell(row, key)
+                if not measured(row) and key in ("status", "vs_best", "rank"):
+                    # Compared with nothing: the status in a word, the why beside the rank (the notes say more).
+                    text = {"status": row.status.split(":", 1)[0], "vs_best": not_measured(row)}.get(key, "–")
+                elif key == "vs_best" and self.paired is not None and row.preset not in dueled:
+                    text = "not compared (no capacity to duel at)"  # measured, but in no pair: not "within noise"
                 cells.append(status_text(text) if key == "status" else text)
             cells.append(row.message or (Text("speed moved", style="bold yellow") if moved[row.preset] else ""))
             table.add_row(*cells, key=row.preset)
@@ -638,9 +770,11 @@ class SweepScreen(ShowsWorkerFailures, Screen[None]):
         notes += [Content.assemble((row.preset, "bold"), ": ", (note, "$warning"))
                   for row in self.rows if (note := moved[row.preset]) is not None]
         if self.paired is not None:  # the verdicts first: they are the answer a paired sweep gives
-            notes = [Content.styled(line, "bold" if i == 0 else "") for i, line in enumerate(self.paired.lines())
-                     ] + notes
+            notes = verdict_lines(self.paired.lines()) + notes
+        if self.log_dir and not self.running:
+            notes.append(Content.assemble(("Server logs: ", "dim"), home_short(self.log_dir)))
         self.query_one("#sw-notes", Static).update(Content("\n").join(notes))
+        self._show_notes()
         if capacity:
             self._redraw_chart()
 
@@ -675,7 +809,54 @@ class SweepScreen(ShowsWorkerFailures, Screen[None]):
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         if action == "cancel":
             return self.running
+        if action == "toggle_form":
+            return self.has_class("-ran")  # before the first sweep the form is all there is
+        if action == "toggle_chart":
+            return (self.has_class("-capacity", "-ran", "-chart-room") and not self.has_class("-chart-beside")
+                    or self.has_class("-chart-only"))
         return True
+
+    def action_toggle_form(self) -> None:
+        """The form back above the results (to change it and run again), or away."""
+        self.toggle_class("-form")
+        self._brief()
+        if self.has_class("-form"):
+            self.query_one("#sw-presets", SelectionList).focus()
+        else:
+            self.query_one("#sw-table", DataTable).focus()
+        self.call_after_refresh(self._fit)
+
+    def action_toggle_chart(self) -> None:
+        """The chart in the table's place, or back; only where it has the rows
+        to draw an axis that reads."""
+        if self.query_one("#sw-results").size.height < CHART_MIN_HEIGHT and not self.has_class("-chart-only"):
+            self.notify(f"the chart needs {CHART_MIN_HEIGHT} rows for the results: a taller terminal",
+                        severity="warning", timeout=4)
+            return
+        self.toggle_class("-chart-only")
+
+    def _brief(self) -> None:
+        """The head line: what the sweep is, while the form is away; else
+        what a sweep does."""
+        head = self.query_one("#sw-head", Static)
+        if not self.has_class("-ran") or self.has_class("-form"):
+            head.update(HEAD)
+            return
+        if self.capacity is not None:
+            how = f"capacity under {' '.join(str(o) for o in self.capacity.slo)}"
+        else:
+            c = self.config or BurstConfig()
+            how = f"burst N={c.n} C={c.concurrency}"
+        rounds = f"{self.rounds} duel rounds (paired)" if self.rounds else (
+            f"repeat {self.repeat}" if self.repeat > 1 else "")
+        head.update(Content.assemble(("Preset sweep ", "bold"), (", ".join(self.names), "bold"),
+                                     (" · " + " · ".join(x for x in (how, rounds) if x), "dim"),
+                                     ("  ctrl+f: the form", "dim")))
+
+    def _show_notes(self) -> None:
+        """The notes box only where there are notes."""
+        notes = self.query_one("#sw-notes", Static)
+        self.query_one("#sw-notes-box").set_class(not str(notes.content), "-empty")
 
     def action_start(self) -> None:
         self.start()
