@@ -587,7 +587,8 @@ def _wrap_titles(fig: "Figure", renderer: Any) -> bool:
 
 def _point_boxes(ax: "Axes", renderer: Any) -> list[Any]:
     """The boxes of the marks on the axes, in display units: each scatter
-    point and each marker of a line, so a label is not put over them."""
+    point, each marker of a line and the capacity's line, so a label is not
+    put over them."""
     import numpy as np
     from matplotlib.collections import PathCollection
     from matplotlib.transforms import Bbox
@@ -605,7 +606,13 @@ def _point_boxes(ax: "Axes", renderer: Any) -> list[Any]:
         for i, (x, y) in enumerate(xy):
             r = (float(sizes[i % len(sizes)]) ** 0.5 if len(sizes) else 6.0) * px / 2
             boxes.append(Bbox([[x - r, y - r], [x + r, y + r]]))
+    frame = ax.get_window_extent(renderer)
     for line in ax.lines:
+        if str(line.get_gid() or "").startswith("capacity-") and line.get_visible():
+            # the capacity's dotted line: a label across it reads as struck through
+            x = line.get_transform().transform(line.get_xydata())[0][0]
+            boxes.append(Bbox([[x - 1, frame.y0], [x + 1, frame.y1]]))
+            continue
         if line.get_marker() in (None, "None", "none", "", " ") or not line.get_visible():
             continue
         r = line.get_markersize() * px / 2
