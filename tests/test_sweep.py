@@ -76,6 +76,20 @@ def test_a_paired_sweeps_skipped_presets_read_not_measured():
     assert rows["busy"].rank is None and rows["big"].rank is None
 
 
+def test_a_paired_sweeps_preset_with_no_duel_is_not_compared_not_within_noise():
+    # A preset whose search found no capacity has no duel: its pairs have no
+    # interval ("not enough rounds measured on both to compare").
+    runs, paired = paired_runs_and_verdicts()
+    paired["pairs"] += [{"a": "a", "b": "c", "mean": None, "low": None, "high": None, "beyond_noise": False,
+                         "better": None},
+                        {"a": "b", "b": "c", "mean": None, "low": None, "high": None, "beyond_noise": False,
+                         "better": None}]
+    runs.append(SweepRun("c", 0, "ok", goodput_output_tps=0.0, capacity_concurrency=0.0, mode="capacity"))
+    rows = {r.preset: r for r in fold(runs, ["a", "b", "c", "busy", "big"], paired=paired)}
+    assert rows["c"].vs_best == "not compared (no duel measured)" and rows["c"].rank is None
+    assert rows["b"].vs_best.startswith("-33 %")  # (its measured pair still speaks)
+
+
 def test_a_table_of_nothing_measured_claims_no_spread_and_says_so():
     skipped = [SweepRun("busy", 0, "skipped: port_in_use", message="preflight: port 8000 in use"),
                SweepRun("big", 0, "skipped: insufficient_free_memory", message="preflight: 9 GiB free")]
