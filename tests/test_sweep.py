@@ -46,6 +46,102 @@ def test_fold_median_spread_and_noise():
     assert d.status.startswith("skipped") and d.stats["output_tps"].median is None
 
 
+def test_a_preset_not_measured_is_not_within_noise():
+    # Issue #59, 4: a preset preflight skipped read "within noise" in vs best.
+    rows = fold([*runs_fixture(), SweepRun("e", 0, "failed: startup_oom", message="OOM")], list("abcde"))
+    d, e = rows[3], rows[4]
+    assert (d.vs_best, d.rank) == ("not measured (block_size_unsupported)", None)
+    assert (e.vs_best, e.rank) == ("not measured (failed: startup_oom)", None)
+    md = to_markdown(rows)
+    assert "| not measured (block_size_unsupported) |" in md and "within noise" in md  # (a's, measured)
+
+
+def paired_runs_and_verdicts():
+    cap = dict(mode="capacity")
+    runs = [SweepRun("a", 0, "ok", goodput_output_tps=300.0, capacity_concurrency=4.0, **cap),
+            SweepRun("b", 0, "ok", goodput_output_tps=200.0, capacity_concurrency=3.0, **cap),
+            SweepRun("busy", 0, "skipped: port_in_use", message="preflight: port 8000 is already in use", **cap),
+            SweepRun("big", 0, "skipped: insufficient_free_memory", message="preflight: 9 GiB free", **cap)]
+    paired = {"pairs": [{"a": "a", "b": "b", "mean": -0.4, "low": -0.5, "high": -0.3, "beyond_noise": True,
+                         "better": "a"}]}
+    return runs, paired
+
+
+def test_a_paired_sweeps_skipped_presets_read_not_measured():
+    runs, paired = paired_runs_and_verdicts()
+    rows = {r.preset: r for r in fold(runs, ["a", "b", "busy", "big"], paired=paired)}
+    assert rows["a"].vs_best == "best" and rows["b"].vs_best.startswith("-33 %")
+    assert rows["busy"].vs_best == "not measured (port_in_use)"
+    assert rows["big"].vs_best == "not measured (insufficient_free_memory)"
+    assert rows["busy"].rank is None and rows["big"].rank is None
+
+
+def test_a_paired_sweeps_preset_with_no_duel_is_not_compared_not_within_noise():
+    # A preset whose search found no capacity has no duel: its pairs have no
+    # interval ("not enough rounds measured on both to compare").
+    runs, paired = paired_runs_and_verdicts()
+    paired["pairs"] += [{"a": "a", "b": "c", "mean": None, "low": None, "high": None, "beyond_noise": False,
+                         "better": None},
+                        {"a": "b", "b": "c", "mean": None, "low": None, "high": None, "beyond_noise": False,
+                         "better": None}]
+    runs.append(SweepRun("c", 0, "ok", goodput_output_tps=0.0, capacity_concurrency=0.0, mode="capacity"))
+    rows = {r.preset: r for r in fold(runs, ["a", "b", "c", "busy", "big"], paired=paired)}
+    assert rows["c"].vs_best == "not compared (no duel measured)" and rows["c"].rank is None
+    assert rows["b"].vs_best.startswith("-33 %")  # (its measured pair still speaks)
+
+
+def test_a_table_of_nothing_measured_claims_no_spread_and_says_so():
+    skipped = [SweepRun("busy", 0, "skipped: port_in_use", message="preflight: port 8000 in use"),
+               SweepRun("big", 0, "skipped: insufficient_free_memory", message="preflight: 9 GiB free")]
+    md = to_markdown(fold(skipped, ["busy", "big"]))
+    assert "within noise" not in md and "no spread was measured" not in md
+    assert "| not measured (port_in_use) |" in md and "| not measured (insufficient_free_memory) |" in md
+    assert "Nothing was measured" in md
+    # One preset measured beside skipped ones: compared with none, so no note about its spread either.
+    one = to_markdown(fold([SweepRun("a", 0, "ok", output_tps=10.0), *skipped], ["a", "busy", "big"]))
+    assert "no spread was measured" not in one and "Nothing was measured" not in one
+    two = to_markdown(fold([SweepRun("a", 0, "ok", output_tps=10.0), SweepRun("b", 0, "ok", output_tps=9.0)],
+                           ["a", "b"]))
+    assert "no spread was measured" in two
+
+
+def test_a_sweep_that_measured_nothing_fails_in_one_line(tmp_path, tiny_model, capsys):
+    # `sweep busy --burst 5` with every preset skipped wrote the table, said
+    # "One run per preset: no spread was measured" and exited 0.
+    import socket
+
+    held = socket.socket()
+    held.bind(("127.0.0.1", 0))
+    held.listen()
+    port = held.getsockname()[1]
+    presets = tmp_path / "p.toml"
+    presets.write_text(textwrap.dedent(f"""
+        [presets.busy]
+        extends = "cpu-demo"
+        model = "{tiny_model}"
+        port = {port}
+        [presets.nomodel]
+        extends = "cpu-demo"
+        model = "{tmp_path / 'no-model-here'}"
+        port = {own_port(18124)}
+    """))
+    out = tmp_path / "sweep.md"
+    try:
+        code = main(["sweep", "busy", "nomodel", "--presets", str(presets), "--burst", "5", "--out", str(out),
+                     "--report", str(tmp_path / "r.html")])
+    finally:
+        held.close()
+    captured = capsys.readouterr()
+    assert code == 1
+    last = captured.err.strip().splitlines()[-1]
+    assert last.startswith("ernie-tui: error: nothing was measured, no preset was compared (busy: port_in_use; "
+                           f"nomodel: {tmp_path}/no-model-here: no such model directory"), last
+    assert last.endswith("); the table says why for each")
+    assert "| not measured (port_in_use) |" in captured.out and "no spread" not in captured.out
+    assert "| not measured (port_in_use) |" in out.read_text()  # the reasons are kept
+    assert not (tmp_path / "r.html").exists()  # nothing to draw
+
+
 def test_exports_agree():
     rows = fold(runs_fixture(), ["a", "b", "c", "d"])
     md = to_markdown(rows)
@@ -116,7 +212,7 @@ def test_cli_global_presets_and_model_reach_sweep(tmp_path, capsys):
     out = tmp_path / "sweep.json"
     code = main(["--presets", str(presets), "--model", str(missing_model), "sweep", "only-in-this-file",
                  "--out", str(out), "--log-dir", str(tmp_path / "logs")])
-    assert code == 0, capsys.readouterr().err
+    assert code == 1, capsys.readouterr().err  # nothing was measured (test_a_sweep_that_measured_nothing_...)
     row = json.loads(out.read_text())["rows"][0]
     # Preflight judged the preset from the global file against the global model dir; nothing launched.
     assert row["preset"] == "only-in-this-file" and row["status"].startswith("skipped")

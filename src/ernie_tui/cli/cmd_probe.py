@@ -24,6 +24,7 @@ from ernie_tui.cli.cmd_report import check_out, write_from_refs
 from ernie_tui.cli.errors import CliError
 from ernie_tui.cli.interruptible import run_interruptible
 from ernie_tui.cli.stdout import print_whole
+from ernie_tui.cli.urls import server_url
 from ernie_tui.engine_ctl.load import DEFAULT_TEMPERATURE, DEFAULT_TOP_P, LOAD_SAMPLE_INTERVAL_S
 
 
@@ -119,6 +120,7 @@ def _api_key(var: str) -> str | None:
 
 
 def _run(args) -> int:
+    args.url = server_url(args.url, "--url")
     if args.report:
         if not args.capacity:
             raise CliError("--report belongs to --capacity (for a burst: ernie-tui report RUN --out FILE)")

@@ -250,7 +250,12 @@ def _phase_text(ev: dict) -> str | None:
 
 
 def _sweep(args) -> int:
-    from ernie_tui.engine_ctl.control import SweepPlan, run_sweep  # lazy: --help start-up
+    from ernie_tui.engine_ctl.control import (  # lazy: --help start-up
+        SweepPlan,
+        measured,
+        not_measured_why,
+        run_sweep,
+    )
 
     paired = _check_args(args)
     setup = _setup(args)
@@ -269,13 +274,20 @@ def _sweep(args) -> int:
         runs = run_interruptible(
             lambda: run_sweep(plan, setup.config, setup.options, progress, cancel, capacity=setup.capacity),
             cancel, name="sweep", on_interrupt="stopping the server, keeping the rows measured ...")
-    _finish(args, setup, runs, result, progress.meta())
-    return 130 if cancel.is_set() else 0
+    rows = _finish(args, setup, runs, result, progress.meta())
+    if cancel.is_set():
+        return 130
+    if not any(measured(r) for r in rows):
+        raise CliError("nothing was measured, no preset was compared ("
+                       + "; ".join(f"{r.preset}: {not_measured_why(r)}" for r in rows)
+                       + "); the table says why for each")
+    return 0
 
 
-def _finish(args, setup: _Setup, runs: list, result: Any, meta: dict) -> None:
-    """The exports, the sweep's record, the table (and the pairs) on stdout."""
-    from ernie_tui.engine_ctl.control import export_sweep, fold, to_markdown  # lazy: --help start-up
+def _finish(args, setup: _Setup, runs: list, result: Any, meta: dict) -> list:
+    """The exports, the sweep's record, the table (and the pairs) on stdout;
+    the rows folded."""
+    from ernie_tui.engine_ctl.control import export_sweep, fold, measured, to_markdown  # lazy: --help start-up
     from ernie_tui.engine_ctl.load import save_run  # lazy: --help start-up
 
     rows = fold(runs, [p.name for p in setup.presets], paired=result.to_dict() if result is not None else None)
@@ -290,10 +302,12 @@ def _finish(args, setup: _Setup, runs: list, result: Any, meta: dict) -> None:
     print(to_markdown(rows))
     if result is not None:
         print("\n".join(result.lines()))
-    if args.report:
+    if args.report and (any(measured(r) for r in rows) or any(r.record_id for r in runs)):
+        # (a sweep where no preset got past preflight or its start has nothing to draw)
         args.out += write_from_refs([str(record.path)], args.report)
     overheads = [r.overhead_s for r in runs if r.overhead_s is not None]
     if overheads:
         print(f"sweep overhead beyond vLLM start, burst and stop: max {max(overheads):.2f} s per preset",
               file=sys.stderr)
     print(f"wrote {', '.join(args.out)}", file=sys.stderr)
+    return rows

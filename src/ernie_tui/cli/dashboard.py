@@ -20,6 +20,7 @@ from pathlib import Path
 
 from ernie_tui.cli.errors import CliError
 from ernie_tui.cli.fleet import run_fleet
+from ernie_tui.cli.urls import server_url
 
 
 def _say(text: str) -> None:
@@ -36,6 +37,7 @@ def run_dashboard(args) -> int:
     replay = getattr(args, "replay", None)
     log = getattr(args, "log", None)
     attach_all = [attach] if isinstance(attach, str) else list(attach or [])
+    attach_all = [server_url(u, "--attach") for u in attach_all]
     if getattr(args, "fleet", None) or len(attach_all) > 1:
         return run_fleet(args, attach_all)
     attach = attach_all[0] if attach_all else None

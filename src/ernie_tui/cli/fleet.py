@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ernie_tui.cli.errors import CliError
+from ernie_tui.cli.urls import server_url
 
 
 def fleet_servers(fleet_file: str | None, urls: list[str]) -> list:
@@ -25,7 +26,7 @@ def fleet_servers(fleet_file: str | None, urls: list[str]) -> list:
             servers = load_fleet(fleet_file)
         except FleetError as exc:
             raise CliError(str(exc)) from exc
-    servers += servers_from_urls(urls, taken=[s.name for s in servers])
+    servers += servers_from_urls([server_url(u, "--attach") for u in urls], taken=[s.name for s in servers])
     if not servers:
         raise CliError("the fleet view needs servers: --attach URL (repeated) or --fleet FILE")
     record = _detached_record()

@@ -11,12 +11,16 @@ figure of another server beside this one's fields would mislead).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from textual.widgets import Checkbox, Input, Select, TabbedContent, TextArea
 
 if TYPE_CHECKING:
-    from ernie_tui.tui.screens.probe import ProbeScreen
+    from textual.css.query import DOMQuery
+    from textual.widget import Widget
+
+    from ernie_tui.tui.widgets.burst_tab import BurstTab
+    from ernie_tui.tui.widgets.probe_tab import ProbeTab
 
 # Set apart: switching the mode has its own method (BurstTab.set_mode).
 CAPACITY_BOX = "pf-b-capacity"
@@ -24,6 +28,24 @@ CAPACITY_BOX = "pf-b-capacity"
 
 def _value(widget: Any) -> Any:
     return widget.text if isinstance(widget, TextArea) else widget.value
+
+
+class ProbePane(Protocol):
+    """What keep/restore use of the probe pane (screens/probe.py's
+    ProbeScreen). Named here, not imported: the screen imports this module,
+    and an import back, even a type-only one, made the tree's one circle."""
+
+    url: str
+
+    @property
+    def probe_tab(self) -> ProbeTab: ...
+
+    @property
+    def burst_tab(self) -> BurstTab: ...
+
+    def query(self, selector: str) -> DOMQuery[Widget]: ...
+
+    def query_one(self, selector: type[TabbedContent]) -> TabbedContent: ...
 
 
 @dataclass
@@ -36,7 +58,7 @@ class ProbeMemory:
     capacity: Any = None  # burst_tab.Shown
     folded: bool = False  # the capacity search's fields folded away
 
-    def keep(self, screen: ProbeScreen) -> None:
+    def keep(self, screen: ProbePane) -> None:
         """Take the pane's fields and results as it closes."""
         self.fields = {w.id: _value(w) for w in screen.query("Input, Checkbox, Select, TextArea")
                        if w.id and not (isinstance(w, Select) and w.value is Select.BLANK)}
@@ -47,7 +69,7 @@ class ProbeMemory:
         self.burst, self.capacity = burst_tab.shown_burst, burst_tab.shown_capacity
         self.folded = burst_tab.folded
 
-    def restore(self, screen: ProbeScreen) -> None:
+    def restore(self, screen: ProbePane) -> None:
         """Give a new pane the fields (and, for the same server, the results) kept."""
         for wid, value in self.fields.items():
             found = screen.query(f"#{wid}")

@@ -46,6 +46,7 @@ from ernie_tui.engine_ctl.load import (
     MetricsClient,
     MetricsError,
     MetricsSnapshot,
+    check_server_url,
     is_local_host,
     listening_pid,
     only_metrics,
@@ -119,6 +120,10 @@ def load_fleet(path: str | Path) -> list[FleetServer]:
         url = entry.get("url")
         if not isinstance(url, str) or not url.strip():
             raise FleetError(f"{path}: servers.{name} needs url = \"http://HOST:PORT\"")
+        try:
+            url = check_server_url(url, f"servers.{name}.url")
+        except ValueError as exc:
+            raise FleetError(f"{path}: {exc}") from exc
         for key in ("log", "preset", "api_key_env"):
             if key in entry and not isinstance(entry[key], str):
                 raise FleetError(f"{path}: servers.{name}.{key} must be a string")

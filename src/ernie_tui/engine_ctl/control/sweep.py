@@ -140,7 +140,7 @@ class SweepRow:
     kv_cache_gib: float | None = None
     kv_cache_tokens: int | None = None
     max_concurrency: float | None = None
-    vs_best: str = ""  # the score against the best preset, or "within noise"
+    vs_best: str = ""  # the score against the best preset, "within noise", or "not measured (why)"
     rank: int | None = None  # by the score's median, 1 = best (a paired sweep: by its pairs beyond noise)
     paired: bool = False  # rank and vs best come from a paired sweep's duels (paired_rows)
 
@@ -199,7 +199,34 @@ def fold(runs: list[SweepRun], preset_order: list[str], score: str | None = None
         mark_paired(rows, paired)
     else:
         _mark_noise(rows, score)
+    for row in rows:
+        if not measured(row):
+            # Compared with nothing: never "within noise" (a paired sweep's
+            # verdicts say that of any preset outside a pair beyond noise).
+            row.rank, row.vs_best = None, not_measured_text(row)
     return rows
+
+
+def measured(row: SweepRow) -> bool:
+    """Some run of the row finished and was measured."""
+    return any(r.status == "ok" for r in row.runs)
+
+
+def not_measured_why(row: SweepRow) -> str:
+    """Why a row has no measurement: the first run's failure kind
+    ("port_in_use", "failed: startup_oom", "cancelled"), or where preflight
+    had no kind for it ("other"), its message."""
+    why = row.status.removeprefix("skipped: ")
+    if why in ("other", "preflight", "") and row.message:
+        why = row.message.removeprefix("preflight: ")
+    return why or "no run"
+
+
+def not_measured_text(row: SweepRow) -> str:
+    """The vs best cell: 'not measured (port_in_use)'; a reason too long for
+    a cell is left to the note under the table, which holds every message."""
+    why = not_measured_why(row)
+    return f"not measured ({why if len(why) <= 40 else 'see the note below'})"
 
 
 def _mark_noise(rows: list[SweepRow], score: str = "output_tps") -> None:
@@ -323,14 +350,21 @@ def to_markdown(rows: list[SweepRow], title: str | None = None) -> str:
               "with every level passing, so that capacity is a lower bound; raise the ceiling to find it."
               for r in rows if at_ceiling(r)]
     notes += [f"- **{r.preset}**: {moved}." for r in rows if (moved := speed_moved_note(r)) is not None]
-    if any(r.paired for r in rows):
+    if not any(measured(r) for r in rows):
+        notes.append(f"- {NOTHING_MEASURED}.")
+    elif any(r.paired for r in rows):
         notes.append(f"- {PAIRED_TABLE_NOTE[0].upper()}{PAIRED_TABLE_NOTE[1:]}.")
-    elif rows and all(len([x for x in r.runs if x.status == "ok"]) <= 1 for r in rows):
+    elif sum(measured(r) for r in rows) > 1 and all(
+            len([x for x in r.runs if x.status == "ok"]) <= 1 for r in rows):
+        # (one preset measured is compared with nothing: no 'vs best' to hedge)
         notes.append("- One run per preset: no spread was measured, so 'vs best' carries no noise "
                      "estimate; `--repeat 3` gives medians with min–max ranges.")
     if notes:
         lines += ["", *notes]
     return "\n".join(lines) + "\n"
+
+
+NOTHING_MEASURED = "Nothing was measured: no preset got a run through (each row says why), so nothing was compared"
 
 
 def to_csv(rows: list[SweepRow]) -> str:

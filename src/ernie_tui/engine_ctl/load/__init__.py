@@ -45,7 +45,13 @@ from ernie_tui.engine_ctl.load.capacity import (
     no_capacity_words,
 )
 from ernie_tui.engine_ctl.load.capacity_run import RequestSettings, request_setup, run_capacity
-from ernie_tui.engine_ctl.load.http_client import DEFAULT_READ_TIMEOUT_S, ServedModel, resolve_model
+from ernie_tui.engine_ctl.load.http_client import (
+    DEFAULT_READ_TIMEOUT_S,
+    ServedModel,
+    check_server_url,
+    resolve_model,
+    url_problem,
+)
 from ernie_tui.engine_ctl.load.http_errors import ProbeError, ProbeErrorKind, ProbeFailure
 from ernie_tui.engine_ctl.load.level_procs import auto_procs
 from ernie_tui.engine_ctl.load.metrics import DEFAULT_TIMEOUT_S as METRICS_TIMEOUT_S
@@ -172,6 +178,7 @@ __all__ = [
     "auto_procs",
     "burst_workload",
     "capacity_from_dict",
+    "check_server_url",
     "counter_delta",
     "derive_sample",
     "drawn_lengths",
@@ -210,5 +217,6 @@ __all__ = [
     "server_pid",
     "server_processes",
     "verdict_text",
+    "url_problem",
     "vllm_bench_ranges",
 ]

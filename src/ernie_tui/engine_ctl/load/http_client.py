@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 
@@ -44,6 +46,59 @@ def base_url(url: str) -> str:
     if "://" not in u:
         u = "http://" + u
     return u
+
+
+# A host name or IPv4 address (letters, digits, dots, dashes, underscores);
+# an IPv6 address comes bracketed and urlsplit checks it.
+_HOST = re.compile(r"[A-Za-z0-9_]([A-Za-z0-9_.-]*[A-Za-z0-9_])?")
+
+
+def url_problem(url: str) -> str | None:
+    """Why `url` is no server URL, or None when it is one.
+
+    What base_url takes: http(s)://HOST[:PORT][/path], or HOST:PORT with no
+    scheme (http is meant). A bare word has no port and is refused, though
+    it could name a host: typed where a URL belongs it is a slip far more
+    often, and the port is what an operator must give anyway. Checked before
+    a command starts anything, since a client handed `htp:/x` otherwise
+    fails far off, on a host it made up ("Cannot connect to host htp:80")."""
+    u = url.strip()
+    if not u:
+        return "it is empty"
+    if any(c.isspace() for c in u):
+        return "it holds a space"
+    scheme = u.split("://", 1)[0].lower() if "://" in u else None
+    if scheme is not None and scheme not in ("http", "https"):
+        return f"the scheme is {scheme!r}, not http or https"
+    try:
+        parts = urlsplit(u if scheme else f"http://{u}")
+        port = parts.port
+    except ValueError as exc:  # a port out of range or not a number, a bad IPv6 address
+        return "its port is not a number from 1 to 65535" if "port" in str(exc).lower() else "it cannot be read"
+    host = parts.hostname or ""
+    if not host:
+        return "it names no host"
+    if ":" not in host and not _HOST.fullmatch(host):
+        return f"{host!r} is not a host name"
+    if port == 0:
+        return "its port is not a number from 1 to 65535"
+    if scheme is None and port is None:
+        return "it has neither http:// nor a :PORT"
+    if parts.username is not None:
+        return "it holds a user name (the API key comes from --api-key-env)"
+    if parts.query or parts.fragment:
+        return "it holds a query or fragment (give the server's base URL)"
+    return None
+
+
+def check_server_url(url: str, what: str = "URL") -> str:
+    """The URL, or ValueError with one line naming what was given and the form
+    expected (the CLI and the fleet file turn it into their own error)."""
+    problem = url_problem(url)
+    if problem:
+        raise ValueError(f"{what} {url!r} is not a server URL: {problem} "
+                         "(give http://HOST:PORT, e.g. http://127.0.0.1:8000)")
+    return url.strip()
 
 
 def auth_headers(api_key: str | None) -> dict[str, str]:

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from ernie_tui import __version__, paths
-from ernie_tui.engine_ctl.control import PAIRED_TABLE_NOTE, SweepRow, at_ceiling
+from ernie_tui.engine_ctl.control import PAIRED_TABLE_NOTE, SweepRow, at_ceiling, measured
 from ernie_tui.engine_ctl.report import figures as F
 from ernie_tui.engine_ctl.report import tune_figures as TF
 from ernie_tui.engine_ctl.report.html_parts import fmt as _fmt
@@ -196,7 +196,9 @@ def _comparison_html(cmp_: Comparison, index: int, curves: list[Curve]) -> str:
         else:
             r += [_agg_text(row, "ttft_p50_ms"), _agg_text(row, "itl_p50_ms")]
         rows.append(r)
-    single = all(len([x for x in r.runs if x.status == "ok"]) <= 1 for r in cmp_.rows)
+    # (one preset measured, or none, is compared with nothing: no spread to hedge)
+    single = all(len([x for x in r.runs if x.status == "ok"]) <= 1 for r in cmp_.rows) and sum(
+        measured(r) for r in cmp_.rows) > 1
     paired = any(r.paired for r in cmp_.rows)
     notes = ["Figures are medians over the repeats with their min–max range in brackets. A gap to the best "
              "that lies inside either preset's range is reported as <b>within noise</b>: the repeats do not "

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from ernie_tui.engine_ctl.load import RunRecord, second_look, verdict_text
+from ernie_tui.engine_ctl.report.inputs import comparison_of, sweep_runs
 
 
 def _f(v: Any, unit: str = "") -> str:
@@ -86,7 +87,52 @@ def describe(rec: RunRecord) -> str:
                          f"TTFT p99 {_f(lv.get('ttft_p99_ms'), ' ms')}, ITL p99 {_f(lv.get('itl_p99_ms'), ' ms')}, "
                          f"attainment {'–' if att is None else f'{att * 100:.1f}%'}")
     if rec.kind == "sweep":
-        for r in res.get("runs") or []:
-            lines.append(f"    {r.get('preset')} r{r.get('repeat')}: {r.get('status')}"
-                         + (f", record {r['record_id']}" if r.get("record_id") else ""))
+        lines += _sweep_lines(res)
     return "\n".join(lines)
+
+
+def _sweep_lines(res: dict[str, Any]) -> list[str]:
+    """A sweep's verdict where `runs show` is read: each preset's rank and vs
+    best (from the paired duels when it had them, as the table and the
+    report say), the pairs' verdicts, the ranking and the drift; then the
+    runs. It listed only the runs ("r0: ok") though the record held it all."""
+    paired = res.get("paired") if isinstance(res.get("paired"), dict) else None
+    lines = []
+    cmp_ = comparison_of(sweep_runs(res.get("runs")), res.get("meta") or {}, "", paired)
+    if cmp_ is not None:
+        how = "by the pairs beyond noise" if paired and not paired.get("refused") else (
+            "by goodput at the SLO" if cmp_.score == "goodput_output_tps" else "by output tok/s")
+        lines.append(f"  ranking:  {how}")
+        width = max(len(r.preset) for r in cmp_.rows)
+        unit = "goodput tok/s" if cmp_.score == "goodput_output_tps" else "output tok/s"
+        for row in sorted(cmp_.rows, key=lambda r: (r.rank is None, r.rank or 0)):
+            rank = f"#{row.rank}" if row.rank else "–"
+            score = row.stats.get(cmp_.score)
+            figure = "" if score is None or score.median is None else f"{_f(score.median)} {unit}"
+            lines.append(f"    {rank:<3} {row.preset:<{width}}  {figure:<{len(unit) + 8}}  {row.vs_best or '–'}")
+    if paired:
+        lines += _paired_lines(paired)
+    lines.append("  runs:")
+    for r in res.get("runs") or []:
+        lines.append(f"    {r.get('preset')} r{r.get('repeat')}: {r.get('status')}"
+                     + (f", record {r['record_id']}" if r.get("record_id") else ""))
+    return lines
+
+
+def _paired_lines(paired: dict[str, Any]) -> list[str]:
+    """The paired sweep's verdicts, from its exported dict (the words it
+    wrote then, so an old record reads as it did)."""
+    if paired.get("refused"):
+        return [f"  paired:   not side by side ({paired['refused']}); measured one after another"]
+    pairs = [p for p in paired.get("pairs") or [] if isinstance(p, dict)]
+    rounds = max((int(p.get("rounds") or 0) for p in pairs), default=0)
+    lines = [f"  pairs:    {rounds} duel round(s), output tok/s at each preset's capacity against a reference"]
+    lines += [f"    {p.get('text') or p.get('a', '?') + ' / ' + p.get('b', '?')}" for p in pairs]
+    ranking = (paired.get("ranking") or {}).get("text") if isinstance(paired.get("ranking"), dict) else None
+    if ranking:
+        lines.append(f"  verdict:  {ranking} (pairs beyond noise only)")
+    own = (paired.get("drift") or {}).get("own_range_pct") or {}
+    moved = ", ".join(f"{k} {v:.0f} %" for k, v in own.items() if isinstance(v, (int, float)))
+    if moved:
+        lines.append(f"  drift:    each preset's tok/s moved across rounds by {moved}")
+    return lines

@@ -6,13 +6,16 @@ how to install it.
 One look should give the capacity, the SLO and the knee (vLLM's
 plot_pareto and GuideLLM's report are the bar). So each run is a row whose
 title states what it found, and every panel has the load on its x axis
-(concurrency or request rate, the order the search walked, so lines never
-zigzag): TTFT and ITL against the SLO's line, throughput with its knee, and
-attainment. A latency axis spanning more than a decade is logarithmic, so
-passing levels and the SLO line are not squashed under one slow level.
-The SLO line and the capacity are labelled on the plot itself; those labels
-are moved apart when they would overlap, and nothing else is written beside
-points (the axes carry the values).
+(concurrency or request rate): TTFT and ITL against the SLO's line,
+throughput with its knee, and attainment (0-100 %). Lines join one point
+per load, in load order, so they never zigzag: a load measured again (a
+confirmation, a remeasure) is a point of its own, off the line, with a
+marker of its own. A latency axis spanning more than a decade is
+logarithmic, so passing levels and the SLO line are not squashed under one
+slow level. The SLO line and the capacity are labelled on the plot itself;
+those labels are moved off each other, legends and the points, and nothing
+else is written beside points (the axes carry the values). A title too
+wide for its row is wrapped, not cut.
 
 SVG keeps its text as text (svg.fonttype "none"), so a browser draws it with
 a local font and a test can find the labels, and each artist that matters
@@ -26,6 +29,7 @@ import io
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from ernie_tui.engine_ctl.load import second_look
 from ernie_tui.engine_ctl.report.inputs import Comparison, Curve, Level, ReportError
 
 if TYPE_CHECKING:
@@ -155,6 +159,21 @@ def _points(curve: Curve, value: Any) -> list[tuple[float, float, Level]]:
     return out
 
 
+def _first_looks(pts: list[tuple[float, float, Level]]) -> tuple[list[tuple[float, float, Level]],
+                                                                  list[tuple[float, float, Level]]]:
+    """(one point per load, the loads measured again): what a line joins,
+    in load order, and what is marked beside it. A load's first look is the
+    one on the line (a confirmation or a remeasure is its second look)."""
+    line: dict[float, tuple[float, float, Level]] = {}
+    for p in sorted(pts, key=lambda p: (p[0], bool(second_look(p[2].raw)))):
+        line.setdefault(p[0], p)
+    kept = {id(p[2]) for p in line.values()}
+    return sorted(line.values(), key=lambda p: p[0]), [p for p in pts if id(p[2]) not in kept]
+
+
+AGAIN_MARKER = "^"  # a load measured again: hollow, beside the line's own marker
+
+
 def _mark_slo(ax: "Axes", name: str, limit: float) -> "Text":
     """The SLO's limit as a dashed line, labelled on the line at its right end."""
     ax.axhline(limit, color=SLO_COLOUR, ls="--", lw=1.3, zorder=2).set_gid(f"slo-{name}")
@@ -190,8 +209,9 @@ def draw_latency(ax: "Axes", curve: Curve, metric: str) -> None:
         dot = ax.scatter([x], [y], marker=marker, s=55, zorder=3, c=colour if filled else "none",
                          edgecolors=colour, linewidths=1.5)
         dot.set_gid(f"level-{lv.label}-{lv.verdict or 'measured'}")
-    if len(pts) > 1:
-        ax.plot([p[0] for p in pts], [p[1] for p in pts], color="#999999", lw=1, zorder=1)
+    joined, _again = _first_looks(pts)  # (the looks again keep their verdict's marker, off the line)
+    if len(joined) > 1:
+        ax.plot([p[0] for p in joined], [p[1] for p in joined], color="#999999", lw=1, zorder=1)
     limit = curve.limits.get(name)
     if limit is not None:
         _mark_slo(ax, name, limit)
@@ -212,14 +232,23 @@ def draw_latency(ax: "Axes", curve: Curve, metric: str) -> None:
 def draw_throughput(ax: "Axes", curve: Curve) -> None:
     """Output tok/s and goodput (tok/s within the SLO) against the load:
     the knee is where more load stops buying more tokens."""
-    out = _points(curve, lambda lv: lv.output_tps)
-    good = _points(curve, lambda lv: lv.goodput_output_tps)
+    out, out_again = _first_looks(_points(curve, lambda lv: lv.output_tps))
+    good, good_again = _first_looks(_points(curve, lambda lv: lv.goodput_output_tps))
+    if curve.kind == "burst":
+        good, good_again = [], []
     if out:
         ax.plot([p[0] for p in out], [p[1] for p in out], color="#4575b4", lw=2, marker="o", ms=4, zorder=2,
                 label="output tok/s")[0].set_gid("throughput-output")
-    if good and curve.kind != "burst":  # drawn over output, thinner: where all is good they coincide
+    if good:  # drawn over output, thinner: where all is good they coincide
         ax.plot([p[0] for p in good], [p[1] for p in good], color="#1a9850", lw=1.2, ls="--", marker="s", ms=3,
                 zorder=3, label="goodput (within SLO)")[0].set_gid("throughput-goodput")
+    for again, colour, what in ((out_again, "#4575b4", "output"), (good_again, "#1a9850", "goodput")):
+        for x, y, lv in again:
+            ax.scatter([x], [y], marker=AGAIN_MARKER, s=45, zorder=4, facecolors="none", edgecolors=colour,
+                       linewidths=1.4).set_gid(f"throughput-{what}-again-{lv.label}")
+    if out_again or good_again:
+        ax.scatter([], [], marker=AGAIN_MARKER, s=45, facecolors="none", edgecolors="#333333",
+                   label="load measured again")
     _mark_capacity(ax, curve.capacity, gid="capacity-line-throughput")
     _load_axis(ax, curve.level_key, [p[0] for p in out])
     ax.set_ylabel("tok/s")
@@ -245,7 +274,10 @@ def draw_attainment(ax: "Axes", curve: Curve) -> None:
     _mark_capacity(ax, curve.capacity)
     _load_axis(ax, curve.level_key, [lv.x for lv in levels])
     ax.set_ylabel("SLO attainment (%)")
-    ax.margins(y=0.14)
+    if levels:
+        low = min(min(lv.attainment or 0.0, lv.attainment_low if lv.attainment_low is not None else 1.0)
+                  for lv in levels) * 100
+        _percent_axis(ax, low)
     ax.set_title("SLO attainment by load", fontsize=10)
     ax.grid(True, alpha=0.3)
     if not levels:
@@ -253,6 +285,20 @@ def draw_attainment(ax: "Axes", curve: Curve) -> None:
         ax.set_yticks([])
         ax.text(0.5, 0.5, "no SLO attainment:\na burst is measured, not judged", ha="center", va="center",
                 transform=ax.transAxes, fontsize=9, color="#555555")
+
+
+def _percent_axis(ax: "Axes", low: float) -> None:
+    """0-100 % at most: from a little under the lowest figure (0 at least)
+    to 100, with a few points of room each side so a mark at 0 or 100 % is
+    whole, and no tick beyond 0-100 (an axis to 106 % read as a figure)."""
+    from matplotlib.ticker import FixedLocator, MaxNLocator
+
+    bottom = max(0.0, low - 0.08 * (100.0 - low))
+    pad = 0.035 * (100.0 - bottom) + 0.5
+    ax.set_ylim(bottom - pad, 100.0 + pad)
+    ticks = [t for t in MaxNLocator(nbins=6, steps=[1, 2, 2.5, 5, 10]).tick_values(bottom, 100.0)
+             if bottom - 1e-9 <= t <= 100.0 + 1e-9]
+    ax.yaxis.set_major_locator(FixedLocator(ticks))
 
 
 def _verdict_legend(parent: "Figure | SubFigure", curve: Curve) -> None:
@@ -367,8 +413,12 @@ def draw_overlay(ax: "Axes", cmp_: Comparison, curves: list[Curve], metric: str 
             continue
         nth = seen[c.name] = seen.get(c.name, -1) + 1
         colour = colours[c.name]
-        line = ax.plot([p[0] for p in pts], [p[1] for p in pts], color=colour, lw=1.3, alpha=0.9,
+        joined, again = _first_looks(pts)
+        line = ax.plot([p[0] for p in joined], [p[1] for p in joined], color=colour, lw=1.3, alpha=0.9,
                        ls="-" if nth == 0 else "--", marker="o", ms=3, label=curve_title(c))[0]
+        if again:
+            ax.scatter([p[0] for p in again], [p[1] for p in again], marker=AGAIN_MARKER, s=30, facecolors="none",
+                       edgecolors=colour, linewidths=1.2, zorder=3)
         line.set_gid(f"overlay-{_slug(curve_title(c))}")
         fails = [(x, y) for x, y, lv in pts if lv.verdict == "fail"]
         if fails:
@@ -395,8 +445,32 @@ def _slug(text: str) -> str:
     return "".join(ch if ch.isalnum() or ch in "._-" else "-" for ch in text)
 
 
-def draw_comparison_row(parent: "Figure | SubFigure", cmp_: Comparison, curves: list[Curve]) -> None:
-    """The ranking (or the front), and beside it every trial's curve when the runs are at hand."""
+PAIRS_SHOWN = 6  # a paired sweep's pair verdicts written under its row; the page lists every one
+
+
+def paired_verdict_lines(paired: dict[str, Any]) -> list[str]:
+    """A paired sweep's verdict in a few lines, from its exported dict: the
+    ranking from the pairs beyond noise, then each pair's verdict, those
+    beyond noise (the ranking's) first."""
+    if paired.get("refused"):
+        return [f"Not measured side by side ({paired['refused']}): ranked one preset after another"]
+    pairs = sorted((p for p in paired.get("pairs") or [] if isinstance(p, dict)),
+                   key=lambda p: not p.get("beyond_noise"))
+    rounds = max((int(p.get("rounds") or 0) for p in pairs), default=0)
+    ranking = (paired.get("ranking") or {}).get("text") if isinstance(paired.get("ranking"), dict) else None
+    lines = [f"Paired verdict ({rounds} duel round(s)): "
+             + (f"ranking (pairs beyond noise only): {ranking}" if ranking else "no ranking")]
+    lines += [f"  {p.get('text') or ''}" for p in pairs[:PAIRS_SHOWN]]
+    if len(pairs) > PAIRS_SHOWN:
+        lines.append(f"  … and {len(pairs) - PAIRS_SHOWN} more pair(s): the HTML report lists every one")
+    return lines
+
+
+def draw_comparison_row(parent: "Figure | SubFigure", cmp_: Comparison, curves: list[Curve],
+                        verdict: bool = True) -> None:
+    """The ranking (or the front), and beside it every trial's curve when the
+    runs are at hand; under them a paired sweep's verdict (`verdict`: the
+    HTML page writes it beside the picture instead)."""
     mine = [c for c in curves if c.name in {r.preset for r in cmp_.rows}]
     axes = parent.subplots(1, 2 if mine else 1, squeeze=False)[0]
     if cmp_.score == "goodput_output_tps":
@@ -406,13 +480,21 @@ def draw_comparison_row(parent: "Figure | SubFigure", cmp_: Comparison, curves: 
     if mine:
         draw_overlay(axes[1], cmp_, mine)
     parent.suptitle(cmp_.title, fontsize=11, fontweight="bold", x=0.01, ha="left")
+    if verdict and cmp_.paired:
+        parent.supxlabel("\n".join(paired_verdict_lines(cmp_.paired)), fontsize=9, x=0.01, ha="left",
+                         linespacing=1.4).set_gid("paired-verdict")
 
 
 def comparison_figure(cmp_: Comparison, curves: list[Curve] | None = None) -> "Figure":
     mine = [c for c in curves or [] if c.name in {r.preset for r in cmp_.rows}]
     fig = new_figure(16 if mine else 9, 4.8)
-    draw_comparison_row(fig, cmp_, mine)
+    draw_comparison_row(fig, cmp_, mine, verdict=False)
     return finish(fig)
+
+
+def _verdict_height(cmp_: Comparison) -> float:
+    """The room a paired verdict's lines take under a comparison's row, in rows."""
+    return 0.06 * len(paired_verdict_lines(cmp_.paired)) if cmp_.paired else 0.0
 
 
 # A section drawn above the comparisons (a tune's): what draws it, and its height in rows.
@@ -423,7 +505,8 @@ def overview_figure(curves: list[Curve], comparisons: list[Comparison], leading:
     """Everything on one canvas, for --out FILE.png / FILE.svg: the leading
     sections, then a row per comparison, then a row per run, each row titled
     with what it found."""
-    heights = [h for _, h in leading] + [1.0] * (len(comparisons) + len(curves))
+    heights = ([h for _, h in leading] + [1.0 + _verdict_height(c) for c in comparisons]
+               + [1.0] * len(curves))
     n = len(heights)
     if n == 0:
         raise ReportError("nothing to draw: the runs hold no levels")
@@ -442,36 +525,114 @@ def overview_figure(curves: list[Curve], comparisons: list[Comparison], leading:
 # -- labels never overlap ------------------------------------------------------------------------
 
 def finish(fig: "Figure") -> "Figure":
-    """Lay the figure out, then move apart the labels drawn on the plots (the
-    SLO's, the capacity's) where they would overlap each other or a legend:
-    the capacity's label flips to the left of its line, the SLO's goes to
-    the left end or below its line."""
+    """Lay the figure out, wrap a title too wide for its row, then move the
+    labels drawn on the plots (the SLO's, the capacity's) where they would
+    cover each other, a legend or a point: the capacity's label flips to the
+    left of its line or to the bottom, the SLO's goes to the left end or
+    below its line. Where every place covers something, the one covering
+    least."""
     fig.canvas.draw()  # the constrained layout places the axes; the labels' boxes are final after it
     renderer = fig.canvas.get_renderer()  # type: ignore[attr-defined]  # the Agg canvas of new_figure
+    if _wrap_titles(fig, renderer):
+        fig.canvas.draw()  # a wrapped title is taller: lay out again
     for ax in fig.get_axes():
         labels = [t for t in ax.texts if str(t.get_gid() or "").startswith("label-")]
         legend = ax.get_legend()
         placed = [legend.get_window_extent(renderer)] if legend is not None else []
+        points = _point_boxes(ax, renderer)
         for text in sorted(labels, key=lambda t: 0 if t.get_gid() == "label-capacity" else 1):
+            best: tuple[int, Any] | None = None
             for move in _moves(text):
                 move()
                 box = text.get_window_extent(renderer)
-                if not any(box.overlaps(other) for other in placed) and _inside(box, ax, renderer):
+                cost = 100 * sum(box.overlaps(other) for other in placed) + sum(box.overlaps(p) for p in points)
+                cost += 1000 * (not _inside(box, ax, renderer))
+                if best is None or cost < best[0]:
+                    best = (cost, move)
+                if cost == 0:
                     break
+            if best is not None:
+                best[1]()
             placed.append(text.get_window_extent(renderer))
     return fig
 
 
+def _figures(fig: "Figure | SubFigure") -> list[Any]:
+    return [fig] + [f for sub in fig.subfigs for f in _figures(sub)]
+
+
+def _wrap_titles(fig: "Figure", renderer: Any) -> bool:
+    """Break a (sub)figure's title, or the lines under it, that run past its
+    right edge into lines that fit (the tune's title ran off the canvas).
+    True when one was wrapped."""
+    import textwrap
+
+    wrapped = False
+    for f in _figures(fig):
+        for text in (getattr(f, "_suptitle", None), getattr(f, "_supxlabel", None)):
+            if text is None or not text.get_text():
+                continue
+            box, room = text.get_window_extent(renderer), f.bbox
+            if box.x1 <= room.x1 + 1:
+                continue
+            # Characters per line, scaled from this text's own width per character.
+            lines = text.get_text().split("\n")
+            per_char = box.width / max(len(line) for line in lines)
+            width = max(20, int((room.x1 - box.x0 - 8) / per_char))
+            text.set_text("\n".join(w for line in lines
+                                    for w in textwrap.wrap(line, width, subsequent_indent="    ") or [""]))
+            wrapped = True
+    return wrapped
+
+
+def _point_boxes(ax: "Axes", renderer: Any) -> list[Any]:
+    """The boxes of the marks on the axes, in display units: each scatter
+    point, each marker of a line and the capacity's line, so a label is not
+    put over them."""
+    import numpy as np
+    from matplotlib.collections import PathCollection
+    from matplotlib.transforms import Bbox
+
+    px = renderer.points_to_pixels(1.0)
+    boxes = []
+    for coll in ax.collections:
+        if not isinstance(coll, PathCollection) or not coll.get_visible():
+            continue
+        offsets = np.asarray(coll.get_offsets())
+        if len(offsets) == 0:
+            continue
+        sizes = coll.get_sizes()
+        xy = coll.get_offset_transform().transform(offsets)
+        for i, (x, y) in enumerate(xy):
+            r = (float(sizes[i % len(sizes)]) ** 0.5 if len(sizes) else 6.0) * px / 2
+            boxes.append(Bbox([[x - r, y - r], [x + r, y + r]]))
+    frame = ax.get_window_extent(renderer)
+    for line in ax.lines:
+        if str(line.get_gid() or "").startswith("capacity-") and line.get_visible():
+            # the capacity's dotted line: a label across it reads as struck through
+            x = line.get_transform().transform(line.get_xydata())[0][0]
+            boxes.append(Bbox([[x - 1, frame.y0], [x + 1, frame.y1]]))
+            continue
+        if line.get_marker() in (None, "None", "none", "", " ") or not line.get_visible():
+            continue
+        r = line.get_markersize() * px / 2
+        for x, y in line.get_transform().transform(line.get_xydata()):
+            boxes.append(Bbox([[x - r, y - r], [x + r, y + r]]))
+    return boxes
+
+
 def _moves(text: "Text") -> list[Any]:
     """Where a label may go, first choice first (each a function that puts it there)."""
-    def put(x: float | None = None, ha: str | None = None, va: str | None = None) -> Any:
-        props = {k: v for k, v in (("x", x), ("horizontalalignment", ha), ("verticalalignment", va)) if v is not None}
+    def put(x: float | None = None, ha: str | None = None, va: str | None = None, y: float | None = None) -> Any:
+        props = {k: v for k, v in (("x", x), ("y", y), ("horizontalalignment", ha), ("verticalalignment", va))
+                 if v is not None}
         return lambda: text.update(props)
 
     if text.get_gid() == "label-capacity":
-        return [put(ha="left"), put(ha="right")]
+        return [put(ha="left", va="top", y=0.98), put(ha="right", va="top", y=0.98),
+                put(ha="left", va="bottom", y=0.02), put(ha="right", va="bottom", y=0.02)]
     return [put(0.99, "right", "bottom"), put(0.01, "left", "bottom"), put(0.99, "right", "top"),
-            put(0.01, "left", "top")]
+            put(0.01, "left", "top"), put(0.5, "center", "bottom"), put(0.5, "center", "top")]
 
 
 def _inside(box: Any, ax: "Axes", renderer: Any) -> bool:

@@ -246,6 +246,11 @@ def _sweep_run(d: dict[str, Any]) -> SweepRun | None:
         return None
 
 
+def sweep_runs(raw: Any) -> list[SweepRun]:
+    """A record's or export's runs, those that read."""
+    return [r for r in (_sweep_run(d) for d in raw or [] if isinstance(d, dict)) if r is not None]
+
+
 def comparison_of(runs: list[SweepRun], meta: dict[str, Any], title: str,
                   paired: dict[str, Any] | None = None) -> Comparison | None:
     runs = [r for r in runs if r is not None]
