@@ -42,12 +42,9 @@ from ernie_tui.presets import load_presets  # noqa: E402
 def tiny_model() -> str:
     """Preflight reads a model's config even for a stand-in: the tiny demo
     model the tests use (written once, a few MB)."""
-    from ernie_tui.demo_model import write_demo_model
+    from ernie_tui.demo_model import shared_tiny_model
 
-    target = Path.home() / ".cache" / "ernie-tui-tests" / "tiny-ernie"
-    if not (target / "model.safetensors").is_file():
-        write_demo_model(target, "tiny", seed=0)
-    return str(target)
+    return str(shared_tiny_model())
 
 
 def stand_in_presets(directory: Path, model: str, slots: int = 4, itl_ms: float = 10) -> tuple[Path, list[str]]:

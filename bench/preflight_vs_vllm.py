@@ -29,7 +29,7 @@ from pathlib import Path
 
 import tomli_w
 
-from ernie_tui.demo_model import write_demo_model
+from ernie_tui.demo_model import shared_tiny_model
 from ernie_tui.engine_ctl.launch import free_port, run_preflight
 from ernie_tui.presets import load_presets
 from ernie_tui.presets.store import preset_table
@@ -87,9 +87,7 @@ def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="ernie-bench-"))
     env = {**os.environ, "ERNIE_TUI_HOME": str(work / "home")}
     os.environ["ERNIE_TUI_HOME"] = env["ERNIE_TUI_HOME"]
-    model = Path.home() / ".cache" / "ernie-tui-tests" / "tiny-ernie"  # shares vLLM's compile cache with the tests
-    if not (model / "model.safetensors").is_file():
-        write_demo_model(model, "tiny", seed=0)
+    model = shared_tiny_model()  # shares vLLM's compile cache with the tests
     base = load_presets(include_user=False).get("cpu-demo")
 
     rows = []

@@ -348,12 +348,9 @@ def _fd_targets() -> list[str]:
 
 
 def _tiny_model() -> str:
-    from ernie_tui.demo_model import write_demo_model
+    from ernie_tui.demo_model import shared_tiny_model
 
-    target = Path.home() / ".cache" / "ernie-tui-tests" / "tiny-ernie"
-    if not (target / "model.safetensors").is_file():
-        write_demo_model(target, "tiny", seed=0)
-    return str(target)
+    return str(shared_tiny_model())
 
 
 def _with_env(preset, env: dict[str, str]):

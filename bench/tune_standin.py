@@ -30,6 +30,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
+from ernie_tui.demo_model import shared_tiny_model  # noqa: E402
 from paced_server import engine_shaped_goodput  # noqa: E402
 
 SEQS = [2, 4, 8, 16, 32]
@@ -40,7 +41,7 @@ SEARCH = ["--slo", "ttft_p90=100ms", "--max-tokens", "16", "--min-tokens", "10",
 
 
 def files(tmp: Path, port: int) -> tuple[Path, Path]:
-    model = Path.home() / ".cache" / "ernie-tui-tests" / "tiny-ernie"
+    model = shared_tiny_model()
     presets, space = tmp / "presets.toml", tmp / "space.toml"
     presets.write_text(textwrap.dedent(f"""
         [presets.shaped]

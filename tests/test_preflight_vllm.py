@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from ernie_tui.demo_model import write_demo_model
+from ernie_tui.demo_model import shared_tiny_model
 from ernie_tui.engine_ctl.launch.diagnose import apply_fix, diagnose
 from ernie_tui.engine_ctl.launch.ports import free_port
 from ernie_tui.engine_ctl.launch.preflight import preflight
@@ -51,12 +51,9 @@ if not _vllm_importable():  # pragma: no cover
 
 @pytest.fixture(scope="module")
 def tiny_model() -> Path:
-    # The same place the project's other real-vLLM tests use, so vLLM's
-    # torch.compile cache for this model is shared between them.
-    target = Path.home() / ".cache" / "ernie-tui-tests" / "tiny-ernie"
-    if not (target / "model.safetensors").is_file():
-        write_demo_model(target, "tiny", seed=0)
-    return target
+    # The same model the project's other real-vLLM tests use, so vLLM's
+    # torch.compile cache for it is shared between them.
+    return shared_tiny_model()
 
 
 def run_until_exit(spec, log: Path, timeout: float = FAIL_TIMEOUT):

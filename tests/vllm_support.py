@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from ernie_tui.demo_model import write_demo_model
+from ernie_tui.demo_model import shared_tiny_model
 from ernie_tui.engine_ctl.launch.ports import free_port
 
 READY_TIMEOUT = 600.0  # returns at ready; a busy 2-core box once took over 300 s
@@ -29,17 +29,8 @@ EAGER = {"enforce_eager": True}
 EAGER_TOML = "enforce_eager = true"
 
 
-MODEL_FILES = ("config.json", "tokenizer.json", "tokenizer_config.json", "model.safetensors")
-
-
 def tiny_model_dir() -> Path:
-    target = Path.home() / ".cache" / "ernie-tui-tests" / "tiny-ernie"
-    # Every file, not only the weights: under pytest-xdist two workers can
-    # write it at once (each file lands whole, by os.replace, and the same
-    # seed makes the same bytes), and one must not read a half-moved set.
-    if not all((target / name).is_file() for name in MODEL_FILES):
-        write_demo_model(target, "tiny", seed=0)
-    return target
+    return shared_tiny_model()
 
 
 def vllm_available() -> bool:

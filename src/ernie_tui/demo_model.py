@@ -1,7 +1,7 @@
 """Write a random-weight stand-in with the ERNIE-4.5 dense architecture.
 
 There is no model hub here, so the project makes its own checkpoint:
-`Ernie4_5ForCausalLM` (model_type `ernie4_5`) with random bf16 weights and a
+`Ernie4_5ForCausalLM` (model_type `ernie4_5`) with random 16-bit weights and a
 word-level tokenizer, where N space-separated vocabulary words are exactly N
 tokens (no BOS is added). That makes prompt lengths in bursts exact.
 
@@ -51,6 +51,7 @@ class ModelShape:
     head_dim: int
     vocab_size: int
     max_position_embeddings: int
+    dtype: str = "bfloat16"  # the checkpoint's and config's dtype: "bfloat16" or "float16"
 
     def parameter_count(self) -> int:
         h, i, layers = self.hidden_size, self.intermediate_size, self.num_hidden_layers
@@ -64,10 +65,15 @@ class ModelShape:
 
 SHAPES = {
     # Serves on vLLM's CPU backend in seconds: head_dim 32 (16 dies at the
-    # first request on CPU attention), 2 layers.
+    # first request on CPU attention), 2 layers. float16, not bfloat16: vLLM's
+    # CPU build picks its AMX attention kernels for bf16 wherever the CPU flags
+    # AMX, and in a VM that flags AMX without letting a worker use it (a
+    # Firecracker guest, 2026-12-07) the worker dies of SIGILL at the first
+    # request. fp16 takes the plain vector kernels everywhere and keeps the
+    # 2-byte sizes every KV figure is computed from.
     "tiny": ModelShape("tiny", hidden_size=128, intermediate_size=256, num_hidden_layers=2,
                        num_attention_heads=4, num_key_value_heads=2, head_dim=32,
-                       vocab_size=1024, max_position_embeddings=4096),
+                       vocab_size=1024, max_position_embeddings=4096, dtype="float16"),
     # The real ERNIE-4.5-0.3B-PT shapes: 360,748,032 parameters.
     "ernie-4.5-0.3b": ModelShape("ernie-4.5-0.3b", hidden_size=1024, intermediate_size=3072,
                                  num_hidden_layers=18, num_attention_heads=16, num_key_value_heads=2,
@@ -114,8 +120,8 @@ def _config(shape: ModelShape) -> dict:
         "rope_parameters": {"rope_type": "default", "rope_theta": 500000.0},
         "use_bias": False,
         "tie_word_embeddings": True,
-        "torch_dtype": "bfloat16",
-        "dtype": "bfloat16",
+        "torch_dtype": shape.dtype,
+        "dtype": shape.dtype,
         "pad_token_id": 0,
         "bos_token_id": 1,
         "eos_token_id": 2,
@@ -153,14 +159,19 @@ def _bf16_bytes(values: np.ndarray) -> bytes:
     return rounded.astype("<u2").tobytes()
 
 
+def _f16_bytes(values: np.ndarray) -> bytes:
+    return np.ascontiguousarray(values, dtype="<f4").astype("<f2").tobytes()
+
+
 def _write_safetensors(path: Path, shape: ModelShape, seed: int) -> int:
     rng = np.random.default_rng(seed)
     tensors = _tensor_shapes(shape)
     header: dict[str, dict] = {"__metadata__": {"format": "pt"}}
+    tag, to_bytes = ("F16", _f16_bytes) if shape.dtype == "float16" else ("BF16", _bf16_bytes)
     offset = 0
     for name, dims in tensors:
         nbytes = int(np.prod(dims)) * 2
-        header[name] = {"dtype": "BF16", "shape": list(dims), "data_offsets": [offset, offset + nbytes]}
+        header[name] = {"dtype": tag, "shape": list(dims), "data_offsets": [offset, offset + nbytes]}
         offset += nbytes
     raw = json.dumps(header, separators=(",", ":")).encode()
     raw += b" " * (-len(raw) % 8)  # the format pads the header to 8 bytes
@@ -178,9 +189,9 @@ def _write_safetensors(path: Path, shape: ModelShape, seed: int) -> int:
                 step = 1 << 24
                 for start in range(0, n, step):
                     m = min(step, n - start)
-                    f.write(_bf16_bytes(rng.standard_normal(m, dtype=np.float32) * 0.02))
+                    f.write(to_bytes(rng.standard_normal(m, dtype=np.float32) * 0.02))
                 continue
-            f.write(_bf16_bytes(values))
+            f.write(to_bytes(values))
     return count
 
 
@@ -213,6 +224,34 @@ def _write_text(path: Path, text: str) -> None:
     """A model file, 0600 like every file ernie-tui writes (paths.private_opener)."""
     with open(path, "w", encoding="utf-8", opener=paths.private_opener) as f:
         f.write(text)
+
+
+def written_as(directory: str | Path, shape: str = "tiny") -> bool:
+    """Whether DIRECTORY holds a model of SHAPE as this version writes it: every
+    file there and the config's dtype the shape's (an older tiny model was
+    bf16, which dies on some CPUs; see SHAPES)."""
+    d = Path(directory)
+    if not all((d / n).is_file() for n in ("config.json", "tokenizer.json", "tokenizer_config.json",
+                                            "model.safetensors")):
+        return False
+    try:
+        config = json.loads((d / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(config, dict) and config.get("torch_dtype") == SHAPES[shape].dtype
+
+
+def shared_tiny_model() -> Path:
+    """The tiny model the tests and benches share (written once, a few MB),
+    kept under ~/.cache so vLLM's torch.compile cache for it is reused across
+    runs. "-f16": apart from the bf16 one older versions wrote there, so two
+    versions tested on one box do not rewrite each other's model."""
+    target = Path.home() / ".cache" / "ernie-tui-tests" / "tiny-ernie-f16"
+    if not written_as(target, "tiny"):
+        # Each file lands whole (os.replace) and one seed makes the same bytes,
+        # so two processes writing it at once leave one good set.
+        write_demo_model(target, "tiny", seed=0)
+    return target
 
 
 def write_demo_model(directory: str | Path, shape: str = "tiny", seed: int = 0) -> dict:

@@ -10,7 +10,7 @@ from ernie_tui import paths
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("demo-model", help="write a random-weight ERNIE-4.5 stand-in model",
                        description="Write a random-weight Ernie4_5ForCausalLM checkpoint with a word-level "
-                                   "tokenizer (N space-separated words = N tokens). 'tiny' serves on vLLM's "
+                                   "tokenizer (N space-separated words = N tokens). 'tiny' (fp16) serves on vLLM's "
                                    "CPU backend; 'ernie-4.5-0.3b' has the real 0.3B shapes (bf16, ~0.7 GB).")
     p.add_argument("dir", help="directory to write the model into")
     p.add_argument("--shape", choices=["tiny", "ernie-4.5-0.3b"], default="tiny")
@@ -37,11 +37,12 @@ def _demo_model(args) -> int:
 
 
 def ensure_demo_model() -> str:
-    from ernie_tui.cli.model_choice import demo_model_written  # lazy: --help start-up
-    from ernie_tui.demo_model import write_demo_model
+    from ernie_tui.demo_model import write_demo_model, written_as  # lazy: --help start-up
 
     target = paths.demo_model_dir()
-    if not demo_model_written():
+    # written_as checks the dtype too: a tiny model from an older version (bf16,
+    # whose AMX kernels die on some VMs) is written again as it is made now.
+    if not written_as(target, "tiny"):
         paths.private_dir(target.parent)  # the data dir is ernie-tui's own: 0700
         print(f"writing the tiny demo model to {target} ...")
         write_demo_model(target, "tiny")
