@@ -59,6 +59,26 @@ def test_block16_on_cpu(fixtures_dir, book):
     assert d.fix_changes == {"block_size": 32}
 
 
+def test_worker_sigill_on_cpu_reads_as_illegal_instruction_and_fixes_the_dtype(fixtures_dir, book):
+    """A worker killed by SIGILL at the first request (vLLM CPU's AMX bf16
+    attention in a VM that flags AMX and refuses it, seen on 2026-12-07): the
+    root cause is the worker's death with exit code -4, not the EngineDeadError
+    or the "cancelled" echoes after it, and the fix is a 16-bit dtype whose
+    kernels are plain vector code."""
+    r = parse_file(fixtures_dir / "cpu-vllm0.32.0" / "worker_sigill_amx_bf16.log")
+    assert r.ready and r.state == "failed", r.state
+    err = r.error
+    assert err is not None and err.kind == ErrorKind.ILLEGAL_INSTRUCTION, err
+    assert "exit code: -4" in err.message
+    d = diagnose(err, book.get("cpu-demo"), "cpu")
+    assert d.fix_changes == {"dtype": "float16"} and "SIGILL" in d.title
+    assert apply_fix(book.get("cpu-demo"), d).get("dtype") == "float16"
+    # Already float16: float32 next; already float32: no preset fixes it; on a GPU neither.
+    assert diagnose(err, book.get("cpu-demo").with_changes(dtype="float16"), "cpu").fix_changes == {"dtype": "float32"}
+    assert not diagnose(err, book.get("cpu-demo").with_changes(dtype="float32"), "cpu").fixable
+    assert not diagnose(err, book.get("seed-A"), "cuda").fixable
+
+
 def test_len_over_derived(fixtures_dir, book):
     err = error_from_log(fixtures_dir / "gpu-h200-vllm0.26.0" / "fail_len_over_derived.log")
     assert err.kind == ErrorKind.MAX_MODEL_LEN_TOO_LARGE

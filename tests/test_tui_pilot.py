@@ -257,6 +257,8 @@ REPLAY_EXPECT = {
     "cpu-vllm0.32.0/fail_insufficient_free_memory.log": ["insufficient_free_memory"],
     # Served, then its engine core was killed: a crash, though its API server exited 0.
     "cpu-vllm0.32.0/engine_core_killed.log": ["engine_dead", "exited unexpectedly"],
+    # Served, then its worker died of SIGILL at the first request (AMX in a VM): the fix is a dtype.
+    "cpu-vllm0.32.0/worker_sigill_amx_bf16.log": ["illegal_instruction", "exit code: -4", "dtype = 'float16'"],
 }
 
 
@@ -276,7 +278,7 @@ async def test_replay_shows_key_values(fixtures_dir, name):
         for expected in REPLAY_EXPECT[name]:
             assert expected in text, f"{name}: {expected!r} not on screen"
         panel = app.main.query_one(ErrorPanel)
-        failed = "/fail_" in name or name.endswith("/engine_core_killed.log")
+        failed = "/fail_" in name or name.endswith(("/engine_core_killed.log", "/worker_sigill_amx_bf16.log"))
         assert panel.has_class("-visible") == failed
         if failed:
             assert app.status.state.value == "crashed"

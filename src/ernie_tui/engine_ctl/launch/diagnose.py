@@ -78,6 +78,7 @@ _TITLES = {
     ErrorKind.PORT_IN_USE: "The port is already in use",
     ErrorKind.CUDA_OOM: "The GPU ran out of memory",
     ErrorKind.MISSING_MODULE: "A Python module is missing",
+    ErrorKind.ILLEGAL_INSTRUCTION: "A worker died on a CPU instruction this machine refuses (SIGILL)",
     ErrorKind.ENGINE_DEAD: "The engine process died",
     ErrorKind.OTHER: "vLLM failed",
 }
@@ -115,6 +116,11 @@ _WHY = {
         "fewer concurrent sequences leaves more headroom.",
     ErrorKind.MISSING_MODULE:
         "The Python that runs vLLM lacks a package it imports; the preset cannot fix that.",
+    ErrorKind.ILLEGAL_INSTRUCTION:
+        "vLLM picks its kernels from the instruction sets the CPU reports. On CPU, bf16 attention runs AMX "
+        "kernels wherever the CPU lists AMX; some virtual machines list AMX (or AVX-512 parts) that the guest "
+        "may not execute, and the worker dies at its first request. float16 runs vLLM's plain vector kernels "
+        "with the same 2-byte sizes; float32 runs everywhere at twice the KV bytes.",
     ErrorKind.ENGINE_DEAD:
         "The engine core process exited; the log above the failure usually holds the real cause.",
     ErrorKind.OTHER:
@@ -404,7 +410,18 @@ def _fix_missing_module(f: _FixInput) -> Fix:
 
 # The table: each error kind with a fix, and the row that computes it. A kind
 # not here has none ("read the log").
+def _fix_illegal_instruction(f: _FixInput) -> Fix:
+    if f.platform != "cpu":
+        return None, "a vLLM build made for another CPU or GPU: install the build for this machine"
+    dtype = str(f.preset.get("dtype") or "auto").lower()
+    if dtype in ("float32", "float", "fp32"):
+        return None, "already float32: this vLLM build does not fit this CPU; install one built for it"
+    new = "float32" if dtype in ("float16", "half", "fp16") else "float16"
+    return {"dtype": new}, "vLLM's vector kernels instead of AMX"
+
+
 _FIXES: dict[ErrorKind, Callable[[_FixInput], Fix]] = {
+    ErrorKind.ILLEGAL_INSTRUCTION: _fix_illegal_instruction,
     ErrorKind.KV_CACHE_TOO_SMALL: _fix_kv_cache_too_small,
     ErrorKind.NO_CACHE_MEMORY: _fix_no_cache_memory,
     ErrorKind.INSUFFICIENT_FREE_MEMORY: _fix_insufficient_free_memory,

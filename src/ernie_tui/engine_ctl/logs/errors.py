@@ -29,6 +29,7 @@ class ErrorKind(StrEnum):
     PORT_IN_USE = "port_in_use"
     CUDA_OOM = "cuda_oom"
     MISSING_MODULE = "missing_module"
+    ILLEGAL_INSTRUCTION = "illegal_instruction"
     ENGINE_DEAD = "engine_dead"
     OTHER = "other"
 
@@ -66,6 +67,10 @@ _CLASSIFIERS: list[tuple[re.Pattern[str], ErrorKind]] = [
     (re.compile(r"unrecognized arguments: "), ErrorKind.UNKNOWN_ARGUMENT),
     (re.compile(r"[Aa]ddress already in use|\[Errno (?:98|48|10048)\]"), ErrorKind.PORT_IN_USE),
     (re.compile(r"ModuleNotFoundError|No module named "), ErrorKind.MISSING_MODULE),
+    # A worker killed by SIGILL: vLLM prints the negative signal number as its
+    # exit code. Before ENGINE_DEAD, which the same line would match.
+    (re.compile(r"died unexpectedly \(exit code: -4\)|Illegal instruction|\bSIGILL\b"),
+     ErrorKind.ILLEGAL_INSTRUCTION),
     (re.compile(r"EngineDeadError|Engine core proc \S+ died|died unexpectedly|exited unexpectedly"
                 r"|EngineCore encountered"
                 r"|Engine core initialization failed|WorkerProc initialization failed|EngineCore failed to start"

@@ -129,7 +129,8 @@ _RE_PYD_TAIL = re.compile(r"\s*\[type=[\w.]+, input_value=.*$")
 # Exceptions that are how processes end, not why they failed.
 _IGNORED_EXC = ("KeyboardInterrupt", "SystemExit", "CancelledError", "GeneratorExit")
 # Error kinds that still matter after the server became ready.
-_FATAL_AFTER_READY = {ErrorKind.ENGINE_DEAD, ErrorKind.CUDA_OOM, ErrorKind.PORT_IN_USE}
+_FATAL_AFTER_READY = {ErrorKind.ENGINE_DEAD, ErrorKind.CUDA_OOM, ErrorKind.PORT_IN_USE,
+                      ErrorKind.ILLEGAL_INSTRUCTION}
 # vLLM 0.32's "[shutdown] MPClient: engine core exited unexpectedly; starting cleanup".
 _ENGINE_GONE = "engine core exited unexpectedly"
 # Messages that only say "something failed, see above".

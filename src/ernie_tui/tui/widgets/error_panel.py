@@ -20,6 +20,7 @@ KIND_WORDS = {
     "cuda_oom": "CUDA out of memory",
     "missing_module": "a Python module is missing",
     "engine_dead": "the engine died",
+    "illegal_instruction": "a worker hit an instruction this CPU refuses",
     "other": "error",
 }
 
