@@ -102,6 +102,26 @@ from ernie_tui.engine_ctl.load.stream_timing import (
     ProbeRequest,
     ProbeResult,
 )
+
+# Traffic profiles: capture (traffic_capture), the file (traffic), ready-made
+# shapes (traffic_shapes) and replay (traffic_replay).
+from ernie_tui.engine_ctl.load.traffic import (
+    TrafficError,
+    TrafficProfile,
+    format_profile,
+    save_profile,
+)
+from ernie_tui.engine_ctl.load.traffic_capture import (
+    build_profile,
+    capture_live,
+    from_log_file,
+    from_trace,
+    read_trace,
+)
+from ernie_tui.engine_ctl.load.traffic_replay import OUTPUTS as TRAFFIC_OUTPUTS
+from ernie_tui.engine_ctl.load.traffic_replay import replay_settings
+from ernie_tui.engine_ctl.load.traffic_shapes import BUILT_IN as BUILT_IN_TRAFFIC
+from ernie_tui.engine_ctl.load.traffic_shapes import load_profile
 from ernie_tui.engine_ctl.load.verdict_words import second_look, verdict_text
 from ernie_tui.engine_ctl.load.workload import Workload, burst_workload, load_jsonl
 
@@ -211,4 +231,20 @@ __all__ = [
     "server_processes",
     "verdict_text",
     "vllm_bench_ranges",
+]
+
+__all__ += [
+    "BUILT_IN_TRAFFIC",
+    "TRAFFIC_OUTPUTS",
+    "TrafficError",
+    "TrafficProfile",
+    "build_profile",
+    "capture_live",
+    "format_profile",
+    "from_log_file",
+    "from_trace",
+    "load_profile",
+    "read_trace",
+    "replay_settings",
+    "save_profile",
 ]

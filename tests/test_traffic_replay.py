@@ -1,0 +1,77 @@
+"""A burst with --traffic against the paced stand-in (tests/paced_server.py):
+it sends the lengths the profile's seeded draws give, asks for each output
+length with ignore_eos, goes out at the profile's rate, and its run record
+names the traffic. The CLI's traffic capture/show too."""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+
+from ernie_tui.engine_ctl.load.traffic import Arrivals, LengthDist, Prefix, Source, TrafficProfile, save_profile
+from ernie_tui.engine_ctl.load.traffic_replay import draw_lengths
+
+
+def _profile() -> TrafficProfile:
+    return TrafficProfile(
+        name="tiny-shape",
+        prompt_tokens=LengthDist(points=[(0.0, 10), (0.5, 20), (0.9, 35), (1.0, 40)]),
+        output_tokens=LengthDist(points=[(0.0, 2), (0.5, 4), (0.9, 10), (1.0, 12)]),
+        arrivals=Arrivals(rate_per_s=40.0, cv=2.0),
+        prefix=Prefix(share=0.5, tokens=6),
+        source=Source(kind="built-in"))
+
+
+def _requests(url: str) -> list[dict]:
+    with urllib.request.urlopen(url + "/requests", timeout=10) as r:
+        log = json.loads(r.read())
+    return [e for e in log if (e["max_tokens"] or 0) > 1]  # not the warm-up's one token
+
+
+def test_a_burst_with_traffic_sends_the_lengths_drawn(stand_in, tmp_path, capsys):
+    from ernie_tui.cli import main
+
+    url = stand_in("--slots", "8", "--ttft-ms", "2", "--itl-ms", "1")
+    prof = _profile()
+    path = save_profile(prof, tmp_path / "tiny.json")
+    rc = main(["probe", "--url", url, "--burst", "16", "--traffic", str(path), "--seed", "5", "--no-save",
+               "--json"])
+    assert rc == 0
+    d = json.loads(capsys.readouterr().out)
+    ins, outs = draw_lengths(prof, 16, seed=5)
+    sent = _requests(url)[-16:]
+    assert sorted(e["prompt_tokens"] for e in sent) == sorted(ins)
+    assert sorted(e["max_tokens"] for e in sent) == sorted(outs)
+    assert all(e["ignore_eos"] is True for e in sent)
+    assert [r["prompt_tokens_target"] for r in d["requests"]] == ins
+    assert [r["max_tokens"] for r in d["requests"]] == outs
+    # The profile's arrivals: an open loop at its rate, gamma gaps of its CV.
+    cfg = d["config"]
+    assert cfg["rate"] == 40.0 and cfg["concurrency"] == 0 and cfg["burstiness"] == 0.25
+    # The record names the traffic, whole.
+    assert TrafficProfile.from_dict(cfg["traffic"]).digest == prof.digest
+    # Another seed, other lengths: the ones its draws give.
+    main(["probe", "--url", url, "--burst", "16", "--traffic", str(path), "--seed", "6", "--no-save", "--json"])
+    capsys.readouterr()
+    ins6 = draw_lengths(prof, 16, seed=6)[0]
+    assert ins6 != ins
+    assert sorted(e["prompt_tokens"] for e in _requests(url)[-16:]) == sorted(ins6)
+
+
+def test_traffic_show_and_capture_from_a_log_on_the_command_line(tmp_path, capsys):
+    from pathlib import Path
+
+    from ernie_tui.cli import main
+
+    assert main(["traffic", "show", "batch-summarise"]) == 0
+    out = capsys.readouterr().out
+    assert "traffic batch-summarise" in out and "assumption" in out
+    log = Path(__file__).parent / "fixtures" / "traffic" / "cpu-vllm0.32.0" / "requests_debug.log"
+    target = tmp_path / "night.json"
+    assert main(["traffic", "capture", "--log", str(log), "--out", str(target)]) == 0
+    p = TrafficProfile.from_json(target.read_text())
+    assert p.name == "night" and p.source.kind == "request-log" and p.prompt_tokens.exact
+    # An INFO log alone has no prompt lengths: refused in plain words.
+    info = log.with_name("requests_info.log")
+    assert main(["traffic", "capture", "--log", str(info), "--out", str(tmp_path / "x.json")]) != 0
+    assert "prompt lengths" in capsys.readouterr().err
