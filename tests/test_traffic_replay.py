@@ -75,3 +75,38 @@ def test_traffic_show_and_capture_from_a_log_on_the_command_line(tmp_path, capsy
     info = log.with_name("requests_info.log")
     assert main(["traffic", "capture", "--log", str(info), "--out", str(tmp_path / "x.json")]) != 0
     assert "prompt lengths" in capsys.readouterr().err
+
+
+def test_sweep_passes_traffic_through_to_every_presets_load(tmp_path, tiny_model):
+    import argparse
+
+    from ernie_tui.cli import cmd_sweep
+
+    parser = argparse.ArgumentParser()
+    sub = parser.add_subparsers()
+    cmd_sweep.register(sub)
+    args = parser.parse_args(["sweep", "cpu-demo", "--out", str(tmp_path / "s.json"), "--traffic", "chat",
+                              "--traffic-outputs", "eos", "--capacity"])
+    args.presets, args.model = [], str(tiny_model)
+    setup = cmd_sweep._setup(args)
+    assert TrafficProfile.from_dict(setup.config.traffic).name == "chat"
+    assert setup.config.ignore_eos is False and setup.config.max_tokens == 512
+    assert setup.capacity.settings.ignore_eos is False  # the search's requests stop at EOS too
+
+
+def test_a_capacity_workload_built_from_traffic_names_it_and_draws_from_it(tiny_model):
+    from dataclasses import replace
+
+    from ernie_tui.engine_ctl.load.burst import BurstConfig
+    from ernie_tui.engine_ctl.load.prompts import LocalTokenizer
+    from ernie_tui.engine_ctl.load.traffic_replay import replay_settings
+    from ernie_tui.engine_ctl.load.workload import burst_workload
+
+    prof = _profile()
+    cfg = replace(BurstConfig(seed=2, word_seed=9), **replay_settings(prof))
+    wl = burst_workload(cfg, LocalTokenizer(tiny_model), size=10)
+    assert prof.digest in wl.describe()["source"]
+    ins, outs = draw_lengths(prof, 10, seed=2)
+    assert [i.prompt_tokens for i in wl.items] == ins and [i.max_tokens for i in wl.items] == outs
+    wl.ensure(20)  # the next batch: the next seed's draws
+    assert [i.max_tokens for i in wl.items[10:]] == draw_lengths(prof, 10, seed=3)[1]

@@ -36,3 +36,20 @@ def traffic_fields(args: Any) -> tuple[Any, dict[str, Any]] | None:
         return profile, replay_settings(profile, getattr(args, "traffic_outputs", "lengths"))
     except (TrafficError, ValueError) as exc:
         raise CliError(f"--traffic: {exc}") from exc
+
+
+def with_traffic(args: Any, config: Any, capacity: Any = None) -> Any:
+    """`config` (a BurstConfig) replaying --traffic, if given; a capacity
+    sweep's request settings told how its outputs end. For sweep and tune,
+    which pass --traffic through to every preset's load."""
+    traffic = traffic_fields(args)
+    if traffic is None:
+        return config
+    from dataclasses import replace
+
+    config = replace(config, **traffic[1])
+    if capacity is not None and not config.ignore_eos:
+        from ernie_tui.engine_ctl.load import RequestSettings  # lazy: --help start-up
+
+        capacity.settings = replace(capacity.settings or RequestSettings(), ignore_eos=False)
+    return config
