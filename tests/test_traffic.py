@@ -121,7 +121,11 @@ def test_capture_from_two_real_metrics_scrapes():
     hit = _counter("vllm:prefix_cache_hits_total") / _counter("vllm:prefix_cache_queries_total")
     assert 0.3 < hit < 0.9  # 27 of 40 prompts opened with a 200-word system prompt
     assert cap.prefix is not None and cap.prefix.hit_rate == pytest.approx(hit, abs=1e-4)
-    assert cap.prefix.assumed and cap.prefix.tokens == round(hit * cap.prompt_tokens.mean)
+    # Only share x length can be read off: the hit tokens a request, in whole
+    # blocks of 32 (cache_config_info), carried by prompts longer than it.
+    assert cap.prefix.assumed and cap.prefix.tokens % 32 == 0
+    assert cap.prefix.share * cap.prefix.tokens == pytest.approx(hit * cap.prompt_tokens.mean, abs=1)
+    assert cap.prefix.share <= 1 - cap.prompt_tokens.cdf(cap.prefix.tokens + 1) + 1e-9
 
 
 def test_metrics_scrapes_inside_the_window_give_the_rate_per_interval():
@@ -181,6 +185,11 @@ def test_request_log_lines_at_debug_level_give_exact_prompt_lengths():
         if m:
             counted[m[1]] = len(m[2].split(","))
     assert {r.request_id: r.prompt_tokens for r in reqs} == counted
+    # The token ids show the shared prefix: the source's 200-word system
+    # prompt (one token a word), in 6 of these 12 (README: round 3's plan).
+    cap = from_log_file(FIX / "requests_debug.log")
+    assert cap.prefix is not None and not cap.prefix.assumed
+    assert cap.prefix.share == 0.5 and 200 <= cap.prefix.tokens <= 201
 
 
 def test_each_part_comes_from_the_richest_source_that_saw_it():
@@ -242,8 +251,16 @@ def test_replay_draws_are_seeded_and_keep_the_profiles_quantiles():
             assert got.quantile(q) == pytest.approx(dist.quantile(q), rel=0.03), q
     # "eos": max_tokens from its own table (chat: all 512).
     assert set(draw_lengths(p, 100, seed=3, outputs="eos")[1]) == {512}
-    flags = prefix_flags(built_in("long-doc-qa"), 20000, seed=1)
+    qa = built_in("long-doc-qa")
+    flags = prefix_flags(qa, draw_lengths(qa, 20000, seed=1)[0], seed=1)
     assert sum(flags) / len(flags) == pytest.approx(0.6, abs=0.02)
+    # The prefix goes to prompts longer than it while they are enough.
+    chat = built_in("chat")
+    chat.prefix.share, chat.prefix.tokens = 0.5, 200  # shorter than 3 in 4 of its prompts
+    lengths = draw_lengths(chat, 20000, seed=2)[0]
+    flags = prefix_flags(chat, lengths, seed=2)
+    assert sum(flags) / len(flags) == pytest.approx(0.5, abs=0.02)
+    assert all(n > 201 for n, f in zip(lengths, flags, strict=True) if f)
     s = replay_settings(p)
     assert s["ignore_eos"] is True and s["max_tokens"] == 512 and s["burstiness"] == pytest.approx(1 / 1.5 ** 2)
     assert replay_settings(p, "eos")["ignore_eos"] is False
@@ -257,7 +274,7 @@ def test_replayed_prompts_share_the_profiles_prefix(tiny_model):
     p.prefix.tokens = 40
     lengths = [60, 80, 30, 100, 70, 90, 120, 50]
     built = build_prompts(p, lengths, seed=1, word_seed=5, tokenizer=tok)
-    flags = prefix_flags(p, len(lengths), seed=1)
+    flags = prefix_flags(p, lengths, seed=1)
     assert [b.tokens for b in built] == lengths  # exact, prefix or not
     first = next(b.text for b, f in zip(built, flags, strict=True) if f and len(tok.encode(b.text)) > 41)
     head = tok.encode(first)[:40]

@@ -68,6 +68,16 @@ class LengthDist:
                 return v0 if q1 == q0 else v0 + (v1 - v0) * (q - q0) / (q1 - q0)
         return pts[-1][1]
 
+    def cdf(self, x: float) -> float:
+        """The share of lengths at or below x (the table inverted, linear)."""
+        pts = self.points
+        if x < pts[0][1]:
+            return 0.0
+        for (q0, v0), (q1, v1) in zip(pts, pts[1:], strict=False):
+            if x < v1:
+                return q0 + (q1 - q0) * (x - v0) / (v1 - v0) if v1 > v0 else q1
+        return 1.0
+
     @property
     def low(self) -> int:
         return max(1, int(round(self.points[0][1])))

@@ -239,17 +239,30 @@ def _metrics_arrivals(before: M.MetricsSnapshot, after: M.MetricsSnapshot, betwe
 def _metrics_prefix(before: M.MetricsSnapshot, after: M.MetricsSnapshot,
                     prompts: LengthDist | None) -> Prefix | None:
     """The hit rate as vLLM counts it (hit tokens over queried tokens). The
-    share and length of the prefix behind it cannot be seen: a prefix of
-    hit_rate x the mean prompt, shared by every request, gives the same
-    hit tokens, and is what the profile assumes (it says so)."""
+    share and length of the prefix behind it cannot be seen, only their
+    product: H = hit rate x mean prompt tokens a request. The profile
+    assumes (and says so) the shortest whole-block prefix L that the
+    prompts longer than it can carry, share H / L of the requests: a system
+    prompt sits in front of longer prompts, and vLLM counts hits in whole
+    blocks (block_size from cache_config_info, else 16)."""
     q = M.counter_delta(before, after, M.PREFIX_QUERIES)
     h = M.counter_delta(before, after, M.PREFIX_HITS)
     if not q or h is None:
         return None
     hit = h / q
     mean = prompts.mean if prompts is not None and prompts.mean else None
-    tokens = int(round(hit * mean)) if mean else 0
-    return Prefix(share=1.0 if tokens else 0.0, tokens=tokens, hit_rate=round(hit, 4), assumed=True)
+    if not mean or hit <= 0 or prompts is None:
+        return Prefix(hit_rate=round(hit, 4), assumed=True)
+    cache = after.cache_config()
+    block = (cache.block_size if cache is not None else None) or 16
+    per_request = hit * mean
+    length = block
+    while length < prompts.quantile(1.0):
+        if length * (1.0 - prompts.cdf(length + 1)) >= per_request:
+            break
+        length += block
+    share = min(1.0, per_request / length)
+    return Prefix(share=round(share, 4), tokens=int(length), hit_rate=round(hit, 4), assumed=True)
 
 
 # -- vLLM's request log ------------------------------------------------------
@@ -268,6 +281,7 @@ class LoggedRequest:
     max_tokens: int | None = None
     ignore_eos: bool | None = None
     prompt_tokens: int | None = None  # from the DEBUG details line, when logged
+    prompt_ids: list[int] | None = None  # its token ids (for the shared prefix; never written to a profile)
 
 
 def parse_request_log(lines: Iterable[str], year: int | None = None) -> list[LoggedRequest]:
@@ -275,7 +289,7 @@ def parse_request_log(lines: Iterable[str], year: int | None = None) -> list[Log
     a DEBUG details line adds its request's prompt length."""
     year = year or dt.datetime.now().year
     out: dict[str, LoggedRequest] = {}
-    lengths: dict[str, int] = {}
+    ids_by_id: dict[str, list[int]] = {}
     for line in lines:
         if "Received request" in line:
             m = _RECEIVED.search(line)
@@ -291,10 +305,11 @@ def parse_request_log(lines: Iterable[str], year: int | None = None) -> list[Log
         elif " details: prompt: " in line:
             d = _DETAILS.search(line)
             if d is not None and d["ids"] != "None":
-                lengths[d["id"]] = len(json.loads(d["ids"]))
-    for rid, n in lengths.items():
+                ids_by_id[d["id"]] = json.loads(d["ids"])
+    for rid, ids in ids_by_id.items():
         if rid in out:
-            out[rid].prompt_tokens = n
+            out[rid].prompt_tokens = len(ids)
+            out[rid].prompt_ids = ids
     return sorted(out.values(), key=lambda r: r.at)
 
 
@@ -317,6 +332,9 @@ def from_log_requests(reqs: list[LoggedRequest], window_s: float | None = None) 
     pts = [r.prompt_tokens for r in reqs if r.prompt_tokens is not None]
     if pts:
         cap.prompt_tokens = LengthDist.from_values(pts)
+        # The token ids show the shared prefix itself (a --max-log-len cut
+        # would shorten it, and the lengths: vLLM's default keeps them whole).
+        cap.prefix = shared_prefix([r.prompt_ids for r in reqs if r.prompt_ids], len, key=16)
     else:
         cap.notes.append("request log: no prompt lengths (vLLM logs the prompt's tokens only at DEBUG level)")
     return cap
@@ -430,13 +448,14 @@ def from_trace(reqs: list[TraceRequest], tokenizer: Any = None, keep_text: bool 
     return cap
 
 
-def shared_prefix(texts: list[str], count: Any, key_chars: int = 64) -> Prefix:
-    """The largest group of prompts that open with the same `key_chars`
-    characters: its share of all, and the length of what they all share."""
-    groups: dict[str, list[str]] = {}
+def shared_prefix(texts: list[Any], count: Any, key: int = 64) -> Prefix:
+    """The largest group of prompts (texts, or token-id lists) that open
+    with the same `key` characters (ids): its share of all, and the length
+    of what they all share, counted by `count`."""
+    groups: dict[Any, list[Any]] = {}
     for t in texts:
-        if len(t) >= key_chars:
-            groups.setdefault(t[:key_chars], []).append(t)
+        if len(t) >= key:
+            groups.setdefault(tuple(t[:key]), []).append(t)
     best = max(groups.values(), key=len, default=[])
     if len(best) < 2:
         return Prefix()

@@ -16,8 +16,8 @@ What a burst or a capacity search sends with --traffic PROFILE:
   eos_share is then what its own answers should show);
 - the shared prefix: the profile's share of the requests start with one
   common prefix of its length (its words fixed by the profile, so the
-  prefix cache sees one system prompt across levels and runs); a request
-  shorter than the prefix takes as much of it as fits;
+  prefix cache sees one system prompt across levels and runs), taken among
+  the prompts longer than it (prefix_flags);
 - arrivals keep the profile's burstiness: gamma gaps of its CV, at its mean
   rate or at whatever rate the search sets (arrivals.arrival_stream's
   `burstiness` is the gamma shape 1 / CV^2).
@@ -55,13 +55,20 @@ def draw_lengths(profile: TrafficProfile, n: int, seed: int = 0,
     return ins, outs
 
 
-def prefix_flags(profile: TrafficProfile, n: int, seed: int = 0) -> list[bool]:
-    """Which of n requests open with the shared prefix (the profile's share, seeded)."""
+def prefix_flags(profile: TrafficProfile, lengths: list[int], seed: int = 0) -> list[bool]:
+    """Which requests open with the shared prefix: the profile's share of
+    them, taken among the prompts longer than the prefix (a system prompt
+    sits in front of a question, so a prompt that carries it is longer than
+    it); only where those are too few do shorter ones carry as much of it
+    as fits. Seeded."""
     p = profile.prefix
     if p.tokens <= 0 or p.share <= 0:
-        return [False] * n
+        return [False] * len(lengths)
     rng = random.Random(f"traffic-prefix-{seed}")
-    return [rng.random() < p.share for _ in range(n)]
+    longer = 1.0 - profile.prompt_tokens.cdf(p.tokens + 1)
+    q_long = min(1.0, p.share / longer) if longer > 0 else 0.0
+    q_short = max(0.0, (p.share - longer) / (1.0 - longer)) if longer < 1 else 0.0
+    return [rng.random() < (q_long if n > p.tokens + 1 else q_short) for n in lengths]
 
 
 def prefix_seed(profile: TrafficProfile) -> int:
@@ -74,7 +81,7 @@ def build_prompts(profile: TrafficProfile, lengths: list[int], seed: int, word_s
     """Prompts of the drawn lengths; the flagged ones open with the shared
     prefix. Each is counted by re-encoding its text, as PromptBuilder
     counts (decode and encode are not always inverse)."""
-    flags = prefix_flags(profile, len(lengths), seed)
+    flags = prefix_flags(profile, lengths, seed)
     maker = _Maker(tokenizer, word_seed)
     head: list[int] = []
     if any(flags):
