@@ -110,7 +110,13 @@ def test_capture_from_two_real_metrics_scrapes():
     # max_tokens: the source's known draws, bucketed by vLLM's 1-2-5 bounds.
     assert cap.max_tokens is not None and not cap.max_tokens.exact
     assert cap.max_tokens.buckets == [(20.0, 6.0), (100.0, 16.0), (200.0, 10.0), (500.0, 8.0)]
-    assert cap.max_tokens.quantile(0.5) == pytest.approx(93.75)  # inside the 50-100 bucket, as vLLM's 64
+    # Each quantile inside its bucket (the median in 20-100, as the true 64;
+    # p90 in 200-500, as the true 256), and the lengths spread inside the
+    # buckets so that their mean is the true one (vLLM's exact sum).
+    assert 20 < cap.max_tokens.quantile(0.5) <= 100 and 200 < cap.max_tokens.quantile(0.9) <= 500
+    truth = [m for m, k in ROUND2_MAX_TOKENS.items() for _ in range(k)]
+    assert cap.max_tokens.table_mean == pytest.approx(sum(truth) / len(truth), rel=1e-6)
+    assert cap.prompt_tokens.table_mean == pytest.approx(cap.prompt_tokens.mean, rel=1e-6)
     for d in (cap.prompt_tokens, cap.output_tokens):
         assert d is not None and sum(c for _, c in d.buckets or []) == 40
     # Outputs never exceed the max_tokens asked for.

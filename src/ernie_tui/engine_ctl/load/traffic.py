@@ -39,6 +39,9 @@ SOURCES = ("metrics", "request-log", "trace", "built-in", "merged")
 # The quantiles a length table keeps: enough for p10/p50/p90 to read off
 # directly and for a replay's inverse-CDF draw to keep the tails.
 QUANTILES = (0.0, 0.01, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99, 1.0)
+# A table read off histogram buckets is finer: its points trace the curve
+# the lengths are given inside each bucket (from_histogram).
+HIST_QUANTILES = tuple(sorted({*QUANTILES, *(i / 40 for i in range(41))}))
 
 
 class TrafficError(ValueError):
@@ -98,16 +101,44 @@ class LengthDist:
         return cls(points=[(q, _exact_quantile(xs, q)) for q in QUANTILES], count=float(len(xs)),
                    mean=math.fsum(xs) / len(xs), exact=True)
 
+    @property
+    def table_mean(self) -> float:
+        """The mean of the lengths the table gives (its points joined by
+        straight lines, as draw() reads them)."""
+        pts = self.points
+        return math.fsum((q1 - q0) * (v0 + v1) / 2 for (q0, v0), (q1, v1) in zip(pts, pts[1:], strict=False))
+
     @classmethod
     def from_histogram(cls, hist: Any) -> LengthDist | None:
         """From a metrics.Histogram of the window (a delta); None when empty.
-        A rank in the +Inf bucket reads as the highest finite bound: all
-        vLLM says is "more than that"."""
+
+        Inside a bucket only the count is known. vLLM's buckets are wide
+        (200-500, 500-1000 ...), and spreading each bucket's lengths evenly
+        over it (Prometheus' histogram_quantile) puts their mean far from
+        the true one, which the histogram's sum gives exactly. So the lengths
+        are spread over each bucket as frac^k, one k for all, chosen so the
+        table's mean is the histogram's (k 1: evenly; above 1: nearer the
+        lower edges). A quantile stays inside its bucket either way. A rank
+        in the +Inf bucket reads as the highest finite bound: all vLLM says
+        is "more than that"."""
         total = hist.buckets[-1][1] if hist.buckets else 0.0
         if total <= 0:
             return None
-        pts = [(q, max(1.0, float(hist.quantile(q)))) for q in QUANTILES]
-        # A first bucket's lower edge reads as 0: a length is at least 1.
+        target = hist.mean
+
+        def table(k: float) -> list[tuple[float, float]]:
+            return [(q, _skewed_quantile(hist.buckets, q, k)) for q in HIST_QUANTILES]
+
+        k = 1.0
+        if target:
+            lo, hi = 0.1, 10.0
+            for _ in range(40):  # the table's mean falls as k grows
+                k = math.sqrt(lo * hi)
+                if cls(points=table(k)).table_mean > target:
+                    lo = k
+                else:
+                    hi = k
+        pts = table(k)
         buckets, prev = [], 0.0
         for bound, cum in hist.buckets:
             if cum - prev > 0:
@@ -141,6 +172,22 @@ class LengthDist:
         return cls(points=pts, count=float(d.get("count") or 0.0), mean=d.get("mean"),
                    exact=bool(d.get("exact", True)),
                    buckets=[(float(b), float(c)) for b, c in buckets] if buckets else None)
+
+
+def _skewed_quantile(buckets: Any, q: float, k: float) -> float:
+    """The q-quantile of cumulative buckets, spread inside its bucket as
+    frac^k (k 1: Prometheus' linear interpolation); at least 1."""
+    total = buckets[-1][1]
+    rank = q * total
+    prev_bound, prev_count = 0.0, 0.0
+    for bound, cum in buckets:
+        if cum >= rank and cum > prev_count:
+            if math.isinf(bound):
+                return max(1.0, prev_bound)
+            frac = (rank - prev_count) / (cum - prev_count)
+            return max(1.0, prev_bound + (bound - prev_bound) * frac ** k)
+        prev_bound, prev_count = bound, cum
+    return max(1.0, prev_bound)
 
 
 def _exact_quantile(xs: list[float], q: float) -> float:

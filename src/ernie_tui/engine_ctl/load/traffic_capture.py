@@ -196,7 +196,8 @@ def from_metrics(before: M.MetricsSnapshot, after: M.MetricsSnapshot,
                          "to read it")
     cap.prefix = _metrics_prefix(before, after, cap.prompt_tokens)
     if cap.prompt_tokens is not None:
-        cap.notes.append("/metrics: lengths are read within one histogram bucket (vLLM's 1-2-5 bounds)")
+        cap.notes.append("/metrics: lengths are read within one histogram bucket (vLLM's 1-2-5 bounds), spread "
+                         "inside the buckets so that their mean is vLLM's exact one")
     return cap
 
 
