@@ -110,3 +110,16 @@ def test_a_capacity_workload_built_from_traffic_names_it_and_draws_from_it(tiny_
     assert [i.prompt_tokens for i in wl.items] == ins and [i.max_tokens for i in wl.items] == outs
     wl.ensure(20)  # the next batch: the next seed's draws
     assert [i.max_tokens for i in wl.items[10:]] == draw_lengths(prof, 10, seed=3)[1]
+
+
+def test_the_sweep_table_names_the_traffic_it_was_measured_on():
+    from dataclasses import replace
+
+    from ernie_tui.engine_ctl.control.sweep import sweep_meta
+    from ernie_tui.engine_ctl.load.burst import BurstConfig
+    from ernie_tui.engine_ctl.load.traffic_replay import replay_settings
+
+    prof = _profile()
+    meta = sweep_meta(["a", "b"], 1, replace(BurstConfig(), **replay_settings(prof)), [])
+    assert meta["traffic"] == f"tiny-shape ({prof.digest}), outputs lengths"
+    assert "traffic" not in sweep_meta(["a"], 1, BurstConfig(), [])
