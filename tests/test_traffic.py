@@ -255,6 +255,10 @@ def test_replay_draws_are_seeded_and_keep_the_profiles_quantiles():
         got = LengthDist.from_values(drawn)
         for q in (0.1, 0.5, 0.9):
             assert got.quantile(q) == pytest.approx(dist.quantile(q), rel=0.03), q
+    # A small batch holds them too (one draw in each n-th of the table).
+    small = LengthDist.from_values(draw_lengths(p, 100, seed=7)[0])
+    for q in (0.1, 0.5, 0.9):
+        assert small.quantile(q) == pytest.approx(p.prompt_tokens.quantile(q), rel=0.04), q
     # "eos": max_tokens from its own table (chat: all 512).
     assert set(draw_lengths(p, 100, seed=3, outputs="eos")[1]) == {512}
     qa = built_in("long-doc-qa")
