@@ -8,6 +8,8 @@ from __future__ import annotations
 import json
 import urllib.request
 
+import pytest
+
 from ernie_tui.engine_ctl.load.traffic import Arrivals, LengthDist, Prefix, Source, TrafficProfile, save_profile
 from ernie_tui.engine_ctl.load.traffic_replay import draw_lengths
 
@@ -123,3 +125,32 @@ def test_the_sweep_table_names_the_traffic_it_was_measured_on():
     meta = sweep_meta(["a", "b"], 1, replace(BurstConfig(), **replay_settings(prof)), [])
     assert meta["traffic"] == f"tiny-shape ({prof.digest}), outputs lengths"
     assert "traffic" not in sweep_meta(["a"], 1, BurstConfig(), [])
+
+
+def test_traffic_capture_watches_a_live_server_while_a_load_runs(stand_in, tmp_path, capsys):
+    import threading
+
+    from ernie_tui.cli import main
+    from ernie_tui.engine_ctl.load.burst import BurstConfig, run_burst
+
+    url = stand_in("--slots", "8", "--ttft-ms", "2", "--itl-ms", "1")
+    cfg = BurstConfig(n=30, concurrency=0, rate=20.0, min_tokens=30, max_tokens_in=40, max_tokens=8, warmup=False)
+    load = threading.Thread(target=lambda: (time_sleep(1.0), run_burst(url, cfg, use_metrics=False)))
+    load.start()
+    target = tmp_path / "live.json"
+    assert main(["traffic", "capture", "--url", url, "--window", "5s", "--interval", "1", "--out",
+                 str(target)]) == 0
+    load.join()
+    p = TrafficProfile.from_json(target.read_text())
+    assert p.source.kind == "metrics" and p.source.requests == 30
+    # Prompts of 30-40 tokens fall in the 20-50 bucket; every output is 8 (5-10).
+    assert p.prompt_tokens.buckets == [(50.0, 30.0)] and p.output_tokens.buckets == [(10.0, 30.0)]
+    assert 20 <= p.prompt_tokens.quantile(0.5) <= 50 and 5 <= p.output_tokens.quantile(0.5) <= 10
+    assert p.arrivals.rate_per_s == pytest.approx(30 / p.source.window_s, rel=1e-5) and p.arrivals.cv_measured
+    assert p.eos_share is None  # the stand-in counts finished requests without vLLM's finished_reason
+
+
+def time_sleep(s: float) -> None:
+    import time
+
+    time.sleep(s)
