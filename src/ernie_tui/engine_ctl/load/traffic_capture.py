@@ -245,7 +245,9 @@ def _metrics_prefix(before: M.MetricsSnapshot, after: M.MetricsSnapshot,
     assumes (and says so) the shortest whole-block prefix L that the
     prompts longer than it can carry, share H / L of the requests: a system
     prompt sits in front of longer prompts, and vLLM counts hits in whole
-    blocks (block_size from cache_config_info, else 16)."""
+    blocks (block_size from cache_config_info, else 16). Where no L is
+    carried by enough longer prompts (lengths read within wide buckets),
+    the L that comes nearest, shorter prompts taking part of it."""
     q = M.counter_delta(before, after, M.PREFIX_QUERIES)
     h = M.counter_delta(before, after, M.PREFIX_HITS)
     if not q or h is None:
@@ -257,11 +259,9 @@ def _metrics_prefix(before: M.MetricsSnapshot, after: M.MetricsSnapshot,
     cache = after.cache_config()
     block = (cache.block_size if cache is not None else None) or 16
     per_request = hit * mean
-    length = block
-    while length < prompts.quantile(1.0):
-        if length * (1.0 - prompts.cdf(length + 1)) >= per_request:
-            break
-        length += block
+    candidates = range(block, max(block, int(prompts.quantile(1.0))) + 1, block)
+    carried = {L: L * (1.0 - prompts.cdf(L + 1)) for L in candidates}
+    length = next((L for L in candidates if carried[L] >= per_request), max(carried, key=carried.__getitem__))
     share = min(1.0, per_request / length)
     return Prefix(share=round(share, 4), tokens=int(length), hit_rate=round(hit, 4), assumed=True)
 
