@@ -39,9 +39,11 @@ SOURCES = ("metrics", "request-log", "trace", "built-in", "merged")
 # The quantiles a length table keeps: enough for p10/p50/p90 to read off
 # directly and for a replay's inverse-CDF draw to keep the tails.
 QUANTILES = (0.0, 0.01, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99, 1.0)
-# A table read off histogram buckets is finer: its points trace the curve
-# the lengths are given inside each bucket (from_histogram).
-HIST_QUANTILES = tuple(sorted({*QUANTILES, *(i / 40 for i in range(41))}))
+# A captured table is finer: a replay draws between its points on straight
+# lines, and real lengths jump (a system prompt: 40 tokens at p10, 220 at
+# p20), so every 2.5 % (and the lines that trace the curve inside a histogram
+# bucket, from_histogram).
+FINE_QUANTILES = tuple(sorted({*QUANTILES, *(i / 40 for i in range(41))}))
 
 
 class TrafficError(ValueError):
@@ -98,7 +100,7 @@ class LengthDist:
         if not values:
             raise TrafficError("no lengths to make a distribution of")
         xs = sorted(float(v) for v in values)
-        return cls(points=[(q, _exact_quantile(xs, q)) for q in QUANTILES], count=float(len(xs)),
+        return cls(points=[(q, _exact_quantile(xs, q)) for q in FINE_QUANTILES], count=float(len(xs)),
                    mean=math.fsum(xs) / len(xs), exact=True)
 
     @property
@@ -127,7 +129,7 @@ class LengthDist:
         target = hist.mean
 
         def table(k: float) -> list[tuple[float, float]]:
-            return [(q, _skewed_quantile(hist.buckets, q, k)) for q in HIST_QUANTILES]
+            return [(q, _skewed_quantile(hist.buckets, q, k)) for q in FINE_QUANTILES]
 
         k = 1.0
         if target:
