@@ -40,17 +40,19 @@ HERE = Path(__file__).resolve()
 ROOT = HERE.parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
-from ernie_tui.engine_ctl.load import metrics as M  # noqa: E402
-from ernie_tui.engine_ctl.load.burst import BurstConfig, run_burst  # noqa: E402
-from ernie_tui.engine_ctl.load.prompts import LocalTokenizer  # noqa: E402
-from ernie_tui.engine_ctl.load.traffic import LengthDist, save_profile  # noqa: E402
-from ernie_tui.engine_ctl.load.traffic_capture import (  # noqa: E402
+from ernie_tui.engine_ctl.load import (  # noqa: E402
+    BurstConfig,
+    LengthDist,
     build_profile,
+    find_tokenizer,
     from_log_requests,
     from_metrics,
     parse_request_log,
+    replay_settings,
+    run_burst,
+    save_profile,
 )
-from ernie_tui.engine_ctl.load.traffic_replay import replay_settings  # noqa: E402
+from ernie_tui.engine_ctl.load import metrics as M  # noqa: E402
 from vllm_support import tiny_model_dir  # noqa: E402  (the tests' tiny ERNIE-4.5-shaped model)
 
 WORDS = ("the model reads a long prompt and the engine splits it into blocks of the cache so that each "
@@ -258,7 +260,7 @@ def main() -> int:
         log = Path(os.environ.get("TMPDIR", "/tmp")) / f"traffic-fidelity-{os.getpid()}.log"
         proc = start_server(args.port, log)
         url = f"http://127.0.0.1:{args.port}"
-    tok = LocalTokenizer(tiny_model_dir())
+    tok = find_tokenizer(tiny_model_dir())  # its tokenizer.json
     try:
         for rnd in range(args.rounds):
             seed = args.seed + rnd

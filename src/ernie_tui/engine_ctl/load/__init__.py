@@ -106,6 +106,7 @@ from ernie_tui.engine_ctl.load.stream_timing import (
 # Traffic profiles: capture (traffic_capture), the file (traffic), ready-made
 # shapes (traffic_shapes) and replay (traffic_replay).
 from ernie_tui.engine_ctl.load.traffic import (
+    LengthDist,
     TrafficError,
     TrafficProfile,
     format_profile,
@@ -115,7 +116,10 @@ from ernie_tui.engine_ctl.load.traffic_capture import (
     build_profile,
     capture_live,
     from_log_file,
+    from_log_requests,
+    from_metrics,
     from_trace,
+    parse_request_log,
     read_trace,
 )
 from ernie_tui.engine_ctl.load.traffic_replay import OUTPUTS as TRAFFIC_OUTPUTS
@@ -235,6 +239,10 @@ __all__ = [
 
 __all__ += [
     "BUILT_IN_TRAFFIC",
+    "LengthDist",
+    "from_log_requests",
+    "from_metrics",
+    "parse_request_log",
     "TRAFFIC_OUTPUTS",
     "TrafficError",
     "TrafficProfile",
