@@ -154,3 +154,14 @@ def time_sleep(s: float) -> None:
     import time
 
     time.sleep(s)
+
+
+def test_traffic_options_are_refused_where_they_do_not_belong(tmp_path, capsys):
+    from ernie_tui.cli import main
+
+    assert main(["probe", "--url", "http://127.0.0.1:9", "--traffic", "chat"]) != 0
+    assert "--traffic belongs to --burst or --capacity" in capsys.readouterr().err
+    assert main(["probe", "--url", "http://127.0.0.1:9", "--burst", "4", "--traffic", str(tmp_path / "no.json")]) != 0
+    assert "built-in ones: chat" in capsys.readouterr().err
+    assert main(["traffic", "capture", "--out", str(tmp_path / "p.json")]) != 0
+    assert "give a source" in capsys.readouterr().err

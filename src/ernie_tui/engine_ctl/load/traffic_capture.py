@@ -499,6 +499,7 @@ def capture_live(url: str, window_s: float, *, interval_s: float = 5.0, log_path
             if snap is not None:
                 snaps.append(snap)
     captures: list[Captured] = []
+    note = "" if len(snaps) >= 2 else "the window ended before a second scrape"
     if len(snaps) >= 2:
         try:
             captures.append(from_metrics(snaps[0], snaps[-1], snaps[1:-1]))
@@ -506,11 +507,12 @@ def capture_live(url: str, window_s: float, *, interval_s: float = 5.0, log_path
             if log_path is None:
                 raise
             note = str(exc)
-        else:
-            note = ""
+    elif log_path is None:
+        raise TrafficError(note)
     if log_path is not None:
         lines = _log_lines_since(log_path, offset)
-        cap = from_log_requests(parse_request_log(lines), window_s=M.elapsed(snaps[0], snaps[-1]) or window_s)
+        watched = M.elapsed(snaps[0], snaps[-1]) if len(snaps) >= 2 else 0.0
+        cap = from_log_requests(parse_request_log(lines), window_s=watched or window_s)
         if not captures and note:
             cap.notes.append(f"/metrics: {note}")
         captures.append(cap)
