@@ -165,3 +165,18 @@ def test_traffic_options_are_refused_where_they_do_not_belong(tmp_path, capsys):
     assert "built-in ones: chat" in capsys.readouterr().err
     assert main(["traffic", "capture", "--out", str(tmp_path / "p.json")]) != 0
     assert "give a source" in capsys.readouterr().err
+
+
+def test_a_report_names_the_traffic_a_burst_record_was_measured_on():
+    from dataclasses import replace
+
+    from ernie_tui.engine_ctl.load import RunRecord
+    from ernie_tui.engine_ctl.load.burst import BurstConfig
+    from ernie_tui.engine_ctl.load.traffic_replay import replay_settings
+    from ernie_tui.engine_ctl.report.inputs import curve_of
+
+    prof = _profile()
+    cfg = replace(BurstConfig(), **replay_settings(prof)).to_dict()
+    rec = RunRecord.from_dict({"id": "r1", "kind": "burst", "timestamp": "2026-12-07T05:00:00",
+                               "results": {"config": cfg, "requests": []}})
+    assert curve_of(rec).info["traffic"] == prof.label()
