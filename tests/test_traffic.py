@@ -296,3 +296,17 @@ def test_replayed_prompts_share_the_profiles_prefix(tiny_model):
             assert ids[:40] != head
     assert 0 < sum(flags) < len(flags)
     assert [b.text for b in build_prompts(p, lengths, seed=1, word_seed=5, tokenizer=tok)] == [b.text for b in built]
+
+
+def test_the_fidelity_bench_tables_each_replica_against_its_source():
+    from bench_scripts import load_bench
+
+    bench = load_bench("traffic_fidelity")
+    src = {"prompt": {"p10": 20, "p50": 200, "p90": 400}, "output": {"p10": 10, "p50": 40, "p90": 100},
+           "rate": 2.0, "prefix_hit_rate": 0.6, "output_tps": 100.0, "ttft_p50_s": 0.020}
+    rep = {"prompt": {"p10": 22, "p50": 200, "p90": 300}, "output": {"p10": 10, "p50": 40, "p90": 100},
+           "rate": 1.9, "prefix_hit_rate": 0.55, "output_tps": 110.0, "ttft_p50_s": 0.020}
+    table = bench.summarise([{"round": 1, "source": src}, {"round": 1, "replica": "metrics", **rep}])
+    row = table.splitlines()[-1]
+    assert "| 1 | metrics | 22 (+10 %) / 200 (+0 %) / 300 (-25 %) |" in row
+    assert "1.900 (-5 %)" in row and "55 % (-5 pts)" in row and "110.0 (+10 %)" in row
