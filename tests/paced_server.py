@@ -12,7 +12,8 @@ For testing timing and the capacity search over real HTTP without vLLM:
   answer): vllm:num_requests_running/waiting,
   vllm:kv_cache_usage_perc (running / slots), the TTFT, ITL and e2e
   histograms, the queue and prefill phase histograms, generation/prompt
-  token and finished-request counters, all
+  token and finished-request counters, the per-request prompt, generation
+  and max_tokens histograms (vLLM's 1-2-5 buckets), all
   measured here, server side; the prefix-cache query/hit counters, where a
   hit is a whole prompt sent before (its every token);
 - --drop-completions N closes the connections of the first N completion
@@ -223,6 +224,12 @@ class Server:
         # ... and slot to last token (prefill + decode), vLLM's "inference" phase.
         self.h_inference = Histogram("vllm:request_inference_time_seconds", "in a slot", lbl,
                                      buckets=E2E_BUCKETS, registry=r)
+        # vLLM's per-request length histograms (its 1-2-5 buckets), observed as
+        # a request ends: what a traffic capture reads from /metrics.
+        lengths = [1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000.0, 2000.0]
+        self.h_prompt = Histogram("vllm:request_prompt_tokens", "prompt", lbl, buckets=lengths, registry=r)
+        self.h_gen = Histogram("vllm:request_generation_tokens", "generated", lbl, buckets=lengths, registry=r)
+        self.h_max = Histogram("vllm:request_params_max_tokens", "max_tokens", lbl, buckets=lengths, registry=r)
         # Every series exists from the start, as vLLM's do: a window opened
         # before the first request still has its counters to subtract from.
         for c in (self.c_preempt, self.c_gen, self.c_prompt, self.c_ok, self.c_prefix_q, self.c_prefix_hits):
@@ -486,6 +493,9 @@ def make_handler(srv: Server):
                 srv.h_e2e.labels(m).observe(time.perf_counter() - t_arrive)
                 srv.h_inference.labels(m).observe(time.perf_counter() - t_slot)
                 srv.c_ok.labels(m).inc()
+                srv.h_prompt.labels(m).observe(n_prompt)
+                srv.h_gen.labels(m).observe(n_out)
+                srv.h_max.labels(m).observe(n_out)
                 entry["end"] = time.monotonic()
                 self._chunk("[DONE]")
                 self.wfile.write(b"0\r\n\r\n")

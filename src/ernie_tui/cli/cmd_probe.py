@@ -24,6 +24,7 @@ from ernie_tui.cli.cmd_report import check_out, write_from_refs
 from ernie_tui.cli.errors import CliError
 from ernie_tui.cli.interruptible import run_interruptible
 from ernie_tui.cli.stdout import print_whole
+from ernie_tui.cli.traffic_args import add_traffic_args, traffic_fields
 from ernie_tui.cli.urls import server_url
 from ernie_tui.engine_ctl.load import DEFAULT_TEMPERATURE, DEFAULT_TOP_P, LOAD_SAMPLE_INTERVAL_S
 
@@ -99,6 +100,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     b.add_argument("--preset", dest="probe_preset", metavar="NAME",
                    help="tag the run record with this preset (its engine args are recorded)")
     b.add_argument("--no-save", action="store_true", help="do not store a run record")
+    add_traffic_args(b)
     p.add_argument("--report", metavar="FILE", action="append", default=[],
                    help="with --capacity: at the end, draw the search into FILE.html (self-contained), FILE.png "
                         "or FILE.svg, as `ernie-tui report` does (may repeat; needs ernie-tui[report])")
@@ -145,6 +147,8 @@ def _run(args) -> int:
         raise CliError("--slo and --workload belong to --capacity")
     if args.burst is not None:
         return _run_burst(args)
+    if args.traffic:
+        raise CliError("--traffic belongs to --burst or --capacity")
     return _run_probe(args)
 
 
@@ -234,6 +238,15 @@ def _run_burst(args) -> int:
         rate=args.rate, arrivals=args.arrivals, arrival_seed=args.arrival_seed,
         sample_interval_s=args.metrics_interval,
     )
+    traffic = traffic_fields(args)
+    if traffic is not None:
+        from dataclasses import replace
+
+        profile, fields = traffic
+        cfg = replace(cfg, **fields)
+        if args.rate is None and args.concurrency is None:
+            # The profile's own arrivals: its mean rate, its burstiness.
+            cfg = replace(cfg, rate=profile.arrivals.rate_per_s, concurrency=0)
     try:
         cfg.validate()
     except ValueError as exc:
@@ -322,6 +335,14 @@ def _run_capacity(args) -> int:
                                         word_seed=args.word_seed, read_timeout_s=args.timeout or 120.0)
     except ValueError as exc:
         raise CliError(str(exc)) from exc
+    traffic = traffic_fields(args)
+    if traffic is not None:
+        from dataclasses import replace
+
+        if workload is not None:
+            raise CliError("--traffic and --workload are two sources of prompts: give one")
+        cfg = replace(cfg, **traffic[1])
+        settings.ignore_eos = cfg.ignore_eos  # how the profile's outputs end
     settings.client_procs = opts.client_procs
     api_key = _api_key(args.api_key_env)
     tokenizer = None

@@ -15,6 +15,7 @@ from ernie_tui.cli.errors import CliError
 from ernie_tui.cli.interruptible import run_interruptible
 from ernie_tui.cli.out_paths import check_out_files
 from ernie_tui.cli.shared_options import shared_options
+from ernie_tui.cli.traffic_args import add_traffic_args, with_traffic
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -73,6 +74,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--capacity", action="store_true",
                    help="search each preset's capacity under --slo (see below) and rank by goodput")
     add_capacity_args(p)
+    add_traffic_args(p)
     p.set_defaults(run=_sweep)
 
 
@@ -181,6 +183,7 @@ def _setup(args) -> _Setup:
             raise CliError(f"preset {own[0]} sets CUDA_VISIBLE_DEVICES in its env, but with --gpus-per-trial "
                            "the sweep hands each trial its GPUs; remove it from the preset or sweep without "
                            "--gpus-per-trial")
+    config = with_traffic(args, config, capacity)
     options = SweepOptions(model=args.model, ready_timeout_s=args.ready_timeout,
                            log_dir=Path(args.log_dir) if args.log_dir else None,
                            gpus_per_trial=args.gpus_per_trial, gpu_ids=gpu_ids)

@@ -16,6 +16,7 @@ from ernie_tui.cli.capacity_args import add_capacity_args
 from ernie_tui.cli.errors import CliError
 from ernie_tui.cli.interruptible import run_interruptible
 from ernie_tui.cli.shared_options import shared_options
+from ernie_tui.cli.traffic_args import add_traffic_args, with_traffic
 
 DEFAULT_TRIALS = 20
 
@@ -71,6 +72,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--ready-timeout", type=float, default=600.0, metavar="S")
     p.add_argument("--log-dir", metavar="DIR", help="keep each trial's llm.log here")
     add_capacity_args(p)
+    add_traffic_args(p)
     p.set_defaults(run=_tune)
 
 
@@ -135,7 +137,9 @@ def _setup(args: argparse.Namespace) -> Any:
                            log_dir=Path(args.log_dir) if args.log_dir else study_dir / "logs",
                            gpus_per_trial="auto" if gpu_ids else None, gpu_ids=gpu_ids)
     trials = args.trials if args.trials is not None else (None if args.budget else DEFAULT_TRIALS)
-    return TuneSetup(base=base, space=space, capacity=capacity_sweep(args), burst_config=config, options=options,
+    capacity = capacity_sweep(args)
+    config = with_traffic(args, config, capacity)
+    return TuneSetup(base=base, space=space, capacity=capacity, burst_config=config, options=options,
                      study_dir=study_dir, study_name=name, max_trials=trials, budget_s=args.budget, seed=args.seed,
                      confirm_rounds=args.confirm, port=_trial_port(base))
 

@@ -43,7 +43,7 @@ from ernie_tui.engine_ctl.control.server import EngineServer, ServerState
 from ernie_tui.engine_ctl.control.trial_load import LoadJob, LoadProcess, PeakMemory, run_load
 from ernie_tui.engine_ctl.control.trial_schedule import Trial, TrialScheduler, detect_gpu_ids
 from ernie_tui.engine_ctl.launch import next_free_port, port_is_free, run_preflight
-from ernie_tui.engine_ctl.load import CEILING_STOPS, BurstConfig, CapacityResult, save_run
+from ernie_tui.engine_ctl.load import CEILING_STOPS, BurstConfig, CapacityResult, TrafficProfile, save_run
 from ernie_tui.engine_ctl.logs import EngineReport
 from ernie_tui.presets.model import LaunchSpec, Preset
 
@@ -484,6 +484,8 @@ def sweep_meta(names: list[str], repeat: int, burst_config: BurstConfig | None, 
         how = {"burst": f"N={c.n}, C={c.concurrency}, prompts {c.min_tokens}-{c.max_tokens_in} tokens, "
                         f"max_tokens {c.max_tokens}, ignore_eos"}
     meta: dict[str, Any] = {"date": time.strftime("%Y-%m-%d"), "presets": " ".join(names), **how, "repeat": repeat}
+    if c is not None and c.traffic:  # --traffic: its lengths replace the ranges above
+        meta["traffic"] = f"{TrafficProfile.from_dict(c.traffic).label()}, outputs {c.traffic_outputs}"
     if seconds is not None:
         meta["seconds"] = round(seconds, 1)
     if parallel is not None:

@@ -108,6 +108,30 @@ from ernie_tui.engine_ctl.load.stream_timing import (
     ProbeRequest,
     ProbeResult,
 )
+
+# Traffic profiles: capture (traffic_capture), the file (traffic), ready-made
+# shapes (traffic_shapes) and replay (traffic_replay).
+from ernie_tui.engine_ctl.load.traffic import (
+    LengthDist,
+    TrafficError,
+    TrafficProfile,
+    format_profile,
+    save_profile,
+)
+from ernie_tui.engine_ctl.load.traffic_capture import (
+    build_profile,
+    capture_live,
+    from_log_file,
+    from_log_requests,
+    from_metrics,
+    from_trace,
+    parse_request_log,
+    read_trace,
+)
+from ernie_tui.engine_ctl.load.traffic_replay import OUTPUTS as TRAFFIC_OUTPUTS
+from ernie_tui.engine_ctl.load.traffic_replay import replay_settings
+from ernie_tui.engine_ctl.load.traffic_shapes import BUILT_IN as BUILT_IN_TRAFFIC
+from ernie_tui.engine_ctl.load.traffic_shapes import load_profile
 from ernie_tui.engine_ctl.load.verdict_words import second_look, verdict_text
 from ernie_tui.engine_ctl.load.workload import Workload, burst_workload, load_jsonl
 
@@ -219,4 +243,24 @@ __all__ = [
     "verdict_text",
     "url_problem",
     "vllm_bench_ranges",
+]
+
+__all__ += [
+    "BUILT_IN_TRAFFIC",
+    "LengthDist",
+    "from_log_requests",
+    "from_metrics",
+    "parse_request_log",
+    "TRAFFIC_OUTPUTS",
+    "TrafficError",
+    "TrafficProfile",
+    "build_profile",
+    "capture_live",
+    "format_profile",
+    "from_log_file",
+    "from_trace",
+    "load_profile",
+    "read_trace",
+    "replay_settings",
+    "save_profile",
 ]

@@ -60,7 +60,7 @@ from typing import Any
 import psutil
 
 from ernie_tui.engine_ctl.load import metrics as M
-from ernie_tui.engine_ctl.load import runstore, stats
+from ernie_tui.engine_ctl.load import runstore, stats, traffic_replay
 from ernie_tui.engine_ctl.load.arrivals import (
     ARRIVALS,
     DEFAULT_ARRIVALS,
@@ -81,6 +81,7 @@ from ernie_tui.engine_ctl.load.open_files import make_room
 from ernie_tui.engine_ctl.load.probe import stream_request
 from ernie_tui.engine_ctl.load.prompts import BuiltPrompt, PromptBuilder, find_tokenizer
 from ernie_tui.engine_ctl.load.stream_timing import ProbeRequest, ProbeResult
+from ernie_tui.engine_ctl.load.traffic import TrafficProfile
 from ernie_tui.engine_ctl.units import gib_str
 
 log = logging.getLogger(__name__)
@@ -153,6 +154,12 @@ class BurstConfig:
     # imports) out of the garbage collector's reach while it runs, so a full
     # collection does not walk it and stall the loop that timestamps tokens.
     gc_freeze: bool = True
+    # A traffic profile to replay (traffic.TrafficProfile.to_dict(), kept
+    # whole so the run record names what it was measured on): lengths and
+    # shared prefixes drawn from it instead of the ranges above, see
+    # traffic_replay.py; traffic_outputs: how its outputs end there.
+    traffic: dict[str, Any] | None = None
+    traffic_outputs: str = "lengths"
 
     def validate(self) -> None:
         if self.n < 1:
@@ -179,6 +186,8 @@ class BurstConfig:
             raise ValueError(f"prompt lengths need 1 <= min ({self.min_tokens}) <= max ({self.max_tokens_in})")
         if self.max_tokens < 1:
             raise ValueError("max_tokens must be at least 1")
+        if self.traffic is not None and self.traffic_outputs not in traffic_replay.OUTPUTS:
+            raise ValueError(f"traffic_outputs must be one of {', '.join(traffic_replay.OUTPUTS)}")
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -305,6 +314,8 @@ def plan_output_lengths(config: BurstConfig) -> list[int]:
 
 
 def _drawn(config: BurstConfig) -> tuple[list[int], list[int]]:
+    if config.traffic is not None:
+        return traffic_replay.draw_lengths(_profile(config), config.n, config.seed, config.traffic_outputs)
     low = config.min_output_tokens if config.min_output_tokens is not None else config.max_tokens
     return drawn_lengths(config.n, (config.min_tokens, config.max_tokens_in), (low, config.max_tokens),
                          seed=config.seed)
@@ -319,8 +330,15 @@ def build_prompts(config: BurstConfig, tokenizer: Any) -> list[BuiltPrompt]:
     """Prompts of the planned lengths; words from config.word_seed (callers
     that record the run set it first, see run_burst), else new ones."""
     words = config.word_seed if config.word_seed is not None else new_word_seed()
+    if config.traffic is not None:
+        return traffic_replay.build_prompts(_profile(config), plan_lengths(config), config.seed, words, tokenizer)
     builder = PromptBuilder(tokenizer, seed=words)
     return [builder.build(n) for n in plan_lengths(config)]
+
+
+def _profile(config: BurstConfig) -> TrafficProfile:
+    assert config.traffic is not None
+    return TrafficProfile.from_dict(config.traffic)
 
 
 class _Sampler(threading.Thread):
@@ -1003,6 +1021,9 @@ def format_burst(r: BurstResult) -> str:
                  + (f", at most {cap} in flight" if cap > 0 else "") + ")")
     else:
         shape = f"at concurrency {cfg.get('concurrency')}"
+    traffic = cfg.get("traffic")
+    if traffic:
+        shape += f", traffic {TrafficProfile.from_dict(traffic).label()}"
     lines = [
         f"burst of {r.total} on {r.model or '-'} {shape}: "
         f"{r.completed} ok, {r.failed} failed, {r.not_sent} not sent"

@@ -83,8 +83,10 @@ class HttpLevelRunner:
                  api_key: str | None = None, use_metrics: bool = True,
                  cancel: threading.Event | None = None, progress: Progress | None = None,
                  arrivals: str = C.DEFAULT_ARRIVALS, seed: int = 0,
-                 metrics_feed: M.MetricsFeed | None = None, server_pid: int | None = None) -> None:
+                 metrics_feed: M.MetricsFeed | None = None, server_pid: int | None = None,
+                 burstiness: float = 1.0) -> None:
         self.url = url
+        self.burstiness = burstiness  # an open loop's gamma shape (a traffic profile's; 1: Poisson)
         self.server_pid = server_pid  # a server on this machine: its CPU is read per level
         self.model = model
         self.workload = workload
@@ -207,7 +209,8 @@ def run_capacity(url: str, slo: list[S.Objective], *, search_config: C.SearchCon
     kind = HttpRateRunner if search_config.rate else HttpLevelRunner
     runner = kind(url, served.id, workload, slo, rules, settings, api_key=api_key, use_metrics=use_metrics,
                   cancel=cancel, progress=progress, arrivals=search_config.arrivals, metrics_feed=metrics_feed,
-                  server_pid=server_pid(url))
+                  server_pid=server_pid(url),
+                  burstiness=burst_config.burstiness if burst_config is not None and burst_config.traffic else 1.0)
     try:
         gated = level_gate(runner) if level_gate is not None else runner
         result = C.search(gated, slo, search_config, progress=progress, cancel=cancel)

@@ -282,7 +282,8 @@ class LevelPath:
         warm = level_request(self.s, owner.workload.warm_item, max_tokens=1) if self.s.warmup else None
         if self.rate:
             specs = open_specs(float(self.load), procs.procs, connections=self.conns, arrivals=owner.arrivals,
-                               seed=owner.seed * 1009 + owner._levels, late_s=C.LATE_SEND_S)
+                               seed=owner.seed * 1009 + owner._levels, late_s=C.LATE_SEND_S,
+                               burstiness=getattr(owner, "burstiness", 1.0))
         else:
             specs = closed_specs(int(self.load), procs.procs)
         take = self.take_requests
@@ -600,7 +601,8 @@ class LevelStreams:
     async def sender(self) -> None:  # open loop: on schedule
         path, stop = self.path, self.path.stop
         owner = path.owner
-        for due in arrival_stream(float(path.load), owner.arrivals, seed=owner.seed * 1009 + owner._levels):
+        for due in arrival_stream(float(path.load), owner.arrivals, seed=owner.seed * 1009 + owner._levels,
+                                  burstiness=getattr(owner, "burstiness", 1.0)):
             if stop.is_set():
                 return
             delay = due - (time.perf_counter() - path.t0)

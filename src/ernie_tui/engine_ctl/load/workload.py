@@ -18,6 +18,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ernie_tui.engine_ctl.load.burst import build_prompts, new_word_seed, plan_output_lengths
+from ernie_tui.engine_ctl.load.traffic import TrafficProfile
+from ernie_tui.engine_ctl.load.traffic_replay import describe
 
 
 @dataclass(frozen=True)
@@ -177,6 +179,10 @@ def burst_workload(config: Any, tokenizer: Any, size: int) -> Workload:
         return [WorkItem(p.text, m, p.tokens) for p, m in zip(built, outs, strict=True)]
 
     batches = iter(range(1, 1_000_000))
+    if config.traffic is not None:
+        source = (f"{describe(TrafficProfile.from_dict(config.traffic), config.traffic_outputs)}, "
+                  f"seed {config.seed}, word seed {words}")
+        return Workload(build(size, 0), source, more=lambda n: build(n, next(batches)))
     return Workload(build(size, 0),
                     f"built prompts of {config.min_tokens}-{config.max_tokens_in} tokens{_outputs(config)}, "
                     f"seed {config.seed}, word seed {words}",

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from ernie_tui.engine_ctl.control import SweepRow, SweepRun, fold, score_column
-from ernie_tui.engine_ctl.load import RunRecord, RunStoreError, front_of_rows, list_runs, load_run
+from ernie_tui.engine_ctl.load import RunRecord, RunStoreError, TrafficProfile, front_of_rows, list_runs, load_run
 from ernie_tui.engine_ctl.report.tune_inputs import TuneReport, tune_of, wanted_curves
 from ernie_tui.engine_ctl.report.values import num as _num
 from ernie_tui.engine_ctl.report.values import slo_limits
@@ -184,6 +184,8 @@ def _info(rec: RunRecord, results: dict[str, Any]) -> tuple[dict[str, Any], dict
     workload = results.get("workload")
     put("workload", workload)
     config = results.get("config")
+    traffic = config.get("traffic") if isinstance(config, dict) else None
+    put("traffic", TrafficProfile.from_dict(traffic).label() if traffic else None)  # a burst's --traffic
     put("load config", config)
     put("SLO", " ".join(str(s) for s in results.get("slo") or []))
     put("notes", rec.notes)

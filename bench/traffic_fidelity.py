@@ -1,0 +1,291 @@
+"""Traffic fidelity on real vLLM CPU (#57): a source of a known shape feeds a
+server; a profile is captured from /metrics alone and from the request log;
+each profile is replayed (`probe --burst --traffic`'s path, run_burst with
+replay_settings) and the replica is compared with the source.
+
+The source: N requests to /v1/completions (not streamed), gamma arrivals of
+shape --shape (gap CV 1/sqrt(shape)) at --rate req/s, --share of them opening
+with one 200-word system prompt, user parts of Pareto(1.2) x 20 words (at most
+600), output lengths long-tailed (lognormal, median --out-median, at most 400)
+realised as max_tokens with ignore_eos (a random-weight model's EOS cannot be
+steered), all seeded by --seed.
+
+Compared, source against each replica: p10/p50/p90 of the prompt and output
+lengths (the server's usage of every request), the mean arrival rate
+(requests over the span of their sends), the prefix-cache hit rate and,
+from vLLM's own /metrics over each window, output tok/s and TTFT p50.
+
+    .venv/bin/python bench/traffic_fidelity.py                       # starts its own server
+    .venv/bin/python bench/traffic_fidelity.py --url URL --log LLM.LOG  # a server already up
+
+Its own server: the tests' tiny model, --enable-log-requests and prefix
+caching, VLLM_LOGGING_LEVEL=DEBUG so the log carries each prompt's tokens.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+
+HERE = Path(__file__).resolve()
+ROOT = HERE.parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
+
+from ernie_tui.engine_ctl.load import (  # noqa: E402
+    BurstConfig,
+    LengthDist,
+    build_profile,
+    find_tokenizer,
+    from_log_requests,
+    from_metrics,
+    parse_request_log,
+    replay_settings,
+    run_burst,
+    save_profile,
+)
+from ernie_tui.engine_ctl.load import metrics as M  # noqa: E402
+from vllm_support import tiny_model_dir  # noqa: E402  (the tests' tiny ERNIE-4.5-shaped model)
+
+WORDS = ("the model reads a long prompt and the engine splits it into blocks of the cache so that each "
+         "request can share memory with other requests in the same batch").split()
+
+
+def start_server(port: int, log: Path) -> subprocess.Popen:
+    argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(tiny_model_dir()),
+            "--served-model-name", "tiny-ernie", "--host", "127.0.0.1", "--port", str(port),
+            "--disable-access-log-for-endpoints", "/metrics,/health", "--block-size", "32",
+            "--max-model-len", "2048", "--kv-cache-memory-bytes", "67108864", "--enforce-eager",
+            "--enable-log-requests", "--enable-prefix-caching"]
+    f = open(log, "wb")  # noqa: SIM115 - the server's stdout for its whole life
+    proc = subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT,
+                            env={**os.environ, "VLLM_LOGGING_LEVEL": "DEBUG"}, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 900
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(url + "/v1/models", timeout=2).status_code == 200:
+                return proc
+        except httpx.HTTPError:
+            pass
+        if proc.poll() is not None:
+            raise SystemExit(f"the server exited; see {log}")
+        time.sleep(2)
+    raise SystemExit("the server did not get ready")
+
+
+def source_plan(n: int, rate: float, shape: float, share: float, out_median: float, seed: int) -> list[tuple]:
+    """The shape from `seed`; the words new every run (their own generator):
+    a server that served a source of the same seed before must not find
+    its prompts in the prefix cache."""
+    rng = random.Random(seed)
+    words_rng = random.Random(random.SystemRandom().randrange(1 << 30))
+    system = " ".join(words_rng.choice(WORDS) for _ in range(200))
+    t, plan = 0.0, []
+    for _ in range(n):
+        t += rng.gammavariate(shape, 1 / (rate * shape))
+        words = min(int(rng.paretovariate(1.2) * 20), 600)
+        user = " ".join(words_rng.choice(WORDS) for _ in range(words))
+        prompt = (system + " " + user) if rng.random() < share else user
+        out = max(1, min(400, int(rng.lognormvariate(0, 0.9) * out_median)))
+        plan.append((t, prompt, out))
+    return plan
+
+
+def run_source(url: str, plan: list[tuple]) -> list[dict]:
+    done: list[dict] = [{} for _ in plan]
+
+    def one(i: int, prompt: str, out: int) -> None:
+        r = httpx.post(url + "/v1/completions", json={"model": "tiny-ernie", "prompt": prompt, "max_tokens": out,
+                                                       "ignore_eos": True}, timeout=600)
+        r.raise_for_status()
+        u = r.json()["usage"]
+        done[i].update(prompt_tokens=u["prompt_tokens"], output_tokens=u["completion_tokens"])
+
+    t0 = time.monotonic()
+    threads = []
+    for i, (due, prompt, out) in enumerate(plan):
+        d = t0 + due - time.monotonic()
+        if d > 0:
+            time.sleep(d)
+        done[i]["sent"] = time.monotonic() - t0
+        th = threading.Thread(target=one, args=(i, prompt, out))
+        th.start()
+        threads.append(th)
+    for th in threads:
+        th.join()
+    return done
+
+
+def scrape(url: str) -> M.MetricsSnapshot:
+    with M.MetricsClient(url, timeout=30) as c:
+        return c.fetch()
+
+
+def server_view(before: M.MetricsSnapshot, after: M.MetricsSnapshot, span_s: float) -> dict:
+    ttft = M.histogram_delta(before, after, M.TTFT)
+    gen = M.counter_delta(before, after, M.GENERATION_TOKENS) or 0.0
+    q = M.counter_delta(before, after, M.PREFIX_QUERIES) or 0.0
+    h = M.counter_delta(before, after, M.PREFIX_HITS) or 0.0
+    return {"ttft_p50_s": ttft.quantile(0.5) if ttft else None, "output_tps": gen / span_s if span_s else None,
+            "prefix_hit_rate": h / q if q else None}
+
+
+def lengths(values: list[int]) -> dict:
+    d = LengthDist.from_values(values)
+    return {f"p{int(q * 100)}": round(d.quantile(q), 1) for q in (0.1, 0.5, 0.9)}
+
+
+def measure_source(url: str, plan: list[tuple], log: Path, interval: float) -> tuple[dict, list]:
+    offset = log.stat().st_size
+    before = scrape(url)
+    snaps: list[M.MetricsSnapshot] = []
+    stop = threading.Event()
+
+    def watch() -> None:
+        while not stop.wait(interval):
+            snaps.append(scrape(url))
+
+    w = threading.Thread(target=watch, daemon=True)
+    w.start()
+    t0 = time.monotonic()
+    done = run_source(url, plan)
+    span = time.monotonic() - t0
+    stop.set()
+    w.join()
+    time.sleep(1.5)
+    after = scrape(url)
+    with open(log, "rb") as f:
+        f.seek(offset)
+        lines = f.read().decode("utf-8", "replace").splitlines()
+    sends = [d["sent"] for d in done]
+    row = {"prompt": lengths([d["prompt_tokens"] for d in done]), "output": lengths([d["output_tokens"] for d in done]),
+           "rate": (len(sends) - 1) / (max(sends) - min(sends)), **server_view(before, after, span)}
+    caps = [from_metrics(before, after, snaps), from_log_requests(parse_request_log(lines))]
+    return row, caps
+
+
+def measure_replay(url: str, profile, n: int, seed: int, tok) -> dict:
+    from dataclasses import replace
+
+    cfg = replace(BurstConfig(n=n, seed=seed, concurrency=0, rate=profile.arrivals.rate_per_s, warmup=False),
+                  **replay_settings(profile))
+    before = scrape(url)
+    t0 = time.monotonic()
+    r = run_burst(url, cfg, tokenizer=tok, use_metrics=False)
+    span = time.monotonic() - t0
+    time.sleep(1.5)
+    after = scrape(url)
+    ok = [x for x in r.requests if x.ok]
+    sched = [x.scheduled_offset_s for x in r.requests if x.scheduled_offset_s is not None]
+    return {"prompt": lengths([x.prompt_tokens for x in ok]), "output": lengths([x.completion_tokens for x in ok]),
+            "rate": (len(sched) - 1) / (max(sched) - min(sched)), "failed": r.failed,
+            **server_view(before, after, span)}
+
+
+def _pct(a: float | None, b: float | None) -> str:
+    return "-" if a is None or b is None or a == 0 else f"{(b - a) / a * 100:+.0f} %"
+
+
+def _quantiles(rep: dict, src: dict, kind: str) -> str:
+    return " / ".join(f"{rep[kind][p]:.0f}" + ("" if rep is src else f" ({_pct(src[kind][p], rep[kind][p])})")
+                      for p in ("p10", "p50", "p90"))
+
+
+def _value(rep: dict, src: dict, key: str, fmt: str, scale: float = 1.0) -> str:
+    x = rep.get(key)
+    s = "-" if x is None else format(x * scale, fmt)
+    return s if rep is src else f"{s} ({_pct(src.get(key), x)})"
+
+
+def _hits(rep: dict, src: dict) -> str:
+    hits = rep.get("prefix_hit_rate")
+    text = "-" if hits is None else f"{hits * 100:.0f} %"
+    if rep is not src and hits is not None and src.get("prefix_hit_rate") is not None:
+        text += f" ({(hits - src['prefix_hit_rate']) * 100:+.0f} pts)"
+    return text
+
+
+def summarise(rows: list[dict]) -> str:
+    """A Markdown table from the JSON lines: each replica against its round's source."""
+    out = ["| round | replica | prompt p10 / p50 / p90 | output p10 / p50 / p90 | rate req/s | prefix hits "
+           "| output tok/s | TTFT p50 ms |", "|---|---|---|---|---|---|---|---|"]
+    src: dict = {}
+    for r in rows:
+        if "source" in r:
+            src = rep = r["source"]
+            name = "source"
+        elif "replica" in r:
+            rep, name = r, r["replica"]
+        else:
+            continue
+        out.append(f"| {r['round']} | {name} | {_quantiles(rep, src, 'prompt')} | {_quantiles(rep, src, 'output')} "
+                   f"| {_value(rep, src, 'rate', '.3f')} | {_hits(rep, src)} | {_value(rep, src, 'output_tps', '.1f')} "
+                   f"| {_value(rep, src, 'ttft_p50_s', '.1f', 1000)} |")
+    return "\n".join(out)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--url")
+    ap.add_argument("--log", help="with --url: the server's log (needs --enable-log-requests)")
+    ap.add_argument("--port", type=int, default=28571)
+    ap.add_argument("-n", type=int, default=60)
+    ap.add_argument("--rate", type=float, default=1.5)
+    ap.add_argument("--shape", type=float, default=0.4)
+    ap.add_argument("--share", type=float, default=0.7)
+    ap.add_argument("--out-median", type=float, default=40)
+    ap.add_argument("--seed", type=int, default=11)
+    ap.add_argument("--rounds", type=int, default=1)
+    ap.add_argument("--interval", type=float, default=2.0)
+    ap.add_argument("--summarise", metavar="FILE.jsonl", help="print the table of an earlier run's output")
+    ap.add_argument("--keep", metavar="DIR", help="write each round's captured profiles there")
+    args = ap.parse_args()
+    if args.summarise:
+        print(summarise([json.loads(line) for line in Path(args.summarise).read_text().splitlines() if line]))
+        return 0
+    rows: list[dict] = []
+    proc = None
+    if args.url:
+        url, log = args.url, Path(args.log)
+    else:
+        log = Path(os.environ.get("TMPDIR", "/tmp")) / f"traffic-fidelity-{os.getpid()}.log"
+        proc = start_server(args.port, log)
+        url = f"http://127.0.0.1:{args.port}"
+    tok = find_tokenizer(tiny_model_dir())  # its tokenizer.json
+    try:
+        for rnd in range(args.rounds):
+            seed = args.seed + rnd
+            plan = source_plan(args.n, args.rate, args.shape, args.share, args.out_median, seed)
+            src, caps = measure_source(url, plan, log, args.interval)
+            rows.append({"round": rnd + 1, "source": src})
+            print(json.dumps(rows[-1]), flush=True)
+            profiles = {"metrics": build_profile("metrics", [caps[0]]),
+                        "request-log": build_profile("request-log", [caps[1]])}
+            for name, prof in profiles.items():
+                if args.keep:
+                    save_profile(prof, Path(args.keep) / f"round{rnd + 1}-{name}.json")
+                print(json.dumps({"round": rnd + 1, "profile": name, "cv": prof.arrivals.cv,
+                                  "rate": prof.arrivals.rate_per_s, "prefix": prof.prefix.__dict__,
+                                  "notes": prof.notes}), flush=True)
+                rep = measure_replay(url, prof, args.n, seed, tok)
+                rows.append({"round": rnd + 1, "replica": name, **rep})
+                print(json.dumps(rows[-1]), flush=True)
+    finally:
+        if proc is not None:
+            proc.terminate()
+            proc.wait(60)
+    print(summarise(rows), file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
