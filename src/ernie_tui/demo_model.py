@@ -244,9 +244,10 @@ def written_as(directory: str | Path, shape: str = "tiny") -> bool:
 def shared_tiny_model() -> Path:
     """The tiny model the tests and benches share (written once, a few MB),
     kept under ~/.cache so vLLM's torch.compile cache for it is reused across
-    runs. "-f16": apart from the bf16 one older versions wrote there, so two
-    versions tested on one box do not rewrite each other's model."""
-    target = Path.home() / ".cache" / "ernie-tui-tests" / "tiny-ernie-f16"
+    runs. Under "f16/": apart from the bf16 one older versions wrote, so two
+    versions tested on one box do not rewrite each other's model; the folder's
+    own name stays "tiny-ernie", the name vLLM serves it under."""
+    target = Path.home() / ".cache" / "ernie-tui-tests" / "f16" / "tiny-ernie"
     if not written_as(target, "tiny"):
         # Each file lands whole (os.replace) and one seed makes the same bytes,
         # so two processes writing it at once leave one good set.
