@@ -10,6 +10,7 @@ from ernie_tui.engine_ctl.control.fleet import FleetError, FleetPoller, connecti
 from ernie_tui.engine_ctl.control.paired_rows import PAIRED_TABLE_NOTE
 from ernie_tui.engine_ctl.control.paired_sweep import PairedResult, knees_from, run_paired_sweep
 from ernie_tui.engine_ctl.control.ranking import PairVerdict, Ranking
+from ernie_tui.engine_ctl.control.ray_trials import RayTrials, RayTrialsError, parse_resources  # Ray: only on use
 from ernie_tui.engine_ctl.control.resources import EngineMemory, ResourceSampler
 from ernie_tui.engine_ctl.control.server import (
     AttachedServer,
@@ -79,6 +80,8 @@ __all__ = [
     "PairedResult",
     "knees_from",
     "Ranking",
+    "RayTrials",
+    "RayTrialsError",
     "LogLines",
     "LogRead",
     "LogReplay",
@@ -110,6 +113,7 @@ __all__ = [
     "load_fleet",
     "measure_candidate",
     "parse_gpu_ids",
+    "parse_resources",
     "require_optuna",
     "run_paired_sweep",
     "run_sweep",
