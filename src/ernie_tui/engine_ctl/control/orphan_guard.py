@@ -1,11 +1,12 @@
 """Kill what a process leaves behind when it dies without stopping it.
 
 A Ray trial's actor starts a vLLM server in a process group of its own. When
-the actor's node is lost (its raylet killed, the worker SIGKILLed) no Python
-cleanup runs, and the server would serve on for nobody. So the actor starts
-this guard, as a script by its path (`python orphan_guard.py PID`: no package
-import, it starts in a blink) in a session of its own (whatever kills the
-actor's group spares it). It notes PID's descendants every half second; once
+the actor's node is lost (its raylet killed) the worker exits with no Python
+cleanup; Ray kills the worker's children, but not theirs: vLLM's engine core
+(a child of its API server) would serve on for nobody. So the actor starts
+this guard, as a script by its path (`python orphan_guard.py --detach PID`:
+no package import, it starts in a blink), in a session of its own and no
+child of the actor (see main). It notes PID's descendants every half second; once
 PID is gone it terminates, then kills, the ones it saw that are still alive,
 with their own children, and exits. When the actor ended normally its server
 is stopped already, and the guard finds nothing to do.
@@ -94,5 +95,19 @@ def guard(pid: int) -> None:
         return
 
 
+def main(argv: list[str]) -> None:
+    """`orphan_guard.py --detach PID`: start the guard of PID as a process
+    that is no child of the caller, and return at once. Ray kills a dead
+    worker's children, the guard with them if it were one; started from
+    this short-lived middle process, it is re-parented away from the worker."""
+    if argv[0] == "--detach":
+        import subprocess
+
+        subprocess.Popen([sys.executable, __file__, argv[1]], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                         stderr=subprocess.DEVNULL, start_new_session=True)
+        return
+    guard(int(argv[0]))
+
+
 if __name__ == "__main__":
-    guard(int(sys.argv[1]))
+    main(sys.argv[1:])

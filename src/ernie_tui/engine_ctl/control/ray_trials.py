@@ -335,15 +335,14 @@ class TrialActor:
         self._cancel = threading.Event()
         # The guard outlives this process: a node lost takes the actor down
         # with no cleanup, and the server it started must not serve on.
-        self._guard = subprocess.Popen([sys.executable, str(GUARD), str(os.getpid())], stdin=subprocess.DEVNULL,
-                                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        subprocess.run([sys.executable, str(GUARD), "--detach", str(os.getpid())], stdin=subprocess.DEVNULL,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=60, check=False)
 
     def where(self) -> dict[str, Any]:
         import ray
 
         ctx = ray.get_runtime_context()
-        return {"node": ctx.get_node_id(), "ip": ray.util.get_node_ip_address(), "pid": os.getpid(),
-                "guard": self._guard.pid}
+        return {"node": ctx.get_node_id(), "ip": ray.util.get_node_ip_address(), "pid": os.getpid()}
 
     def drain(self) -> list[dict[str, Any]]:
         with self._lock:

@@ -43,10 +43,21 @@ def open_storage(optuna: Any, url: str) -> Any:
         log.info("trial %s of a driver that stopped: queued again", trial.number)
         study.enqueue_trial(trial.params)
 
+    from sqlalchemy.exc import SQLAlchemyError  # Optuna's own dependency
+
     # sqlite: two drivers write the same file; wait for its lock, not fail.
     engine = {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else None
-    return optuna.storages.RDBStorage(url, engine_kwargs=engine, heartbeat_interval=HEARTBEAT_S,
-                                      grace_period=GRACE_S, failed_trial_callback=requeue)
+    for attempt in range(3):
+        try:
+            return optuna.storages.RDBStorage(url, engine_kwargs=engine, heartbeat_interval=HEARTBEAT_S,
+                                              grace_period=GRACE_S, failed_trial_callback=requeue)
+        except SQLAlchemyError:
+            # Two drivers opening a new database at once both create its
+            # tables; the one that lost finds them made on its next try.
+            if attempt == 2:
+                raise
+            time.sleep(1.0 + attempt)
+    raise AssertionError("unreachable")
 
 
 class Heartbeats:
