@@ -224,6 +224,8 @@ class _Progress:
         where += f" r{ev['repeat'] + 1}" if self.args.repeat > 1 else ""
         if ev.get("gpus"):
             where += f" (GPU {ev['gpus']})"
+        if ev.get("node"):  # --ray: the node the trial runs on
+            where += f" (node {ev['node']})"
         phase = _phase_text(ev)
         if phase is None:
             return
