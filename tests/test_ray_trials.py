@@ -144,6 +144,32 @@ def test_a_tune_on_two_nodes_runs_trials_on_both_and_records_them_as_a_local_tun
     assert not _servers(mark)
 
 
+def test_a_capacity_sweep_with_ray_measures_each_preset_on_a_node_and_files_its_record_here(cluster, tmp_path,
+                                                                                            tiny_model, capsys):
+    mark = uuid.uuid4().hex
+    presets = _presets(tmp_path, tiny_model, own_port(18641), mark)
+    presets.write_text(presets.read_text() + textwrap.dedent("""
+        [presets.wider]
+        extends = "shaped"
+        max_num_seqs = 3
+    """))
+    out = tmp_path / "sweep.json"
+    code = main(["sweep", "shaped", "wider", "--presets", str(presets), "--capacity", "--out", str(out),
+                 "--ray", cluster.address, "--ray-resources", SLOT, *FAST[:-2]])
+    _, err = capsys.readouterr()
+    assert code == 0, err
+    assert "(node 127.0.0.1 " in err  # the trials' lines name their node
+    rows = {r["preset"]: r for r in json.loads(out.read_text())["rows"]}
+    assert set(rows) == {"shaped", "wider"} and all(r["status"] == "ok" for r in rows.values()), rows
+    runs = _record("sweep")["runs"]
+    assert {r["preset"] for r in runs} == {"shaped", "wider"}
+    assert all(r["node"] and not r["retried_after_node_loss"] and r["record_id"] for r in runs), runs
+    from ernie_tui.engine_ctl.load import runstore
+
+    assert {r["record_id"] for r in runs} <= {r.id for r in runstore.list_runs(kind="capacity")}
+    assert not _servers(mark)
+
+
 def test_a_node_lost_mid_trial_runs_the_trial_again_on_another_and_leaves_no_server(cluster, tmp_path, tiny_model):
     import argparse
 
