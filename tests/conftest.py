@@ -49,7 +49,7 @@ def pytest_collection_modifyitems(config, items):
 # slowest first; the order only spreads the work, so a stale list costs minutes,
 # never a result. sort() is stable: a module's tests stay in their own order.
 _SLOW_FIRST = {name: rank for rank, name in enumerate((
-    "test_sweep", "test_tune", "test_paired_sweep", "test_tui_probe", "test_parallel_sweep",
+    "test_sweep", "test_tune", "test_ray_trials", "test_paired_sweep", "test_tui_probe", "test_parallel_sweep",
     "test_guide_blocks", "test_capacity_steady", "test_capacity", "test_tui_tune", "test_report_figures",
     "test_tui_capacity_form", "test_tui_capacity_screen"))}
 

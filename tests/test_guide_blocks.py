@@ -14,7 +14,8 @@ fails fails the block) in a scratch directory per page, with:
 - ERNIE_TUI_HOME in a temp dir, and this Python's bin dir first on PATH.
 
 An info string marks what cannot run here: ```sh {tui} (the interactive
-dashboard), {vllm} (needs vLLM), {gpu} (needs a GPU server): skipped, with the
+dashboard), {vllm} (needs vLLM), {gpu} (needs a GPU server), {cluster} (a Ray
+cluster): skipped, with the
 reason. ```sh {exit=N} expects exit status N instead of 0. Blocks of a page
 run in order in one directory, so a block may use what an earlier one wrote;
 selecting one block alone runs the page's earlier blocks first. Shell
@@ -40,7 +41,7 @@ ROOT = Path(__file__).resolve().parent.parent
 GUIDE = ROOT / "docs" / "guide"
 LOGS = ROOT / "tests" / "fixtures" / "vllm-logs" / "gpu-h200-vllm0.26.0"
 SKIPS = {"tui": "opens the interactive dashboard", "vllm": "needs vLLM installed",
-         "gpu": "needs a GPU server"}
+         "gpu": "needs a GPU server", "cluster": "needs a Ray cluster (tests/test_ray_trials.py starts one)"}
 BLOCK_TIMEOUT_S = 300  # the slowest block, a capacity sweep of two presets, takes ~2 min on a loaded box
 
 OPEN = re.compile(r"^(\s*)```sh(?:\s+\{([^}]*)\})?\s*$")

@@ -14,6 +14,7 @@ from ernie_tui.cli.cmd_report import check_out, write_from_refs
 from ernie_tui.cli.errors import CliError
 from ernie_tui.cli.interruptible import run_interruptible
 from ernie_tui.cli.out_paths import check_out_files
+from ernie_tui.cli.ray_args import add_ray_args, ray_trials
 from ernie_tui.cli.shared_options import shared_options
 from ernie_tui.cli.traffic_args import add_traffic_args, with_traffic
 
@@ -73,6 +74,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "GPU NVML sees; needed where neither says)")
     p.add_argument("--capacity", action="store_true",
                    help="search each preset's capacity under --slo (see below) and rank by goodput")
+    add_ray_args(p)
     add_capacity_args(p)
     add_traffic_args(p)
     p.set_defaults(run=_sweep)
@@ -121,7 +123,8 @@ def _check_args(args) -> bool:
         if Path(out).suffix.lower() not in (".csv", ".json", ".md"):
             raise CliError(f"--out must end in .csv, .json or .md, got {out}")
     check_out_files("--out", args.out)
-    paired = bool(args.capacity and not args.sequential and args.gpus_per_trial is None and len(args.names) > 1)
+    paired = bool(args.capacity and not args.sequential and args.gpus_per_trial is None and args.ray is None
+                  and len(args.names) > 1)
     if args.sequential and not args.capacity:
         raise CliError("--sequential belongs to --capacity (a burst sweep is always sequential)")
     if args.knees_from and not paired:
@@ -186,8 +189,16 @@ def _setup(args) -> _Setup:
     config = with_traffic(args, config, capacity)
     options = SweepOptions(model=args.model, ready_timeout_s=args.ready_timeout,
                            log_dir=Path(args.log_dir) if args.log_dir else None,
-                           gpus_per_trial=args.gpus_per_trial, gpu_ids=gpu_ids)
+                           gpus_per_trial=args.gpus_per_trial, gpu_ids=gpu_ids,
+                           ray=_ray(args, presets))
     return _Setup(presets, config, gpu_ids, capacity, options)
+
+
+def _ray(args, presets: list) -> Any:
+    """--ray: the connected cluster (trials each on a node of theirs, ray_trials.py)."""
+    if args.ray is not None and args.gpus_per_trial is not None:
+        raise CliError("--gpus-per-trial and --ray do not go together: with --ray, Ray hands each trial its GPUs")
+    return ray_trials(args, presets)
 
 
 class _Progress:
@@ -217,6 +228,8 @@ class _Progress:
         where += f" r{ev['repeat'] + 1}" if self.args.repeat > 1 else ""
         if ev.get("gpus"):
             where += f" (GPU {ev['gpus']})"
+        if ev.get("node"):  # --ray: the node the trial runs on
+            where += f" (node {ev['node']})"
         phase = _phase_text(ev)
         if phase is None:
             return

@@ -15,6 +15,7 @@ from typing import Any
 from ernie_tui.cli.capacity_args import add_capacity_args
 from ernie_tui.cli.errors import CliError
 from ernie_tui.cli.interruptible import run_interruptible
+from ernie_tui.cli.ray_args import add_ray_args, ray_trials
 from ernie_tui.cli.shared_options import shared_options
 from ernie_tui.cli.traffic_args import add_traffic_args, with_traffic
 
@@ -71,6 +72,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-tokens", type=int, default=128, metavar="M", help="output tokens per request (128)")
     p.add_argument("--ready-timeout", type=float, default=600.0, metavar="S")
     p.add_argument("--log-dir", metavar="DIR", help="keep each trial's llm.log here")
+    add_ray_args(p)
+    p.add_argument("--storage", metavar="URL",
+                   help="keep the study in a database instead of the journal file (an SQLAlchemy URL Optuna "
+                        "takes: sqlite:///study.db, postgresql://user@host/db): several tunes of one study, on "
+                        "one machine or several, then run at once and share it, no setting measured twice")
     add_capacity_args(p)
     add_traffic_args(p)
     p.set_defaults(run=_tune)
@@ -129,19 +135,35 @@ def _setup(args: argparse.Namespace) -> Any:
             gpu_ids = detect_gpu_ids(args.gpu_list)
         except GpuIdsError as exc:
             raise CliError(str(exc)) from None
+    if args.ray is not None and gpu_ids:
+        raise CliError("--gpus and --ray do not go together: with --ray, Ray hands each trial its GPUs")
     name = args.study or study_name(base, space, args)
     study_dir = paths.runs_dir() / "tune" / name
     if args.fresh and (study_dir / "journal.log").exists():
         (study_dir / "journal.log").unlink()
+    if args.fresh and args.storage:
+        _forget_study(args.storage, name)
     options = SweepOptions(model=args.model, ready_timeout_s=args.ready_timeout,
                            log_dir=Path(args.log_dir) if args.log_dir else study_dir / "logs",
-                           gpus_per_trial="auto" if gpu_ids else None, gpu_ids=gpu_ids)
+                           gpus_per_trial="auto" if gpu_ids else None, gpu_ids=gpu_ids,
+                           ray=ray_trials(args, [base]))
     trials = args.trials if args.trials is not None else (None if args.budget else DEFAULT_TRIALS)
     capacity = capacity_sweep(args)
     config = with_traffic(args, config, capacity)
     return TuneSetup(base=base, space=space, capacity=capacity, burst_config=config, options=options,
                      study_dir=study_dir, study_name=name, max_trials=trials, budget_s=args.budget, seed=args.seed,
-                     confirm_rounds=args.confirm, port=_trial_port(base))
+                     confirm_rounds=args.confirm, port=_trial_port(base), storage=args.storage)
+
+
+def _forget_study(url: str, name: str) -> None:
+    """--fresh with --storage: the study deleted from the database (if there)."""
+    from ernie_tui.engine_ctl.control import require_optuna  # lazy: --help start-up
+
+    optuna = require_optuna()
+    try:
+        optuna.delete_study(study_name=name, storage=url)
+    except KeyError:
+        pass  # no such study yet
 
 
 def _trial_port(base: Any) -> int | None:

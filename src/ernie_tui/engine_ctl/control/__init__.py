@@ -1,7 +1,9 @@
 """Running servers and trials: the vLLM process and its group (server), its
 memory (resources), many servers at once (fleet), presets measured in turn or
-side by side (sweep, trial_schedule, trial_load), or all served at once and
-compared pair by pair while the host drifts (paired_sweep, turn_gate, ranking).
+side by side (sweep, trial_schedule, trial_load) or on a Ray cluster's nodes
+(ray_trials, orphan_guard), or all served at once and compared pair by pair
+while the host drifts (paired_sweep, turn_gate, ranking); tune's search
+(tune, its shared study: tune_storage).
 
 The top district: it may use launch, load and logs; none of them uses it.
 """
@@ -10,6 +12,7 @@ from ernie_tui.engine_ctl.control.fleet import FleetError, FleetPoller, connecti
 from ernie_tui.engine_ctl.control.paired_rows import PAIRED_TABLE_NOTE
 from ernie_tui.engine_ctl.control.paired_sweep import DEFAULT_ROUNDS, PairedResult, knees_from, run_paired_sweep
 from ernie_tui.engine_ctl.control.ranking import PairVerdict, Ranking
+from ernie_tui.engine_ctl.control.ray_trials import RayTrials, RayTrialsError, parse_resources  # Ray: only on use
 from ernie_tui.engine_ctl.control.resources import EngineMemory, ResourceSampler
 from ernie_tui.engine_ctl.control.server import (
     AttachedServer,
@@ -82,6 +85,8 @@ __all__ = [
     "PairedResult",
     "knees_from",
     "Ranking",
+    "RayTrials",
+    "RayTrialsError",
     "LogLines",
     "LogRead",
     "LogReplay",
@@ -115,6 +120,7 @@ __all__ = [
     "load_fleet",
     "measure_candidate",
     "parse_gpu_ids",
+    "parse_resources",
     "require_optuna",
     "run_paired_sweep",
     "run_sweep",

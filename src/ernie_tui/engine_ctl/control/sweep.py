@@ -32,7 +32,7 @@ import os
 import statistics
 import threading
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -111,6 +111,10 @@ class SweepRun:
     # The trial's own run record (its burst or capacity search, with every
     # level): what `ernie-tui report` draws a sweep's curves from.
     record_id: str | None = None
+    # --ray: the node the trial ran on, and whether it ran again there after
+    # the node it first had was lost mid-trial (ray_trials.py).
+    node: str | None = None
+    retried_after_node_loss: bool = False
 
 
 @dataclass
@@ -452,6 +456,9 @@ class SweepOptions:
     # process's CUDA_VISIBLE_DEVICES, else every GPU NVML sees).
     gpus_per_trial: int | str | None = None
     gpu_ids: list[str] | None = None
+    # --ray: a connected ray_trials.RayTrials; each trial then runs on a node
+    # of the Ray cluster instead of here.
+    ray: Any = None
 
 
 @dataclass
@@ -530,6 +537,9 @@ def run_sweep(plan: SweepPlan, burst_config: BurstConfig | None = None, options:
     cancel = cancel or threading.Event()
     log_dir = options.log_dir or Path(__import__("tempfile").mkdtemp(prefix="ernie-sweep-"))
     paths.private_dir(log_dir)  # each run's llm.log in it holds the prompts
+    if options.ray is not None:
+        return options.ray.run_sweep(plan, burst_config, replace(options, log_dir=log_dir), progress, cancel,
+                                     capacity)
     if options.gpus_per_trial is not None:
         return _run_parallel(plan, burst_config, options, log_dir, progress, cancel, capacity)
     sampler = ResourceSampler()

@@ -36,6 +36,7 @@ from ernie_tui import paths
 from ernie_tui.engine_ctl.control import ranking as rk
 from ernie_tui.engine_ctl.control.paired_sweep import run_paired_sweep
 from ernie_tui.engine_ctl.control.sweep import CapacitySweep, SweepOptions, SweepPlan, SweepRun, run_sweep
+from ernie_tui.engine_ctl.control.tune_storage import Heartbeats, open_storage
 from ernie_tui.engine_ctl.launch import gpus_needed, next_free_port, port_is_free, run_preflight
 from ernie_tui.engine_ctl.load import BurstConfig
 from ernie_tui.presets.model import Preset
@@ -83,6 +84,9 @@ class TuneSetup:
     # The port every trial's server gets (BASE's own port may be taken by the
     # server the operator runs now); None: each preset's own.
     port: int | None = None
+    # --storage: an SQLAlchemy URL for the study (tune_storage.py: several
+    # drivers share it); None: the journal file under study_dir.
+    storage: str | None = None
 
 
 @dataclass
@@ -191,12 +195,18 @@ def open_study(setup: TuneSetup) -> Any:
     from optuna.storages.journal import JournalFileBackend
 
     paths.private_dir(setup.study_dir)  # the trials' server logs go here too, with the prompts
-    storage = JournalStorage(JournalFileBackend(str(setup.study_dir / "journal.log")))
+    if setup.storage:
+        storage = open_storage(optuna, setup.storage)
+    else:
+        storage = JournalStorage(JournalFileBackend(str(setup.study_dir / "journal.log")))
     study = optuna.create_study(study_name=setup.study_name, storage=storage, direction="maximize",
                                 load_if_exists=True)
     # Seeded, and on a resumed study seeded past its trials: the same seed
     # would draw the first run's proposals again.
     study.sampler = sampler(setup, len(study.get_trials(deepcopy=False)))
+    if setup.storage:  # shared: only a trial whose driver stopped beating is left over
+        optuna.storages.fail_stale_trials(study)
+        return study
     for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
         study.tell(t.number, state=optuna.trial.TrialState.FAIL)
         study.enqueue_trial(t.params)
@@ -222,6 +232,8 @@ class TrialRow:
     seconds: float | None = None
     gpus: str | None = None  # with --gpus: the trial's CUDA_VISIBLE_DEVICES
     server_from_to: list[float] | None = None  # wall clock: its server launched, stopped
+    node: str | None = None  # with --ray: the node's address it ran on
+    retried_after_node_loss: bool = False  # with --ray: it ran again after its first node was lost
 
 
 def _summary(m: Measurement, seconds: float) -> dict[str, Any]:
@@ -233,7 +245,9 @@ def _summary(m: Measurement, seconds: float) -> dict[str, Any]:
             "itl_p99_ms": None if run is None else run.itl_p99_ms,
             "record_id": None if run is None else run.record_id,
             "gpus": None if run is None else run.gpus,
-            "server_from_to": None if run is None or run.started_at is None else [run.started_at, run.ended_at]}
+            "server_from_to": None if run is None or run.started_at is None else [run.started_at, run.ended_at],
+            "node": None if run is None else run.node,
+            "retried_after_node_loss": False if run is None else run.retried_after_node_loss}
 
 
 def trial_rows(study: Any) -> list[TrialRow]:
@@ -246,14 +260,21 @@ def trial_rows(study: Any) -> list[TrialRow]:
         s = a.get("summary") or {}
         rows.append(TrialRow(t.number, a.get("preset", ""), dict(t.params), a["outcome"], s.get("goodput"),
                              a.get("reason", ""), s.get("capacity"), s.get("ttft_p99_ms"), s.get("itl_p99_ms"),
-                             s.get("record_id"), s.get("seconds"), s.get("gpus"), s.get("server_from_to")))
+                             s.get("record_id"), s.get("seconds"), s.get("gpus"), s.get("server_from_to"),
+                             s.get("node"), bool(s.get("retried_after_node_loss"))))
     return rows
 
 
-def _same_setting(study: Any, params: dict[str, Any]) -> Any:
-    """An earlier trial of the study with exactly these values, measured or refused."""
+def _same_setting(study: Any, params: dict[str, Any], number: int | None = None) -> Any:
+    """An earlier trial of the study with exactly these values, measured or
+    refused; or, given this trial's `number`, one asked before it that is
+    being measured now (by another lane or another driver of a shared study)."""
     for t in study.get_trials(deepcopy=False):
         if t.params == params and t.user_attrs.get("outcome") in ("measured", "refused", "failed"):
+            return t
+    for t in study.get_trials(deepcopy=False):
+        if (number is not None and t.number < number and t.params == params and "outcome" not in t.user_attrs
+                and t.state.name == "RUNNING"):
             return t
     return None
 
@@ -297,10 +318,11 @@ def _run_trial(study: Any, trial: Any, setup: TuneSetup, stop: threading.Event, 
         trial.set_user_attr("reason", "BASE's own setting")
         study.tell(trial, statistics.median(study.user_attrs["base"]["goodputs"]))
         return "repeat"
-    earlier = _same_setting(study, params)
-    if earlier is not None:  # TPE proposes a setting again: its value is known, no second run
+    earlier = _same_setting(study, params, trial.number)
+    if earlier is not None:  # TPE proposes a setting again: its value is known (or coming), no second run
         trial.set_user_attr("outcome", "repeat")
-        trial.set_user_attr("reason", f"same setting as trial {earlier.number}")
+        trial.set_user_attr("reason", f"same setting as trial {earlier.number}"
+                            + ("" if "outcome" in earlier.user_attrs else ", measured now by another lane or driver"))
         if earlier.state == state.COMPLETE:
             study.tell(trial, earlier.value)
         else:
@@ -364,6 +386,7 @@ class _Progress:
     durations: list[float] = field(default_factory=list)
     idle: int = 0
     in_flight: int = 0
+    beats: Heartbeats | None = None  # --storage: this driver's heartbeats for its trials
 
 
 def _why_stop(study: Any, setup: TuneSetup, stop: threading.Event, cancel: threading.Event,
@@ -396,12 +419,16 @@ def _lane(study: Any, setup: TuneSetup, stop: threading.Event, cancel: threading
                 return why
             trial = study.ask(dists)
             seen.in_flight += 1
+            if seen.beats is not None:
+                seen.beats.add(trial)
         t0 = time.monotonic()
         try:
             outcome = _run_trial(study, trial, setup, stop, progress)
         finally:
             with seen.lock:
                 seen.in_flight -= 1
+                if seen.beats is not None:
+                    seen.beats.discard(trial)
         with seen.lock:
             if outcome in ("measured", "failed"):
                 seen.durations.append(time.monotonic() - t0)
@@ -418,15 +445,17 @@ def lanes(setup: TuneSetup) -> list[TuneSetup]:
     """The trials that run side by side: one lane without --gpus; with them,
     one lane per set of the GPUs BASE needs (tensor x pipeline x local data
     parallel), each with its own GPUs and port."""
-    ids = setup.options.gpu_ids
+    ids = setup.options.gpu_ids or []
     per = gpus_needed(setup.base)
-    if not ids or len(ids) < 2 * per:
+    ray = setup.options.ray  # --ray: as many lanes as the cluster's nodes hold trials at once
+    count = ray.slots(setup.base) if ray is not None else len(ids) // per
+    if count < 2:
         return [setup]
     out: list[TuneSetup] = []
     port = setup.port or setup.base.port
-    for i in range(len(ids) // per):
+    for i in range(count):
         port = _free_port(setup.base.host, port, {s.port for s in out})
-        options = replace(setup.options, gpu_ids=ids[i * per:(i + 1) * per])
+        options = setup.options if ray is not None else replace(setup.options, gpu_ids=ids[i * per:(i + 1) * per])
         out.append(replace(setup, options=options, port=port))
     return out
 
@@ -442,11 +471,11 @@ def _free_port(host: str, start: int, taken: set[int | None]) -> int:
 
 
 def _search(study: Any, setup: TuneSetup, stop: threading.Event, cancel: threading.Event,
-            deadline: float | None, progress: Progress | None) -> str:
+            deadline: float | None, progress: Progress | None, beats: Heartbeats | None = None) -> str:
     """Trials until the budget, side by side on disjoint GPUs where --gpus
     gives several lanes (Optuna's study takes asks and tells from threads);
     returns why it stopped."""
-    seen = _Progress()
+    seen = _Progress(beats=beats)
     ways = lanes(setup)
     if len(ways) == 1:
         return _lane(study, setup, stop, cancel, deadline, progress, seen)
@@ -460,12 +489,16 @@ def _search(study: Any, setup: TuneSetup, stop: threading.Event, cancel: threadi
 
 # -- BASE, the confirmation and the answer ----------------------------------------------
 
-def _measure_base(study: Any, setup: TuneSetup, stop: threading.Event, progress: Progress | None) -> list[float]:
+def _measure_base(study: Any, setup: TuneSetup, stop: threading.Event, progress: Progress | None,
+                  beats: Heartbeats | None = None) -> list[float]:
     """BASE's goodput, measured once per study (a resumed tune keeps it);
     [] when the tune was stopped before it was measured."""
     kept = study.user_attrs.get("base")
     if kept:
         return list(kept["goodputs"])
+    if beats is not None and not beats.claim_base(stop):  # another driver of the shared study measured it
+        kept = study.user_attrs.get("base")
+        return list(kept["goodputs"]) if kept else []
     refusal = _preflight_refusal(setup.base, setup)
     if refusal is not None:
         raise TuneError(f"BASE {setup.base.name} fails preflight, so there is nothing to compare with: {refusal}")
@@ -477,6 +510,8 @@ def _measure_base(study: Any, setup: TuneSetup, stop: threading.Event, progress:
             return []
         raise TuneError(f"BASE {setup.base.name} could not be measured: {m.status}: {m.message}")
     study.set_user_attr("base", {"goodputs": [m.goodput], "summary": _summary(m, time.monotonic() - t0)})
+    if beats is not None:
+        beats.base_done()
     _emit(progress, event="base_done", preset=setup.base.name, goodput=m.goodput)
     return [m.goodput]
 
@@ -644,11 +679,14 @@ def run_tune(setup: TuneSetup, progress: Progress | None = None, cancel: threadi
     deadline = t0 + setup.budget_s if setup.budget_s else None
     stop, done = threading.Event(), threading.Event()
     threading.Thread(target=_watch, args=(stop, cancel, deadline, done), name="tune-budget", daemon=True).start()
+    beats: Heartbeats | None = None
     try:
-        _hold(setup.study_dir)
+        if not setup.storage:  # a shared study (--storage) is guarded by heartbeats instead
+            _hold(setup.study_dir)
         study = open_study(setup)
-        base = _measure_base(study, setup, stop, progress)
-        why = _search(study, setup, stop, cancel, deadline, progress) if base else (
+        beats = Heartbeats(study) if setup.storage else None
+        base = _measure_base(study, setup, stop, progress, beats)
+        why = _search(study, setup, stop, cancel, deadline, progress, beats) if base else (
             "stopped by the operator" if cancel.is_set() else "budget: wall time")
         rows = trial_rows(study)
         best = best_row(rows)
@@ -670,6 +708,8 @@ def run_tune(setup: TuneSetup, progress: Progress | None = None, cancel: threadi
             base_summary=dict((study.user_attrs.get("base") or {}).get("summary") or {}))
     finally:
         done.set()
+        if beats is not None:
+            beats.close()
         _let_go(setup.study_dir)
 
 

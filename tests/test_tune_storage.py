@@ -1,0 +1,85 @@
+"""`tune --storage URL`: a study shared by two drivers at once (no Ray
+needed): no setting measured twice, BASE measured once, the study holds the
+union. The engine-shaped paced stand-in serves; no timing is asserted."""
+
+from __future__ import annotations
+
+import json
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from worker_ports import own_port
+
+PACED = Path(__file__).resolve().parent / "paced_server.py"
+FAST = ["--slo", "ttft_p90=100ms", "--max-tokens", "8", "--min-tokens", "10", "--max-tokens-in", "40",
+        "--start-concurrency", "1", "--max-concurrency", "2", "--min-windows", "2", "--max-requests", "20",
+        "--confirm-waves", "0", "--level-time", "5", "--tolerance", "0.5", "--ready-timeout", "60", "--confirm", "0"]
+
+
+def _presets(tmp_path: Path, model: Path, port: int) -> Path:
+    presets = tmp_path / f"presets-{port}.toml"
+    presets.write_text(textwrap.dedent(f"""
+        [presets.shaped]
+        extends = "cpu-demo"
+        model = "{model}"
+        port = {port}
+        launcher = ["{sys.executable}", "{PACED}"]
+        env = {{ PACED_ENGINE_SHAPED = "1", PACED_TTFT_MS = "20" }}
+        max_num_seqs = 2
+        max_num_batched_tokens = 1024
+    """))
+    return presets
+
+
+@pytest.mark.timeout(600)
+def test_two_drivers_sharing_one_study_measure_no_setting_twice(tmp_path, tiny_model):
+    # Two tunes of one study, at once, each with its own port (two drivers on
+    # one machine), keeping the study in one sqlite file.
+    import subprocess
+
+    import optuna
+
+    db = f"sqlite:///{tmp_path / 'study.db'}"
+    space = tmp_path / "space.toml"
+    space.write_text("max_num_seqs = [1, 2, 3]\nmax_num_batched_tokens = [1024, 2048]\n")
+    procs = []
+    for i, port in enumerate((own_port(18621), own_port(18631))):
+        presets = _presets(tmp_path, tiny_model, port)
+        procs.append(subprocess.Popen(
+            [sys.executable, "-m", "ernie_tui", "tune", "shaped", "--presets", str(presets), "--space", str(space),
+             "--trials", "3", "--storage", db, "--study", "shared", "--no-preset", "--seed", str(i), *FAST],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    said = []
+    for p in procs:
+        out, err = p.communicate(timeout=500)
+        assert p.returncode == 0, err
+        said.append(out + err)
+    study = optuna.load_study(study_name="shared", storage=db)
+    trials = study.get_trials(deepcopy=False)
+    # Measured to the end, or failed to serve (both count to --trials).
+    measured = [t for t in trials if t.user_attrs.get("outcome") in ("measured", "failed")]
+    settings = [json.dumps(t.params, sort_keys=True) for t in measured]
+    assert len(settings) == len(set(settings)), settings  # no setting measured twice
+    outcomes = [(t.number, t.user_attrs.get("outcome"), t.user_attrs.get("reason")) for t in trials]
+    # Each driver's answer lists the study's trials as it found them at its
+    # end: the one that ended last lists every trial the two told (the union).
+    from ernie_tui.engine_ctl.load import runstore
+
+    records = [r.results for r in runstore.list_runs(kind="tune")]
+    assert len(records) == 2, said
+    told = {t.number for t in trials if "outcome" in t.user_attrs}
+    assert max(({r["number"] for r in rec["trials"]} for rec in records), key=len) == told, (outcomes, said)
+    for rec in records:
+        # --trials 3 counts the study's trials, both drivers' (or the search ran out of new settings to propose).
+        assert rec["stopped"] in ("budget: 3 trials measured", "every setting of the space tried") or \
+            "proposals in a row" in rec["stopped"], rec["stopped"]
+        if rec["stopped"] == "budget: 3 trials measured":
+            assert len(measured) >= 3, (outcomes, said)
+    # BASE measured once: one driver claimed it, the other took its value.
+    assert len(study.user_attrs["base"]["goodputs"]) == 1
+    repeats = [t for t in trials if t.user_attrs.get("outcome") == "repeat"]
+    assert all("same setting as trial" in t.user_attrs["reason"] or "BASE" in t.user_attrs["reason"]
+               for t in repeats)
