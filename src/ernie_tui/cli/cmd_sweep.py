@@ -56,8 +56,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="with --capacity: the old mode, one preset at a time (started, searched, stopped), "
                         "ranked by medians; the host's drift between presets lands in the comparison")
     p.add_argument("--knees-from", metavar="FILE.json", dest="knees_from",
-                   help="a paired --capacity sweep: start each preset's search at the load its duels ran at "
-                        "in FILE.json (an earlier paired sweep's --out export, e.g. of another machine) and go "
+                   help="a paired --capacity sweep: start each preset's search at the knee its duels' "
+                        "ladder ended on in FILE.json (an earlier paired sweep's --out export, e.g. of another "
+                        "machine) and go "
                         "step up by --tolerance while levels pass: two levels a preset where the knee holds, "
                         "not a whole search; a knee that moved up is followed; "
                         "presets not in FILE get a whole search")

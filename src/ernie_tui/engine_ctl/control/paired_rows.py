@@ -11,7 +11,8 @@ the two columns say only what the pairs beyond noise say:
   beyond noise; none ("–") for a preset in no such win, or in a cycle of wins;
 - vs best: "best" for a placed preset that nothing beats; for another, its
   measured gap to a best one with the interval ("-15 % (-25 to -4 %)"), or
-  "within noise" where that pair is.
+  "within noise" where that pair is ("undecided: knee uncertain" where a
+  pair of it beyond noise was held back by its knee checks).
 
 Pure functions over `PairedResult.to_dict()`, so a live sweep, its JSON export
 and the report read it alike.
@@ -79,6 +80,8 @@ def vs_best_text(paired: dict[str, Any], name: str, ranks: dict[str, int]) -> st
             if gap is not None and pair.get("beyond_noise"):
                 g, lo, hi = (_pct(x) for x in gap)
                 return f"{g:+.0f} % ({lo:+.0f} to {hi:+.0f} %) vs {best}"
+    if any(p.get("held_back") and name in (p.get("a"), p.get("b")) for p in pairs):
+        return "undecided: knee uncertain"  # an interval beyond noise held back (ranking.paired_verdict)
     return "within noise"
 
 
