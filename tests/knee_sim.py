@@ -131,12 +131,13 @@ def run(presets: list[SimPreset], host: SimHost, rounds: int = 3, tolerance: flo
         result.searches.append(ps.PresetRound(preset=p.name, round=0, duel_load=load,
                                               doubts=[] if res is None else ps.kl.search_doubts(res.levels)))
 
-    def measure(name: str, load: float, longer: bool) -> C.LevelResult:
-        return level(host, by_name[name], load, host.duel_s * (2 if longer else 1), rngs[name])
+    def measure(name: str, load: float, kind: str) -> C.LevelResult:
+        # (a rung runs as long as a duel level here: its early verdict on a real server is not simulated)
+        return level(host, by_name[name], load, host.duel_s * (2 if kind == "longer" else 1), rngs[name])
 
     result.step = tolerance
     if not ladder:
-        runners = {n: (lambda load, n=n: measure(n, float(load), False)) for n in start}
+        runners = {n: (lambda load, n=n: measure(n, float(load), "figure")) for n in start}
         for r in range(1, rounds + 1):
             result.duels += ps.duel_round(r, list(start), start, runners, False, lambda **_: None,
                                           threading.Event(), 0, 0, clock=host.clock)

@@ -201,13 +201,15 @@ class PairedResult:
                                    metric="output_tps_at_capacity", confidence=confidence)
         knees = self.knees or self.knee_summary()
         adjusted, at, lower = self.readings("adjusted"), self.readings("knee"), self.readings("lower_bound")
-        # A figure read far under its knee (a lower bound) is no goodput at
-        # capacity: left out of the pairs (issue #56's round 1 of a knee
-        # found at 7 and near 18 would read the stronger preset 12 % behind).
-        fig = {n: [None if low else x for x, low in zip(adjusted.get(n, []), lower.get(n, []), strict=False)]
-               for n in (a, b)}
-        caps = {n: [None if low else x for x, low in zip(at.get(n, []), lower.get(n, []), strict=False)]
-                for n in (a, b)}
+        # A round that read a preset far under its knee (a lower bound of its
+        # goodput at capacity) stays in the pairs: the ladder moves that
+        # knee up and the spread lands in the interval. Left out, fast drift
+        # (+-30 % over a minute) left one round of three and no verdict; but
+        # a verdict that calls that preset the weaker is held back
+        # (ranking.paired_verdict: its figure may be too low, the other way
+        # is safe).
+        fig = {n: adjusted.get(n, []) for n in (a, b)}
+        caps = {n: at.get(n, []) for n in (a, b)}
         knee_loads = [x for n in (a, b) for x in at.get(n, []) if x]
         step = self.step
         if knee_loads and all(float(x).is_integer() for x in knee_loads):
@@ -741,7 +743,11 @@ def duel_round(r: int, names: list[str], loads: dict[str, float], runners: dict[
     return out
 
 
-Measure = Callable[[str, float, bool], Any]  # (preset, load, longer) -> LevelResult | None
+# (preset, load, kind) -> LevelResult | None. kind: "figure" (a knee level
+# whose tok/s the pairs compare: the duel's full length), "rung" (a step of
+# the ladder: only its verdict counts, so it may end as soon as that is
+# clear), "longer" (a second look near the limit: twice the requests and time).
+Measure = Callable[[str, float, str], Any]
 
 
 def ladder_round(r: int, names: list[str], knees: dict[str, float], measure: Measure, rate: bool, step: float,
@@ -754,7 +760,7 @@ def ladder_round(r: int, names: list[str], knees: dict[str, float], measure: Mea
     and, where that failed too, one rung below (and one more where that
     failed). A level near its limit whose percentile rests on few
     requests (knee_ladder.thin_near_limit), or undecided near it, is measured
-    once more, longer (`measure(name, load, True)`), and the second look
+    once more, longer (`measure(name, load, "longer")`), and the second look
     counts: the search's remeasure, for the tail. Returns the levels
     (adjusted against the reference) and each preset's reading."""
     order = duel_order(names, r)
@@ -766,12 +772,13 @@ def ladder_round(r: int, names: list[str], knees: dict[str, float], measure: Mea
 
     def one(name: str, load: float, rung: str, reference: bool = False) -> Any:
         index = first_index + len(out)
-        lv, t0, t1 = _timed(measure, name, load, False, clock)
+        kind = "figure" if rung in ("at", "again") else "rung"
+        lv, t0, t1 = _timed(measure, name, load, kind, clock)
         look = kl.Look.of(lv) if lv is not None else None
         if look is not None and rung != "again" and name not in again and _worth_again(look):
             again.add(name)  # one second look a preset a round: the round's length stays bounded
             out.append(_duel(name, r, load, t0, t1, lv, False, f"{rung} (first look)"))
-            lv, t0, t1 = _timed(measure, name, load, True, clock)
+            lv, t0, t1 = _timed(measure, name, load, "longer", clock)
             look = kl.Look.of(lv) if lv is not None else None
             still = look and kl.thin_near_limit(look)
             if still:
@@ -855,11 +862,11 @@ def _worth_again(look: kl.Look) -> bool:
     return bool(kl.thin_near_limit(look)) or (not look.decided and near)
 
 
-def _timed(measure: Measure, name: str, load: float, longer: bool, clock: Callable[[], float]
+def _timed(measure: Measure, name: str, load: float, kind: str, clock: Callable[[], float]
            ) -> tuple[Any, float, float]:
     t0 = clock()
     try:
-        lv = measure(name, load, longer)
+        lv = measure(name, load, kind)
     except Exception:  # noqa: BLE001  one level's surprise leaves a hole in the round, not the sweep's end
         log.exception("duel level of %s failed", name)
         lv = None
@@ -931,18 +938,26 @@ def _measure(result: PairedResult, runs: list[SweepRun], served: list[_Served], 
     if len(names) < 2:
         return
     seconds = {r.preset: r.duel_seconds or DUEL_LEVEL_S for r in result.searches}
+    # A rung's rules: the search's own (a fail decides at once, a pass once
+    # its windows agree), capped at the duel level's length: it needs a
+    # verdict, not a tok/s figure, so it costs less than the duel level it adds.
+    rung_rules = {n: replace(capacity.rules or runners[n].rules,
+                             time_cap_s=min((capacity.rules or runners[n].rules).time_cap_s, seconds[n]))
+                  for n in names}
     for name in names:
         _reuse(runners[name], capacity.rules or runners[name].rules, seconds[name])
     rate = bool(capacity.search and capacity.search.rate)
     result.step = (capacity.search or SearchConfig()).tolerance
     knees = {k: float(v) for k, v in loads.items() if v is not None}
 
-    def measure(name: str, load: float, longer: bool) -> Any:
+    def measure(name: str, load: float, kind: str) -> Any:
         runner = runners[name]
         rules = runner.rules
-        if longer:  # twice the requests and time: the tail near the limit, measured wider
+        if kind == "longer":  # twice the requests and time: the tail near the limit, measured wider
             runner.rules = replace(rules, min_requests=2 * rules.min_requests, max_requests=2 * rules.max_requests,
                                    time_cap_s=2 * rules.time_cap_s)
+        elif kind == "rung":
+            runner.rules = rung_rules[name]
         try:
             return runner(load if rate else int(load))
         finally:

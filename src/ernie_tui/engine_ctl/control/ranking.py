@@ -231,8 +231,9 @@ def paired_verdict(a: str, b: str, a_values: Sequence[float | None], b_values: S
     - a knee it rests on is uncertain (a_doubts / b_doubts: what contradicts
       its evidence: knee_ladder.knee_doubts);
     - the preset it calls weaker read only a lower bound of its knee in a
-      round compared (a_lower / b_lower per round): its figure there may be
-      too low, the other way is safe;
+      round compared (a_lower / b_lower per round: its figure there may be
+      too low; the other way is safe), and without those rounds the
+      interval no longer excludes 0 the same way;
     - the capacities differ beyond noise the other way.
     `drift_floor` (a log ratio) widens the tok/s interval on each side: what
     the drift correction may leave in every round alike (DRIFT_RESIDUAL)."""
@@ -256,9 +257,15 @@ def paired_verdict(a: str, b: str, a_values: Sequence[float | None], b_values: S
         if doubts:
             why.append(f"{name}'s knee uncertain ({doubts[0]}{f'; {len(doubts) - 1} more' if len(doubts) > 1 else ''})")
     low_rounds = [i + 1 for i in paired_rounds if i < len(worse_lower) and worse_lower[i]]
-    if low_rounds:
-        why.append(f"{worse}'s knee uncertain (round {', '.join(map(str, low_rounds))} read only a lower bound: "
-                   "measured far under its knee while the other was at its own)")
+    if low_rounds:  # does the verdict rest on them? Not where it holds without them.
+        keep = [None if i + 1 in low_rounds else x for i, x in enumerate(a_values)]
+        rest = compare_pair(a, b, keep, b_values, metric=metric, confidence=confidence)
+        if rest.low is not None and rest.high is not None:
+            rest.low, rest.high = rest.low - drift_floor, rest.high + drift_floor
+        if not (rest.interval_excludes_zero and rest.mean is not None and (rest.mean > 0) == b_better):
+            why.append(f"{worse}'s knee uncertain (round {', '.join(map(str, low_rounds))} read only a lower bound: "
+                       "measured far under its knee while the other was at its own; without "
+                       f"{'it' if len(low_rounds) == 1 else 'them'} no verdict)")
     if cap is not None and ((b_better and cap[2] < 0) or (not b_better and cap[1] > 0)):
         why.append("the capacities differ the other way")
     v.held_back = "; ".join(why) or None
