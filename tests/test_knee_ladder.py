@@ -5,6 +5,7 @@ verdict beyond noise that rests on it. Simulated servers and clock
 
 from __future__ import annotations
 
+import json
 import threading
 
 from ernie_tui.engine_ctl.control import knee_ladder as kl
@@ -169,3 +170,26 @@ def test_aa_in_the_simulation_is_not_called_beyond_noise():
         host = SimHost(drift=0.3, jitter=0.15, seed=seed, phase=seed * 0.7)
         result = run([SimPreset("a", 8), SimPreset("b", 8)], host)
         assert not result.pairs[0].beyond_noise, (seed, result.pairs[0].text())
+
+
+def test_knees_from_prefers_where_the_ladder_ended(tmp_path):
+    export = tmp_path / "run.json"
+    export.write_text(json.dumps({"paired": {"searches": [{"preset": "A", "duel_load": 7.0, "final_knee": 12.0},
+                                                          {"preset": "B", "duel_load": 9.0}]}}))
+    assert ps.knees_from(export) == {"A": 12.0, "B": 9.0}  # B: an export from before the ladder
+
+
+def test_an_undecided_level_moves_no_knee():
+    # A loaded box: every level ends undecided, its point estimate failing (ITL p99 60 ms against 50).
+    def measure(name: str, load: float, kind: str) -> LevelResult:
+        lv = _lv(int(load), False, 60.0, limit_ms=50.0)
+        lv.decided, lv.verdict, lv.output_tps = False, "undecided", 100.0
+        return lv
+
+    clock = iter(range(1000))
+    levels, readings = ps.ladder_round(1, ["a", "b"], {"a": 5.0, "b": 8.0}, measure, False, 0.1,
+                                       lambda **_: None, threading.Event(), 0, 0, lambda: float(next(clock)))
+    assert [d.step for d in levels] == ["at", "at", "again"]  # no rung below on no evidence
+    assert {k.preset: k.next_knee for k in readings} == {"a": 5.0, "b": 8.0}
+    # Decided fails, twice at the knee: the ladder goes down.
+    assert kl.next_after(5.0, [kl.Look(5.0, False, True), kl.Look(5.0, False, True)], 0.1, False) == 4.0

@@ -1,7 +1,8 @@
 """Running servers and trials: the vLLM process and its group (server), its
 memory (resources), many servers at once (fleet), presets measured in turn or
 side by side (sweep, trial_schedule, trial_load), or all served at once and
-compared pair by pair while the host drifts (paired_sweep, turn_gate, ranking).
+compared pair by pair while the host drifts (paired_sweep, turn_gate, ranking; knee_ladder: each
+duel round's ladder around a knee and the checks that hold a verdict back).
 
 The top district: it may use launch, load and logs; none of them uses it.
 """

@@ -240,18 +240,29 @@ def start_knee(load: float | None, levels: Sequence[Any], step: float, rate: boo
 
 
 def next_after(at: float, looks: Sequence[Look], step: float, rate: bool) -> float:
-    """The next round's knee: the highest pass, or further up where it
-    topped the ladder above the knee it started at (climb()); below the
-    lowest fail when nothing passed (down_steps())."""
-    passes = [lk for lk in looks if lk.passed]
-    if not passes:
-        low = min(looks, key=lambda lk: lk.load)
+    """The next round's knee, moved only on decided levels: the highest
+    decided pass, or further up where it topped the ladder above the knee it
+    started at (climb()); below the lowest decided fail when nothing passed
+    at all (down_steps()); else where it was. An undecided level (its windows
+    never agreed, or its bounds straddled the limit at the cap) is no
+    evidence to move a knee on: on the loaded 2-core box (load average 8-12)
+    a stand-in's duel levels ended undecided by the dozen, their point
+    estimates failing at concurrency 1, and knees moved on them fell from 5
+    to 1 within two rounds."""
+    decided = [lk for lk in looks if lk.decided]
+    passes = [lk for lk in decided if lk.passed]
+    if passes:
+        top = max(passes, key=lambda lk: lk.load)
+        if top.load >= max(lk.load for lk in looks) and top.load > at:
+            f = climb(top, step)
+            return round(top.load * f, 3) if rate else float(max(int(top.load) + 1, round(top.load * f)))
+        if top.load >= at or all(not lk.passed for lk in looks if lk.load > top.load and lk.decided):
+            return top.load
+    fails = [lk for lk in decided if not lk.passed]
+    if fails and not any(lk.passed for lk in looks):
+        low = min(fails, key=lambda lk: lk.load)
         return step_down(low.load, step, rate, down_steps(low, step)) or low.load
-    top = max(passes, key=lambda lk: lk.load)
-    if top.load >= max(lk.load for lk in looks) and top.load > at:
-        f = climb(top, step)
-        return round(top.load * f, 3) if rate else float(max(int(top.load) + 1, round(top.load * f)))
-    return top.load
+    return at
 
 
 def read_round(preset: str, r: int, at: float, looks: Sequence[Look], step: float, rate: bool,
@@ -275,7 +286,7 @@ def read_round(preset: str, r: int, at: float, looks: Sequence[Look], step: floa
     reading.tail = None if h is None else 1.0 - h
     if knee is not None:
         top = next(lk for lk in passes if lk.load == knee)
-        reading.climbing = knee > at and knee >= max(lk.load for lk in looks) and wide(top)
+        reading.climbing = knee > at and knee >= max(lk.load for lk in looks) and wide(top) and top.decided
     reading.next_knee = next_after(at, looks, step, rate)
     return reading
 

@@ -807,6 +807,8 @@ def ladder_round(r: int, names: list[str], knees: dict[str, float], measure: Mea
         at = knees[name]
         if cancel.is_set() or not looks[name]:
             continue
+        if not looks[name][0].passed and not looks[name][0].decided:
+            continue  # undecided: no evidence to step down on (knee_ladder.next_after)
         if looks[name][0].passed:
             # (never past the search's ceiling: on one GPU each KV pool was sized to hold it)
             up = kl.step_up(at, step, rate) if ceiling is None else min(ceiling, kl.step_up(at, step, rate))
@@ -817,14 +819,14 @@ def ladder_round(r: int, names: list[str], knees: dict[str, float], measure: Mea
         # down: a tail spike fails one level by as much as the host's drift
         # (issue #56: 23.6 ms against 20 where the gaps were 10-13), and a
         # knee moved down by a spike read the next round far under it.
-        if one(name, at, "at, once more") is None or looks[name][-1].passed:
+        if one(name, at, "at, once more") is None or looks[name][-1].passed or not looks[name][-1].decided:
             continue
         load: float | None = at
         for _ in range(2):  # as far below as the failed level read over its limit (knee_ladder.down_steps)
             load = kl.step_down(load, step, rate, kl.down_steps(looks[name][-1], step)) if load is not None else None
             if load is None or cancel.is_set():
                 break
-            if one(name, load, "below") is None or looks[name][-1].passed:
+            if one(name, load, "below") is None or looks[name][-1].passed or not looks[name][-1].decided:
                 break
     adjust(out, clamp=True)
     readings = []
