@@ -9,25 +9,28 @@ better "beyond noise" (issue #56). The duels' interval said how repeatable
 the duels were, not whether 7 was the knee.
 
 So each duel round now climbs a short ladder around each preset's current
-knee: its knee, then one step above when that passed or one step below when
-it failed (a second step below when that failed too). The round's reading of
-the preset is the highest load that passed, with its tok/s; the next round's
-knee moves to it (further up when the level above passed with its tail far
-under the limit). A knee found too low in round 0 is thus corrected round by
-round, and the rounds' spread, their differences paired as before, is the
-knee's own uncertainty in the interval.
+knee (paired_sweep.ladder_round): its knee (the level whose tok/s the pairs
+compare, measured between the reference's two looks), then one step above
+where that passed, or the knee once more and then a step below where it
+failed. The round's knee reading is the highest load that passed; the next
+round starts there, or further up where the top of the ladder passed with
+its tail far under the limit (climb()). Round 0's knee, too, starts higher
+where it passed far under the limit (start_knee()). A knee found too low is
+thus corrected round by round, and the rounds' spread lands in the interval.
+Only decided levels move a knee (next_after()).
 
-The evidence checks (doubts) name what a reading cannot be trusted for:
+The evidence checks name what a reading cannot be trusted for:
 - search_doubts(): round 0's levels contradict each other: a fail at or below
   a load that passed; a pass with its tail far under the limit beside a fail
-  one step up by a little (a spike, not a knee);
-- read_round(): the same within a round; a reading that is only a lower bound
-  (the top of the ladder passed with its tail far under the limit: the knee
-  is higher than measured); a level near the limit whose percentile rests on
-  a few requests, measured twice and still thin.
-A doubt on a preset's knee holds back any verdict beyond noise that rests on
-it (ranking.hold_back). Round 0's doubts are lifted where at least two duel
-rounds, the last among them, read that knee cleanly.
+  one step up by a little (a spike, not a knee). knee_doubts() lifts them
+  where two ladder rounds read the knee cleanly;
+- read_round(): a level near the limit whose percentile rests on a few
+  requests, measured twice and still thin;
+- mark_lower_bounds(): a round whose figure of a preset was measured far
+  under its knee while another preset was at its own (only a lower bound of
+  its goodput at capacity).
+ranking.paired_verdict() holds back a verdict beyond noise that rests on an
+uncertain knee, or on a lower bound of the preset it calls weaker.
 
 Pure: the levels are measured through a function handed in.
 """
@@ -54,14 +57,16 @@ NEAR_LIMIT = 0.15
 # A round's figure of a preset is only a lower bound where its level's
 # reading over its limit is under (1 - this) x the highest of the round's
 # presets: it was measured far under its knee while another was at its own.
-# Relative, not absolute: a host's drift moves every knee alike (the
-# drifting stand-in's +-30 % put both presets 40 % under their limits at
-# its fast minutes, and an absolute test held back half the verdicts).
+# Relative, not absolute: a host's drift moves every knee alike (on the
+# simulated stand-in drifting +-30 % over 2 min, tests/knee_sim.py, an
+# absolute test at 30 % held back 10 of 20 runs at a true 25 %).
 LOWER_BOUND_HEADROOM = 0.40
 # ... or under (1 - this) x the highest where its ladder climbed with wide
 # headroom and another's did not (mark_lower_bounds). Without the tail's
-# share, a drifting host (+-30 % over 2 min) that sped up while one
-# preset's rung ran and slowed for the other's marked a third of the rounds.
+# share, a host that sped up while one preset's rung ran and slowed for the
+# other's marked rounds alike (on the simulated stand-in, +-30 % over 2 min,
+# excluding lower bounds then, the right verdicts at 25 % fell from 72 to 52
+# of 100).
 CLIMB_TAIL_SHARE = 0.15
 # The most a ladder goes down within a round, in steps.
 MAX_CLIMB_STEPS = 4
@@ -270,14 +275,13 @@ def read_round(preset: str, r: int, at: float, looks: Sequence[Look], step: floa
     """A preset's reading from its ladder levels of round r (the knee it
     started at, `at`; the levels in the order measured); `thin`: what stayed
     thin near the limit after a second look; `counted`: the level whose tok/s
-    the round compares (its knee's when that passed). That figure is only a
-    lower bound where its level passed LOWER_BOUND_HEADROOM under the limit
-    (a knee found far too low). Contradictions between a round's levels are
-    not looked for: its rungs lie on one side of the first (above it where
-    it passed, below where it failed), and they are measured after the
-    other presets' knees, minutes apart on a drifting host, where a knee may
-    move by the drift's amplitude; round 0's search (search_doubts) and each
-    level's thin tail are checked."""
+    the round compares (the knee it started at): its tail is kept for
+    mark_lower_bounds(). Contradictions between a round's levels are not
+    looked for: its rungs lie on one side of the first (above it where it
+    passed, below where it failed), and they are measured after the other
+    presets' knees, tens of seconds apart on a drifting host, where a knee
+    may move by the drift's amplitude; round 0's search (search_doubts) and
+    each level's thin tail are checked."""
     passes = [lk for lk in looks if lk.passed]
     knee = max((lk.load for lk in passes), default=None)
     reading = KneeRound(preset, r, knee, loads=[lk.load for lk in looks])

@@ -294,7 +294,7 @@ def summary_lines(result: PairedResult) -> list[str]:
         low = k.get("lower_bound_rounds") or []
         lines.append(f"Knee of {name}: {seen or '-'} by round" + (
             f" (only a lower bound in round {', '.join(map(str, low))}: measured far under its knee while "
-            "another preset was at its own: left out)"
+            "another preset was at its own)"
             if low else "") + (f"; UNCERTAIN: {'; '.join(k['why'])}" if k.get("uncertain") else ""))
     if result.ranking is not None:
         lines.append(f"Ranking (pairs beyond noise only): {result.ranking.text()}")
