@@ -193,3 +193,14 @@ def test_an_undecided_level_moves_no_knee():
     assert {k.preset: k.next_knee for k in readings} == {"a": 5.0, "b": 8.0}
     # Decided fails, twice at the knee: the ladder goes down.
     assert kl.next_after(5.0, [kl.Look(5.0, False, True), kl.Look(5.0, False, True)], 0.1, False) == 4.0
+
+
+def test_a_duel_level_keeps_the_searchs_floor_under_a_verdict():
+    from types import SimpleNamespace
+
+    from ernie_tui.engine_ctl.load.capacity import LevelRules
+
+    runner = SimpleNamespace(rules=None)
+    ps._reuse(runner, LevelRules(min_requests=10, max_requests=60, time_cap_s=60), 8.0)
+    assert runner.rules.min_requests == 60 and runner.rules.time_cap_s == 8.0
+    assert runner.rules.judged_floor == 10  # not 60: a short duel level still gets a verdict

@@ -680,8 +680,13 @@ def duel_seconds(result: CapacityResult | None, load: float | None) -> float:
 def _reuse(runner: Any, rules: Any, seconds: float = DUEL_LEVEL_S) -> None:
     """A search's level runner made ready for the duel's levels: each runs
     `seconds` (duel_seconds(); or to --max-requests), not until a verdict
-    (its min requests raised to its max, so no early pass or fail ends it)."""
-    runner.rules = replace(rules, min_requests=rules.max_requests, time_cap_s=min(rules.time_cap_s, seconds))
+    (its min requests raised to its max, so no early pass or fail ends it).
+    The floor under a verdict stays the search's (LevelRules.judged_floor):
+    raised with min_requests, a duel level of 8 s at concurrency 24 on the
+    loaded 2-core box counted fewer than its 60 and read "too few requests",
+    no pass, and the ladder lost that knee's reading."""
+    runner.rules = replace(rules, min_requests=rules.max_requests, min_judged=rules.judged_floor,
+                           time_cap_s=min(rules.time_cap_s, seconds))
 
 
 def duel_order(names: list[str], r: int) -> list[str]:
