@@ -69,6 +69,16 @@ Load-shaped pacing, each off unless asked for (the capacity search's tests):
   is K x L / (itl x f(t)) and the throughput at it K / (itl x f(t)); the
   ratio of two stand-ins' capacities (and goodputs) is K_B / K_A at every
   moment, whatever f(t). host_factor() is that f, for tests and benches;
+- --tail-jitter P --tail-jitter-ms X --tail-jitter-s S (env PACED_TAIL_JITTER,
+  PACED_TAIL_JITTER_MS, PACED_TAIL_JITTER_S): the tail sometimes spikes, as
+  a busy box's scheduling makes it (issue #56: a level read ITL p99 23.6 ms
+  against a 20 ms limit where its gaps were 10-13 ms): each S-second period
+  of wall time is spiky with probability P, drawn per server (seeded by its
+  port and the period's number); in a spiky period one gap in 20 is X ms
+  longer. A p99 then rises by about X where it sits, so a level near its
+  limit fails by a little while one far under it passes: the search's
+  evidence contradicts itself near the knee, which is what the paired
+  sweep's knee checks look for;
 - --busy-child: a child process titled as vLLM's engine core
   (VLLM::EngineCore) that keeps one CPU core busy for as long as this
   server lives, as vLLM's engine core did on an H200 (a server bound by a
@@ -306,6 +316,17 @@ class Server:
             return 1.0
         return 1.0 + a.itl_wander * _wander_draw(int((now - self.t0) // a.itl_wander_s))
 
+    def jitter_s(self, now: float, draw: float) -> float:
+        """What --tail-jitter adds to a gap that starts at wall time `now`
+        (`draw`: the gap's own uniform draw, one in 20 of a spiky period's gaps
+        gets --tail-jitter-ms)."""
+        a = self.args
+        if not a.tail_jitter or a.tail_jitter_s <= 0 or draw >= 0.05:
+            return 0.0
+        period = int(now // a.tail_jitter_s)
+        spiky = random.Random(f"jitter-{a.port or os.getpid()}-{period}").random() < a.tail_jitter
+        return a.tail_jitter_ms / 1000.0 if spiky else 0.0
+
     def done(self, key: int) -> None:
         with self.pace_lock:
             self.decode_ends.pop(key, None)
@@ -470,7 +491,7 @@ def make_handler(srv: Server):
                 for k in range(1, n_out + 1):
                     if k > 1:
                         gap = (itl_s * srv.batch_scale() + srv.batch_extra_s()) * srv.wander(due)
-                        due += gap * srv.drift()
+                        due += gap * srv.drift() + srv.jitter_s(time.time(), random.random())
                     delay = due - time.perf_counter()
                     if delay > 0:
                         time.sleep(delay)
@@ -590,6 +611,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="host speed drift: gaps and TTFT x (1 + A sin(2 pi wall_time / P)) (env PACED_DRIFT)")
     p.add_argument("--drift-period-s", type=float, default=float(env("PACED_DRIFT_PERIOD_S", "120")), metavar="P",
                    help="the drift's period, seconds of wall time (env PACED_DRIFT_PERIOD_S; 120)")
+    p.add_argument("--tail-jitter", type=float, default=float(env("PACED_TAIL_JITTER", "0")), metavar="P",
+                   help="the share of --tail-jitter-s periods whose tail spikes (env PACED_TAIL_JITTER)")
+    p.add_argument("--tail-jitter-ms", type=float, default=float(env("PACED_TAIL_JITTER_MS", "0")), metavar="X",
+                   help="in a spiky period one gap in 20 is this much longer (env PACED_TAIL_JITTER_MS)")
+    p.add_argument("--tail-jitter-s", type=float, default=float(env("PACED_TAIL_JITTER_S", "5")), metavar="S",
+                   help="the spiky periods' length, seconds of wall time (env PACED_TAIL_JITTER_S; 5)")
     p.add_argument("--itl-wander", type=float, default=0.0, metavar="F",
                    help="gaps that start in one --itl-wander-s period share one factor within 1 +- F")
     p.add_argument("--itl-wander-s", type=float, default=1.0, metavar="P")

@@ -62,3 +62,15 @@ def test_the_wins_come_from_the_pairs_so_an_export_without_ranking_wins_still_ra
     # Exports before 2026-12-06 (the 22nd GPU run's) have a ranking without "wins".
     paired = {"pairs": [_pair("long-doc", "seqs128", 39, 12, 72)], "ranking": {"tiers": [["seqs128"], ["long-doc"]]}}
     assert paired_ranks(paired) == {"seqs128": 1, "long-doc": 2}
+
+
+def test_a_pair_held_back_by_a_knee_check_reads_undecided_in_the_table():
+    from ernie_tui.engine_ctl.control.paired_rows import paired_ranks, vs_best_text
+
+    paired = {"pairs": [{"a": "x", "b": "y", "mean": 0.2, "low": 0.1, "high": 0.3, "beyond_noise": False,
+                         "better": None, "held_back": "x's knee uncertain (round 0 search: ...)"}]}
+    ranks = paired_ranks(paired)
+    assert ranks == {}
+    assert vs_best_text(paired, "x", ranks) == "undecided: knee uncertain"
+    paired["pairs"][0]["held_back"] = None
+    assert vs_best_text(paired, "x", ranks) == "within noise"

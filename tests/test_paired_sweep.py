@@ -124,6 +124,9 @@ def test_sweep_capacity_pairs_two_drifting_stand_ins(tmp_path, tiny_model, capsy
     assert set(paired["turns"]) == {"weak", "strong"}
     assert data["meta"]["mode"].startswith("paired")
     assert "Pairs (" in outs[1].read_text() and pair["text"] in outs[1].read_text()
+    # Each knee by round, in the export and under the table (issue #56).
+    assert set(paired["knees"]) == {"weak", "strong"} and len(paired["knee_rounds"]) == 6
+    assert "Knee of strong: " in outs[1].read_text()
     # The table's rank and vs best are the pair's, not the two round-0 searches'.
     table = {r["preset"]: (r["rank"], r["vs_best"]) for r in data["rows"]}
     assert table["strong"] == (1, "best") and table["weak"][0] == 2, table
@@ -134,8 +137,8 @@ def test_sweep_capacity_pairs_two_drifting_stand_ins(tmp_path, tiny_model, capsy
         rows = list(csv.DictReader(f))
     assert [(r["a"], r["b"], r["better"]) for r in rows] == [("weak", "strong", "strong")]
     assert pair["text"] in capsys.readouterr().out
-    # Again from the first sweep's knees: each search starts at its knee.
-    knees = {r["preset"]: int(r["duel_load"]) for r in paired["searches"]}
+    # Again from the first sweep's knees (where each ladder ended): each search starts at its knee.
+    knees = {r["preset"]: int(r["final_knee"]) for r in paired["searches"]}
     assert main([*base, "--out", str(tmp_path / "again.json"), "--knees-from", str(outs[0])]) == 0
     err = capsys.readouterr().err
     for name, knee in knees.items():

@@ -2,8 +2,9 @@
 memory (resources), many servers at once (fleet), presets measured in turn or
 side by side (sweep, trial_schedule, trial_load) or on a Ray cluster's nodes
 (ray_trials, orphan_guard), or all served at once and compared pair by pair
-while the host drifts (paired_sweep, turn_gate, ranking); tune's search
-(tune, its shared study: tune_storage).
+while the host drifts (paired_sweep, turn_gate, ranking; knee_ladder: each duel
+round's ladder around a knee and the checks that hold a verdict back); tune's
+search (tune, its shared study: tune_storage).
 
 The top district: it may use launch, load and logs; none of them uses it.
 """

@@ -11,8 +11,9 @@ the two columns say only what the pairs beyond noise say:
   beyond noise; none ("–") for a preset in no such win, or in a cycle of wins;
 - vs best: "best" for a placed preset that nothing beats; for another, its
   measured gap to a best one with the interval ("-15 % (-25 to -4 %)"), or
-  "within noise" where that pair is; "not compared" where no pair of it
-  was measured (no capacity to duel at).
+  "within noise" where that pair is ("undecided: knee uncertain" where a
+  pair of it beyond noise was held back by its knee checks); "not compared"
+  where no pair of it was measured (no capacity to duel at).
 
 Pure functions over `PairedResult.to_dict()`, so a live sweep, its JSON export
 and the report read it alike.
@@ -82,6 +83,8 @@ def vs_best_text(paired: dict[str, Any], name: str, ranks: dict[str, int]) -> st
                 return f"{g:+.0f} % ({lo:+.0f} to {hi:+.0f} %) vs {best}"
     if not any(p.get("mean") is not None for p in pairs if name in (p.get("a"), p.get("b"))):
         return "not compared (no duel measured)"  # no interval at all: nothing to call noise
+    if any(p.get("held_back") and name in (p.get("a"), p.get("b")) for p in pairs):
+        return "undecided: knee uncertain"  # an interval beyond noise held back (ranking.paired_verdict)
     return "within noise"
 
 

@@ -15,21 +15,30 @@ lands in the comparison. Here:
 2. Round 0: one capacity search per preset, each in its own thread, through
    a TurnGate: one level at a time, the presets taking turns A B A B. It
    finds each preset's capacity (its knee) under the SLO.
-3. Rounds 1..R, the duels: one short level per preset at the highest load
-   that passed in its search (duel_load(): under drift the search's final
-   answer sinks to the host's slowest minutes),
-   one after another, the round's reference preset measured first and again
-   last (A B A, then B A B: the reference rotates). Each level's output
+3. Rounds 1..R, the duels: each preset climbs a short ladder around its
+   current knee (knee_ladder.py; it starts at the highest load that passed
+   in its search, duel_load(): under drift the search's final answer sinks
+   to the host's slowest minutes): its knee, then one step above where that
+   passed or below where it failed. The round reads each preset's knee as
+   the highest load that passed and its tok/s there, and the next round
+   starts from it, so a knee found too low in round 0 is corrected and its
+   spread lands in the interval (issue #56: one noisy search had fixed the
+   stronger preset's duels below its knee). The presets' ladders run one
+   after another, the round's reference preset's knee measured first and
+   again last (A B A, then B A B: the reference rotates). Each level's output
    tok/s is divided by the reference's at the same moment (its two looks
-   interpolated in wall time), so drift that is linear over the round's
-   half-minute cancels. Why not whole searches per round, as first planned:
+   interpolated in wall time), so drift that is linear over the round
+   cancels. Why not whole searches per round, as first planned:
    on the drifting stand-in (+-30 % over 2 min) a search took 2-4 minutes on
    a loaded 2-core box, longer than the drift's half period, so two presets'
    capacity levels of one round met different host speeds and the paired
    differences kept most of the drift (see docs: rank presets).
-4. Each duel round gives every pair one ratio; ranking.py turns the rounds'
-   ln ratios into a verdict per pair with its interval, the ranking from the
-   pairs beyond noise, and the drift the run saw.
+4. Each duel round gives every pair one ratio of tok/s at their knees and
+   one of their knees; ranking.paired_verdict() turns the rounds' ln ratios
+   into a verdict per pair with its interval, held back ("within noise /
+   undecided: knee uncertain") where a knee's evidence contradicts itself
+   (knee_ladder.knee_doubts), then the ranking from the pairs beyond noise,
+   and the drift the run saw.
 
 Each preset's search is a SweepRun (repeat 0), so the sweep's table, exports
 and records read as a sequential sweep's; PairedResult holds the duels and
@@ -51,6 +60,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ernie_tui import paths
+from ernie_tui.engine_ctl.control import knee_ladder as kl
 from ernie_tui.engine_ctl.control import ranking as rk
 from ernie_tui.engine_ctl.control.server import EngineServer, ServerState
 from ernie_tui.engine_ctl.control.sweep import (
@@ -95,8 +105,10 @@ class PresetRound:
     started_at: float | None = None  # wall clock
     ended_at: float | None = None
     at_ceiling: bool = False
-    duel_load: float | None = None  # where its duels ran (duel_load())
+    duel_load: float | None = None  # where its duels started (duel_load())
     duel_seconds: float | None = None  # how long each of its duel levels may run (duel_seconds())
+    doubts: list[str] = field(default_factory=list)  # where its levels contradict (knee_ladder.search_doubts)
+    final_knee: float | None = None  # where its ladder would start next (the last round's next_knee)
 
 
 @dataclass
@@ -119,6 +131,12 @@ class DuelLevel:
     # output_tps is the level's stream rate (LevelResult.stream_output_tps;
     # its windows' rate for a rate level); this is its windows' rate.
     window_output_tps: float | None = None
+    # Its rung of the preset's ladder: at | above | below | again (the
+    # reference's closing look); "... (first look)" for a level measured
+    # once more (near its limit on few requests) whose second look counts.
+    step: str = "at"
+    verdict: str = ""
+    counted: bool = False  # the level the preset's reading of this round comes from
 
 
 @dataclass
@@ -138,6 +156,9 @@ class PairedResult:
     turns: list[str] = field(default_factory=list)  # whose search level ran, in order
     refused: str | None = None  # why the servers could not be up side by side (nothing was measured)
     seconds: float = 0.0
+    knee_rounds: list[kl.KneeRound] = field(default_factory=list)  # each preset's reading, per duel round
+    step: float = 0.0  # the ladder's step (the search's tolerance)
+    knees: dict[str, dict[str, Any]] = field(default_factory=dict)  # per preset: knee, uncertain, why (analyse)
 
     def values(self, column: str) -> dict[str, list[float | None]]:
         """Each preset's duel figure per round (its first look in a round
@@ -149,10 +170,65 @@ class PairedResult:
                 out[d.preset][d.round - 1] = getattr(d, column)
         return out
 
+    def readings(self, column: str) -> dict[str, list[Any]]:
+        """Each preset's knee reading per round (a KneeRound's `column`; None where not measured)."""
+        n = max((k.round for k in self.knee_rounds), default=0)
+        out: dict[str, list[Any]] = {p: [None] * n for p in self.presets}
+        for k in self.knee_rounds:
+            if k.preset in out:
+                out[k.preset][k.round - 1] = getattr(k, column)
+        return out
+
+    def knee_summary(self) -> dict[str, dict[str, Any]]:
+        """Per preset: its knee per round, whether it is uncertain and why,
+        the rounds that read only a lower bound."""
+        out: dict[str, dict[str, Any]] = {}
+        for name in self.presets:
+            mine = [k for k in self.knee_rounds if k.preset == name]
+            round0 = next((r.doubts for r in self.searches if r.preset == name), [])
+            why = kl.knee_doubts(round0, mine)
+            out[name] = {"knees": [k.knee for k in mine], "uncertain": bool(why), "why": why,
+                         "lower_bound_rounds": [k.round for k in mine if k.lower_bound],
+                         "round0_doubts": list(round0)}
+        return out
+
+    def verdict(self, a: str, b: str, confidence: float = rk.DEFAULT_CONFIDENCE) -> rk.PairVerdict:
+        """The verdict of B against A (ranking.paired_verdict over this run's
+        rounds): the one function the sweep's pairs and tune's --confirm use."""
+        if not self.knee_rounds:  # duels at a fixed load (a record from before the ladder)
+            adjusted = self.values("adjusted")
+            return rk.compare_pair(a, b, adjusted.get(a, []), adjusted.get(b, []),
+                                   metric="output_tps_at_capacity", confidence=confidence)
+        knees = self.knees or self.knee_summary()
+        adjusted, at, lower = self.readings("adjusted"), self.readings("knee"), self.readings("lower_bound")
+        # A round that read a preset far under its knee (a lower bound of its
+        # goodput at capacity) stays in the pairs: the ladder moves that
+        # knee up and the spread lands in the interval. Left out, fast drift
+        # (+-30 % over a minute) left one round of three and no verdict; but
+        # a verdict that calls that preset the weaker is held back
+        # (ranking.paired_verdict: its figure may be too low, the other way
+        # is safe).
+        fig = {n: adjusted.get(n, []) for n in (a, b)}
+        caps = {n: at.get(n, []) for n in (a, b)}
+        knee_loads = [x for n in (a, b) for x in at.get(n, []) if x]
+        step = self.step
+        if knee_loads and all(float(x).is_integer() for x in knee_loads):
+            step = max(step, 1.0 / min(knee_loads))  # concurrency rungs are whole: 8 to 9 is a 12.5 % step
+        refs = [d for d in self.duels if d.reference and d.output_tps]
+        moved = [abs(math.log((y.output_tps or 1.0) / (x.output_tps or 1.0)))
+                 for x, y in zip(refs[::2], refs[1::2], strict=False) if x.round == y.round]
+        floor = rk.DRIFT_RESIDUAL * statistics.fmean(moved) if moved else 0.0
+        return rk.paired_verdict(a, b, fig[a], fig[b], confidence=confidence, drift_floor=floor,
+                                 a_knees=caps[a], b_knees=caps[b], step=step,
+                                 a_doubts=knees.get(a, {}).get("why", []), b_doubts=knees.get(b, {}).get("why", []),
+                                 a_lower=[bool(x) for x in lower.get(a, [])],
+                                 b_lower=[bool(x) for x in lower.get(b, [])])
+
     def analyse(self, confidence: float = rk.DEFAULT_CONFIDENCE) -> None:
-        adjusted = self.values("adjusted")
-        self.pairs = rk.compare_all(self.presets, adjusted, metric="output_tps_at_capacity", confidence=confidence)
+        self.knees = self.knee_summary() if self.knee_rounds else {}
+        self.pairs = [self.verdict(a, b, confidence) for i, a in enumerate(self.presets) for b in self.presets[i + 1:]]
         self.ranking = rk.rank(self.presets, self.pairs)
+        adjusted = self.readings("adjusted") if self.knee_rounds else self.values("adjusted")
         raw = rk.drift_seen(self.presets, self.values("output_tps"))
         refs = [d for d in self.duels if d.reference]
         within = [round((b.output_tps / a.output_tps - 1) * 100, 1) for a, b in zip(refs[::2], refs[1::2], strict=False)
@@ -175,7 +251,8 @@ class PairedResult:
                 "duels": [asdict(d) for d in self.duels], "pairs": [v.to_dict() for v in self.pairs],
                 "ranking": self.ranking.to_dict() if self.ranking else None, "drift": self.drift,
                 "notes": self.notes, "co_residency": self.co_residency, "refused": self.refused, "turns": self.turns,
-                "seconds": round(self.seconds, 1)}
+                "seconds": round(self.seconds, 1), "knee_rounds": [asdict(k) for k in self.knee_rounds],
+                "knees": self.knees, "step": self.step}
 
 
 PAIR_CSV_COLUMNS = ("a", "b", "metric", "rounds", "better", "gap_pct", "low_pct", "high_pct", "beyond_noise",
@@ -201,9 +278,24 @@ def summary_lines(result: PairedResult) -> list[str]:
     """The verdicts in words: for the terminal and the markdown export."""
     n = max((d.round for d in result.duels), default=0)
     conf = result.pairs[0].confidence if result.pairs else rk.DEFAULT_CONFIDENCE
-    lines = [f"Pairs (output tok/s at each preset's capacity, {n} duel round(s) paired against a reference "
-             f"measured before and after, {conf:.0%} interval):"]
-    lines += [f"- {v.text()}" for v in result.pairs]
+    if result.knee_rounds:
+        lines = [f"Pairs (output tok/s at each preset's knee, re-measured every round on a ladder around it, {n} "
+                 f"duel round(s) paired against a reference measured before and after, {conf:.0%} interval; "
+                 f"the knees compared beside):"]
+    else:
+        lines = [f"Pairs (output tok/s at each preset's capacity, {n} duel round(s) paired against a reference "
+                 f"measured before and after, {conf:.0%} interval):"]
+    for v in result.pairs:
+        cap = v.capacity
+        lines.append(f"- {v.text()}" + (f"; capacity {cap['gap_pct'][0]:+.0f} % ({cap['gap_pct'][1]:+.0f} to "
+                                        f"{cap['gap_pct'][2]:+.0f} %, one ladder step widened)" if cap else ""))
+    for name, k in result.knees.items():
+        seen = ", ".join("-" if x is None else f"{x:g}" for x in k.get("knees") or [])
+        low = k.get("lower_bound_rounds") or []
+        lines.append(f"Knee of {name}: {seen or '-'} by round" + (
+            f" (only a lower bound in round {', '.join(map(str, low))}: measured far under its knee while "
+            "another preset was at its own)"
+            if low else "") + (f"; UNCERTAIN: {'; '.join(k['why'])}" if k.get("uncertain") else ""))
     if result.ranking is not None:
         lines.append(f"Ranking (pairs beyond noise only): {result.ranking.text()}")
     d = result.drift
@@ -219,7 +311,7 @@ def summary_lines(result: PairedResult) -> list[str]:
     caps = ", ".join(f"{r.preset} {'≥ ' if r.at_ceiling else ''}{r.capacity:g}" for r in result.searches
                      if r.capacity is not None)
     if caps:
-        lines.append(f"Capacities found (one search each, levels alternating): {caps}")
+        lines.append(f"Capacities found in round 0 (one search each, levels alternating): {caps}")
     if result.co_residency:
         lines.append(f"Servers: {result.co_residency}")
     lines += [f"Note: {n}" for n in result.notes]
@@ -524,21 +616,26 @@ def knees_from(path: Path) -> dict[str, float]:
     if not isinstance(searches, list):
         raise ValueError(f"{path} is not a paired sweep's JSON export (no paired.searches): write one with "
                          "`ernie-tui sweep A B --capacity --out FILE.json`")
-    knees = {s["preset"]: float(s["duel_load"]) for s in searches
-             if isinstance(s, dict) and s.get("preset") and s.get("duel_load")}
+    # The knee its ladder ended on where the export has one (since 2026-12-07), else where its duels ran.
+    knees = {s["preset"]: float(s.get("final_knee") or s["duel_load"]) for s in searches
+             if isinstance(s, dict) and s.get("preset") and (s.get("final_knee") or s.get("duel_load"))}
     if not knees:
         raise ValueError(f"{path} holds no preset's duel load (its searches found no capacity)")
     return knees
 
 
-def _preset_round(run: SweepRun, result: CapacityResult | None) -> PresetRound:
+def _preset_round(run: SweepRun, result: CapacityResult | None, step: float = 0.1, rate: bool = False
+                  ) -> PresetRound:
     cap = run.capacity_rate if run.capacity_rate is not None else run.capacity_concurrency
-    load = duel_load(result) or cap
+    found = duel_load(result) or cap
+    # far under the limit there: start higher (knee_ladder.start_knee)
+    load = kl.start_knee(found, result.levels, step, rate) if result is not None else found
     return PresetRound(preset=run.preset, round=0, capacity=cap, goodput_output_tps=run.goodput_output_tps,
                        stop=result.stop_reason if result else run.status, levels=len(result.levels) if result else 0,
                        started_at=run.started_at, ended_at=run.ended_at,
                        at_ceiling=bool(result and result.at_ceiling), duel_load=load,
-                       duel_seconds=duel_seconds(result, load))
+                       duel_seconds=duel_seconds(result, found),
+                       doubts=kl.search_doubts(result.levels) if result else [])
 
 
 def duel_load(result: CapacityResult | None) -> float | None:
@@ -583,8 +680,13 @@ def duel_seconds(result: CapacityResult | None, load: float | None) -> float:
 def _reuse(runner: Any, rules: Any, seconds: float = DUEL_LEVEL_S) -> None:
     """A search's level runner made ready for the duel's levels: each runs
     `seconds` (duel_seconds(); or to --max-requests), not until a verdict
-    (its min requests raised to its max, so no early pass or fail ends it)."""
-    runner.rules = replace(rules, min_requests=rules.max_requests, time_cap_s=min(rules.time_cap_s, seconds))
+    (its min requests raised to its max, so no early pass or fail ends it).
+    The floor under a verdict stays the search's (LevelRules.judged_floor):
+    raised with min_requests, a duel level of 8 s at concurrency 24 on the
+    loaded 2-core box counted fewer than its 60 and read "too few requests",
+    no pass, and the ladder lost that knee's reading."""
+    runner.rules = replace(rules, min_requests=rules.max_requests, min_judged=rules.judged_floor,
+                           time_cap_s=min(rules.time_cap_s, seconds))
 
 
 def duel_order(names: list[str], r: int) -> list[str]:
@@ -595,11 +697,13 @@ def duel_order(names: list[str], r: int) -> list[str]:
     return [*order, order[0]]
 
 
-def adjust(levels: list[DuelLevel]) -> bool:
+def adjust(levels: list[DuelLevel], clamp: bool = False) -> bool:
     """Each level's output tok/s over the reference's at the same moment:
     ln(reference) interpolated in wall time between its two looks (so a
     drift that is linear over the round cancels exactly). False when the
-    reference's two looks are not both measured (nothing adjusted)."""
+    reference's two looks are not both measured (nothing adjusted).
+    `clamp`: a level outside the two looks (a ladder's step) is divided by
+    the nearer look, not by a line drawn past it."""
     refs = [d for d in levels if d.reference]
     if len(refs) != 2 or not all(d.output_tps for d in refs):
         return False
@@ -608,27 +712,31 @@ def adjust(levels: list[DuelLevel]) -> bool:
     for d in levels:
         if d.output_tps:
             w = (d.at - a.at) / (b.at - a.at) if b.at > a.at else 0.5
+            w = min(1.0, max(0.0, w)) if clamp else w
             d.adjusted = math.exp(math.log(d.output_tps) - (la + w * (lb - la)))
     return True
 
 
 def duel_round(r: int, names: list[str], loads: dict[str, float], runners: dict[str, Any], rate: bool,
-               emit: Callable[..., None], cancel: threading.Event, first_index: int, total: int) -> list[DuelLevel]:
-    """One duel round: a short level per preset at its capacity load, the
-    reference first and last (duel_order), then adjust()."""
+               emit: Callable[..., None], cancel: threading.Event, first_index: int, total: int,
+               clock: Callable[[], float] = time.time) -> list[DuelLevel]:
+    """One duel round at fixed loads (the design before 2026-12-07, kept for
+    comparison: bench/verdict_calibration.py --design fixed): a short level
+    per preset at its capacity load, the reference first and last
+    (duel_order), then adjust()."""
     order = duel_order(names, r)
     out: list[DuelLevel] = []
     for k, name in enumerate(order):
         if cancel.is_set():
             break
         load = loads[name]
-        t0 = time.time()
+        t0 = clock()
         try:
             lv = runners[name](load if rate else int(load))
         except Exception:  # noqa: BLE001  one level's surprise leaves a hole in the round, not the sweep's end
             log.exception("duel level of %s failed", name)
             lv = None
-        t1 = time.time()
+        t1 = clock()
         tps_of = (lv.stream_output_tps or lv.output_tps) if lv else None  # see LevelResult.stream_output_tps
         out.append(DuelLevel(name, r, load, (t0 + t1) / 2, t1 - t0, tps_of, lv and lv.goodput_output_tps,
                              bool(lv and lv.passed), reference=k in (0, len(order) - 1),
@@ -638,6 +746,145 @@ def duel_round(r: int, names: list[str], loads: dict[str, float], runners: dict[
              phase=f"duel round {r}: {'rate' if rate else 'concurrency'} {load:g}, {tps}")
     adjust(out)
     return out
+
+
+# (preset, load, kind) -> LevelResult | None. kind: "figure" (a knee level
+# whose tok/s the pairs compare: the duel's full length), "rung" (a step of
+# the ladder: only its verdict counts, so it may end as soon as that is
+# clear), "longer" (a second look near the limit: twice the requests and time).
+Measure = Callable[[str, float, str], Any]
+
+
+def ladder_round(r: int, names: list[str], knees: dict[str, float], measure: Measure, rate: bool, step: float,
+                 emit: Callable[..., None], cancel: threading.Event, first_index: int, total: int,
+                 clock: Callable[[], float] = time.time, ceiling: float | None = None
+                 ) -> tuple[list[DuelLevel], list[kl.KneeRound]]:
+    """One duel round of ladders (knee_ladder.py): in duel_order, each preset
+    at its knee, the round's reference at its knee again at the end; then
+    for each, one step above where its knee passed, else its knee once more
+    and, where that failed too, one rung below (and one more where that
+    failed). A level near its limit whose percentile rests on few
+    requests (knee_ladder.thin_near_limit), or undecided near it, is measured
+    once more, longer (`measure(name, load, "longer")`), and the second look
+    counts: the search's remeasure, for the tail. Returns the levels
+    (adjusted against the reference) and each preset's reading."""
+    order = duel_order(names, r)
+    out: list[DuelLevel] = []
+    looks: dict[str, list[kl.Look]] = {n: [] for n in names}
+    thin: dict[str, list[str]] = {n: [] for n in names}
+    finals: dict[str, list[DuelLevel]] = {n: [] for n in names}
+    again: set[str] = set()
+
+    def one(name: str, load: float, rung: str, reference: bool = False) -> Any:
+        index = first_index + len(out)
+        kind = "figure" if rung in ("at", "again") else "rung"
+        lv, t0, t1 = _timed(measure, name, load, kind, clock)
+        look = kl.Look.of(lv) if lv is not None else None
+        if look is not None and rung != "again" and name not in again and _worth_again(look):
+            again.add(name)  # one second look a preset a round: the round's length stays bounded
+            out.append(_duel(name, r, load, t0, t1, lv, False, f"{rung} (first look)"))
+            lv, t0, t1 = _timed(measure, name, load, "longer", clock)
+            look = kl.Look.of(lv) if lv is not None else None
+            still = look and kl.thin_near_limit(look)
+            if still:
+                thin[name].append(f"{load:g}: {still}")
+        d = _duel(name, r, load, t0, t1, lv, reference, rung)
+        out.append(d)
+        if look is not None and rung != "again":
+            looks[name].append(look)
+            finals[name].append(d)
+        tps = f"{d.output_tps:,.0f} tok/s" if d.output_tps else "no figure"
+        verdict = f", {d.verdict}" if d.verdict else ""
+        emit(preset=name, repeat=r, index=index, total=total,
+             phase=f"duel round {r}: {'rate' if rate else 'concurrency'} {load:g} ({rung}), {tps}{verdict}")
+        return lv
+
+    # First each preset at its knee, the reference first and again last: the
+    # levels whose tok/s the pairs compare, within as short a span as the
+    # fixed-load duels had (a round of five levels spanned 40 s, a third of
+    # the drifting stand-in's period, and the interpolation kept its curve).
+    # Then each one's step above (its knee passed) or below (it failed).
+    for k, name in enumerate(order):
+        if cancel.is_set():
+            break
+        one(name, knees[name], "again" if k == len(order) - 1 else "at", reference=k in (0, len(order) - 1))
+    for name in order[:-1]:
+        at = knees[name]
+        if cancel.is_set() or not looks[name]:
+            continue
+        if not looks[name][0].passed and not looks[name][0].decided:
+            continue  # undecided: no evidence to step down on (knee_ladder.next_after)
+        if looks[name][0].passed:
+            # (never past the search's ceiling: on one GPU each KV pool was sized to hold it)
+            up = kl.step_up(at, step, rate) if ceiling is None else min(ceiling, kl.step_up(at, step, rate))
+            if up > at:
+                one(name, up, "above")
+            continue
+        # A knee that failed is measured once more before the ladder goes
+        # down: a tail spike fails one level by as much as the host's drift
+        # (issue #56: 23.6 ms against 20 where the gaps were 10-13), and a
+        # knee moved down by a spike read the next round far under it.
+        if one(name, at, "at, once more") is None or looks[name][-1].passed or not looks[name][-1].decided:
+            continue
+        load: float | None = at
+        for _ in range(2):  # as far below as the failed level read over its limit (knee_ladder.down_steps)
+            load = kl.step_down(load, step, rate, kl.down_steps(looks[name][-1], step)) if load is not None else None
+            if load is None or cancel.is_set():
+                break
+            if one(name, load, "below") is None or looks[name][-1].passed or not looks[name][-1].decided:
+                break
+    adjust(out, clamp=True)
+    readings = []
+    for name in names:
+        if not looks[name]:
+            continue
+        # Its tok/s at its knee: the level at the knee it brought into the
+        # round, measured between the reference's looks, whatever its
+        # verdict. The ladder's rungs come later in the round, where the
+        # reference's line no longer reaches: on the drifting stand-in (+-30 %
+        # over 2 min) their figures strayed by up to 20 %; and dropping the
+        # rounds whose knee level failed by more than a little dropped one
+        # round in three there, as the host moved every knee alike. What
+        # pairs the presets is that each is at the knee its ladder tracks;
+        # one far under it beside another at its own is marked a lower
+        # bound (knee_ladder.mark_lower_bounds) and left out.
+        first = finals[name][0] if finals[name] and finals[name][0].step == "at" else None
+        look = looks[name][0] if first is not None else None
+        counted = first
+        reading = kl.read_round(name, r, knees[name], looks[name], step, rate, thin[name], look)
+        if counted is not None:
+            counted.counted = True
+            reading.output_tps, reading.adjusted = counted.output_tps, counted.adjusted
+            reading.goodput_output_tps = counted.goodput_output_tps
+        readings.append(reading)
+    kl.mark_lower_bounds(readings)
+    return out, readings
+
+
+def _worth_again(look: kl.Look) -> bool:
+    """A level to measure once more: its verdict rests on a percentile of few
+    samples near its limit, or it ended undecided near its limit."""
+    h = kl.headroom(look)
+    near = h is not None and abs(h) <= kl.NEAR_LIMIT
+    return bool(kl.thin_near_limit(look)) or (not look.decided and near)
+
+
+def _timed(measure: Measure, name: str, load: float, kind: str, clock: Callable[[], float]
+           ) -> tuple[Any, float, float]:
+    t0 = clock()
+    try:
+        lv = measure(name, load, kind)
+    except Exception:  # noqa: BLE001  one level's surprise leaves a hole in the round, not the sweep's end
+        log.exception("duel level of %s failed", name)
+        lv = None
+    return lv, t0, clock()
+
+
+def _duel(name: str, r: int, load: float, t0: float, t1: float, lv: Any, reference: bool, rung: str) -> DuelLevel:
+    tps_of = (lv.stream_output_tps or lv.output_tps) if lv else None  # see LevelResult.stream_output_tps
+    return DuelLevel(name, r, load, (t0 + t1) / 2, t1 - t0, tps_of, lv and lv.goodput_output_tps,
+                     bool(lv and lv.passed), reference=reference, window_output_tps=lv and lv.window_output_tps,
+                     step=rung, verdict=(lv.verdict if lv else "") or "")
 
 
 def run_paired_sweep(presets: list[Preset], burst_config: BurstConfig, options: SweepOptions,
@@ -681,14 +928,15 @@ def _measure(result: PairedResult, runs: list[SweepRun], served: list[_Served], 
              cancel: threading.Event, save: bool) -> None:
     """Round 0 (the searches), then the duel rounds at the capacities found."""
     n = len(served)
-    total = n + rounds * (n + 1)
+    total = n + rounds * (2 * n + 1)  # a ladder's two levels a preset and the reference's closing look
     done, result.turns = search_round(served, capacity, burst_config, emit, cancel, total, runners, save)
+    search = capacity.search or SearchConfig()
     for run, res in done:
         runs.append(run)
-        result.searches.append(_preset_round(run, res))
+        result.searches.append(_preset_round(run, res, search.tolerance, search.rate))
     if any(r.at_ceiling for r in result.searches):
-        result.notes.append("a search stopped at its ceiling: that preset's duels ran at the ceiling, a lower "
-                            "bound of its capacity")
+        result.notes.append("a search stopped at its ceiling: that preset's ladder stays at or under the ceiling, "
+                            "a lower bound of its capacity")
     loads = {r.preset: r.duel_load for r in result.searches if r.duel_load}
     names = [s.preset.name for s in served if s.preset.name in loads and s.preset.name in runners]
     left_out = [s.preset.name for s in served if s.preset.name not in names]
@@ -697,11 +945,53 @@ def _measure(result: PairedResult, runs: list[SweepRun], served: list[_Served], 
     if len(names) < 2:
         return
     seconds = {r.preset: r.duel_seconds or DUEL_LEVEL_S for r in result.searches}
+    # A rung's rules: the search's own (a fail decides at once, a pass once
+    # its windows agree), capped at the duel level's length: it needs a
+    # verdict, not a tok/s figure, so it costs less than the duel level it adds.
+    rung_rules = {n: replace(capacity.rules or runners[n].rules,
+                             time_cap_s=min((capacity.rules or runners[n].rules).time_cap_s, seconds[n]))
+                  for n in names}
     for name in names:
         _reuse(runners[name], capacity.rules or runners[name].rules, seconds[name])
     rate = bool(capacity.search and capacity.search.rate)
+    result.step = (capacity.search or SearchConfig()).tolerance
+    knees = {k: float(v) for k, v in loads.items() if v is not None}
+
+    def measure(name: str, load: float, kind: str) -> Any:
+        runner = runners[name]
+        rules = runner.rules
+        if kind == "longer":  # twice the requests and time: the tail near the limit, measured wider
+            runner.rules = replace(rules, min_requests=2 * rules.min_requests, max_requests=2 * rules.max_requests,
+                                   time_cap_s=2 * rules.time_cap_s)
+        elif kind == "rung":
+            runner.rules = rung_rules[name]
+        try:
+            return runner(load if rate else int(load))
+        finally:
+            runner.rules = rules
+
+    ceiling = float(search.max_rate if rate else search.max_concurrency)
+    duel_rounds(result, names, {k: min(v, ceiling) for k, v in knees.items()}, measure, rounds, rate, emit, cancel,
+                n, total, ceiling=ceiling)
+
+
+def duel_rounds(result: PairedResult, names: list[str], knees: dict[str, float], measure: Measure, rounds: int,
+                rate: bool, emit: Callable[..., None], cancel: threading.Event, first_index: int = 0,
+                total: int = 0, clock: Callable[[], float] = time.time, ceiling: float | None = None) -> None:
+    """Rounds 1..rounds of ladders from `knees` (each preset's starting
+    load), each round starting where the last left each knee; the levels and
+    readings go into `result` (its `step` set), each search row's final_knee
+    too. Apart from the servers: a simulation hands in its own measure and clock."""
+    knees = dict(knees)
     for r in range(1, rounds + 1):
         if cancel.is_set():
             break
-        result.duels += duel_round(r, names, {k: float(v) for k, v in loads.items() if v is not None}, runners,
-                                   rate, emit, cancel, n + (r - 1) * (n + 1), total)
+        levels, readings = ladder_round(r, names, knees, measure, rate, result.step, emit, cancel,
+                                        first_index + (r - 1) * (2 * len(names) + 1), total, clock, ceiling)
+        result.duels += levels
+        result.knee_rounds += readings
+        for k in readings:
+            if k.next_knee is not None:
+                knees[k.preset] = k.next_knee if ceiling is None else min(ceiling, k.next_knee)
+    for row in result.searches:
+        row.final_knee = knees.get(row.preset)

@@ -116,15 +116,25 @@ class PairVerdict:
     mean: float | None = None  # the mean log ratio
     low: float | None = None  # its interval's ends
     high: float | None = None
+    # Why an interval that excludes 0 is still no verdict (paired_verdict():
+    # a knee it rests on is uncertain); None: nothing held it back.
+    held_back: str | None = None
+    # The capacities' comparison beside it (paired_verdict(): mean, low, high
+    # of ln(B/A) over the rounds' knees, widened by a ladder step; rounds).
+    capacity: dict[str, Any] | None = None
 
     @property
     def rounds(self) -> int:
         return len(self.diffs)
 
     @property
-    def beyond_noise(self) -> bool:
-        """The interval excludes no difference at all."""
+    def interval_excludes_zero(self) -> bool:
         return self.low is not None and self.high is not None and (self.low > 0 or self.high < 0)
+
+    @property
+    def beyond_noise(self) -> bool:
+        """The interval excludes no difference at all, and nothing held it back."""
+        return self.interval_excludes_zero and not self.held_back
 
     @property
     def better(self) -> str | None:
@@ -156,6 +166,9 @@ class PairVerdict:
         g, lo, hi = gap
         if self.beyond_noise:
             return f"{self.better} carries {g:.0f} % more {what} than {self.worse} ({lo:.0f}-{hi:.0f} %)"
+        if self.held_back:
+            return (f"{self.a} vs {self.b}: within noise / undecided: {self.held_back} ({self.b} {g:+.0f} % {what}, "
+                    f"interval {lo:+.0f} to {hi:+.0f} %)")
         return f"{self.a} vs {self.b}: within noise ({self.b} {g:+.0f} % {what}, interval {lo:+.0f} to {hi:+.0f} %)"
 
     def to_dict(self) -> dict[str, Any]:
@@ -175,6 +188,88 @@ def compare_pair(a: str, b: str, a_values: Sequence[float | None], b_values: Seq
     if interval is not None:
         verdict.mean, verdict.low, verdict.high = interval
     return verdict
+
+
+def quantised_interval(diffs: Sequence[float], step_log: float, confidence: float = DEFAULT_CONFIDENCE
+                       ) -> tuple[float, float, float] | None:
+    """paired_interval() of knees known to a ladder step: a knee lies between
+    the highest pass and one step above it, so each ratio of two knees may be
+    off by up to a step either way whatever the rounds (the same knee reads
+    the same load every round): the interval is widened by `step_log` on
+    each side. Without it two presets whose knees read 9 and 8 in every round
+    would differ "beyond noise" by an interval of zero width."""
+    interval = paired_interval(diffs, confidence)
+    if interval is None:
+        return None
+    mean, low, high = interval
+    # (rounded: knees 9 and 8 at a step of 1/8 touch 0 exactly, not by a last digit)
+    return mean, round(low - step_log, 12), round(high + step_log, 12)
+
+
+# The share of the reference's move within a round that the linear drift
+# correction (paired_sweep.adjust) may leave in a pair's ratio, alike in
+# every round: a drift's curvature over the round does not cancel, and with
+# three rounds the t-interval cannot see a bias they share. On the drifting
+# simulated host (+-30 % over 2 min; bench/verdict_calibration.py) A/A runs
+# were called 1-6 % apart "beyond noise" in 3 of 20 with intervals of a few
+# points, where the reference moved 20-30 % within each round.
+DRIFT_RESIDUAL = 0.15
+
+
+def paired_verdict(a: str, b: str, a_values: Sequence[float | None], b_values: Sequence[float | None], *,
+                   metric: str = "output_tps_at_capacity", confidence: float = DEFAULT_CONFIDENCE,
+                   a_knees: Sequence[float | None] = (), b_knees: Sequence[float | None] = (),
+                   step: float = 0.0, a_doubts: Sequence[str] = (), b_doubts: Sequence[str] = (),
+                   a_lower: Sequence[bool] = (), b_lower: Sequence[bool] = (), drift_floor: float = 0.0
+                   ) -> PairVerdict:
+    """The one verdict of B against A that the paired sweep and tune's
+    --confirm give: the rounds' figures at each preset's knee (a_values,
+    b_values: tok/s adjusted for drift, None where not measured), paired
+    round by round (compare_pair), with the rounds' knees compared beside
+    (capacity, quantised_interval at `step`). An interval that excludes 0 is
+    held back (held_back says why: "within noise / undecided") when
+    - a knee it rests on is uncertain (a_doubts / b_doubts: what contradicts
+      its evidence: knee_ladder.knee_doubts);
+    - the preset it calls weaker read only a lower bound of its knee in a
+      round compared (a_lower / b_lower per round: its figure there may be
+      too low; the other way is safe), and without those rounds the
+      interval no longer excludes 0 the same way;
+    - the capacities differ beyond noise the other way.
+    `drift_floor` (a log ratio) widens the tok/s interval on each side: what
+    the drift correction may leave in every round alike (DRIFT_RESIDUAL)."""
+    v = compare_pair(a, b, a_values, b_values, metric=metric, confidence=confidence)
+    if drift_floor > 0 and v.low is not None and v.high is not None:
+        v.low, v.high = v.low - drift_floor, v.high + drift_floor
+    knees = [(x, y) for x, y in zip(a_knees, b_knees, strict=False)]
+    cap_diffs = log_ratios([x for x, _ in knees], [y for _, y in knees])
+    cap = quantised_interval(cap_diffs, math.log1p(step), confidence) if knees else None
+    if cap is not None:
+        v.capacity = {"mean": cap[0], "low": cap[1], "high": cap[2], "rounds": len(cap_diffs),
+                      "gap_pct": [round(_pct(x), 1) for x in cap], "step": step}
+    if not v.interval_excludes_zero or v.mean is None:
+        return v
+    b_better = v.mean > 0
+    worse, worse_lower = (a, a_lower) if b_better else (b, b_lower)
+    paired_rounds = [i for i, (x, y) in enumerate(zip(a_values, b_values, strict=False))
+                     if x is not None and y is not None and x > 0 and y > 0]
+    why: list[str] = []
+    for name, doubts in ((a, a_doubts), (b, b_doubts)):
+        if doubts:
+            why.append(f"{name}'s knee uncertain ({doubts[0]}{f'; {len(doubts) - 1} more' if len(doubts) > 1 else ''})")
+    low_rounds = [i + 1 for i in paired_rounds if i < len(worse_lower) and worse_lower[i]]
+    if low_rounds:  # does the verdict rest on them? Not where it holds without them.
+        keep = [None if i + 1 in low_rounds else x for i, x in enumerate(a_values)]
+        rest = compare_pair(a, b, keep, b_values, metric=metric, confidence=confidence)
+        if rest.low is not None and rest.high is not None:
+            rest.low, rest.high = rest.low - drift_floor, rest.high + drift_floor
+        if not (rest.interval_excludes_zero and rest.mean is not None and (rest.mean > 0) == b_better):
+            why.append(f"{worse}'s knee uncertain (round {', '.join(map(str, low_rounds))} read only a lower bound: "
+                       "measured far under its knee while the other was at its own; without "
+                       f"{'it' if len(low_rounds) == 1 else 'them'} no verdict)")
+    if cap is not None and ((b_better and cap[2] < 0) or (not b_better and cap[1] > 0)):
+        why.append("the capacities differ the other way")
+    v.held_back = "; ".join(why) or None
+    return v
 
 
 def compare_all(names: Sequence[str], values: Mapping[str, Sequence[float | None]], *,
