@@ -538,7 +538,7 @@ def test_a_paired_sweep_reads_at_80x24_without_scrolling(tmp_path):
         for _ in range(3 * 20):
             tmux.keys("Tab")
             try:
-                tmux.wait_for(lambda s: styles_at(s, CAPACITY_BOX, 0, len(CAPACITY_BOX)) != unfocused, 3,
+                tmux.wait_for(lambda s: styles_at(s, CAPACITY_BOX, 0, len(CAPACITY_BOX)) != unfocused, 1.5,
                               "the capacity box focused", styled=True)
                 time.sleep(1.0)  # and still there: not a stop drawn late that a later Tab has left
                 if styles_at(tmux.screen(styled=True), CAPACITY_BOX, 0, len(CAPACITY_BOX)) != unfocused:
@@ -561,7 +561,8 @@ def test_a_paired_sweep_reads_at_80x24_without_scrolling(tmp_path):
         tmux.wait_for(lambda s: re.search(r"^\s*steps\s", s, re.M), 30, "the paired sweep's steps bar")
 
         def done(s: str) -> bool:
-            seen.extend(descendants(pane))  # the stand-ins, to make sure of them after
+            known = {p.pid for p in seen}
+            seen.extend(p for p in descendants(pane) if p.pid not in known)  # the stand-ins, to make sure of them
             return "Done:" in s or "Cancelled:" in s
 
         screen = tmux.wait_for(done, 300, "the sweep's Done line")
