@@ -84,10 +84,18 @@ def test_a_paired_sweeps_preset_with_no_duel_is_not_compared_not_within_noise():
                          "better": None},
                         {"a": "b", "b": "c", "mean": None, "low": None, "high": None, "beyond_noise": False,
                          "better": None}]
+    paired["searches"] = [{"preset": "a", "round": 0, "capacity": 4.0, "duel_load": 4.0},
+                          {"preset": "b", "round": 0, "capacity": 3.0, "duel_load": 3.0},
+                          {"preset": "c", "round": 0, "capacity": 0.0, "duel_load": None}]
     runs.append(SweepRun("c", 0, "ok", goodput_output_tps=0.0, capacity_concurrency=0.0, mode="capacity"))
     rows = {r.preset: r for r in fold(runs, ["a", "b", "c", "busy", "big"], paired=paired)}
-    assert rows["c"].vs_best == "not compared (no duel measured)" and rows["c"].rank is None
+    # The words the sweep screen shows too (it folds its rows here), and the paired sweep's own note's.
+    assert rows["c"].vs_best == "not compared (no capacity to duel at)" and rows["c"].rank is None
     assert rows["b"].vs_best.startswith("-33 %")  # (its measured pair still speaks)
+    # A load to duel at, but no duel measured (a sweep cancelled after its searches): said so, not the above.
+    paired["searches"][2].update(capacity=2.0, duel_load=2.0)
+    rows = {r.preset: r for r in fold(runs, ["a", "b", "c"], paired=paired)}
+    assert rows["c"].vs_best == "not compared (no duel measured)"
 
 
 def test_a_table_of_nothing_measured_claims_no_spread_and_says_so():

@@ -1,4 +1,5 @@
-"""The real terminal app in tmux against real vLLM CPU (slow: three vLLM starts in all).
+"""The real terminal app in tmux: against real vLLM CPU (slow: three vLLM
+starts in all), and a paired sweep on the paced stand-in (no_server).
 
 tmux runs `.venv/bin/ernie-tui --preset cpu-demo --start` with ERNIE_TUI_HOME
 in a temp dir and the tiny model from `ernie-tui demo-model`. The test reads
@@ -7,6 +8,8 @@ tokens that /metrics' cache_config_info reports, presses the presets-panel
 number of cpu-demo-b64, confirms, sees the restart and the new preset's
 report, stops it with x, quits, and checks that no engine process is left.
 The new user's path (demo, leave, come back, stop from the CLI) is one more start.
+The sweep walk (issue 59) fills the `w` form by keys at 80x24, runs a paired
+capacity sweep of two paced stand-ins and reads its answer off the screen.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ import pytest
 from ernie_tui.engine_ctl.launch.ports import free_port
 from vllm_support import EAGER
 
-pytestmark = [pytest.mark.tmux, pytest.mark.vllm]
+pytestmark = [pytest.mark.tmux]  # and vllm on the walks that start a real server
 
 ROOT = Path(__file__).resolve().parent.parent
 ERNIE_TUI = ROOT / ".venv" / "bin" / "ernie-tui"
@@ -51,8 +54,10 @@ class Tmux:
     def alive(self) -> bool:
         return self._run("has-session", "-t", self.name, capture_output=True).returncode == 0
 
-    def screen(self) -> str:
-        out = self._run("capture-pane", "-p", "-t", self.name, capture_output=True, text=True)
+    def screen(self, styled: bool = False) -> str:
+        """The visible pane as text; `styled`: with its SGR escapes (-e), to read focus."""
+        out = self._run("capture-pane", "-p", *(["-e"] if styled else []), "-t", self.name, capture_output=True,
+                        text=True)
         return out.stdout
 
     def keys(self, *keys: str) -> None:
@@ -69,11 +74,11 @@ class Tmux:
         self._run("kill-server", capture_output=True)
         (socket_dir / self.socket).unlink(missing_ok=True)
 
-    def wait_for(self, predicate, timeout: float, what: str) -> str:
+    def wait_for(self, predicate, timeout: float, what: str, styled: bool = False) -> str:
         deadline = time.monotonic() + timeout
         screen = ""
         while time.monotonic() < deadline:
-            screen = self.screen() if self.alive() else ""
+            screen = self.screen(styled) if self.alive() else ""
             if predicate(screen):
                 return screen
             time.sleep(0.5)
@@ -111,6 +116,7 @@ def header(screen: str) -> str:
     return screen.splitlines()[0] if screen else ""
 
 
+@pytest.mark.vllm
 def test_dashboard_in_tmux_against_real_vllm(tmp_path):
     if shutil.which("tmux") is None:
         pytest.fail("tmux is not installed")
@@ -285,6 +291,7 @@ def _exits(tmux: Tmux, what: str) -> None:
     assert not tmux.alive(), f"ernie-tui did not exit {what}"
 
 
+@pytest.mark.vllm
 def test_new_user_path_leave_come_back_stop(tmp_path):
     """The README's path for a new user (issue #18), on one vLLM start:
     `ernie-tui demo` at 80x24, READY and its report, a probe, a capacity
@@ -334,6 +341,268 @@ def test_new_user_path_leave_come_back_stop(tmp_path):
         tmux.kill()
         if server_pid is not None and psutil.pid_exists(server_pid):
             subprocess.run([str(ERNIE_TUI), "stop"], env=env, capture_output=True, timeout=120)
+
+
+# -- the sweep screen at 80x24 (issue 59) ------------------------------------------------------
+
+WALK_PRESETS = (("walk-slots2", 2, 18211), ("walk-slots4", 4, 18213))  # name, stand-in slots, port
+
+
+def _walk_home(tmp_path: Path) -> tuple[Path, dict]:
+    """ERNIE_TUI_HOME whose presets file adds two presets served by the paced
+    stand-in (tests/paced_server.py), on fixed ports of this worker's own.
+    Their model (what the sweep's checks read; the stand-in serves none) is
+    the test's own: the shared one under ~/.cache went from under a walk
+    while other checkouts' tests rewrote it."""
+    from ernie_tui.demo_model import write_demo_model
+    from worker_ports import own_port
+
+    home = tmp_path / "home"
+    model = home / "data" / "models" / "tiny-ernie"
+    write_demo_model(model, "tiny")
+    (home / "config").mkdir(parents=True)
+    paced = ROOT / "tests" / "paced_server.py"
+    body = ""
+    for name, slots, port in WALK_PRESETS:
+        body += (f"[presets.{name}]\n"
+                 f'extends = "cpu-demo"\n'
+                 f'description = "tmux walk: {slots} slots"\n'
+                 f'model = "{model}"\n'
+                 f"port = {own_port(port)}\n"
+                 f'launcher = ["{sys.executable}", "{paced}"]\n'
+                 f'env = {{ PACED_SLOTS = "{slots}", PACED_TTFT_MS = "20", PACED_ITL_MS = "10" }}\n\n')
+    (home / "config" / "presets.toml").write_text(body)
+    return home, {**os.environ, "ERNIE_TUI_HOME": str(home)}
+
+
+def field_value(screen: str, label: str) -> str | None:
+    """What the form shows under `label` (its field sits on the next row, from
+    the label's column): the rest of that row from there, or None."""
+    rows = screen.splitlines()
+    for i, row in enumerate(rows[:-1]):
+        col = row.find(label)
+        if col >= 0:
+            return rows[i + 1][col:].strip()
+    return None
+
+
+def flat(text: str) -> str:
+    """The words of `text`, one space between: a line the screen wrapped reads as it was written."""
+    return re.sub(r"\s+", " ", text).strip()
+
+
+_SGR = re.compile(r"\x1b\[([0-9;]*)m")
+_OFF = {22: (1, 2), 23: (3,), 24: (4,), 25: (5,), 27: (7,), 28: (8,), 29: (9,)}
+
+
+def _sgr(params: str, fg, bg, attrs: frozenset) -> tuple:
+    codes = [int(x) if x else 0 for x in params.split(";")]
+    i = 0
+    while i < len(codes):
+        c = codes[i]
+        if c in (38, 48):  # 5;N or 2;R;G;B
+            n = 3 if codes[i + 1:i + 2] == [5] else 5
+            colour = tuple(codes[i + 1:i + n])
+            fg, bg = (colour, bg) if c == 38 else (fg, colour)
+            i += n
+            continue
+        if c == 0:
+            fg, bg, attrs = None, None, frozenset()
+        elif c == 39:
+            fg = None
+        elif c == 49:
+            bg = None
+        elif c in _OFF:
+            attrs = attrs - set(_OFF[c])
+        else:
+            attrs = attrs | {c}
+        i += 1
+    return fg, bg, attrs
+
+
+def styled_rows(capture: str) -> list[list[tuple[str, tuple]]]:
+    """`capture-pane -e` as rows of (character, its style); a style carries on
+    across rows as tmux writes them."""
+    fg = bg = None
+    attrs: frozenset = frozenset()
+    rows = []
+    for line in capture.splitlines():
+        row, pos = [], 0
+        for m in _SGR.finditer(line):
+            row += [(ch, (fg, bg, attrs)) for ch in line[pos:m.start()]]
+            fg, bg, attrs = _sgr(m.group(1), fg, bg, attrs)
+            pos = m.end()
+        row += [(ch, (fg, bg, attrs)) for ch in line[pos:]]
+        rows.append(row)
+    return rows
+
+
+def styles_at(capture: str, text: str, below: int = 1, width: int = 10) -> tuple | None:
+    """The styles of the `width` cells `below` rows under where `text` first shows
+    (a field under its label; 0: the text itself), or None. A focused widget is
+    drawn in its own styles: a focus move reads as these changing."""
+    rows = styled_rows(capture)
+    for i, row in enumerate(rows[:len(rows) - below]):
+        col = "".join(ch for ch, _ in row).find(text)
+        if col >= 0:
+            return tuple(style for _, style in rows[i + below][col:col + width])
+    return None
+
+
+def _description(screen: str) -> str:
+    """The presets panel's rows that are not list entries: the highlighted preset's description."""
+    inside = [row[1:row.index("│", 1)] for row in screen.splitlines() if row.startswith("│") and "│" in row[1:]]
+    return flat(" ".join(row for row in inside if not row.lstrip().startswith("▐")))
+
+
+def _choose(tmux: Tmux, description: str) -> None:
+    """Down the presets list, one key at a time and each only once the last one's
+    description shows (a key sent before the screen has caught up ran past the
+    preset on a busy box), until `description` does; then space."""
+    for _ in range(30):
+        shown = _description(tmux.screen())
+        if description in shown:
+            tmux.keys("Space")
+            time.sleep(0.5)
+            return
+        tmux.keys("Down")
+        try:
+            tmux.wait_for(lambda s, was=shown: _description(s) != was, 10, "the next preset's description")
+        except AssertionError:
+            pass  # two presets described alike: on to the next
+    raise AssertionError(f"no preset described {description!r} in the list:\n{tmux.screen()}")
+
+
+def _focus(tmux: Tmux, key: str, text: str, below: int, width: int, before: tuple | None, what: str) -> None:
+    """`key` once, then wait until the cells at `text` are drawn otherwise than
+    `before` (their unfocused look): the focus is there before the next key."""
+    tmux.keys(key)
+    tmux.wait_for(lambda s: styles_at(s, text, below, width) not in (None, before), 15, what, styled=True)
+
+
+def _fill(tmux: Tmux, label: str, value: str) -> None:
+    """The field focused (its label `label`) cleared, then `value` typed in, apart
+    (see _capacity_search_at_80x24), until the screen shows it there. Again where
+    it does not: on the busy box a walk once found max C cleared and its 8 lost."""
+    for _ in range(3):
+        tmux.keys("C-u")
+        time.sleep(0.7)
+        tmux.keys("-l", value)
+        try:
+            tmux.wait_for(lambda s: (field_value(s, label) or "").split(" ")[0] == value, 6, f"{value} under {label!r}")
+            return
+        except AssertionError:
+            continue
+    raise AssertionError(f"{value} never showed under {label!r}:\n{tmux.screen()}")
+
+
+# From the capacity box back up the form (shift+Tab), as the screen lays it
+# out: each field's label and what to type (None: keep its default). Short
+# levels and few requests: the walk is about the screen, not the figures. The
+# SLO is loose for 2 slots at C=2 on a busy box: at 100 ms a run of the walk
+# on the 2-core dev box found no capacity for one stand-in, so no duel ran.
+CAPACITY_BOX = "capacity search (SLO) per preset"
+WALK_FORM = (("level s", "4"), ("max reqs", "24"), ("min reqs", None), ("attainment ≥", None),
+             ("tolerance", "0.5"), ("max C", "8"), ("start C", "2"), ("search", None),
+             ("SLO (METRIC_pNN", "ttft_p90=300ms"), ("duel rounds", "2"), ("max_tokens", "16"),
+             ("L_max tok", "40"), ("L_min tok", "10"))
+
+
+@pytest.mark.no_server  # the paced stand-in
+def test_a_paired_sweep_reads_at_80x24_without_scrolling(tmp_path):
+    """`w` in the real app at 80x24: two stand-in presets chosen, the capacity
+    box ticked (the repeat field turns into the duel rounds), the form filled
+    by keys, ctrl+r; at Done the visible screen (`tmux capture-pane`, no
+    scrolling) holds the Done line with its run record, the pair's verdict and
+    the whole ranking line, in the words the record keeps. At issue 59's 80x24
+    the form had the screen, the ranking was cut and the Done line hidden."""
+    import json
+
+    if shutil.which("tmux") is None:
+        pytest.fail("tmux is not installed")
+    home, env = _walk_home(tmp_path)
+    tmux = Tmux(f"ernie-tui-sweep-{os.getpid()}")
+    seen: list[psutil.Process] = []
+    try:
+        tmux.start(f"cd {ROOT} && exec env -u COLUMNS -u LINES ERNIE_TUI_HOME={home} {ERNIE_TUI}", 80, 24)
+        pane = tmux.pane_pid()
+        tmux.wait_for(lambda s: "STOPPED" in header(s), 60, "the dashboard")
+        tmux.keys("w")
+        tmux.wait_for(lambda s: "presets (space selects)" in s, 30, "the sweep screen")
+        _choose(tmux, "tmux walk: 2 slots")
+        _choose(tmux, "tmux walk: 4 slots")
+        # Tab on, one stop at a time, until the capacity box is drawn focused (the focus goes round, so a
+        # stop the screen showed late comes back), then space ticks it.
+        unfocused = styles_at(tmux.screen(styled=True), CAPACITY_BOX, 0, len(CAPACITY_BOX))
+        assert unfocused is not None, tmux.screen()
+        for _ in range(3 * 20):
+            tmux.keys("Tab")
+            try:
+                tmux.wait_for(lambda s: styles_at(s, CAPACITY_BOX, 0, len(CAPACITY_BOX)) != unfocused, 1.5,
+                              "the capacity box focused", styled=True)
+                time.sleep(1.0)  # and still there: not a stop drawn late that a later Tab has left
+                if styles_at(tmux.screen(styled=True), CAPACITY_BOX, 0, len(CAPACITY_BOX)) != unfocused:
+                    break
+            except AssertionError:
+                continue
+        else:
+            raise AssertionError(f"the capacity box was never focused:\n{tmux.screen()}")
+        tmux.keys("Space")
+        screen = tmux.wait_for(lambda s: "SLO (METRIC_pNN" in s, 20, "the capacity box ticked")
+        # Both presets chosen: the sweep is paired and the repeat field is its duel rounds, 3 by default.
+        assert field_value(screen, "duel rounds") == "3", screen
+        form = tmux.screen(styled=True)  # every field unfocused: the capacity box has the focus
+        for label, value in WALK_FORM:
+            width = 28 if label.startswith("SLO") else 10
+            _focus(tmux, "BTab", label, 1, width, styles_at(form, label, 1, width), f"{label!r} focused")
+            if value is not None:
+                _fill(tmux, label, value)
+        tmux.keys("C-r")
+        tmux.wait_for(lambda s: re.search(r"^\s*steps\s", s, re.M), 30, "the paired sweep's steps bar")
+
+        def done(s: str) -> bool:
+            known = {p.pid for p in seen}
+            seen.extend(p for p in descendants(pane) if p.pid not in known)  # the stand-ins, to make sure of them
+            return "Done:" in s or "Cancelled:" in s
+
+        screen = tmux.wait_for(done, 300, "the sweep's Done line")
+        time.sleep(2.0)  # the layout after Done settles over a few refreshes
+        screen = tmux.screen()
+        on_screen = flat(" ".join(row.strip() for row in screen.splitlines()))
+        assert "Done: 2 run(s), 2 measured, in " in on_screen, screen
+
+        listed = subprocess.run([str(ERNIE_TUI), "runs", "list", "--kind", "sweep"], env=env, capture_output=True,
+                                text=True, timeout=60, check=True).stdout.splitlines()
+        record_id = listed[1].split()[0]
+        shown = subprocess.run([str(ERNIE_TUI), "runs", "show", record_id, "--json"], env=env, capture_output=True,
+                               text=True, timeout=60, check=True).stdout
+        results = json.loads(shown)["results"]
+        # The duel rounds typed in (the record says how many ran: on a starved box a search may find
+        # no capacity to duel at, and the screen must read as well then).
+        assert re.match(r"paired: (2 rounds|\d of 2 duel rounds)", results["meta"]["mode"]), results["meta"]
+        paired = results["paired"]
+        ranking = f"Ranking (pairs beyond noise only): {paired['ranking']['text']}"
+        verdict = paired["pairs"][0]["text"]
+        assert re.search(rf"Done: 2 run\(s\), 2 measured, in [^.]+\. Run record {re.escape(record_id)}\.",
+                         on_screen), screen
+        assert flat(ranking) in on_screen, f"{ranking!r} not whole on the screen:\n{screen}"
+        assert flat(verdict) in on_screen, f"{verdict!r} not on the screen:\n{screen}"
+        assert on_screen.index("Done:") < on_screen.index("Ranking") < on_screen.index(flat(verdict))
+
+        tmux.keys("Escape")
+        tmux.wait_for(lambda s: "STOPPED" in header(s), 15, "back on the dashboard")
+        tmux.keys("q")  # nothing running: no dialog
+        _exits(tmux, "after the sweep")
+        time.sleep(0.5)
+        left = alive([p for p in seen if p.pid != pane])
+        assert not left, f"stand-ins left running: {[(p.pid, p.name()) for p in left]}"
+    finally:
+        tmux.kill()
+        for p in alive(seen):  # only processes this test started
+            try:
+                p.kill()
+            except psutil.Error:
+                pass
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -249,8 +249,9 @@ async def test_a_finished_paired_sweep_reads_without_scrolling_at(size):
         assert screen.query_one("#sw-top").region.height == 0
 
 
-async def test_a_measured_preset_in_no_duel_is_not_called_within_noise():
-    from ernie_tui.engine_ctl.control import SweepRun
+async def test_a_measured_preset_in_no_duel_is_not_called_within_noise(tmp_path):
+    from ernie_tui.engine_ctl.control import SweepRun, export_sweep
+    from ernie_tui.engine_ctl.control.paired_sweep import PresetRound
 
     app, screen = _screen()
     async with app.run_test(size=SIZES["160x48"]) as pilot:
@@ -264,12 +265,26 @@ async def test_a_measured_preset_in_no_duel_is_not_called_within_noise():
         # seed-C served and searched, but no level met the SLO: no load to duel at, so in no pair's rounds.
         runs = runs[:2] + [SweepRun("seed-C", 0, "ok", mode="capacity", capacity_concurrency=0, levels=3)]
         paired.presets.append("seed-C")
+        paired.searches.append(PresetRound("seed-C", 0, capacity=0, levels=3))  # no duel_load
         paired.analyse()
         screen.post_message(SweepFinished(runs, False, None, RECORD, None, paired))
         await wait_for(pilot, lambda: not screen.running and screen.rows, 10, "the finished sweep")
         keys = [k for k, _ in CAPACITY_TABLE_COLUMNS]
         row = screen.query_one("#sw-table", DataTable).get_row("seed-C")
         assert str(row[keys.index("vs_best")]) == "not compared (no capacity to duel at)", row
+        # The exported table (what `sweep --capacity` prints) words it as the screen does.
+        md = tmp_path / "sweep.md"
+        export_sweep(screen.rows, md, screen._meta(), paired=screen.paired)
+        assert "| not compared (no capacity to duel at) |" in md.read_text()
+
+
+def test_help_names_every_key_of_the_sweep_screen():
+    from ernie_tui.tui.screens.help import KEYS
+
+    sweep = dict(KEYS)["  in the sweep"]
+    for binding in SweepScreen.BINDINGS:
+        for key in binding.key.split(","):
+            assert re.search(rf"(?<![\w+]){re.escape(key)}(?![\w+])", sweep), (key, sweep)
 
 
 async def test_the_chart_takes_the_tables_place_only_where_it_has_the_rows():

@@ -1,6 +1,7 @@
 """What a finished sweep says on the sweep screen, and in its record: the
-Done line, the paired verdicts in the screen's order, a preset that was
-never measured, and the record's meta.
+Done line, the paired verdicts in the screen's order, and the record's
+meta. (A preset never measured, or measured and in no pair, reads in the
+table as the exported table words it: engine_ctl's fold and paired_rows.)
 
 Pure (Textual's Content for styled text, nothing drawn here). Why each is
 as it is (issue 59): the record said "repeat 1" for a sweep of 3 duel
@@ -43,13 +44,6 @@ def home_short(path: str) -> str:
 
 def measured(row: SweepRow) -> bool:
     return any(r.status == "ok" for r in row.runs)
-
-
-def not_measured(row: SweepRow) -> str:
-    """A row with no measured run, in the vs-best column: "not measured
-    (why)", never "within noise" (it was compared with nothing)."""
-    why = row.status.split(": ", 1)[-1] if ": " in row.status else row.status
-    return f"not measured ({why})"
 
 
 def verdict_lines(lines: list[str]) -> list[Content]:

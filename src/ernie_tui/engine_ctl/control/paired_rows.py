@@ -12,8 +12,11 @@ the two columns say only what the pairs beyond noise say:
 - vs best: "best" for a placed preset that nothing beats; for another, its
   measured gap to a best one with the interval ("-15 % (-25 to -4 %)"), or
   "within noise" where that pair is ("undecided: knee uncertain" where a
-  pair of it beyond noise was held back by its knee checks); "not compared"
-  where no pair of it was measured (no capacity to duel at).
+  pair of it beyond noise was held back by its knee checks); "not compared
+  (why)" where no pair of it was measured: its search found no capacity to
+  duel at, or its duels never ran (a sweep cancelled first). The sweep
+  screen's table shows these same cells (it folds its rows through here), so
+  the two never word it apart.
 
 Pure functions over `PairedResult.to_dict()`, so a live sweep, its JSON export
 and the report read it alike.
@@ -53,6 +56,22 @@ def paired_ranks(paired: dict[str, Any]) -> dict[str, int]:
     return {n: 1 + len(ups) for n, ups in above.items() if not any((n, x) in beats for x in ups)}
 
 
+# A measured preset in no measured pair, in the vs-best column: compared with
+# nothing, so never "within noise" (issue 59). Why, in the words of the paired
+# sweep's own note ("no capacity to duel at for X: not compared").
+NO_CAPACITY = "not compared (no capacity to duel at)"
+NO_DUEL = "not compared (no duel measured)"
+
+
+def not_compared(paired: dict[str, Any], name: str) -> str:
+    """Why `name` has no pair with an interval: its search found no load to
+    duel at (the usual case), or it had one and its duels were not measured."""
+    searches = [s for s in paired.get("searches") or [] if isinstance(s, dict) and s.get("preset") == name]
+    if searches and not any(s.get("duel_load") for s in searches):
+        return NO_CAPACITY
+    return NO_DUEL
+
+
 def _log_gap(pair: dict[str, Any], name: str, best: str) -> tuple[float, float, float] | None:
     """ln(name / best) and its interval, from a pair measured either way round."""
     mean, low, high = pair.get("mean"), pair.get("low"), pair.get("high")
@@ -70,7 +89,8 @@ def _pct(x: float) -> float:
 
 
 def vs_best_text(paired: dict[str, Any], name: str, ranks: dict[str, int]) -> str:
-    """The table cell: "best", a gap to a best preset with its interval, or "within noise"."""
+    """The table cell: "best", a gap to a best preset with its interval, "within noise", or
+    "not compared (why)"."""
     bests = [n for n, r in ranks.items() if r == 1]
     if name in bests:
         return "best"
@@ -82,7 +102,7 @@ def vs_best_text(paired: dict[str, Any], name: str, ranks: dict[str, int]) -> st
                 g, lo, hi = (_pct(x) for x in gap)
                 return f"{g:+.0f} % ({lo:+.0f} to {hi:+.0f} %) vs {best}"
     if not any(p.get("mean") is not None for p in pairs if name in (p.get("a"), p.get("b"))):
-        return "not compared (no duel measured)"  # no interval at all: nothing to call noise
+        return not_compared(paired, name)  # no interval at all: nothing to call noise
     if any(p.get("held_back") and name in (p.get("a"), p.get("b")) for p in pairs):
         return "undecided: knee uncertain"  # an interval beyond noise held back (ranking.paired_verdict)
     return "within noise"

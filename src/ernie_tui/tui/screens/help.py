@@ -23,6 +23,10 @@ KEYS: tuple[tuple[str, str], ...] = (
           "burst, stopped), in turn. Its capacity-search box: each preset's capacity under an SLO, ranked by "
           "goodput; two or more are paired where they fit side by side (all served at once, their levels taking "
           "turns, then duel rounds: each pair's verdict with its interval), else one after another"),
+    ("  in the sweep", "ctrl+r starts it; x or ctrl+c cancels it (its servers are stopped); ctrl+s exports the "
+                       "table; once a sweep has run, ctrl+f brings the form back above the results (again: away), "
+                       "and ctrl+t puts a capacity sweep's chart in the table's place (again: back) where the "
+                       "terminal has the rows for it but not the columns to show both; escape closes"),
     ("t", "chart window: 1 / 5 / 15 minutes"),
     ("/  n  N", "search the log; next / previous match; escape closes the search"),
     ("l / end", "follow the log again (scrolling up pauses it)"),

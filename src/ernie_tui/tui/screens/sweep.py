@@ -88,7 +88,7 @@ from ernie_tui.tui.failures import ShowsWorkerFailures
 from ernie_tui.tui.lifecycle import drop_when_torn_down
 from ernie_tui.tui.messages import SweepFinished, SweepLevelDone, SweepProgress, SweepRunDone
 from ernie_tui.tui.sweep_progress import SweepSteps
-from ernie_tui.tui.sweep_results import done_line, home_short, measured, not_measured, record_meta, verdict_lines
+from ernie_tui.tui.sweep_results import done_line, home_short, measured, record_meta, verdict_lines
 from ernie_tui.tui.widgets.capacity_form import CapacityForm
 from ernie_tui.tui.widgets.charts import FRONT_MARKER, CapacityChart, CapacityCurve
 from ernie_tui.tui.widgets.footer import KeyFooter
@@ -746,19 +746,18 @@ class SweepScreen(ShowsWorkerFailures, Screen[None]):
         table = self.query_one("#sw-table", DataTable)
         table.clear()
         moved = {row.preset: speed_moved_note(row) for row in self.rows}
-        dueled = {d.preset for d in (self.paired.duels if self.paired is not None else []) if d.output_tps}
         for row in self.rows:
             cells: list[Any] = []
             for key, _ in self._table_columns(capacity):
                 if key == "front":
                     cells.append(Text(FRONT_MARKER, style="bold green") if row.preset in self.front else "")
                     continue
+                # vs best as the exported table words it (fold): "not measured (why)" for a preset
+                # compared with nothing, "not compared (why)" for one measured but in no pair.
                 text = cell(row, key)
-                if not measured(row) and key in ("status", "vs_best", "rank"):
-                    # Compared with nothing: the status in a word, the why beside the rank (the notes say more).
-                    text = {"status": row.status.split(":", 1)[0], "vs_best": not_measured(row)}.get(key, "–")
-                elif key == "vs_best" and self.paired is not None and row.preset not in dueled:
-                    text = "not compared (no capacity to duel at)"  # measured, but in no pair: not "within noise"
+                if not measured(row) and key in ("status", "rank"):
+                    # Compared with nothing: the status in a word (the notes say more), no rank.
+                    text = row.status.split(":", 1)[0] if key == "status" else "–"
                 cells.append(status_text(text) if key == "status" else text)
             cells.append(row.message or (Text("speed moved", style="bold yellow") if moved[row.preset] else ""))
             table.add_row(*cells, key=row.preset)
