@@ -51,6 +51,8 @@ async def test_an_open_dashboard_shows_a_preset_tune_writes_meanwhile():
         assert after == [*before, "cpu-demo-tuned"]  # added last: every key as it was
         assert app.book.get("cpu-demo-tuned").engine_args["max_num_seqs"] == 8
         assert app.active_preset == "cpu-demo"
+        # The note names it, and how to reach it past the ninth key.
+        assert any("new: cpu-demo-tuned (presets panel: arrows, Enter)" in n.message for n in app._notifications)
 
 
 async def test_built_in_keys_do_not_move_after_a_tuned_preset_is_written(tmp_path):
