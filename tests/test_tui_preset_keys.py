@@ -72,3 +72,24 @@ async def test_built_in_keys_do_not_move_after_a_tuned_preset_is_written(tmp_pat
     mine = tmp_path / "mine.toml"
     mine.write_text('[presets.mine]\nextends = "cpu-demo"\nmax_num_seqs = 4\n')
     assert await keys(preset_files=[str(mine)]) == ["mine", *builtins, "cpu-demo-tuned"]
+
+
+def test_the_watch_sees_a_file_created_replaced_or_removed_once_each(tmp_path):
+    from ernie_tui.tui.presets_watch import PresetFilesWatch
+
+    path = tmp_path / "presets.toml"
+    watch = PresetFilesWatch([path])
+    assert not watch.changed()  # no file yet, none still
+    path.write_text('[presets.a]\nextends = "cpu-demo"\n')
+    assert watch.changed() and not watch.changed()
+    # The store's way: a new file of the same size renamed over it, within the mtime's granularity.
+    other = tmp_path / "new.toml"
+    other.write_text('[presets.b]\nextends = "cpu-demo"\n')
+    os.utime(other, ns=(path.stat().st_atime_ns, path.stat().st_mtime_ns))
+    os.replace(other, path)
+    assert watch.changed()
+    path.write_text('[presets.c]\nextends = "seed-A"\n')
+    watch.sync()  # the dashboard reloads on its own (`e`): the timer does not reload it again
+    assert not watch.changed()
+    path.unlink()
+    assert watch.changed()
