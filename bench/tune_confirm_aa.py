@@ -57,7 +57,7 @@ def files(tmp: Path, port: int, knee: int) -> tuple[Path, Path]:
     return presets, space
 
 
-def one_run(i: int, confirm: int, port: int, knee: int) -> dict:
+def one_run(i: int, confirm: int, port: int, knee: int, keep: Path | None = None) -> dict:
     with tempfile.TemporaryDirectory(prefix="tune-aa-") as tmp_dir:
         tmp = Path(tmp_dir)
         presets, space = files(tmp, port, knee)
@@ -71,6 +71,9 @@ def one_run(i: int, confirm: int, port: int, knee: int) -> dict:
             raise SystemExit(f"tune failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
         (record,) = (tmp / "home" / "data" / "runs").glob("*-tune-*.json")
         res = json.loads(record.read_text())["results"]
+        if keep is not None:  # the whole record: the paired duels say why a verdict went as it did
+            keep.mkdir(parents=True, exist_ok=True)
+            (keep / f"run-{port}-{i + 1}.json").write_text(record.read_text())
         written = (tmp / "home" / "config" / "presets.toml").exists()
     v, decided = res["verdict"], res["extra"].get("preset", {})
     line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("preset ")), "")
@@ -87,12 +90,14 @@ def main() -> int:
     p.add_argument("--knee", type=int, default=4, help="the stand-in's K (4: capacity 10 under itl_p99=50ms)")
     p.add_argument("--port", type=int, default=28461)
     p.add_argument("--json", metavar="FILE", help="append one JSON line per run here")
+    p.add_argument("--keep", metavar="DIR", type=Path, help="copy each run's tune record here")
+    p.add_argument("--first", type=int, default=1, help="number the runs from this one (a second stream)")
     args = p.parse_args()
     print(f"A/A: aa against aa-tune-0 (the same server under another name), --confirm {args.confirm}, "
           f"{args.runs} runs", flush=True)
     calm = alarms = written = 0
-    for i in range(args.runs):
-        r = one_run(i, args.confirm, args.port, args.knee)
+    for i in range(args.first - 1, args.first - 1 + args.runs):
+        r = one_run(i, args.confirm, args.port, args.knee, args.keep)
         if args.json:
             with open(args.json, "a") as fh:
                 fh.write(json.dumps(r) + "\n")
