@@ -9,9 +9,12 @@ search), then compares the best with BASE as the paired sweep does (both up
 at once, `--confirm` duel rounds). It runs in a run store and presets file
 of its own (ERNIE_TUI_HOME in a temporary folder), so nothing of yours moves.
 
-Then the dashboard: `make_app()` in Textual's Pilot, the tuned preset's
-number key pressed once, and the server it starts must serve with the tuned
-settings (its argv) and come up ready.
+Then, when the tune wrote the preset (it does only when the best beat BASE
+beyond noise), the dashboard: `make_app()` in Textual's Pilot, the tuned
+preset chosen once (its number key, or Enter on it in the presets panel: the
+user file's presets come after the built-ins, past the ninth key), and the
+server it starts must serve with the tuned settings (its argv) and come up
+ready.
 
     .venv/bin/python bench/tune_vllm_cpu.py                 # 3 trials, --confirm 3
     .venv/bin/python bench/tune_vllm_cpu.py --trials 4 --keep /tmp/tunecpu
@@ -91,17 +94,21 @@ def summarise(res: dict) -> None:
 
 
 async def press_tuned_key(presets: Path, name: str, timeout_s: float) -> None:
-    """The dashboard, its number key for `name`, and the server that key starts."""
+    """The dashboard, its key (or Enter on it) for `name`, and the server that starts."""
     from ernie_tui.engine_ctl.control import ServerState
     from ernie_tui.tui.app import make_app
+    from ernie_tui.tui.widgets.presets_panel import PresetsPanel
 
     app = make_app(preset_files=[str(presets)], on_exit="stop")
     async with app.run_test(size=(140, 44)) as pilot:
         await pilot.pause()
         names = app.main.preset_names  # the presets panel's numbering, which the 1-9 keys follow
-        key = str(names.index(name) + 1)
-        assert int(key) <= 9, f"{name} is preset {key}: past the 1-9 keys"
-        print(f"dashboard: {name} is preset {key} of {len(names)}; pressing {key}", flush=True)
+        number = names.index(name) + 1
+        key = str(number) if number <= 9 else "enter"
+        print(f"dashboard: {name} is preset {number} of {len(names)}; pressing {key}", flush=True)
+        if key == "enter":  # past the ninth: highlighted in the panel, then Enter
+            app.main.query_one(PresetsPanel).highlight(name)
+            app.main.query_one("#preset-list").focus()
         t0 = time.monotonic()
         await pilot.press(key)
         while time.monotonic() - t0 < timeout_s:
@@ -134,7 +141,12 @@ def main() -> None:
     presets, space = write_inputs(work, args.port)
     wall = run_tune(work, presets, space, args.trials, args.confirm, env)
     print(f"tune: {wall:.0f} s wall")
-    summarise(tune_record())
+    res = tune_record()
+    summarise(res)
+    decided = res["extra"].get("preset", {})
+    if not decided.get("write"):
+        print(f"preset seqs2-tuned not written: {decided.get('why')}; no dashboard step")
+        return
     asyncio.run(press_tuned_key(presets, "seqs2-tuned", 600))
     print("work folder:", work)
 

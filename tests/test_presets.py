@@ -229,3 +229,21 @@ def test_launch_url_reaches_every_interface_binds_on_loopback(host, url):
     from ernie_tui.presets.model import connect_host
     h = connect_host(host)
     assert (f"http://[{h}]:8000" if ":" in h else f"http://{h}:8000") == url
+
+
+def test_key_order_keeps_every_built_in_key_whatever_the_user_file_gains(tmp_path):
+    """The dashboard's 1-9 follow key_order: --presets files (in the order
+    given), then the built-ins, then the user's file, whose new tables (tune's
+    BASE-tuned) go last; a user table overriding a built-in keeps its place."""
+    builtins = load_presets(include_user=False).names()
+    user = paths.user_presets_file()
+    user.parent.mkdir(parents=True, exist_ok=True)
+    user.write_text('[presets.zz-tuned]\nextends = "cpu-demo"\n\n[presets.aa-mine]\nextends = "seed-A"\n\n'
+                    '[presets.cpu-demo]\nextends = "seed-A"\ndescription = "mine now"\n')
+    second = write(tmp_path, '[presets.two]\nextends = "seed-A"\n', "second.toml")
+    first = write(tmp_path, '[presets.one]\nextends = "seed-A"\n\n[presets.zz-tuned]\nextends = "seed-A"\n',
+                  "first.toml")
+    book = load_presets([first, second])
+    assert book.key_order() == ["one", "zz-tuned", "two", *builtins, "aa-mine"]
+    assert book.get("cpu-demo").description == "mine now"  # overridden, in the built-in's place (key 5)
+    assert load_presets().key_order() == [*builtins, "zz-tuned", "aa-mine"]  # the user file in its own order

@@ -20,15 +20,15 @@ async def _until(pilot, done, seconds: float = 300.0) -> None:
     assert done()
 
 
-def _app(tmp_path, tiny_model, port: int, trials: str) -> TuneApp:
+def _app(tmp_path, tiny_model, port: int, trials: str, preset: str | None = None) -> TuneApp:
     presets, space = _standin(tmp_path, tiny_model, port, "max_num_seqs = [1, 2, 3]\n")
     args = build_parser().parse_args(["tune", "shaped", "--presets", str(presets), "--space", str(space),
                                       "--trials", trials, "--no-preset", *FAST])
-    return TuneApp(_setup(args))
+    return TuneApp(_setup(args), preset=preset)
 
 
 async def test_the_screen_lists_trials_as_they_finish_and_quits_with_the_answer(tmp_path, tiny_model):
-    app = _app(tmp_path, tiny_model, own_port(18481), "1")
+    app = _app(tmp_path, tiny_model, own_port(18481), "1", preset="shaped-tuned")
     async with app.run_test(size=(140, 30)) as pilot:
         screen = app.tune_screen
         await pilot.press("q")  # refused while the tune runs: no trial's server left unwatched
@@ -39,6 +39,9 @@ async def test_the_screen_lists_trials_as_they_finish_and_quits_with_the_answer(
         assert "measured" in outcomes
         assert str(screen.query_one("#tn-best", Static).content).startswith("best so far: trial ")
         assert "1/1 trials measured; finished (q quits)" in str(screen.query_one("#tn-budget", Static).content)
+        # --confirm 0 (FAST): one measurement each, so the screen says the best will not be written, and why.
+        assert ("Preset shaped-tuned: not written: the best trial was measured once, as BASE was: no noise "
+                "estimate" in str(screen.query_one("#tn-now", Static).content))
         await pilot.press("q")
     result = app.return_value
     assert result is not None and result.measured_trials == 1 and not app.stopped_by_operator

@@ -129,6 +129,42 @@ def test_a_paired_verdict_within_noise_says_how_many_rounds_the_best_led():
     assert many.beyond_noise is True and many.text.startswith("the best carries")
 
 
+def _result(verdict, best: bool = True):
+    from ernie_tui.engine_ctl.control import TrialRow, TuneResult
+
+    row = TrialRow(3, "shaped-tune-3", {"max_num_seqs": 8}, "measured", 100.0) if best else None
+    return TuneResult(study_name="s", study_dir="d", base="shaped", slo="ttft_p90=100ms", space=[],
+                      settings_in_space=3, trials=[row] if row else [], best=row, base_goodputs=[100.0],
+                      best_goodputs=[100.0] if row else [], verdict=verdict, importances=None, effects={},
+                      refused=[], stopped="budget", seconds=1.0)
+
+
+def test_the_best_is_written_as_a_preset_only_when_it_beat_base_beyond_noise():
+    from ernie_tui.engine_ctl.control import preset_choice, ranking
+    from ernie_tui.engine_ctl.control.tune import paired_verdict
+
+    def choice(base, best, **kw):
+        return preset_choice(_result(paired_verdict(ranking.compare_pair("shaped", "tuned", base, best))), **kw)
+
+    better = choice([1.0] * 6, [1.30, 1.28, 1.33, 1.25, 1.31, 1.29])
+    assert better.write and better.confirmed and better.why == ""
+    # Issue #56's walk: cpu-demo-tuned measured 6.5 % below BASE, within noise, and was written anyway.
+    noise = choice([1.0] * 3, [0.90, 1.02, 0.88])
+    assert not noise.write and not noise.confirmed
+    assert noise.why.startswith("the best trial did not beat BASE beyond noise (estimate -") and "interval" in noise.why
+    below = choice([1.0] * 6, [0.80, 0.82, 0.79, 0.81, 0.80, 0.83])
+    assert not below.write and below.why.startswith("the best trial measured below BASE, beyond noise (estimate -")
+    # Asked for: written, still not called confirmed, with the reason kept for the answer and the description.
+    forced = choice([1.0] * 3, [0.90, 1.02, 0.88], even_if_not_better=True)
+    assert forced.write and not forced.confirmed and forced.why == noise.why
+    # --confirm 0: one measurement each is no noise estimate, so never confirmed.
+    once = preset_choice(_result(compare_to_base([100.0], [120.0])))
+    assert not once.write and "measured once" in once.why and "--confirm N" in once.why
+    # Ranges that do not overlap (BASE and the best measured again in turn) confirm it.
+    assert preset_choice(_result(compare_to_base([100.0, 104.0, 98.0], [120.0, 125.0, 118.0]))).write
+    assert not preset_choice(_result(compare_to_base([], []), best=False)).write
+
+
 # -- tunes on the paced stand-in -----------------------------------------------------------
 
 def _standin(tmp_path: Path, model: Path, port: int, space: str) -> tuple[Path, Path]:
@@ -183,8 +219,10 @@ def test_tune_end_to_end_records_its_trials_and_writes_the_best_as_a_preset(tmp_
         max_num_seqs = [1, 2, 3]
         max_num_batched_tokens = {min = 1024, max = 2048, step = 1024}
     """)
+    # Every setting with 2 slots or more carries what BASE does under --max-concurrency 2: the best is
+    # within noise of BASE, so it is written only because the command asks for it.
     code = main(["tune", "shaped", "--presets", str(presets), "--space", str(space), "--trials", "2",
-                 "--out-preset", "shaped-best", *FAST, "--confirm", "2"])
+                 "--out-preset", "shaped-best", "--write-even-if-not-better", *FAST, "--confirm", "2"])
     out, err = capsys.readouterr()
     assert code == 0, err
     res = _record()
@@ -208,6 +246,12 @@ def test_tune_end_to_end_records_its_trials_and_writes_the_best_as_a_preset(tmp_
     assert best.launcher and best.env["PACED_ENGINE_SHAPED"] == "1"  # runs as BASE does
     assert rec.id in best.description and "ttft_p90=100ms" in best.description and "goodput" in best.description
     assert "BASE" in best.description
+    decided = res["extra"]["preset"]
+    assert decided["name"] == "shaped-best" and decided["write"] is True
+    assert decided["confirmed"] == (pair["beyond_noise"] and res["verdict"]["gain_pct"] > 0)
+    if not decided["confirmed"]:
+        assert "Not confirmed better: " in best.description and "--write-even-if-not-better" in best.description
+        assert "preset shaped-best: written although " in out
     # Each measured trial's capacity search is a run record of its own.
     assert {r["record_id"] for r in measured} <= {r.id for r in runstore.list_runs(kind="capacity")}
     # The report draws the tune: the answer, the front, and the best's and BASE's own searches.
@@ -217,6 +261,35 @@ def test_tune_end_to_end_records_its_trials_and_writes_the_best_as_a_preset(tmp_
     html = page.read_text()
     assert "Best setting" in html and 'id="tune-0-front"' in html and 'id="tune-0-effects"' in html
     assert f'">the best, trial {res["best"]["number"]}</a>' in html and '">BASE shaped</a>' in html
+
+
+def test_a_best_that_did_not_beat_base_is_not_written_unless_asked(tmp_path, tiny_model, capsys):
+    """Issue #56: a setting that did not beat BASE beyond noise is no `BASE-tuned` preset. The only
+    trial has one slot where BASE has two, so it carries less: within noise or below, never above."""
+    from ernie_tui import paths
+    from ernie_tui.presets import load_presets
+
+    presets, space = _standin(tmp_path, tiny_model, own_port(18479), "max_num_seqs = [1]\n")
+    args = ["tune", "shaped", "--presets", str(presets), "--space", str(space), "--trials", "1", *FAST,
+            "--confirm", "2"]
+    assert main(args) == 0  # an honest answer, not an error
+    out, err = capsys.readouterr()
+    res = _record()
+    assert res["best"]["params"] == {"max_num_seqs": 1} and res["verdict"]["beyond_noise"] is not None
+    assert res["extra"]["paired"]["pairs"][0]["rounds"] == 2  # everything measured stays in the record
+    assert res["extra"]["preset"] == {"name": "shaped-tuned", "write": False, "confirmed": False,
+                                      "why": res["extra"]["preset"]["why"]}
+    why = res["extra"]["preset"]["why"]
+    assert why.startswith(("the best trial did not beat BASE beyond noise (estimate ",
+                           "the best trial measured below BASE, beyond noise (estimate ")), why
+    assert f"preset shaped-tuned: not written: {why}. " in out and "--write-even-if-not-better" in out
+    assert "wrote preset" not in err and not paths.user_presets_file().exists()
+    # Asked for, the same study (its trial and BASE kept) writes it, saying why it is not confirmed.
+    assert main([*args, "--write-even-if-not-better"]) == 0
+    out, err = capsys.readouterr()
+    written = load_presets([presets]).get("shaped-tuned")
+    assert written.engine_args["max_num_seqs"] == 1 and "Not confirmed better: the best trial" in written.description
+    assert "preset shaped-tuned: written although the best trial " in out and "wrote preset shaped-tuned" in err
 
 
 def test_a_tune_run_again_goes_on_from_its_saved_trials(tmp_path, tiny_model, capsys):

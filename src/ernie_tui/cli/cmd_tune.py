@@ -25,10 +25,11 @@ DEFAULT_TRIALS = 20
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "tune", parents=[shared_options(top_level=False)],
-        help="search engine settings for the most goodput under an SLO and save the best as a preset",
+        help="search engine settings for the most goodput under an SLO; save the best as a preset if it beats BASE",
         description="Search the engine arguments named in --space for the setting that carries the most goodput "
                     "(output tok/s of the requests meeting the SLO, at the capacity the search finds) and write it "
-                    "as a preset. Each trial is BASE with the values Optuna's TPE sampler picks (the preset "
+                    "as a preset when it beat BASE beyond noise. Each trial is BASE with the values Optuna's TPE "
+                    "sampler picks (the preset "
                     "BASE-tune-N): preflight judges it first, and a setting vLLM would refuse is pruned with the "
                     "reason, no server started; the others get a server and a capacity search under --slo. BASE "
                     "is measured too, for how far the best beats it. "
@@ -53,8 +54,14 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "of them as BASE needs (tensor x pipeline x local data parallel; CUDA_VISIBLE_DEVICES) "
                         "with a port of its own")
     p.add_argument("--out-preset", metavar="NAME",
-                   help="write the best setting into the user presets file under NAME (default BASE-tuned)")
+                   help="the name the best setting is written under in the user presets file (default "
+                        "BASE-tuned), when it beat BASE beyond noise")
     p.add_argument("--no-preset", action="store_true", help="write no preset, only the run record")
+    p.add_argument("--write-even-if-not-better", action="store_true",
+                   help="write the best as a preset even when the comparison did not show it beating BASE "
+                        "beyond noise (within noise, below BASE, or --confirm 0); the answer and the preset's "
+                        "description say so. Without it such a setting is not written (exit 0: an honest answer, "
+                        "the run record keeps every measurement)")
     p.add_argument("--study", metavar="NAME", help="the study's name (default tune-BASE-HASH: see above)")
     p.add_argument("--fresh", action="store_true", help="start the study over, forgetting its saved trials")
     p.add_argument("--seed", type=int, default=0, metavar="N", help="the sampler's seed (0)")
@@ -62,8 +69,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="at the end, compare the best with BASE as `sweep --capacity` compares presets: both "
                         "served at once, their levels taking turns, then N duel rounds (at least 2): 'the best "
                         "carries X %% more (lo to hi %%)' or 'within noise'. Where the two cannot be served side "
-                        "by side, each is measured again N times, alternately, and their ranges compared. 0: no "
-                        "comparison beyond the search's one measurement each (3)")
+                        "by side, each is measured again N times, alternately, and their ranges compared. The best "
+                        "is written as a preset only when it carries more beyond noise. 0: no comparison beyond "
+                        "the search's one measurement each, so no preset is written unless "
+                        "--write-even-if-not-better (3)")
     p.add_argument("--tui", action="store_true",
                    help="show the tune on a screen: trials as they finish, the best so far, the budget left "
                         "(x stops it, keeping what was measured; q quits once it has ended)")
@@ -219,8 +228,9 @@ def _progress(setup: Any, t0: float):
     return progress
 
 
-def answer_text(result: Any) -> str:
-    """The answer as printed: best setting vs BASE, what matters, what preflight refused."""
+def answer_text(result: Any, preset: str = "") -> str:
+    """The answer as printed: best setting vs BASE, whether it was written as
+    a preset (`preset`, preset_line), what matters, what preflight refused."""
     lines = [f"tune of {result.base} under {result.slo} (study {result.study_name}): {result.stopped}; "
              f"{result.measured_trials} trials measured of {result.settings_in_space} settings in the space, "
              f"{result.seconds:.0f} s"]
@@ -234,6 +244,8 @@ def answer_text(result: Any) -> str:
         lines.append(f"best: trial {best.number} {_params(best.params)}: {_fmt(best.goodput)} tok/s "
                      f"(capacity {best.capacity if best.capacity is not None else '–'})")
     lines.append(f"vs BASE: {result.verdict.text}")
+    if preset:
+        lines.append(preset)
     if result.importances:
         lines.append("what matters (Optuna's importances): "
                      + ", ".join(f"{k} {v:.2f}" for k, v in result.importances.items()))
@@ -253,29 +265,48 @@ def answer_text(result: Any) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _write_preset(setup: Any, result: Any, args: argparse.Namespace, run_id: str) -> str | None:
+def preset_name(setup: Any, args: argparse.Namespace) -> str:
+    return args.out_preset or f"{setup.base.name}-tuned"
+
+
+def preset_line(name: str, choice: Any, written: bool) -> str:
+    """The answer's line on the preset (PresetChoice: written only when the best beat BASE beyond noise)."""
+    if written and choice.confirmed:
+        return f"preset {name}: written (the best beat BASE beyond noise)"
+    if written:
+        return (f"preset {name}: written although {choice.why}, because --write-even-if-not-better asked for it; "
+                "its description says so")
+    if choice.write:
+        return f"preset {name}: not written: the presets file could not be written (see above)"
+    if choice.why == "no setting was measured":
+        return f"preset {name}: not written: no setting was measured"
+    return (f"preset {name}: not written: {choice.why}. Every measurement is in the run record; "
+            "--write-even-if-not-better writes it anyway")
+
+
+def _write_preset(setup: Any, result: Any, name: str, run_id: str, unconfirmed: str) -> bool:
     from ernie_tui.engine_ctl.control import tuned_preset  # lazy: --help start-up
     from ernie_tui.presets import PresetError
     from ernie_tui.presets.store import save_preset
 
-    name = args.out_preset or f"{setup.base.name}-tuned"
-    preset = tuned_preset(setup, result, name, run_id)
+    preset = tuned_preset(setup, result, name, run_id, unconfirmed)
     if preset is None:
-        return None
+        return False
     try:
         path = save_preset(preset, note=f"written by ernie-tui tune, run {run_id}")
     except PresetError as exc:
         print(f"ernie-tui: could not write preset {name}: {exc}", file=sys.stderr)
-        return None
+        return False
     print(f"wrote preset {name} to {path}: {preset.description}", file=sys.stderr)
-    return name
+    return True
 
 
-def _tune_on_screen(setup: Any, cancel: threading.Event) -> Any:
+def _tune_on_screen(setup: Any, cancel: threading.Event, args: argparse.Namespace) -> Any:
     """The tune on its own screen (--tui); `cancel` set when the operator stopped it."""
     from ernie_tui.tui.tune_app import TuneApp  # lazy: Textual only when asked for
 
-    app = TuneApp(setup)
+    app = TuneApp(setup, preset=None if args.no_preset else preset_name(setup, args),
+                  write_anyway=args.write_even_if_not_better)
     result = app.run()
     if app.stopped_by_operator:
         cancel.set()
@@ -285,7 +316,7 @@ def _tune_on_screen(setup: Any, cancel: threading.Event) -> Any:
 
 
 def _tune(args: argparse.Namespace) -> int:
-    from ernie_tui.engine_ctl.control import TuneError, run_tune  # lazy: --help start-up
+    from ernie_tui.engine_ctl.control import TuneError, preset_choice, run_tune  # lazy: --help start-up
     from ernie_tui.engine_ctl.load import save_run
 
     setup = _setup(args)
@@ -293,7 +324,7 @@ def _tune(args: argparse.Namespace) -> int:
     print(f"study {setup.study_name} in {setup.study_dir} ({setup.space.size()} settings; "
           + ", ".join(p.describe() for p in setup.space.params) + ")", file=sys.stderr)
     if args.tui:
-        result = _tune_on_screen(setup, cancel)
+        result = _tune_on_screen(setup, cancel, args)
     else:
         try:
             result = run_interruptible(lambda: run_tune(setup, _progress(setup, time.monotonic()), cancel), cancel,
@@ -301,11 +332,19 @@ def _tune(args: argparse.Namespace) -> int:
                                                                  "measured (run the same command to go on) ...")
         except TuneError as exc:
             raise CliError(str(exc)) from None
-    record = save_run("tune", result.to_dict(), preset=setup.base, notes=setup.study_name)
-    print(answer_text(result))
+    choice, line = None, ""
     if not args.no_preset and not cancel.is_set():
-        written = _write_preset(setup, result, args, record.id)
+        # Decided before the record is saved, so the record says what was decided and why.
+        choice = preset_choice(result, args.write_even_if_not_better)
+        result.extra["preset"] = {"name": preset_name(setup, args), **choice.to_dict()}
+    record = save_run("tune", result.to_dict(), preset=setup.base, notes=setup.study_name)
+    if choice is not None:
+        name = preset_name(setup, args)
+        written = choice.write and _write_preset(setup, result, name, record.id, choice.why)
+        line = preset_line(name, choice, written)
         if written:
-            print(f"switch to it in the dashboard (presets panel) or: ernie-tui --preset {written}", file=sys.stderr)
+            print(f"switch to it in the dashboard (presets panel; an open dashboard shows it within seconds) or: "
+                  f"ernie-tui --preset {name}", file=sys.stderr)
+    print(answer_text(result, line))
     print(f"saved run {record.id}", file=sys.stderr)
     return 130 if cancel.is_set() else 0

@@ -86,9 +86,28 @@ class PresetBook:
 
     presets: dict[str, Preset] = field(default_factory=dict)
     sources: list[str] = field(default_factory=list)
+    # Each source's own names in its file's order (built-ins, the user's
+    # file, each --presets file), for key_order; a name may be in several.
+    defined: dict[str, list[str]] = field(default_factory=dict)
+    user_file: str | None = None  # the user's presets file, where it was read
 
     def names(self) -> list[str]:
         return list(self.presets)
+
+    def key_order(self) -> list[str]:
+        """The dashboard's order, which its 1-9 keys follow: the presets of the
+        --presets files first (in the order given: the same command line gives
+        the same keys), then the built-ins, then the user's own file, last.
+        That file is the one tools write into behind the operator's back
+        (`tune`'s BASE-tuned, the fix's NAME-fixed), so whatever it gains goes
+        after every key already learned: the store appends a new table at its
+        end, and a table there that overrides a built-in (`e`) keeps the
+        built-in's place. A name defined in several sources takes the first
+        place it has in this order."""
+        extra = [s for s in self.sources if s not in (BUILTIN_SOURCE, self.user_file)]
+        groups = [*extra, BUILTIN_SOURCE, *([self.user_file] if self.user_file else [])]
+        order = dict.fromkeys(n for g in groups for n in self.defined.get(g, []) if n in self.presets)
+        return [*order, *(n for n in self.presets if n not in order)]
 
     def __contains__(self, name: str) -> bool:
         return name in self.presets
@@ -157,11 +176,15 @@ def load_presets(extra_files: Iterable[str | Path] = (), include_user: bool = Tr
     raw: dict[str, tuple[dict[str, Any], _Source]] = {}
     sources = [BUILTIN_SOURCE]
     builtin = _Source(BUILTIN_SOURCE, _builtin_text())
-    for name, table in _raw_tables(builtin).items():
+    builtin_tables = _raw_tables(builtin)
+    defined = {BUILTIN_SOURCE: list(builtin_tables)}
+    for name, table in builtin_tables.items():
         raw[name] = (table, builtin)
     files: list[Path] = []
+    user_file = None
     if include_user and paths.user_presets_file().is_file():
         files.append(paths.user_presets_file())
+        user_file = str(paths.user_presets_file())
     files.extend(Path(f) for f in extra_files)
     for path in files:
         try:
@@ -179,6 +202,8 @@ def load_presets(extra_files: Iterable[str | Path] = (), include_user: bool = Tr
                               file=str(path), line=data.count(b"\n", 0, exc.start) + 1) from None
         sources.append(str(path))
         src = _Source(str(path), text)
-        for name, table in _raw_tables(src).items():
+        tables = _raw_tables(src)
+        defined.setdefault(str(path), []).extend(tables)
+        for name, table in tables.items():
             raw[name] = (table, src)
-    return PresetBook(presets=_resolve_extends(raw), sources=sources)
+    return PresetBook(presets=_resolve_extends(raw), sources=sources, defined=defined, user_file=user_file)

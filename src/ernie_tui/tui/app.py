@@ -59,6 +59,8 @@ from ernie_tui.tui.messages import (
     SeriesUpdate,
     StatusUpdate,
 )
+from ernie_tui.tui.presets_watch import INTERVAL_S as PRESETS_WATCH_S
+from ernie_tui.tui.presets_watch import PresetFilesWatch
 from ernie_tui.tui.probe_memory import ProbeMemory
 from ernie_tui.tui.screens.dialogs import (
     BusyScreen,
@@ -143,6 +145,10 @@ class ErnieApp(ShowsWorkerFailures, App[int]):
         self._ticking = False
         self.log_name = "llm.log"
         self.main = MainScreen(self.mode)
+        # The presets files, watched so that a preset `tune` writes from another
+        # process shows up here without a restart; none for a book given ready-made.
+        self._presets_watch = None if config.book is not None else PresetFilesWatch(
+            [*([paths.user_presets_file()] if config.include_user_presets else []), *config.preset_files])
 
     # -- start-up -------------------------------------------------------------------
     def get_default_screen(self) -> Screen:
@@ -159,6 +165,8 @@ class ErnieApp(ShowsWorkerFailures, App[int]):
         if not self._ticking:  # once per app: the fleet mounts one dashboard after another
             self._ticking = True
             self.set_interval(1.0, self._tick)
+            if self._presets_watch is not None:
+                self.set_interval(PRESETS_WATCH_S, self._check_presets_files)
             self._install_signal_handlers()
         if self.mode == "replay":
             path = Path(self.config.replay_path or "")
@@ -423,9 +431,20 @@ class ErnieApp(ShowsWorkerFailures, App[int]):
         if message.error:
             self.notify(message.error, title="presets not reloaded", severity="error", timeout=10)
             return
+        known = set(self.book.names())
         self.book = message.book
         self.main.set_presets(self.book)
-        self.notify(f"presets reloaded: {len(self.book)} presets", timeout=3)
+        keys = self.main.preset_names
+        new = [f"{n} (key {keys.index(n) + 1})" if keys.index(n) < 9 else f"{n} (presets panel: arrows, Enter)"
+               for n in keys if n not in known]
+        self.notify(f"presets reloaded: {len(self.book)} presets" + (f"; new: {', '.join(new)}" if new else ""),
+                    timeout=6 if new else 3)
+
+    def _check_presets_files(self) -> None:
+        """The timer's look at the presets files (presets_watch.py): reload on a change."""
+        if self._shutting_down or self._presets_watch is None or not self._presets_watch.changed():
+            return
+        self.reload_presets()
 
     def _tick(self) -> None:
         if self._shutting_down:
@@ -680,6 +699,8 @@ class ErnieApp(ShowsWorkerFailures, App[int]):
         self.reload_presets()
 
     def reload_presets(self) -> None:
+        if self._presets_watch is not None:
+            self._presets_watch.sync()  # before reading: a write after it is seen next time
         try:
             book = load_presets(self.config.preset_files, include_user=self.config.include_user_presets)
         except PresetError as exc:
@@ -734,6 +755,8 @@ class ErnieApp(ShowsWorkerFailures, App[int]):
         self._launch(fixed.name)
 
     def reload_presets_now(self) -> None:
+        if self._presets_watch is not None:
+            self._presets_watch.sync()
         try:
             self.book = load_presets(self.config.preset_files, include_user=self.config.include_user_presets)
         except PresetError as exc:
@@ -827,8 +850,9 @@ class ErnieApp(ShowsWorkerFailures, App[int]):
         yield SystemCommand("Start server", "Start the active preset (s)", self.request_start)
         yield SystemCommand("Stop server", "Stop the server and every engine process (x)", self.request_stop)
         yield SystemCommand("Restart server", "Stop, then start the active preset (r)", self.request_restart)
-        # The presets panel's order (--presets files, your file, built-ins) is
-        # what the 1-9 keys follow; the book's own order would name wrong keys.
+        # The presets panel's order (--presets files, built-ins, your file:
+        # PresetBook.key_order) is what the 1-9 keys follow; the book's own
+        # order would name wrong keys.
         for i, name in enumerate(self.main.preset_names or self.book.names()):
             key = f" ({i + 1})" if i < 9 else ""
             yield SystemCommand(f"Switch preset: {name}", f"Restart the server with {name}{key}",

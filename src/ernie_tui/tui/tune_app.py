@@ -22,7 +22,7 @@ from textual.message import Message
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Static
 
-from ernie_tui.engine_ctl.control import TuneResult, TuneSetup, run_tune
+from ernie_tui.engine_ctl.control import TuneResult, TuneSetup, preset_choice, run_tune
 
 COLUMNS = ("trial", "setting", "outcome", "goodput tok/s", "capacity", "TTFT p99 ms", "ITL p99 ms")
 
@@ -53,9 +53,12 @@ class TuneScreen(Screen):
     BINDINGS = [Binding("x", "stop", "Stop"), Binding("ctrl+c", "stop", "Stop", priority=True),
                 Binding("q", "leave", "Quit")]
 
-    def __init__(self, setup: TuneSetup) -> None:
+    def __init__(self, setup: TuneSetup, preset: str | None = None, write_anyway: bool = False) -> None:
         super().__init__()
         self.setup = setup
+        # The preset the command line writes once the screen closes (None:
+        # --no-preset), and whether it writes it even if not confirmed better.
+        self.preset, self.write_anyway = preset, write_anyway
         self.cancel = threading.Event()
         self.started = time.monotonic()
         self.running = True
@@ -146,13 +149,25 @@ class TuneScreen(Screen):
             self.now = f"the tune failed: {message.error}"
         elif message.result is not None:
             r = message.result
-            self.now = f"{r.stopped}. vs BASE: {r.verdict.text}"
+            self.now = f"{r.stopped}. vs BASE: {r.verdict.text}" + self._preset_words(r)
             table = self.query_one("#tn-trials", DataTable)
             if table.row_count < len(r.trials):  # trials of an earlier run of the study
                 table.clear()
                 for row in r.trials:
                     self._add_row(row)
         self._show_budget()
+
+    def _preset_words(self, r: TuneResult) -> str:
+        """What happens to the best once the screen closes (cli/cmd_tune.py writes it)."""
+        if self.preset is None or self.stopped_by_operator:
+            return ""
+        choice = preset_choice(r, self.write_anyway)
+        if choice.write and choice.confirmed:
+            return f"\nPreset {self.preset}: written when you quit (the best beat BASE beyond noise)."
+        if choice.write:
+            return (f"\nPreset {self.preset}: written when you quit, although {choice.why} "
+                    "(--write-even-if-not-better).")
+        return f"\nPreset {self.preset}: not written: {choice.why}."
 
     def action_stop(self) -> None:
         if self.running:
@@ -174,9 +189,9 @@ class TuneApp(App[TuneResult | None]):
 
     TITLE = "ernie-tui tune"
 
-    def __init__(self, setup: TuneSetup) -> None:
+    def __init__(self, setup: TuneSetup, preset: str | None = None, write_anyway: bool = False) -> None:
         super().__init__()
-        self.tune_screen = TuneScreen(setup)
+        self.tune_screen = TuneScreen(setup, preset, write_anyway)
 
     def get_default_screen(self) -> Screen:
         return self.tune_screen

@@ -726,9 +726,60 @@ def _against_base(result: TuneResult) -> str:
     return f"{v.gain_pct:+.1f} % ({v.low_pct:+.1f} to {v.high_pct:+.1f} %) on {base}"
 
 
-def tuned_preset(setup: TuneSetup, result: TuneResult, name: str, run_id: str | None) -> Preset | None:
+@dataclass(frozen=True)
+class PresetChoice:
+    """Whether the best setting is written as a preset (BASE-tuned), and why.
+
+    The rule: written only when the comparison with BASE says the best
+    carries more beyond noise; a `BASE-tuned` preset in the operator's
+    file reads as "better than BASE", so one that measured within noise or
+    below it (cpu-demo-tuned, 6.5 % below BASE, issue #56), or was never
+    compared beyond one measurement each (--confirm 0), is not written
+    unless the operator asks (--write-even-if-not-better)."""
+
+    write: bool
+    confirmed: bool  # the best beat BASE beyond noise
+    why: str  # why it is not confirmed, in words ("" when it is)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _estimate(v: Verdict) -> str:
+    text = f"estimate {v.gain_pct:+.1f} %"
+    if v.low_pct is not None and v.high_pct is not None:
+        text += f", interval {v.low_pct:+.1f} to {v.high_pct:+.1f} %"
+    return text
+
+
+def preset_choice(result: TuneResult, even_if_not_better: bool = False) -> PresetChoice:
+    """The rule above, from the verdict's public fields (beyond noise, the
+    estimate, its interval) whichever comparison made it: the paired one
+    (--confirm N), BASE and the best measured again in turn, or one
+    measurement each (--confirm 0: no noise estimate, so never confirmed)."""
+    if result.best is None:
+        return PresetChoice(False, False, "no setting was measured")
+    v = result.verdict
+    if v.gain_pct is None:
+        why = f"the best trial was not compared with BASE ({v.text})"
+    elif v.beyond_noise is None:
+        why = (f"the best trial was measured once, as BASE was: no noise estimate ({_estimate(v)}; "
+               "--confirm N compares them)")
+    elif not v.beyond_noise:
+        why = f"the best trial did not beat BASE beyond noise ({_estimate(v)})"
+    elif v.gain_pct <= 0 or (v.low_pct is not None and v.low_pct <= 0):
+        why = f"the best trial measured below BASE, beyond noise ({_estimate(v)})"
+    else:
+        return PresetChoice(True, True, "")
+    return PresetChoice(even_if_not_better, False, why)
+
+
+def tuned_preset(setup: TuneSetup, result: TuneResult, name: str, run_id: str | None,
+                 unconfirmed: str = "") -> Preset | None:
     """The best setting as a preset to switch to, its description saying
-    where it came from; None when no trial was measured."""
+    where it came from (and, written at the operator's word though it was
+    not confirmed better, why not: `unconfirmed`); None when no trial was
+    measured."""
     best = result.best
     if best is None:
         return None
@@ -736,4 +787,6 @@ def tuned_preset(setup: TuneSetup, result: TuneResult, name: str, run_id: str | 
     changes = ", ".join(f"{k} {v}" for k, v in best.params.items())
     description = (f"ernie-tui tune of {setup.base.name} (run {run_id or '-'}, {time.strftime('%Y-%m-%d')}, "
                    f"trial {best.number}): {changes}. SLO {result.slo}: goodput {best.goodput or 0:,.0f} tok/s, {vs}.")
+    if unconfirmed:
+        description += f" Not confirmed better: {unconfirmed}; written with --write-even-if-not-better."
     return replace(setup.space.candidate(setup.base, best.params, name), description=description, source="user")

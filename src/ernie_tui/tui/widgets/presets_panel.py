@@ -48,13 +48,13 @@ class PresetsPanel(Vertical):
         return self._names[ol.highlighted]
 
     def set_book(self, book, highlight: str | None = None) -> None:
-        """Most specific first: presets from --presets files, then the user's
-        file, then the built-ins, so that 1-9 reach your own presets."""
+        """In the book's key order (presets/loader.py, PresetBook.key_order):
+        --presets files, the built-ins, then the user's file, so that a preset
+        `tune` or the fix writes goes last and no key an operator has learned
+        moves (the user's file once came first: a tuned preset took key 1 and
+        pushed every built-in down one)."""
         self._book = book
-        sources = list(getattr(book, "sources", []) or [])
-        rank = {src: i for i, src in enumerate(reversed(sources))}
-        names = list(book.names())
-        self._names = sorted(names, key=lambda n: rank.get(book.get(n).source, len(rank)))
+        self._names = book.key_order()
         self._rebuild(highlight)
 
     def set_active(self, name: str | None, state: str) -> None:
