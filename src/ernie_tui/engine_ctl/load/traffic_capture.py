@@ -39,6 +39,7 @@ from ernie_tui.engine_ctl.load.traffic import (
     TrafficError,
     TrafficProfile,
 )
+from ernie_tui.engine_ctl.load.workload import jsonl_lines
 
 PROMPT_HIST = ("vllm:request_prompt_tokens",)
 OUTPUT_HIST = ("vllm:request_generation_tokens",)
@@ -359,15 +360,8 @@ def read_trace(path: str | Path) -> list[TraceRequest]:
     "completion_tokens"}, "finish_reason"}; the body's fields may also sit
     at the top level. TrafficError names the first bad line."""
     p = Path(path).expanduser()
-    try:
-        text = p.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise TrafficError(f"cannot read the trace {p}: {exc.strerror or exc}") from exc
     out = []
-    for n, line in enumerate(text.splitlines(), 1):
-        s = line.strip()
-        if not s or s.startswith("#"):
-            continue
+    for n, s in jsonl_lines(p, "the trace", TrafficError):
         try:
             obj = json.loads(s)
             out.append(_trace_line(obj))

@@ -127,20 +127,25 @@ class _Span:
                                          [i.prompt_tokens for i in items if i.prompt_tokens is not None])
 
 
+def jsonl_lines(p: Path, what: str, error: type[ValueError] = ValueError) -> list[tuple[int, str]]:
+    """(line number, stripped line) of a JSONL file's lines that hold data:
+    blank lines and lines starting with # are skipped. An unreadable file
+    raises `error` naming `what` (the workload, the trace)."""
+    try:
+        text = p.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise error(f"cannot read {what} {p}: {exc.strerror or exc}") from exc
+    return [(n, s) for n, line in enumerate(text.splitlines(), 1)
+            if (s := line.strip()) and not s.startswith("#")]
+
+
 def load_jsonl(path: str | Path, default_max_tokens: int) -> Workload:
     """A JSONL file, one request a line: {"prompt": "...", "max_tokens": 128}
     (max_tokens optional). Blank lines and lines starting with # are skipped.
     ValueError names the line of the first bad one."""
     p = Path(path).expanduser()
-    try:
-        text = p.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ValueError(f"cannot read the workload {p}: {exc.strerror or exc}") from exc
     items = []
-    for n, line in enumerate(text.splitlines(), 1):
-        s = line.strip()
-        if not s or s.startswith("#"):
-            continue
+    for n, s in jsonl_lines(p, "the workload"):
         try:
             obj = json.loads(s)
         except json.JSONDecodeError as exc:
