@@ -302,12 +302,12 @@ def test_cli_capacity_finds_the_paced_servers_slots(paced, capsys):
     assert code == 0, out
     assert out["capacity"]["concurrency"] == 3
     # ... the bracket's fail (4) measured once more before the bracket closes, then the capacity
-    # measured once more, for 8 waves: its figures are the ones reported
-    assert [lv["concurrency"] for lv in out["levels"]] == [1, 2, 4, 3, 4, 3]
+    # measured once more, for 8 waves: its figures are the ones reported. A busy box may make it
+    # measure a level again (ci1 of 2026-12-07 read [1, 2, 4, 3, 3, 4, 3]): same verdicts then.
+    assert_search_path(C.capacity_from_dict(out).levels,
+                       [(1, True), (2, True), (4, False), (3, True), (4, False), (3, True)])
     assert out["stop_reason"] == "bracketed" and out["seconds"] > 0
-    assert [lv["passed"] for lv in out["levels"]] == [True, True, False, True, False, True]
-    assert [lv["confirmation"] for lv in out["levels"]] == [False] * 5 + [True]
-    at3 = out["levels"][5]
+    at3 = out["levels"][-1]
     assert at3["requests"] >= 8 * 3 and out["capacity"]["confirmed"] and out["capacity"]["requests"] == at3["requests"]
     assert out["capacity"]["goodput_rps"] == pytest.approx(at3["goodput_rps"])
     assert 6 < out["capacity"]["goodput_rps"] < 11  # 3 slots / ~0.32 s
@@ -315,7 +315,7 @@ def test_cli_capacity_finds_the_paced_servers_slots(paced, capsys):
     # (vLLM's window spans the whole level: its warm-up and the window not counted too)
     assert at3["kv_cache_peak_pct"] == 100.0 and at3["vllm"]["requests_finished"] >= at3["requests"]
     assert 15 < at3["itl_p50_ms"] < 30 and 15 < at3["vllm"]["itl_p50_ms"] < 30
-    at4 = out["levels"][2]
+    at4 = next(lv for lv in out["levels"] if lv["concurrency"] == 4)
     assert at4["waiting_peak"] >= 1 and at4["ttft_p99_ms"] > 250 and at4["vllm"]["ttft_p99_ms"] > 250
     assert runstore.load_run(out["run_record"]).kind == "capacity"
 

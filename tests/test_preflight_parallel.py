@@ -5,6 +5,7 @@ multi-GPU presets, and their flags in both shipped vLLM argument lists."""
 from __future__ import annotations
 
 import socket
+import subprocess
 import sys
 from dataclasses import replace
 
@@ -189,12 +190,18 @@ def test_single_node_dp_never_touches_the_rpc_port(book, e03):
 
 # -- Ray -----------------------------------------------------------------------------
 
-def test_ray_backend_needs_ray_in_the_launchers_python(book, e03, tmp_path):
-    assert module_available(sys.executable, "ray") is False  # the test venv has no Ray
+def test_ray_backend_needs_ray_in_the_launchers_python(book, e03, tmp_path, monkeypatch):
+    # A launcher Python with no Ray: a bare venv (the test venv has Ray, for `tune --ray`).
+    bare = tmp_path / "bare"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(bare)], check=True, timeout=120)
+    bare_python = str(bare / "bin" / "python")
+    assert module_available(bare_python, "ray") is False
+    monkeypatch.setenv("ERNIE_TUI_VLLM_PYTHON", bare_python)
     r = run(book.get("tp2-ray"), e03, h200(2))
     p = find(r, "needs Ray in the launcher's Python")
     assert p.kind == ErrorKind.MISSING_MODULE and p.fix == {"distributed_executor_backend": None}
-    assert sys.executable in p.message and "pip install ray" in p.message
+    assert bare_python in p.message and "pip install ray" in p.message
+    monkeypatch.delenv("ERNIE_TUI_VLLM_PYTHON")
     # Found without importing: an empty package named ray on the launch PYTHONPATH is enough.
     (tmp_path / "ray").mkdir()
     (tmp_path / "ray" / "__init__.py").write_text("raise SystemExit('imported: the check must not import ray')\n")
