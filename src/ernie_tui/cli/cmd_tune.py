@@ -17,7 +17,7 @@ from ernie_tui.cli.errors import CliError
 from ernie_tui.cli.interruptible import run_interruptible
 from ernie_tui.cli.ray_args import add_ray_args, ray_trials
 from ernie_tui.cli.shared_options import shared_options
-from ernie_tui.cli.traffic_args import add_traffic_args, with_traffic
+from ernie_tui.cli.traffic_args import add_traffic_args, traffic_fields, with_traffic
 
 DEFAULT_TRIALS = 20
 
@@ -99,12 +99,20 @@ def _duration(text: str) -> float:
 
 
 def study_name(base: Any, space: Any, args: argparse.Namespace) -> str:
-    """tune-BASE-HASH: the same BASE settings, space, SLO and prompts give the same study."""
+    """tune-BASE-HASH: the same BASE settings, space, SLO, prompts and traffic give the same study.
+    The traffic counts by its profile's digest (its numbers, not its file's
+    name or path) and how its outputs end: a tune on another shape is another
+    study, not a resumed one. Without --traffic the key has no traffic entry,
+    so the studies of earlier versions keep their names."""
     from ernie_tui.presets.store import preset_table  # lazy: --help start-up
 
-    key = json.dumps({"base": preset_table(base), "space": space.digest(), "slo": sorted(args.slo),
-                      "prompts": [args.min_tokens, args.max_tokens_in, args.max_tokens], "workload": args.workload,
-                      "rate": args.rate is not None, "seed": args.seed}, sort_keys=True, default=str)
+    fields: dict[str, Any] = {"base": preset_table(base), "space": space.digest(), "slo": sorted(args.slo),
+                              "prompts": [args.min_tokens, args.max_tokens_in, args.max_tokens],
+                              "workload": args.workload, "rate": args.rate is not None, "seed": args.seed}
+    traffic = traffic_fields(args)
+    if traffic is not None:
+        fields["traffic"] = [traffic[0].digest, getattr(args, "traffic_outputs", "lengths")]
+    key = json.dumps(fields, sort_keys=True, default=str)
     return f"tune-{base.name}-{hashlib.sha256(key.encode()).hexdigest()[:10]}"
 
 
