@@ -100,7 +100,7 @@ def test_a_profile_beside_the_default_load():
     assert table["output p10/50/90"] == ["40/170/420", "128/128/128"]
     assert table["stop early"] == ["90 %", "0 %"]
     assert table["shared prefix"] == ["100 % × 150", "none"]
-    assert table["arrivals"] == ["1/s CV 1.5?", "closed, 4 in flight"]  # ? : the CV is assumed, not measured
+    assert table["arrivals"] == ["1/s CV 1.5?", "closed, 4 at once"]  # ? : the CV is assumed, not measured
     far = how_far(built_in("chat"), d)
     assert "prompt p50 ×0.63" in far and "output p50 ×0.75" in far and "stops early 0 % vs 90 %" in far
     assert "no shared prefix vs 100 %" in far

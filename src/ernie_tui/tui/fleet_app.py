@@ -62,6 +62,7 @@ class FleetApp(ErnieApp):
         self.config.api_key = server.api_key
         self.server = self.bridge = self.status = self.report = None
         self._last_series = None
+        self.last_traffic = None  # the traffic window starts afresh on the new URL
         self._diagnosis = None
         self._log_run = object()
         self._main_ready = False

@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from ernie_tui.engine_ctl.logs import EngineReport
     from ernie_tui.presets import PresetBook
     from ernie_tui.tui.series import ChartPoint
+    from ernie_tui.tui.traffic_watch import TrafficState
 
 # The log pane keeps this many lines; a merged batch never needs more.
 MAX_BATCH_LINES = 20_000
@@ -105,6 +106,17 @@ class SeriesUpdate(Message):
 
     def can_replace(self, message: Message) -> bool:
         return isinstance(message, SeriesUpdate)
+
+
+@dataclass
+class TrafficUpdate(Message):
+    """The traffic window so far (latest wins): what the sampler's scrapes
+    say of the server's traffic (tui/traffic_watch.py)."""
+
+    state: "TrafficState"
+
+    def can_replace(self, message: Message) -> bool:
+        return isinstance(message, TrafficUpdate)
 
 
 @dataclass

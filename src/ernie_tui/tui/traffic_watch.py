@@ -155,7 +155,7 @@ def _profile_cells(p: TrafficProfile | None) -> list[str]:
 
 def _default_cells(d: DefaultLoad) -> list[str]:
     return ["", _lengths([d.prompt_quantile(q) for q in QS]), _lengths([d.max_tokens] * 3),
-            _lengths([d.max_tokens] * 3), "0 %", f"closed, {d.concurrency} in flight", "none", "–"]
+            _lengths([d.max_tokens] * 3), "0 %", f"closed, {d.concurrency} at once", "none", "–"]
 
 
 # The rows of the comparison, in order: (label, what it means, for the help line).
@@ -188,4 +188,4 @@ def how_far(profile: TrafficProfile, default: DefaultLoad) -> str:
         bits.append(f"no shared prefix vs {profile.prefix.share * 100:.0f} %")
     if profile.arrivals.cv_measured and profile.arrivals.cv > 1.2:
         bits.append(f"no bursts vs gap CV {profile.arrivals.cv:.1f}")
-    return "the default load: " + ", ".join(bits) if bits else ""
+    return f"the default load against {profile.name}: " + ", ".join(bits) if bits else ""
