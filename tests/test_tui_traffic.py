@@ -161,6 +161,18 @@ async def test_the_view_shows_a_real_window_read_by_the_capture(scrapes, size):
         await pilot.pause(0.1)
         assert screen.loaded is None and "chat" not in table_text(screen)
 
+        # a: all the server served since it started (its counters run from then), and back.
+        assert "a: all 80 since it started" in str(screen.query_one("#tr-head").render())
+        await pilot.press("a")
+        await pilot.pause(0.1)
+        assert screen.state.scope == "start" and screen.state.requests == 80
+        assert "since it started" in str(screen.query_one("#tr-head").render())
+        assert sum(screen.query_one("#tr-prompt", LengthHistogram).counts) == 80
+        assert "a Window" in screen._compositor.render_strips()[-1].text
+        await pilot.press("a")
+        await pilot.pause(0.1)
+        assert screen.state.scope == "window" and screen.state.requests == 40
+
         # n: a new window, where nothing has finished yet.
         await pilot.press("n")
         await wait_for(pilot, lambda: screen.state.scrapes >= 2 and screen.state.requests == 0, timeout=30,

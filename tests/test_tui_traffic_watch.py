@@ -77,8 +77,36 @@ def test_a_restart_a_new_url_or_a_new_window_starts_afresh():
     assert w.state().scrapes == 1 and w.state().url == "http://127.0.0.1:8001"
     w.add("http://127.0.0.1:8001", scrape("window_after.metrics", 25.0))
     w.restart()
+    assert w.state().scrapes == 0
     w.add("http://127.0.0.1:8001", scrape("window_after.metrics", 30.0))
     assert w.state().scrapes == 1
+
+
+def test_since_the_server_started_reads_all_it_served():
+    """vLLM's counters and histograms run from its start, and it says when
+    that was: the whole of what it served, read from one scrape."""
+    text = (FIX / "window_after.metrics").read_text()
+    created = min(float(v) for v in re.findall(r"^vllm:request_success_created\{[^}]*\} (\S+)$", text, re.M))
+    w = TrafficWatch()
+    w.add(URL, MetricsSnapshot.parse(text, timestamp=created + 90.0, mono=500.0))
+    window = w.state()
+    assert window.profile is None and window.served == 80  # rounds 1 and 2 (README); one scrape: no window yet
+    w.set_scope("start")
+    s = w.state()
+    served = float(re.search(r"^vllm:request_prompt_tokens_count\{[^}]*\} (\S+)$", text, re.M).group(1))
+    assert s.scope == "start" and s.problem is None and s.requests == served == 80
+    assert abs(s.window_s - 90.0) < 1e-6 and s.prompt is not None and s.prompt.count == 80
+    assert s.profile is not None and abs(s.profile.arrivals.rate_per_s - 80 / 90.0) < 1e-9
+    # Without `_created` samples the API process' start stands for it; with neither, the view says so.
+    bare = "\n".join(line for line in text.splitlines() if "_created" not in line)
+    w.add(URL, MetricsSnapshot.parse(bare, timestamp=created + 95.0, mono=505.0))
+    start = float(re.search(r"^process_start_time_seconds (\S+)$", text, re.M).group(1))
+    assert abs(w.state().window_s - (created + 95.0 - start)) < 1e-6
+    w.add(URL, MetricsSnapshot.parse("\n".join(line for line in bare.splitlines() if "process_start" not in line),
+                                     timestamp=created + 99.0, mono=509.0))
+    assert w.state().problem == "this server's /metrics does not say when it started"
+    w.restart()  # a new window is watched, not counted from the start
+    assert w.state().scope == "window"
 
 
 def test_a_long_window_is_thinned_and_keeps_its_start():

@@ -815,7 +815,7 @@ class ErnieApp(ShowsWorkerFailures, App[int]):
 
         url = self.status.url if self.status is not None else self.config.attach_url
         self.push_screen(TrafficScreen(self.last_traffic or TrafficState(url=url or None), url=url or None,
-                                       new_window=self.traffic.restart))
+                                       watch=self.traffic))
 
     def open_sweep(self) -> None:
         if self.mode != "control":

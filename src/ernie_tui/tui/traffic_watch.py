@@ -31,12 +31,14 @@ from ernie_tui.engine_ctl.load import (
     build_profile,
     from_metrics,
     interval_completions,
+    since_start,
     window_histograms,
 )
 
 # Scrapes kept in a window: beyond this, every other one between the first and
 # the newest is dropped (the rate series coarsens, the window keeps its start).
 MAX_SCRAPES = 240
+SCOPES = ("window", "start")
 QS = (0.1, 0.5, 0.9)
 
 
@@ -59,6 +61,8 @@ class TrafficState:
     hit_rate: float | None = None  # prefix-cache hits / queries in the window
     profile: TrafficProfile | None = None
     problem: str | None = None  # why there is no profile yet
+    scope: str = "window"  # "window": since the first scrape (or n); "start": all since the server started
+    served: float | None = None  # requests the server finished since it started (its counter)
 
 
 class TrafficWatch:
@@ -66,18 +70,27 @@ class TrafficWatch:
         self._lock = threading.Lock()
         self._url: str | None = None
         self._snaps: list[MetricsSnapshot] = []
-        self._restart = False
+        self.scope = "window"
         self.max_scrapes = max(4, max_scrapes)
 
     def restart(self) -> None:
-        """Begin a new window at the next scrape."""
+        """Begin a new window: it opens at the next scrape."""
         with self._lock:
-            self._restart = True
+            self._snaps = []
+            self.scope = "window"
+
+    def set_scope(self, scope: str) -> None:
+        """"window" (since the window opened) or "start" (all the server
+        served since it started: since_start)."""
+        if scope not in SCOPES:
+            raise ValueError(f"scope must be one of {', '.join(SCOPES)}")
+        with self._lock:
+            self.scope = scope
 
     def add(self, url: str, snap: MetricsSnapshot) -> None:
         with self._lock:
-            if self._restart or url != self._url or (self._snaps and _restarted(self._snaps[-1], snap)):
-                self._snaps, self._url, self._restart = [], url, False
+            if url != self._url or (self._snaps and _restarted(self._snaps[-1], snap)):
+                self._snaps, self._url = [], url
             self._snaps.append(snap)
             if len(self._snaps) > self.max_scrapes:
                 inner = self._snaps[1:-1]
@@ -86,18 +99,27 @@ class TrafficWatch:
     def state(self) -> TrafficState:
         """The window so far, read by the capture's code."""
         with self._lock:
-            snaps, url = list(self._snaps), self._url
-        if len(snaps) < 2:
-            return TrafficState(url=url, scrapes=len(snaps),
+            snaps, url, scope = list(self._snaps), self._url, self.scope
+        served = snaps[-1].total(REQUEST_SUCCESS) if snaps else None
+        if scope == "start" and snaps:
+            before = since_start(snaps[-1])
+            if before is None:
+                return TrafficState(url=url, scrapes=len(snaps), scope=scope, served=served,
+                                    problem="this server's /metrics does not say when it started")
+            between = []  # from its start: nothing was watched in between
+        elif len(snaps) < 2:
+            return TrafficState(url=url, scrapes=len(snaps), scope=scope, served=served,
                                 problem="waiting for a second /metrics scrape" if url else "no /metrics read yet")
-        before, after = snaps[0], snaps[-1]
+        else:
+            before, between = snaps[0], snaps[1:-1]
+        after = snaps[-1]
         prompt, output, max_tokens = window_histograms(before, after)
         base = dict(url=url, window_s=float(after.mono) - float(before.mono),  # type: ignore[arg-type]
-                    scrapes=len(snaps), prompt=prompt, output=output, max_tokens=max_tokens,
-                    rates=tuple((end - float(after.mono), count / width)  # type: ignore[arg-type]
-                                for end, width, count in interval_completions(snaps)))
+                    scrapes=len(snaps), prompt=prompt, output=output, max_tokens=max_tokens, scope=scope,
+                    served=served, rates=tuple((end - float(after.mono), count / width)  # type: ignore[arg-type]
+                                               for end, width, count in interval_completions(snaps)))
         try:
-            cap = from_metrics(before, after, snaps[1:-1])
+            cap = from_metrics(before, after, between)
             profile = build_profile("captured", [cap], url=url)
         except TrafficError as exc:
             return TrafficState(**base, problem=str(exc))  # type: ignore[arg-type]

@@ -129,6 +129,7 @@ from ernie_tui.engine_ctl.load.traffic_capture import (
     interval_completions,
     parse_request_log,
     read_trace,
+    since_start,
     window_histograms,
 )
 from ernie_tui.engine_ctl.load.traffic_replay import OUTPUTS as TRAFFIC_OUTPUTS
@@ -260,6 +261,7 @@ __all__ += [
     "build_profile",
     "interval_completions",
     "window_histograms",
+    "since_start",
     "TRAFFIC_METRICS",
     "capture_live",
     "format_profile",

@@ -48,10 +48,15 @@ MAX_TOKENS_HIST = ("vllm:request_params_max_tokens", "vllm:request_max_num_gener
 # Richest first: a trace sees every request's text; a request log its arrival
 # and parameters; /metrics only histograms and counters.
 RICHNESS = ("trace", "request-log", "metrics")
-# The metric families from_metrics reads: a poller that prefilters its scrapes
-# (the dashboard's sampler) keeps these on the scrapes it hands a capture.
+# When the server started (since_start): when vLLM created its finished-request
+# counter (prometheus_client's `_created` sample), else its API process' start.
+COUNTER_CREATED = tuple(name.replace("_total", "_created") for name in M.REQUEST_SUCCESS)
+PROCESS_START = ("process_start_time_seconds",)
+# The metric families from_metrics and since_start read: a poller that
+# prefilters its scrapes (the dashboard's sampler) keeps these on the scrapes
+# it hands a capture.
 TRAFFIC_METRICS = (*PROMPT_HIST, *OUTPUT_HIST, *MAX_TOKENS_HIST, *M.REQUEST_SUCCESS, *M.PREFIX_QUERIES,
-                   *M.PREFIX_HITS, *M.CACHE_CONFIG)
+                   *M.PREFIX_HITS, *M.CACHE_CONFIG, *COUNTER_CREATED, *PROCESS_START)
 PARTS = ("prompt_tokens", "output_tokens", "max_tokens", "eos_share", "arrivals", "prefix")
 
 
@@ -202,6 +207,21 @@ def from_metrics(before: M.MetricsSnapshot, after: M.MetricsSnapshot,
         cap.notes.append("/metrics: lengths are read within one histogram bucket (vLLM's 1-2-5 bounds), spread "
                          "inside the buckets so that their mean is vLLM's exact one")
     return cap
+
+
+def since_start(after: M.MetricsSnapshot) -> M.MetricsSnapshot | None:
+    """A scrape as the server stood at its start (every counter and
+    histogram 0), so that from_metrics(since_start(after), after) reads all
+    it served, not only a window watched: last night's traffic, from a
+    dashboard attached this morning. The start is when vLLM created its
+    finished-request counter, else its API process' start time; None when
+    /metrics gives neither. The mean rate is then over the whole uptime,
+    idle hours included."""
+    created = [v for name in COUNTER_CREATED for _, v in after.samples(name) if v > 0]
+    start = min(created) if created else after.maximum(PROCESS_START)
+    if not start or start >= after.timestamp:
+        return None
+    return after.zeroed(start, float(after.mono) - (after.timestamp - start))  # type: ignore[arg-type]
 
 
 def window_histograms(before: M.MetricsSnapshot, after: M.MetricsSnapshot

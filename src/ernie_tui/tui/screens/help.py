@@ -31,8 +31,8 @@ KEYS: tuple[tuple[str, str], ...] = (
           "and max_tokens histograms, requests/s, prefix-cache hits) and the profile captured so far beside the "
           "default load (uniform prompts, 128 tokens that never stop early); red lines mark the default"),
     ("  in traffic", "ctrl+s saves the captured profile and names the command that replays it (--traffic PATH); "
-                     "o lays a profile file or a shape (chat, long-doc-qa, batch-summarise) beside it; n starts a "
-                     "new window; escape closes"),
+                     "a switches to all the server served since it started (and back); o lays a profile file or a "
+                     "shape (chat, long-doc-qa, batch-summarise) beside it; n starts a new window; escape closes"),
     ("t", "chart window: 1 / 5 / 15 minutes"),
     ("/  n  N", "search the log; next / previous match; escape closes the search"),
     ("l / end", "follow the log again (scrolling up pauses it)"),

@@ -6,8 +6,11 @@ keeps (prompt tokens, generation tokens, max_tokens asked), the requests
 finished per second, the prefix-cache hit rate; and the profile captured so
 far beside the synthetic default load that every figure is measured on
 without --traffic, so an operator sees how far that default is from their
-traffic. `o` lays a profile file or a ready-made shape beside them; ctrl+s
-saves the captured profile for `--traffic PATH`.
+traffic. `a` switches to all the server served since it started (vLLM's
+counters and histograms run from its start: last night's traffic, from a
+dashboard attached this morning) and back; `o` lays a profile file or a
+ready-made shape beside them; ctrl+s saves the captured profile for
+`--traffic PATH`.
 
 The data lives in the app's TrafficWatch (tui/traffic_watch.py), fed by the
 sampler; the app hands this screen each new state (show_traffic), and the
@@ -19,7 +22,6 @@ from __future__ import annotations
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import Callable
 
 from rich.table import Table
 from rich.text import Text
@@ -31,7 +33,7 @@ from textual.widgets import Input, Static
 
 from ernie_tui import paths
 from ernie_tui.engine_ctl.load import TrafficError, TrafficProfile, load_profile, save_profile
-from ernie_tui.tui.traffic_watch import DefaultLoad, TrafficState, comparison, how_far
+from ernie_tui.tui.traffic_watch import DefaultLoad, TrafficState, TrafficWatch, comparison, how_far
 from ernie_tui.tui.widgets.footer import KeyFooter
 from ernie_tui.tui.widgets.traffic_charts import ArrivalChart, LengthHistogram
 
@@ -55,17 +57,17 @@ class TrafficScreen(Screen[None]):
         Binding("escape", "close", "Close"),
         Binding("ctrl+s", "save", "Save profile"),
         Binding("n", "new_window", "New window"),
+        Binding("a", "scope", "Since start"),
         Binding("o", "compare", "Compare"),
         Binding("question_mark", "help", "Help"),
     ]
 
-    def __init__(self, state: TrafficState, *, url: str | None = None,
-                 new_window: Callable[[], None] | None = None, default: DefaultLoad | None = None,
-                 save_dir: Path | None = None) -> None:
+    def __init__(self, state: TrafficState, *, url: str | None = None, watch: TrafficWatch | None = None,
+                 default: DefaultLoad | None = None, save_dir: Path | None = None) -> None:
         super().__init__()
         self.state = state
         self.url = url or state.url
-        self._new_window = new_window
+        self.traffic_watch = watch  # the app's: n and a change its window, and the view reads it again at once
         self.default = default or DefaultLoad.from_config()
         self.save_dir = save_dir
         self.loaded: TrafficProfile | None = None  # a file or a shape laid beside the capture (o)
@@ -86,7 +88,7 @@ class TrafficScreen(Screen[None]):
 
     def on_mount(self) -> None:
         self.query_one("#tr-table").border_title = "Beside the default load"
-        self._draw()
+        self.show_traffic(self.state)
 
     # -- what the app hands us ----------------------------------------------------------
     def show_traffic(self, state: TrafficState) -> None:
@@ -99,8 +101,12 @@ class TrafficScreen(Screen[None]):
 
     def _fit(self) -> None:
         """Narrow, with a profile laid beside: the table takes the row (its
-        arrivals row says the rate the chart draws)."""
-        self.set_class(self.loaded is not None and self.size.width < WIDE_TABLE_WIDTH, "-table-only")
+        arrivals row says the rate the chart draws); the footer compact. `a`
+        is named for the scope it switches to."""
+        narrow = self.size.width < WIDE_TABLE_WIDTH
+        self.set_class(self.loaded is not None and narrow, "-table-only")
+        self.query_one(KeyFooter).set_layout(
+            narrow=narrow, labels={"scope": "Window" if self.state.scope == "start" else "Since start"})
 
     def _draw(self) -> None:
         self._fit()
@@ -117,12 +123,16 @@ class TrafficScreen(Screen[None]):
     def _head(self) -> Text:
         s = self.state
         head = Text.assemble(("Traffic ", "bold"), self.url or "no server")
-        if s.scrapes >= 2:
-            head.append(f" · window {_duration(s.window_s)} · {s.requests:,.0f} requests", "")
-            if s.hit_rate is not None:
-                head.append(f" · prefix-cache hits {s.hit_rate * 100:.1f} %")
+        if s.scope == "start" and s.window_s > 0:
+            head.append(f" · since it started {_duration(s.window_s)} ago · {s.requests:,.0f} requests")
+        elif s.scrapes >= 2:
+            head.append(f" · window {_duration(s.window_s)} · {s.requests:,.0f} requests")
+        if s.hit_rate is not None:
+            head.append(f" · prefix-cache hits {s.hit_rate * 100:.1f} %")
         if s.problem:
             head.append(f" · {s.problem}", "dim")
+        if s.scope == "window" and s.served and s.served > s.requests:
+            head.append(f" · a: all {s.served:,.0f} since it started", "dim")
         return head
 
     def _rate_summary(self) -> str:
@@ -177,9 +187,17 @@ class TrafficScreen(Screen[None]):
         return path
 
     def action_new_window(self) -> None:
-        if self._new_window is not None:
-            self._new_window()
+        if self.traffic_watch is not None:
+            self.traffic_watch.restart()
+            self.show_traffic(self.traffic_watch.state())
         self.notify("a new window begins at the next /metrics scrape", timeout=3)
+
+    def action_scope(self) -> None:
+        """All the server served since it started, or the window watched (again)."""
+        if self.traffic_watch is None:
+            return
+        self.traffic_watch.set_scope("window" if self.traffic_watch.scope == "start" else "start")
+        self.show_traffic(self.traffic_watch.state())
 
     def action_compare(self) -> None:
         box = self.query_one("#tr-open", Input)
