@@ -241,3 +241,22 @@ async def test_live_against_the_paced_stand_in(stand_in):
         assert dict(zip(screen.query_one("#tr-max", LengthHistogram).labels,
                         screen.query_one("#tr-max", LengthHistogram).counts, strict=True))["≤10"] == 6
         assert "6 requests" in str(screen.query_one("#tr-head").render())
+
+
+async def test_a_bug_in_reading_the_traffic_is_shown_once_and_the_charts_go_on(scrapes):
+    """The traffic view is extra: a bug in it must not stop the sampler that draws the charts."""
+    from ernie_tui.tui.traffic_watch import TrafficWatch
+
+    class Broken(TrafficWatch):
+        def state(self) -> TrafficState:
+            raise RuntimeError("a bug in the traffic window")
+
+    app = attached(scrapes.url)
+    app.traffic = Broken()
+    async with app.run_test(size=(120, 40)) as pilot:
+        await wait_for(pilot, lambda: any("a bug in the traffic window" in n.message for n in app._notifications),
+                       timeout=30, what="the failure shown")
+        seen = app._last_series.points[-1].t if app._last_series and app._last_series.points else None
+        await wait_for(pilot, lambda: app._last_series.points[-1].t != seen, timeout=30, what="the charts going on")
+        assert sum("a bug in the traffic window" in n.message for n in app._notifications) == 1
+        assert app.last_traffic is None

@@ -17,6 +17,7 @@ from textual.screen import Screen
 
 from ernie_tui.tui.app import DashboardConfig, ErnieApp
 from ernie_tui.tui.screens.fleet import FleetScreen, ServerDashboard
+from ernie_tui.tui.traffic_watch import TrafficWatch
 
 
 class FleetApp(ErnieApp):
@@ -62,7 +63,7 @@ class FleetApp(ErnieApp):
         self.config.api_key = server.api_key
         self.server = self.bridge = self.status = self.report = None
         self._last_series = None
-        self.last_traffic = None  # the traffic window starts afresh on the new URL
+        self.traffic, self.last_traffic = TrafficWatch(), None  # a new server, a new traffic window
         self._diagnosis = None
         self._log_run = object()
         self._main_ready = False

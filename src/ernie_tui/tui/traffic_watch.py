@@ -120,6 +120,9 @@ class TrafficWatch:
                                                for end, width, count in interval_completions(snaps)))
         try:
             cap = from_metrics(before, after, between)
+            if scope == "start":
+                cap.notes.append("/metrics: all the server served since it started; the mean rate is over its "
+                                 "whole uptime, idle hours included")
             profile = build_profile("captured", [cap], url=url)
         except TrafficError as exc:
             return TrafficState(**base, problem=str(exc))  # type: ignore[arg-type]

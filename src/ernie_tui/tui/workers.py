@@ -32,6 +32,7 @@ from ernie_tui.engine_ctl.load import (
     MetricsSnapshot,
     derive_sample,
 )
+from ernie_tui.tui.failures import Failure
 from ernie_tui.tui.messages import (
     LogBatch,
     LogEarlier,
@@ -155,8 +156,7 @@ class Sampler:
         if traffic_due and metrics.last is not None and self.traffic is not None:
             # Only a scrape of a ready server: the window keeps its state meanwhile.
             self._traffic_next = time.monotonic() + self.traffic_interval
-            self.traffic.add(metrics.client_url or "", metrics.last)
-            self.post(TrafficUpdate(self.traffic.state()))
+            self._feed_traffic(self.traffic, metrics.client_url or "", metrics.last)
         now = self.clock()
         self.points.append(_chart_point(now, mem, sample))
         problem = metrics.problem
@@ -165,6 +165,17 @@ class Sampler:
                                gpu_totals=totals, kv_tokens_metrics=metrics.kv_tokens, now=now,
                                metrics_error=problem[0] if problem else None,
                                metrics_error_since=problem[1] if problem else None))
+
+
+    def _feed_traffic(self, traffic: TrafficWatch, url: str, snap: MetricsSnapshot) -> None:
+        try:
+            traffic.add(url, snap)
+            state = traffic.state()
+        except Exception as exc:  # noqa: BLE001  the traffic view is extra: its bug is shown once, the charts go on
+            self.traffic = None
+            self.post(Failure("the traffic view", exc, after="the charts go on without it"))
+            return
+        self.post(TrafficUpdate(state))
 
 
 class _EnginePids:

@@ -33,6 +33,7 @@ from textual.widgets import Input, Static
 
 from ernie_tui import paths
 from ernie_tui.engine_ctl.load import TrafficError, TrafficProfile, load_profile, save_profile
+from ernie_tui.tui.failures import show_failure
 from ernie_tui.tui.traffic_watch import DefaultLoad, TrafficState, TrafficWatch, comparison, how_far
 from ernie_tui.tui.widgets.footer import KeyFooter
 from ernie_tui.tui.widgets.traffic_charts import ArrivalChart, LengthHistogram
@@ -189,7 +190,7 @@ class TrafficScreen(Screen[None]):
     def action_new_window(self) -> None:
         if self.traffic_watch is not None:
             self.traffic_watch.restart()
-            self.show_traffic(self.traffic_watch.state())
+            self._read_again(self.traffic_watch)
         self.notify("a new window begins at the next /metrics scrape", timeout=3)
 
     def action_scope(self) -> None:
@@ -197,7 +198,16 @@ class TrafficScreen(Screen[None]):
         if self.traffic_watch is None:
             return
         self.traffic_watch.set_scope("window" if self.traffic_watch.scope == "start" else "start")
-        self.show_traffic(self.traffic_watch.state())
+        self._read_again(self.traffic_watch)
+
+    def _read_again(self, watch: TrafficWatch) -> None:
+        """The watch read now (a few ms), not at the sampler's next scrape."""
+        try:
+            state = watch.state()
+        except Exception as exc:  # noqa: BLE001  a bug in reading it: shown, the view stays as it was
+            show_failure(self.app, "the traffic view", exc)
+            return
+        self.show_traffic(state)
 
     def action_compare(self) -> None:
         box = self.query_one("#tr-open", Input)
