@@ -34,6 +34,7 @@ from textual.widgets import Input, Static
 from ernie_tui import paths
 from ernie_tui.engine_ctl.load import TrafficError, TrafficProfile, load_profile, save_profile
 from ernie_tui.tui.failures import show_failure
+from ernie_tui.tui.lifecycle import tearing_down
 from ernie_tui.tui.traffic_watch import DefaultLoad, TrafficState, TrafficWatch, comparison, how_far
 from ernie_tui.tui.widgets.footer import KeyFooter
 from ernie_tui.tui.widgets.traffic_charts import ArrivalChart, LengthHistogram
@@ -89,13 +90,16 @@ class TrafficScreen(Screen[None]):
 
     def on_mount(self) -> None:
         self.query_one("#tr-table").border_title = "Beside the default load"
-        self.show_traffic(self.state)
+        self._draw()
 
     # -- what the app hands us ----------------------------------------------------------
     def show_traffic(self, state: TrafficState) -> None:
+        """The newest state; drawn once the widgets exist (a state that comes
+        as the screen is pushed is drawn by on_mount) and while they do."""
         self.state = state
         self.url = state.url or self.url
-        self._draw()
+        if self.is_mounted and not tearing_down(self):
+            self._draw()
 
     def on_resize(self) -> None:
         self._fit()
