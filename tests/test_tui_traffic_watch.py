@@ -96,6 +96,7 @@ def test_since_the_server_started_reads_all_it_served():
     served = float(re.search(r"^vllm:request_prompt_tokens_count\{[^}]*\} (\S+)$", text, re.M).group(1))
     assert s.scope == "start" and s.problem is None and s.requests == served == 80
     assert abs(s.window_s - 90.0) < 1e-6 and s.prompt is not None and s.prompt.count == 80
+    assert s.watched_s == 0.0  # the rate chart spans what was watched: one scrape, nothing yet
     assert s.profile is not None and abs(s.profile.arrivals.rate_per_s - 80 / 90.0) < 1e-9
     # Without `_created` samples the API process' start stands for it; with neither, the view says so.
     bare = "\n".join(line for line in text.splitlines() if "_created" not in line)

@@ -58,6 +58,7 @@ class TrafficState:
     # Requests finished per interval between scrapes: (seconds before the
     # newest scrape, so <= 0; requests/s).
     rates: tuple[tuple[float, float], ...] = ()
+    watched_s: float = 0.0  # from the first scrape watched to the newest (the span of `rates`)
     hit_rate: float | None = None  # prefix-cache hits / queries in the window
     profile: TrafficProfile | None = None
     problem: str | None = None  # why there is no profile yet
@@ -115,6 +116,7 @@ class TrafficWatch:
         after = snaps[-1]
         prompt, output, max_tokens = window_histograms(before, after)
         base = dict(url=url, window_s=float(after.mono) - float(before.mono),  # type: ignore[arg-type]
+                    watched_s=float(after.mono) - float(snaps[0].mono),  # type: ignore[arg-type]
                     scrapes=len(snaps), prompt=prompt, output=output, max_tokens=max_tokens, scope=scope,
                     served=served, rates=tuple((end - float(after.mono), count / width)  # type: ignore[arg-type]
                                                for end, width, count in interval_completions(snaps)))

@@ -122,7 +122,7 @@ class TrafficScreen(Screen[None]):
             s.prompt, d.prompt_quantile(0.5), f"default {d.min_tokens}–{d.max_tokens_in}", empty)
         self.query_one("#tr-output", LengthHistogram).show(s.output, d.max_tokens, f"default {d.max_tokens}", empty)
         self.query_one("#tr-max", LengthHistogram).show(s.max_tokens, d.max_tokens, f"default {d.max_tokens}", empty)
-        self.query_one("#tr-rate", ArrivalChart).show(s.rates, s.window_s, self._rate_summary(), empty)
+        self.query_one("#tr-rate", ArrivalChart).show(s.rates, s.watched_s, self._rate_summary(), empty)
         self.query_one("#tr-table", Static).update(self._table())
 
     def _head(self) -> Text:

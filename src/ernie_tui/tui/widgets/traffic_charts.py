@@ -55,6 +55,13 @@ def bucket_index(labels: Sequence[str], hist: Any, value: float) -> int | None:
     return None
 
 
+def _line_y(i: int, n: int, height: int) -> float:
+    """Where line i of an n-line message goes on a 0..1 axis, one row apart,
+    centred: the plot has about height - 5 rows (borders, axes, labels)."""
+    row = 1.0 / max(2, height - 5)
+    return 0.5 + (n / 2 - 0.5 - i) * row
+
+
 def label_step(labels: Sequence[str], width: int) -> int:
     """Every how many bars a label fits, `width` columns for all the bars,
     a free column between two labels."""
@@ -125,7 +132,7 @@ class LengthHistogram(PlotextPlot):
             plt.xticks([0, 1], ["", ""])
             lines = _wrap(self.empty, self.size.width - 4)
             for i, line in enumerate(lines):
-                plt.text(line, 0.5, 0.5 + (len(lines) / 2 - 0.5 - i) * 0.25, alignment="center", color="gray",
+                plt.text(line, 0.5, _line_y(i, len(lines), self.size.height), alignment="center", color="gray",
                          background="default")
             self.border_subtitle = ""
         self.refresh()
@@ -177,7 +184,7 @@ class ArrivalChart(PlotextPlot):
             plt.xticks([-span, 0], ["", ""])
             lines = _wrap(self.empty, self.size.width - 4)
             for i, line in enumerate(lines):
-                plt.text(line, -span / 2, 0.5 + (len(lines) / 2 - 0.5 - i) * 0.25, alignment="center",
+                plt.text(line, -span / 2, _line_y(i, len(lines), self.size.height), alignment="center",
                          color="gray", background="default")
             self.border_subtitle = ""
         self.refresh()
