@@ -68,6 +68,8 @@ from ernie_tui.engine_ctl.control.tune import (  # Optuna is imported only when 
     run_tune,
     tuned_preset,
 )
+from ernie_tui.engine_ctl.control.tune_storage import StorageError
+from ernie_tui.engine_ctl.control.tune_storage import reachable as storage_reachable
 
 __all__ = [
     "AttachedServer",
@@ -101,6 +103,7 @@ __all__ = [
     "ServerState",
     "ServerStatus",
     "StatusChanged",
+    "StorageError",
     "SweepOptions",
     "SweepPlan",
     "SweepRow",
@@ -115,6 +118,7 @@ __all__ = [
     "compare_to_base",
     "connecting_rows",
     "detect_gpu_ids",
+    "storage_reachable",
     "export_sweep",
     "find_detached",
     "fold",
