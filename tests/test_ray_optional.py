@@ -37,7 +37,8 @@ def test_ray_asked_for_but_not_installed_says_how_to_install_it(tmp_path):
     space = tmp_path / "space.toml"
     space.write_text("max_num_seqs = [1, 2]\n")
     for argv in (["sweep", "cpu-demo", "--out", str(tmp_path / "t.md"), "--ray"],
-                 ["tune", "cpu-demo", "--space", str(space), "--ray", "h:6379"]):
+                 ["tune", "cpu-demo", "--space", str(space), "--ray", "h:6379"],
+                 ["--ray", "h:6379"]):  # the fleet view of a cluster
         out = _run(f"""
             import sys
             sys.modules["ray"] = None  # as if not installed: import ray raises ImportError
