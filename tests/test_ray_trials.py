@@ -284,3 +284,21 @@ async def test_the_fleet_view_shows_the_clusters_nodes_from_its_own_worker(clust
         listed = [line for line in text if line.startswith("● 127.0.0.1 ")]
         assert len(listed) == len(alive) >= 3, text
         assert sum("trial_slot 1" in line for line in listed) == len(alive) - 1  # all but the head
+
+
+def test_an_address_where_nothing_answers_is_one_line_at_once(tmp_path):
+    # Ray itself would retry such an address for minutes; the fleet view
+    # and tune say so in one line (run in a fresh interpreter: this one
+    # may be joined to the cluster of the tests above).
+    import subprocess
+
+    nobody = own_port(18699)
+    space = tmp_path / "space.toml"
+    space.write_text("max_num_seqs = [1, 2]\n")
+    for argv in (["--ray", f"127.0.0.1:{nobody}"],
+                 ["tune", "cpu-demo", "--space", str(space), "--model", str(tmp_path), "--ray", f"127.0.0.1:{nobody}"]):
+        out = subprocess.run([sys.executable, "-m", "ernie_tui", *argv], capture_output=True, text=True, timeout=120)
+        assert out.returncode == 1, out.stderr[-800:]
+        assert out.stderr.strip() == (f"ernie-tui: error: no Ray cluster to join at 127.0.0.1:{nobody}: nothing "
+                                      "answers there ([Errno 111] Connection refused); start one with `ray start "
+                                      "--head` or pass --ray HOST:PORT of its head"), out.stderr[-800:]

@@ -77,6 +77,7 @@ POLL_S = 0.5
 NODE_DEATH_WAIT_S = 60.0
 LOG_TAIL_BYTES = 8 << 20  # a server log sent back is cut to its last 8 MiB
 GUARD = Path(__file__).with_name("orphan_guard.py")
+CONNECT_TIMEOUT_S = 5.0  # a head whose port does not answer in this long is not there
 STATUS_WAIT_S = 2.0  # a snapshot waits this long for the trial actors' answers (a busy node's come next time)
 
 
@@ -134,6 +135,7 @@ class RayTrials:
             os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
         ray = require_ray()
         if not ray.is_initialized():
+            _answers(self.address or os.environ.get("RAY_ADDRESS") or "")
             try:
                 # log_to_driver off: the trials' own output goes to their
                 # logs, not over the driver's answer or its screen.
@@ -333,6 +335,19 @@ class RayTrials:
         if log_dir is not None and outcome.get("log"):
             paths.private_dir(log_dir)
             paths.write_private_text(log_dir / f"{name}-r{repeat}.log", outcome["log"])
+
+
+def _answers(address: str) -> None:
+    """RayTrialsError when nothing listens at a HOST:PORT address: ray.init
+    would retry such a one for minutes, a warning every few seconds."""
+    host, _, port = address.rpartition(":")
+    if not host or "://" in address or not port.isdigit():
+        return  # ray://, "auto" or the cluster started here: Ray finds it, or says why
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=CONNECT_TIMEOUT_S).close()
+    except OSError as exc:
+        raise RayTrialsError(f"no Ray cluster to join at {address}: nothing answers there ({exc}); start one "
+                             "with `ray start --head` or pass --ray HOST:PORT of its head") from None
 
 
 def _trial_statuses(ray: Any) -> list[dict[str, Any]]:
