@@ -302,3 +302,34 @@ def test_an_address_where_nothing_answers_is_one_line_at_once(tmp_path):
         assert out.stderr.strip() == (f"ernie-tui: error: no Ray cluster to join at 127.0.0.1:{nobody}: nothing "
                                       "answers there ([Errno 111] Connection refused); start one with `ray start "
                                       "--head` or pass --ray HOST:PORT of its head"), out.stderr[-800:]
+
+
+async def test_the_tune_screen_shows_its_trials_on_the_nodes_as_they_run(cluster, tmp_path, tiny_model):
+    # `tune --ray --tui`: while the tune runs, the screen's Ray worker
+    # shows the trial on its node with its server's URL.
+    from ernie_tui.cli import build_parser
+    from ernie_tui.cli.cmd_tune import _setup
+    from ernie_tui.tui.tune_app import TuneApp
+    from ernie_tui.tui.widgets.ray_panel import RayPanel
+
+    mark = uuid.uuid4().hex
+    presets = _presets(tmp_path, tiny_model, own_port(18651), mark)
+    space = tmp_path / "space.toml"
+    space.write_text("max_num_seqs = [1, 3]\n")
+    args = build_parser().parse_args(["tune", "shaped", "--presets", str(presets), "--space", str(space), "--trials",
+                                      "1", "--ray", cluster.address, "--ray-resources", SLOT, "--no-preset", *FAST])
+    app = TuneApp(_setup(args))
+    shown: list[str] = []
+    async with app.run_test(size=(80, 24)) as pilot:
+        screen = app.tune_screen
+        panel = screen.query_one("#tn-ray", RayPanel)
+        deadline = time.monotonic() + 240
+        while screen.running and time.monotonic() < deadline:
+            await pilot.pause(0.2)
+            shown += [line for line in str(panel.render()).splitlines() if line.startswith("  └ shaped")]
+        assert not screen.running and screen.error is None, screen.error
+        await pilot.press("q")
+    # BASE and the trial each listed under a node while they ran, with the URL of their server.
+    assert any(line.startswith("  └ shaped r0  http://127.0.0.1:") for line in shown), shown[-5:]
+    assert any(line.startswith("  └ shaped-tune-") for line in shown), shown[-5:]
+    assert not _servers(mark)
