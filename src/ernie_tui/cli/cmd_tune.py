@@ -127,7 +127,7 @@ def _setup(args: argparse.Namespace) -> Any:
     if args.confirm < 0:
         raise CliError("--confirm must be 0 or more")
     if args.storage:  # a database that cannot be reached is said now, before a server starts
-        from ernie_tui.engine_ctl.control import StorageError, storage_reachable
+        from ernie_tui.engine_ctl.control import StorageError, storage_reachable  # lazy: --help start-up
 
         try:
             storage_reachable(args.storage)
