@@ -17,6 +17,7 @@ def test_the_cli_the_app_and_every_control_module_load_without_importing_ray():
     out = _run("""
         import importlib, pkgutil, sys
         import ernie_tui.cli, ernie_tui.tui.app, ernie_tui.engine_ctl.control as control
+        import ernie_tui.tui.tune_app, ernie_tui.tui.fleet_app, ernie_tui.tui.widgets.ray_panel  # the Ray panel's
         for m in pkgutil.iter_modules(control.__path__):
             importlib.import_module(f"ernie_tui.engine_ctl.control.{m.name}")
         from ernie_tui.cli import main
