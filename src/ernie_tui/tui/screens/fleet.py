@@ -72,6 +72,9 @@ FLEET_FIGURES: tuple[tuple[str, str], ...] = (
     ("ITL p99", "99th percentile inter-token latency over the last minute (vLLM's histogram)"),
     ("memory", "local servers only: GPU memory of its processes (NVML), else their RSS"),
     ("engine N", "a data-parallel server's engines, from the engine label on /metrics"),
+    ("Ray panel", "with --ray: the cluster's nodes (alive, or LOST) and their resources; under each, the trials "
+                  "of tune/sweep --ray running there, with their server's URL and what they do; 'again: lost "
+                  "NODE' on a trial that runs again after its node was lost"),
 )
 
 
