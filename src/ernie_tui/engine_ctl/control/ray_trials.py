@@ -22,6 +22,11 @@ again elsewhere, its row marked `retried_after_node_loss`. The server the
 lost actor started is killed by the actor's orphan guard (orphan_guard.py),
 a process of its own that outlives the actor.
 
+Each trial's actor is named (ray_status.TRIAL_ACTOR_PREFIX) and tells what
+it measures, on which node, its server's URL and what it does now
+(TrialActor.status): snapshot() reads them with the cluster's nodes, for the
+tune screen and the fleet view (any process joined to the cluster can).
+
 Ray is imported only here, and only when --ray is given (an optional extra).
 """
 
