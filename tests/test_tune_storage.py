@@ -130,3 +130,37 @@ def test_a_storage_that_cannot_be_used_is_one_line_before_anything_starts(tmp_pa
     assert out.returncode != 0
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and "pip install 'ernie-tui[postgres]'" in lines[0], out.stderr
+
+
+def test_a_setting_asked_while_another_driver_still_writes_the_same_one_is_a_repeat(tmp_path):
+    # Optuna writes an asked trial's values one by one. Driver A's trial has
+    # its first value written, not yet its second, when driver B's trial
+    # (asked after it) with the same two values checks for an earlier one:
+    # B waits for A's values, finds them the same, and is a repeat (the
+    # lower trial id measures). Without the wait, both would measure.
+    import threading
+
+    import optuna
+
+    from ernie_tui.engine_ctl.control.tune import _same_setting
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(storage=f"sqlite:///{tmp_path / 'study.db'}", direction="maximize")
+    setting = {"max_num_seqs": 2, "max_num_batched_tokens": 1024}
+    dists = {"max_num_seqs": optuna.distributions.IntDistribution(1, 3),
+             "max_num_batched_tokens": optuna.distributions.CategoricalDistribution([1024, 2048])}
+    study.enqueue_trial(setting)
+    study.enqueue_trial(setting)
+    a = study.ask()  # A: asked, its values not written yet
+    a.suggest_int("max_num_seqs", 1, 3)  # A's first value written (the queued 2)
+    b = study.ask(dists)  # B: asked after A, both values written
+    assert b.params == setting and b._trial_id > a._trial_id
+    found: list = []
+    finder = threading.Thread(target=lambda: found.append(_same_setting(study, dict(b.params), b)))
+    finder.start()
+    threading.Event().wait(0.5)
+    a.suggest_categorical("max_num_batched_tokens", [1024, 2048])  # A's second value, while B waits
+    finder.join(10)
+    assert found and found[0] is not None and found[0]._trial_id == a._trial_id
+    # And A, asking about the same setting, does not defer to B (asked after it).
+    assert _same_setting(study, dict(a.params), a) is None
