@@ -84,8 +84,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_ray_args(p)
     p.add_argument("--storage", metavar="URL",
                    help="keep the study in a database instead of the journal file (an SQLAlchemy URL Optuna "
-                        "takes: sqlite:///study.db, postgresql://user@host/db): several tunes of one study, on "
-                        "one machine or several, then run at once and share it, no setting measured twice")
+                        "takes: sqlite:///study.db, postgresql://user@host/db with pip install 'ernie-tui[postgres]'): "
+                        "several tunes of one study, on one machine or several, then run at once and share it, "
+                        "no setting measured twice")
     add_capacity_args(p)
     add_traffic_args(p)
     p.set_defaults(run=_tune)
@@ -133,6 +134,13 @@ def _setup(args: argparse.Namespace) -> Any:
         raise CliError("--trials must be at least 1")
     if args.confirm < 0:
         raise CliError("--confirm must be 0 or more")
+    if args.storage:  # a database that cannot be reached is said now, before a server starts
+        from ernie_tui.engine_ctl.control import StorageError, storage_reachable  # lazy: --help start-up
+
+        try:
+            storage_reachable(args.storage)
+        except StorageError as exc:
+            raise CliError(str(exc)) from None
     try:
         space = load_space(args.space)
         base = load_presets(args.presets).get(args.base)

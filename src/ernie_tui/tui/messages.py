@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from textual.message import Message
 
 if TYPE_CHECKING:
-    from ernie_tui.engine_ctl.control import ServerStatus, SweepRun
+    from ernie_tui.engine_ctl.control import RaySnapshot, ServerStatus, SweepRun
     from ernie_tui.engine_ctl.load import BurstResult, CapacityResult, LevelResult, ProbeResult, ServedModel
     from ernie_tui.engine_ctl.logs import EngineReport
     from ernie_tui.presets import PresetBook
@@ -165,6 +165,17 @@ class FleetUpdate(Message):
 
     def can_replace(self, message: Message) -> bool:
         return isinstance(message, FleetUpdate) and message.server == self.server
+
+
+@dataclass
+class RayStatus(Message):
+    """The Ray cluster's nodes and running trials (engine_ctl's RaySnapshot),
+    for the tune screen's and the fleet view's Ray panel. Latest wins."""
+
+    snapshot: RaySnapshot
+
+    def can_replace(self, message: Message) -> bool:
+        return isinstance(message, RayStatus)
 
 
 # -- the probe pane (`p`): probe, burst and capacity workers -----------------------------------

@@ -12,6 +12,7 @@ reads or computes, then posts a Message (see messages.py) to the app.
   the same scrape keeps the families a traffic capture reads too, for the
   traffic window (TrafficWatch), whose state it posts for the traffic view.
 - read_earlier: lines before the pane's first, when it scrolls up to them.
+- ray_loop: every few seconds, the Ray cluster's nodes and trials (--ray).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from ernie_tui.tui.failures import Failure
 from ernie_tui.tui.messages import (
     LogBatch,
     LogEarlier,
+    RayStatus,
     ReplayDone,
     ReportUpdate,
     SeriesUpdate,
@@ -99,6 +101,15 @@ def report_loop(post: Post, bridge: ServerBridge, cancelled: Cancelled, interval
         last = snap.version
         post(ReportUpdate(snap.report, run=snap.run, version=snap.version))
         time.sleep(interval)
+
+
+def ray_loop(post: Callable[[RayStatus], object], source: Any, cancelled: Cancelled, interval: float = 2.0) -> None:
+    """`source.snapshot()` (RayTrials: never raises) posted as RayStatus
+    every `interval` seconds until cancelled. Ray's calls block (a node
+    that does not answer is waited for up to 2 s), hence a thread of its own."""
+    while not cancelled():
+        post(RayStatus(source.snapshot()))
+        _sleep(interval, cancelled)
 
 
 def read_earlier(post: Post, server, run: object, line_no: int, max_lines: int = 2000) -> None:

@@ -36,7 +36,7 @@ from ernie_tui import paths
 from ernie_tui.engine_ctl.control import ranking as rk
 from ernie_tui.engine_ctl.control.paired_sweep import run_paired_sweep
 from ernie_tui.engine_ctl.control.sweep import CapacitySweep, SweepOptions, SweepPlan, SweepRun, run_sweep
-from ernie_tui.engine_ctl.control.tune_storage import Heartbeats, open_storage
+from ernie_tui.engine_ctl.control.tune_storage import Heartbeats, StorageError, open_storage
 from ernie_tui.engine_ctl.launch import gpus_needed, next_free_port, port_is_free, run_preflight
 from ernie_tui.engine_ctl.load import BurstConfig
 from ernie_tui.presets.model import Preset
@@ -49,6 +49,9 @@ INSTALL_HINT = "ernie-tui tune needs Optuna: pip install 'ernie-tui[tune]' (or p
 # up after this many proposals in a row (a space that is nearly all refused).
 MAX_IDLE_PROPOSALS = 50
 MIN_TRIALS_FOR_IMPORTANCE = 4
+# How long a trial waits for the values of one asked just before it (by
+# another driver of a shared study) to be written in full: see _same_setting.
+PARAMS_WRITTEN_WAIT_S = 5.0
 
 Progress = Callable[[dict[str, Any]], None]
 
@@ -196,7 +199,10 @@ def open_study(setup: TuneSetup) -> Any:
 
     paths.private_dir(setup.study_dir)  # the trials' server logs go here too, with the prompts
     if setup.storage:
-        storage = open_storage(optuna, setup.storage)
+        try:
+            storage = open_storage(optuna, setup.storage)
+        except StorageError as exc:
+            raise TuneError(str(exc)) from None
     else:
         storage = JournalStorage(JournalFileBackend(str(setup.study_dir / "journal.log")))
     study = optuna.create_study(study_name=setup.study_name, storage=storage, direction="maximize",
@@ -265,18 +271,36 @@ def trial_rows(study: Any) -> list[TrialRow]:
     return rows
 
 
-def _same_setting(study: Any, params: dict[str, Any], number: int | None = None) -> Any:
+def _same_setting(study: Any, params: dict[str, Any], trial: Any = None) -> Any:
     """An earlier trial of the study with exactly these values, measured or
-    refused; or, given this trial's `number`, one asked before it that is
-    being measured now (by another lane or another driver of a shared study)."""
+    refused; or, given this `trial`, one asked before it that is being
+    measured now (by another lane or another driver of a shared study).
+
+    "Before" is by the storage's trial id, not the trial number: on a
+    database two drivers asking at once can get the same number (Optuna
+    counts the trials with a lower id, each driver's new row not yet seen by
+    the other), never the same id. And a trial asked before this one whose
+    values are still being written (Optuna writes them one by one) is read
+    again until they are all there, so that the two do not both measure."""
     for t in study.get_trials(deepcopy=False):
         if t.params == params and t.user_attrs.get("outcome") in ("measured", "refused", "failed"):
             return t
-    for t in study.get_trials(deepcopy=False):
-        if (number is not None and t.number < number and t.params == params and "outcome" not in t.user_attrs
-                and t.state.name == "RUNNING"):
-            return t
-    return None
+    if trial is None:
+        return None
+    mine = trial._trial_id
+    deadline = time.monotonic() + PARAMS_WRITTEN_WAIT_S
+    while True:
+        partial = False
+        for t in study.get_trials(deepcopy=False):
+            if t._trial_id >= mine or "outcome" in t.user_attrs or t.state.name != "RUNNING":
+                continue
+            if t.params == params:
+                return t
+            partial = partial or (len(t.params) < len(params) and
+                                  all(params.get(k) == v for k, v in t.params.items()))
+        if not partial or time.monotonic() >= deadline:
+            return None
+        time.sleep(0.1)
 
 
 def _preflight_refusal(candidate: Preset, setup: TuneSetup) -> str | None:
@@ -318,7 +342,7 @@ def _run_trial(study: Any, trial: Any, setup: TuneSetup, stop: threading.Event, 
         trial.set_user_attr("reason", "BASE's own setting")
         study.tell(trial, statistics.median(study.user_attrs["base"]["goodputs"]))
         return "repeat"
-    earlier = _same_setting(study, params, trial.number)
+    earlier = _same_setting(study, params, trial)
     if earlier is not None:  # TPE proposes a setting again: its value is known (or coming), no second run
         trial.set_user_attr("outcome", "repeat")
         trial.set_user_attr("reason", f"same setting as trial {earlier.number}"
