@@ -468,3 +468,28 @@ def test_the_study_name_tells_traffic_shapes_apart_and_keeps_its_old_name_withou
                       "prompts": [args.min_tokens, args.max_tokens_in, args.max_tokens], "workload": args.workload,
                       "rate": args.rate is not None, "seed": args.seed}, sort_keys=True, default=str)
     assert plain == f"tune-shaped-{hashlib.sha256(key.encode()).hexdigest()[:10]}"
+
+
+def test_a_gain_smaller_than_the_floor_is_not_written():
+    """tune-confirm-aa.md, run 4: BASE against a copy of itself read +0.014 % (+0.004 to +0.025 %) paired
+    over three rounds, "beyond noise", and the copy was written as BASE-tuned."""
+    from ernie_tui.engine_ctl.control import preset_choice, ranking
+    from ernie_tui.engine_ctl.control.tune import paired_verdict
+
+    pair = ranking.paired_verdict("aa", "aa-tune-0", [1000.0] * 3, [1000.14, 1000.10, 1000.18])
+    v = paired_verdict(pair)
+    assert v.beyond_noise is False and v.text.startswith("within noise: no difference of 2 % or more (+0.01 %")
+    choice = preset_choice(_result(v))
+    assert not choice.write and not choice.confirmed
+    assert choice.why.startswith("the best trial did not beat BASE beyond noise (no difference of 2 % or more: ")
+    # Apart from 0 but not surely by 2 %: not written either; --min-difference 0.5 would.
+    near = [102.0, 103.0, 104.0]
+    small = paired_verdict(ranking.paired_verdict("aa", "t", [100.0] * 3, near))
+    assert small.text.startswith("within noise: less than the 2 % worth naming") and not preset_choice(
+        _result(small)).write
+    assert preset_choice(_result(paired_verdict(ranking.paired_verdict("aa", "t", [100.0] * 3, near,
+                                                                        min_difference=0.005)))).write
+    # Ranges measured in turn (no pairing): apart, but by less than the floor.
+    apart = compare_to_base([100.0, 100.5], [101.0, 101.5], min_difference=0.02)
+    assert apart.beyond_noise is False and apart.text.startswith("within noise: less than the 2 % worth naming")
+    assert compare_to_base([100.0, 100.5], [101.0, 101.5]).beyond_noise is True  # no floor given

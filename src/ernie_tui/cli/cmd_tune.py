@@ -73,6 +73,11 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "is written as a preset only when it carries more beyond noise. 0: no comparison beyond "
                         "the search's one measurement each, so no preset is written unless "
                         "--write-even-if-not-better (3)")
+    p.add_argument("--min-difference", type=float, default=2.0, metavar="PCT", dest="min_difference",
+                   help="the smallest gain over BASE the comparison names, in %%: the best beats BASE beyond "
+                        "noise, and is written as a preset, only where the whole interval is at least PCT %% above "
+                        "0; an interval wholly inside +-PCT %% reads 'within noise: no difference of PCT %% or "
+                        "more'. 0: any interval that excludes 0 (2)")
     p.add_argument("--tui", action="store_true",
                    help="show the tune on a screen: trials as they finish, the best so far, the budget left "
                         "(x stops it, keeping what was measured; q quits once it has ended)")
@@ -141,6 +146,8 @@ def _setup(args: argparse.Namespace) -> Any:
             storage_reachable(args.storage)
         except StorageError as exc:
             raise CliError(str(exc)) from None
+    if not 0 <= args.min_difference < 100:
+        raise CliError(f"--min-difference is a percentage from 0 up to 100, got {args.min_difference:g}")
     try:
         space = load_space(args.space)
         base = load_presets(args.presets).get(args.base)
@@ -177,7 +184,8 @@ def _setup(args: argparse.Namespace) -> Any:
     config = with_traffic(args, config, capacity)
     return TuneSetup(base=base, space=space, capacity=capacity, burst_config=config, options=options,
                      study_dir=study_dir, study_name=name, max_trials=trials, budget_s=args.budget, seed=args.seed,
-                     confirm_rounds=args.confirm, port=_trial_port(base), storage=args.storage)
+                     confirm_rounds=args.confirm, port=_trial_port(base), storage=args.storage,
+                     min_difference=args.min_difference / 100.0)
 
 
 def _forget_study(url: str, name: str) -> None:

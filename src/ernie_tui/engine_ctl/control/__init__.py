@@ -13,7 +13,7 @@ The top district: it may use launch, load and logs; none of them uses it.
 from ernie_tui.engine_ctl.control.fleet import FleetError, FleetPoller, connecting_rows, load_fleet, servers_from_urls
 from ernie_tui.engine_ctl.control.paired_rows import PAIRED_TABLE_NOTE
 from ernie_tui.engine_ctl.control.paired_sweep import DEFAULT_ROUNDS, PairedResult, knees_from, run_paired_sweep
-from ernie_tui.engine_ctl.control.ranking import PairVerdict, Ranking
+from ernie_tui.engine_ctl.control.ranking import DEFAULT_MIN_DIFFERENCE, PairVerdict, Ranking, floor_words
 from ernie_tui.engine_ctl.control.ray_status import RayNodeView, RaySnapshot, RayTrialView, build_snapshot
 from ernie_tui.engine_ctl.control.ray_trials import RayTrials, RayTrialsError, parse_resources  # Ray: only on use
 from ernie_tui.engine_ctl.control.resources import EngineMemory, ResourceSampler
@@ -138,6 +138,8 @@ __all__ = [
     "preset_choice",
     "require_optuna",
     "run_paired_sweep",
+    "floor_words",
+    "DEFAULT_MIN_DIFFERENCE",
     "run_sweep",
     "run_tune",
     "score_column",
