@@ -181,6 +181,38 @@ def test_knees_from_prefers_where_the_ladder_ended(tmp_path):
     assert ps.knees_from(export) == {"A": 12.0, "B": 9.0}  # B: an export from before the ladder
 
 
+def test_round_0s_knee_is_not_climbed_past_a_level_its_search_failed_by_far():
+    # The GPU run of 2026-12-07 (H100, seed-A, --knees-from): 224 and 280 passed with ITL p99 31 ms
+    # against 50 (37 % under) and TTFT p99 335 ms against 1 s; 350 failed, TTFT p99 1451 ms (45 % over).
+    # Climbed by its ITL headroom, the ladder started at 444 and failed there twice.
+    def gpu(load: int, passed: bool, ttft: float, itl: float) -> LevelResult:
+        lv = _lv(load, passed, itl, limit_ms=50.0)
+        lv.objectives.insert(0, {"objective": "ttft_p99=1s", "metric": "ttft", "percentile": 99,
+                                 "limit_ms": 1000.0, "value_ms": ttft, "samples": 800})
+        return lv
+
+    levels = [gpu(224, True, 347.6, 30.9), gpu(280, True, 334.9, 31.5), gpu(350, False, 1451.1, 59.7)]
+    assert kl.start_knee(280.0, levels, 0.25, False) == 280
+    # A fail above it by a spike's size (ITL p99 56 ms against 50) leaves the climb as it was ...
+    spiky = [gpu(224, True, 347.6, 30.9), gpu(280, True, 334.9, 31.5), gpu(350, False, 400.0, 56.0)]
+    assert kl.start_knee(280.0, spiky, 0.25, False) == 444
+    # ... and a fail by far higher up caps it one step under that fail.
+    high = [gpu(280, True, 334.9, 31.5), gpu(500, False, 2400.0, 90.0)]
+    assert kl.start_knee(280.0, high, 0.25, False) == 400
+
+
+def test_a_knee_that_failed_twice_moves_down_though_a_rung_below_passed_undecided():
+    # The same GPU run, long-doc: 515 failed twice (decided), 211 passed on its point estimate but
+    # never decided; round 2 measured 515 again.
+    def look(load: float, passed: bool, decided: bool, ttft: float) -> kl.Look:
+        return kl.Look(load, passed, decided, [{"objective": "ttft_p99=1s", "limit_ms": 1000.0, "value_ms": ttft}])
+
+    looks = [look(515, False, True, 1700.0), look(515, False, True, 1700.0), look(211, True, False, 900.0)]
+    assert kl.next_after(515.0, looks, 0.25, False) < 515
+    # A decided pass below still holds the knee where it passed.
+    assert kl.next_after(515.0, [*looks[:2], look(211, True, True, 900.0)], 0.25, False) == 211
+
+
 def test_an_undecided_level_moves_no_knee():
     # A loaded box: every level ends undecided, its point estimate failing (ITL p99 60 ms against 50).
     def measure(name: str, load: float, kind: str) -> LevelResult:

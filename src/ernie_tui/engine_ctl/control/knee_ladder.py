@@ -241,7 +241,21 @@ def start_knee(load: float | None, levels: Sequence[Any], step: float, rate: boo
     if not at or not wide(at[-1]):
         return load
     f = climb(at[-1], step)
-    return round(load * f, 3) if rate else float(max(int(load) + 1, round(load * f)))
+    start = round(load * f, 3) if rate else float(max(int(load) + 1, round(load * f)))
+    # Never above a level the search failed by more than a spike makes: that
+    # fail is the knee's other side, and the search's bracket already holds
+    # the knee. A wide pass says little about a queueing knee, where the
+    # tail stays flat and then jumps (the GPU run of 2026-12-07: seed-A passed
+    # 280 with its ITL p99 37 % under the limit and failed 350 with its TTFT
+    # p99 45 % over; the ladder started at 444 and spent its first round on
+    # loads that failed, then on rungs below that never decided).
+    hard = [float(lv.load) for lv in levels
+            if float(lv.load) > load and lv.decided and not lv.passed and getattr(lv, "stop", "") != "cancelled"
+            and not missed_by_little(Look.of(lv))]
+    if hard:
+        below = step_down(min(hard), step, rate)
+        start = min(start, max(load, below if below is not None else load))
+    return start
 
 
 def next_after(at: float, looks: Sequence[Look], step: float, rate: bool) -> float:
@@ -264,7 +278,11 @@ def next_after(at: float, looks: Sequence[Look], step: float, rate: bool) -> flo
         if top.load >= at or all(not lk.passed for lk in looks if lk.load > top.load and lk.decided):
             return top.load
     fails = [lk for lk in decided if not lk.passed]
-    if fails and not any(lk.passed for lk in looks):
+    # Only a decided pass holds a knee up: a knee that failed, decided, and a
+    # rung below whose point estimate passed undecided kept the failed knee for
+    # the next round (the GPU run of 2026-12-07: long-doc at 515 failed twice,
+    # 211 undecided, and round 2 measured 515 again).
+    if fails and not passes:
         low = min(fails, key=lambda lk: lk.load)
         return step_down(low.load, step, rate, down_steps(low, step)) or low.load
     return at
