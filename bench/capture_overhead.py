@@ -12,8 +12,11 @@ the capture is started, given --startup seconds to import and take its
 first scrape, then the window is read while it scrapes every --interval
 seconds (the command's default 5), and the capture's own --window outlasts
 it. The load is the same in every window: none (--load idle), or a light
-steady trickle from a separate `ernie-tui probe` process sending constant
-arrivals for the whole run (--load light).
+steady trickle from a separate process (run_burst, constant arrivals of
+short requests) for the whole run (--load light), the first window only
+once its requests finish at its rate. Each window also reads vLLM's
+finished-request counter at its start and end (two scrapes, in every
+window alike), so that equal load can be checked.
 
 Checked that the capture scraped inside its windows: under load, the
 profile it writes holds one rate per scrape interval (its rate series);
@@ -46,7 +49,15 @@ HERE = Path(__file__).resolve()
 ROOT = HERE.parent.parent
 sys.path.insert(0, str(ROOT / "src"))
 
+from ernie_tui.engine_ctl.load import metrics as M  # noqa: E402
 from ernie_tui.engine_ctl.load.server_cpu import server_pid  # noqa: E402
+
+
+def finished(url: str) -> float:
+    """vLLM's finished-request counter (one scrape: each window takes two,
+    with and without a capture alike)."""
+    with M.MetricsClient(url, timeout=30) as c:
+        return c.fetch().requests_finished or 0.0
 
 
 def tree_cpu(pid: int) -> float:
@@ -66,10 +77,13 @@ def cli(*args: str) -> list[str]:
     return [sys.executable, "-m", "ernie_tui", *args]
 
 
-def window(pid: int, seconds: float) -> float:
+def window(url: str, pid: int, seconds: float) -> tuple[float, float]:
+    """The server's CPU over `seconds` (% of one core) and the requests it finished meanwhile."""
+    n0 = finished(url)
     c0, t0 = tree_cpu(pid), time.monotonic()
     time.sleep(seconds)
-    return (tree_cpu(pid) - c0) / (time.monotonic() - t0) * 100.0
+    pct = (tree_cpu(pid) - c0) / (time.monotonic() - t0) * 100.0
+    return pct, finished(url) - n0
 
 
 def with_capture(url: str, pid: int, seconds: float, interval: float, startup: float, out: Path) -> dict:
@@ -80,7 +94,7 @@ def with_capture(url: str, pid: int, seconds: float, interval: float, startup: f
     me = psutil.Process(proc.pid)
     time.sleep(startup)
     own0 = sum(me.cpu_times()[:2])
-    pct = window(pid, seconds)
+    pct, done = window(url, pid, seconds)
     own = sum(me.cpu_times()[:2]) - own0
     stdout, stderr = proc.communicate(timeout=seconds + 120)
     scraped: dict = {"rc": proc.returncode}
@@ -89,7 +103,7 @@ def with_capture(url: str, pid: int, seconds: float, interval: float, startup: f
         scraped.update(intervals=len(prof["arrivals"]["rate_series"]), window_s=prof["source"]["window_s"])
     else:
         scraped["said"] = stderr.strip().splitlines()[-1] if stderr.strip() else ""
-    return {"server_pct": pct, "capture_pct": own / seconds * 100.0, "scraped": scraped}
+    return {"server_pct": pct, "finished": done, "capture_pct": own / seconds * 100.0, "scraped": scraped}
 
 
 def start_load(url: str, rate: float, seconds: float) -> subprocess.Popen:
@@ -107,6 +121,22 @@ def trickle(url: str, n: int, rate: float) -> None:
 
     run_burst(url, BurstConfig(n=n, rate=rate, arrivals="constant", concurrency=0, min_tokens=40, max_tokens_in=80,
                                max_tokens=16), use_metrics=False)
+
+
+def steady(url: str, rate: float, every: float = 5.0, timeout: float = 300.0) -> None:
+    """Until the trickle's requests finish at its rate in two looks running
+    (its prompts are built before it sends: the first windows of a run that
+    started at once saw none of its load)."""
+    deadline = time.monotonic() + timeout
+    last, good = finished(url), 0
+    while time.monotonic() < deadline:
+        time.sleep(every)
+        now = finished(url)
+        good = good + 1 if abs((now - last) / every - rate) <= 0.3 * rate else 0
+        last = now
+        if good >= 2:
+            return
+    raise SystemExit("the light load did not settle to its rate")
 
 
 def main() -> int:
@@ -131,7 +161,7 @@ def main() -> int:
     if args.load == "light":
         total = args.pairs * 2 * (args.seconds + args.startup + 15) + 30
         load = start_load(args.url, args.load_rate, total)
-        time.sleep(20)  # its imports, prompts and warm-up, before the first window
+        steady(args.url, args.load_rate)
     rows: list[dict] = []
     tmp = Path(tempfile.mkdtemp(prefix="capture-overhead-"))
     try:
@@ -142,7 +172,8 @@ def main() -> int:
                     row = {"pair": i + 1, "capture": True, **r}
                 else:
                     time.sleep(args.startup)  # the same pause as an on-window's, so the load sees the same
-                    row = {"pair": i + 1, "capture": False, "server_pct": window(pid, args.seconds)}
+                    pct, done = window(args.url, pid, args.seconds)
+                    row = {"pair": i + 1, "capture": False, "server_pct": pct, "finished": done}
                 rows.append(row)
                 print(json.dumps(row), flush=True)
     finally:

@@ -266,6 +266,49 @@ def summarise(rows: list[dict]) -> str:
     return "\n".join(out)
 
 
+def windows_table(keep: Path, n: int, rate: float, shape: float, share: float, out_median: float, seed: int,
+                  rounds: int) -> str:
+    """How the sends of each round's replicas fall in the windows of the
+    profile's rate series, beside the source's (all recomputed from the
+    seeds and the profiles kept with --keep; no server): the distance
+    sum |replica - source| / N over the windows, and the gap CVs."""
+    from ernie_tui.engine_ctl.load import TrafficProfile, arrival_offsets
+    from ernie_tui.engine_ctl.load.traffic_replay import curve_of, curve_offsets
+
+    def counts(ts: list[float], w: float, k: int) -> list[int]:
+        out = [0] * k
+        for t in ts:
+            i = int((t - ts[0]) // w)
+            if i < k:
+                out[i] += 1
+        return out
+
+    def gap_cv(ts: list[float]) -> float:
+        g = [b - a for a, b in zip(ts, ts[1:], strict=False)]
+        return statistics.stdev(g) / statistics.mean(g)
+
+    rows = ["| round | capture | windows | source per window (first 12) | curve replica | mean replica "
+            "| distance curve / mean | gap CV source / curve / mean |", "|---|---|---|---|---|---|---|---|"]
+    for rnd in range(rounds):
+        src = [t for t, _, _ in source_plan(n, rate, shape, share, out_median, seed + rnd)]
+        for cap in ("request-log", "metrics"):
+            prof = TrafficProfile.from_json((keep / f"round{rnd + 1}-{cap}.json").read_text())
+            a = prof.arrivals
+            curve = curve_of(prof)
+            if curve is None or not a.window_s:
+                continue
+            cur = curve_offsets(curve, n, a.rate_per_s, seed=seed + rnd)
+            mean = arrival_offsets(n, a.rate_per_s, seed=seed + rnd, burstiness=a.gamma_shape)
+            w, k = a.window_s, len(a.rate_series)
+            cs, cc, cm = counts(src, w, k), counts(cur, w, k), counts(mean, w, k)
+            dist = [sum(abs(x - y) for x, y in zip(cs, c, strict=True)) / sum(cs) for c in (cc, cm)]
+            rows.append(f"| {rnd + 1} | {cap} | {k} x {w:.2f} s | {' '.join(map(str, cs[:12]))} "
+                        f"| {' '.join(map(str, cc[:12]))} | {' '.join(map(str, cm[:12]))} "
+                        f"| {dist[0]:.2f} / {dist[1]:.2f} "
+                        f"| {gap_cv(src):.2f} / {gap_cv(cur):.2f} / {gap_cv(mean):.2f} |")
+    return "\n".join(rows)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--url")
@@ -290,7 +333,13 @@ def main() -> int:
     ap.add_argument("--replicas", default="metrics:curve,request-log:curve,request-log:mean",
                     help="the replicas of each round: capture:arrivals, arrivals curve (the profile's rate "
                          "window by window) or mean (gamma gaps at its mean rate)")
+    ap.add_argument("--windows", metavar="DIR", help="with the -n, --seed and --rounds of an earlier run, the "
+                    "profiles it kept (--keep DIR): the sends per window of its replicas against its source")
     args = ap.parse_args()
+    if args.windows:
+        print(windows_table(Path(args.windows), args.n, args.rate, args.shape, args.share, args.out_median,
+                            args.seed, args.rounds))
+        return 0
     if args.summarise:
         print(summarise([json.loads(line) for line in Path(args.summarise).read_text().splitlines() if line]))
         return 0
