@@ -173,3 +173,37 @@ def test_the_cli_flag_picks_how_arrivals_are_replayed(tmp_path):
     assert fields is not None and fields[1]["traffic_arrivals"] == "curve"
     fields = traffic_fields(ap.parse_args(["--traffic", str(path), "--traffic-arrivals", "mean"]))
     assert fields is not None and fields[1]["traffic_arrivals"] == "mean"
+
+
+@pytest.mark.parametrize("procs", [1, 2])
+def test_a_capacity_level_sends_along_the_curve(stand_in, procs):
+    # Windows of 0.5 s, the second of each pair empty: a level at 20 req/s
+    # sends 40 req/s for half a second, then nothing for half a second.
+    # At the mean rate the gaps would be 50 ms on average, hardly one near 0.5 s.
+    import json
+    import urllib.request
+
+    from ernie_tui.engine_ctl.load import capacity as C
+    from ernie_tui.engine_ctl.load import capacity_run as R
+    from ernie_tui.engine_ctl.load import level_procs as LP
+    from ernie_tui.engine_ctl.load import slo as S
+    from ernie_tui.engine_ctl.load.workload import WorkItem, Workload
+
+    if procs > 1 and not LP.supported():
+        pytest.skip("stream processes need POSIX pipes")
+    url = stand_in("--slots", "64", "--ttft-ms", "5", "--itl-ms", "2")
+    items = [WorkItem(prompt=f"w{i} " * 10, max_tokens=4, prompt_tokens=10) for i in range(64)]
+    runner = R.HttpRateRunner(url, "paced", Workload(items, "fixed"), S.parse_slo(["ttft_p99=5s"]),
+                              C.LevelRules(min_requests=70, max_requests=70),
+                              R.RequestSettings(client_procs=procs, warmup=False), use_metrics=False,
+                              curve=RateCurve(0.5, (1.0, 0.0), shape=25.0))
+    try:
+        lv = runner(20.0)
+    finally:
+        runner.close()
+    assert lv.requests >= 70, lv
+    with urllib.request.urlopen(url + "/requests", timeout=10) as r:
+        arrive = sorted(e["arrive"] for e in json.loads(r.read()))
+    gaps = [b - a for a, b in zip(arrive, arrive[1:], strict=False)]
+    assert sum(1 for g in gaps if g > 0.3) >= 2, sorted(gaps)[-5:]
+    assert sorted(gaps)[len(gaps) // 2] < 0.1  # inside a window they come close together
