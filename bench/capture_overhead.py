@@ -28,7 +28,11 @@ watched between its first and last scrape.
 
 Reported: each window's server CPU (% of one core), the mean with and
 without, their difference in % of one core and in % of the server's own
-CPU, and the capture process's own CPU (on the box, not the server).
+CPU, and the capture process's own CPU (on the box, not the server). The
+same for the server's API server alone: it answers the scrapes, so the
+capture's cost lands there, while vLLM CPU's model worker swings by tens
+of % of a core from window to window under the same load (its threads
+spin while requests are in flight), which the whole tree's figure carries.
 """
 
 from __future__ import annotations
@@ -60,30 +64,37 @@ def finished(url: str) -> float:
         return c.fetch().requests_finished or 0.0
 
 
-def tree_cpu(pid: int) -> float:
-    """CPU seconds (user + system) of the process and all its descendants alive now."""
+def tree_cpu(pid: int) -> tuple[float, float]:
+    """CPU seconds (user + system) of the process and all its descendants
+    alive now, and of the top process alone: vLLM's API server, which
+    answers /metrics (its engine core and model worker send their stats
+    every step whether or not anyone scrapes)."""
     top = psutil.Process(pid)
-    total = 0.0
+    total = front = 0.0
     for p in [top, *top.children(recursive=True)]:
         try:
             t = p.cpu_times()
-            total += t.user + t.system
         except psutil.Error:
-            pass
-    return total
+            continue
+        total += t.user + t.system
+        if p.pid == pid:
+            front = t.user + t.system
+    return total, front
 
 
 def cli(*args: str) -> list[str]:
     return [sys.executable, "-m", "ernie_tui", *args]
 
 
-def window(url: str, pid: int, seconds: float) -> tuple[float, float]:
-    """The server's CPU over `seconds` (% of one core) and the requests it finished meanwhile."""
+def window(url: str, pid: int, seconds: float) -> dict:
+    """The server's CPU over `seconds` (% of one core; the whole tree, and
+    its API server alone) and the requests it finished meanwhile."""
     n0 = finished(url)
-    c0, t0 = tree_cpu(pid), time.monotonic()
+    (c0, f0), t0 = tree_cpu(pid), time.monotonic()
     time.sleep(seconds)
-    pct = (tree_cpu(pid) - c0) / (time.monotonic() - t0) * 100.0
-    return pct, finished(url) - n0
+    (c1, f1), t1 = tree_cpu(pid), time.monotonic()
+    return {"server_pct": (c1 - c0) / (t1 - t0) * 100.0, "front_pct": (f1 - f0) / (t1 - t0) * 100.0,
+            "finished": finished(url) - n0}
 
 
 def with_capture(url: str, pid: int, seconds: float, interval: float, startup: float, out: Path) -> dict:
@@ -94,7 +105,7 @@ def with_capture(url: str, pid: int, seconds: float, interval: float, startup: f
     me = psutil.Process(proc.pid)
     time.sleep(startup)
     own0 = sum(me.cpu_times()[:2])
-    pct, done = window(url, pid, seconds)
+    w = window(url, pid, seconds)
     own = sum(me.cpu_times()[:2]) - own0
     stdout, stderr = proc.communicate(timeout=seconds + 120)
     scraped: dict = {"rc": proc.returncode}
@@ -103,7 +114,7 @@ def with_capture(url: str, pid: int, seconds: float, interval: float, startup: f
         scraped.update(intervals=len(prof["arrivals"]["rate_series"]), window_s=prof["source"]["window_s"])
     else:
         scraped["said"] = stderr.strip().splitlines()[-1] if stderr.strip() else ""
-    return {"server_pct": pct, "finished": done, "capture_pct": own / seconds * 100.0, "scraped": scraped}
+    return {**w, "capture_pct": own / seconds * 100.0, "scraped": scraped}
 
 
 def start_load(url: str, rate: float, seconds: float) -> subprocess.Popen:
@@ -172,8 +183,7 @@ def main() -> int:
                     row = {"pair": i + 1, "capture": True, **r}
                 else:
                     time.sleep(args.startup)  # the same pause as an on-window's, so the load sees the same
-                    pct, done = window(args.url, pid, args.seconds)
-                    row = {"pair": i + 1, "capture": False, "server_pct": pct, "finished": done}
+                    row = {"pair": i + 1, "capture": False, **window(args.url, pid, args.seconds)}
                 rows.append(row)
                 print(json.dumps(row), flush=True)
     finally:
@@ -183,13 +193,19 @@ def main() -> int:
     off = [r["server_pct"] for r in rows if not r["capture"]]
     on = [r["server_pct"] for r in rows if r["capture"]]
     diff = statistics.mean(on) - statistics.mean(off)
+    front_off = [r["front_pct"] for r in rows if not r["capture"]]
+    front_on = [r["front_pct"] for r in rows if r["capture"]]
+    front_diff = statistics.mean(front_on) - statistics.mean(front_off)
     by_pair = [sorted((r for r in rows if r["pair"] == p), key=lambda r: r["capture"])
                for p in range(1, args.pairs + 1)]
     pairs = [b["server_pct"] - a["server_pct"] for a, b in by_pair]
     summary = {"load": args.load, "seconds": args.seconds, "pairs": args.pairs, "server_pid": pid,
                "off_pct": off, "on_pct": on, "off_mean": statistics.mean(off), "on_mean": statistics.mean(on),
                "diff_pct_of_core": diff, "diff_pct_of_server": diff / statistics.mean(off) * 100.0,
-               "pair_diffs": pairs, "capture_own_pct": statistics.mean(r["capture_pct"] for r in rows if r["capture"]),
+               "pair_diffs": pairs, "front_off_pct": front_off, "front_on_pct": front_on,
+               "front_diff_pct_of_core": front_diff,
+               "front_diff_pct_of_server": front_diff / statistics.mean(off) * 100.0,
+               "capture_own_pct": statistics.mean(r["capture_pct"] for r in rows if r["capture"]),
                "load_average": os.getloadavg()}
     print(json.dumps({"summary": summary}), flush=True)
     print(f"server CPU, % of one core: without {summary['off_mean']:.2f} ({', '.join(f'{x:.2f}' for x in off)}), "
@@ -197,6 +213,10 @@ def main() -> int:
           f"{diff:+.2f} % of one core = {summary['diff_pct_of_server']:+.1f} % of the server's own CPU "
           f"(pairs: {', '.join(f'{x:+.2f}' for x in pairs)}); the capture itself {summary['capture_own_pct']:.2f} %",
           file=sys.stderr)
+    print(f"its API server alone: without {statistics.mean(front_off):.2f} "
+          f"({', '.join(f'{x:.2f}' for x in front_off)}), with {statistics.mean(front_on):.2f} "
+          f"({', '.join(f'{x:.2f}' for x in front_on)}); difference {front_diff:+.2f} % of one core = "
+          f"{summary['front_diff_pct_of_server']:+.1f} % of the whole server's CPU", file=sys.stderr)
     return 0
 
 
