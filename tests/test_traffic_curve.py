@@ -207,3 +207,12 @@ def test_a_capacity_level_sends_along_the_curve(stand_in, procs):
     gaps = [b - a for a, b in zip(arrive, arrive[1:], strict=False)]
     assert sum(1 for g in gaps if g > 0.3) >= 2, sorted(gaps)[-5:]
     assert sorted(gaps)[len(gaps) // 2] < 0.1  # inside a window they come close together
+
+
+def test_the_workload_source_says_how_the_traffic_arrives():
+    from ernie_tui.engine_ctl.load.traffic_replay import describe
+
+    prof = _profile([1.0, 3.0, 2.0], window_s=10.0)
+    assert "along its rate curve (3 windows of 10 s)" in describe(prof)
+    assert "at a mean rate" in describe(prof, arrivals="mean")
+    assert "at a mean rate" in describe(built_in("chat"))

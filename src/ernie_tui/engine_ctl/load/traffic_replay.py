@@ -162,11 +162,16 @@ def replay_settings(profile: TrafficProfile, outputs: str = DEFAULT_OUTPUTS,
             "min_tokens": profile.prompt_tokens.low, "max_tokens_in": profile.prompt_tokens.high}
 
 
-def describe(profile: TrafficProfile, outputs: str = DEFAULT_OUTPUTS) -> str:
-    """What a run record's workload source says: the traffic by name and digest."""
+def describe(profile: TrafficProfile, outputs: str = DEFAULT_OUTPUTS,
+             arrivals: str = DEFAULT_ARRIVAL_MODE) -> str:
+    """What a run record's workload source says: the traffic by name and
+    digest, how its outputs end and (for an open loop) how it arrives."""
     how = "output lengths as max_tokens with ignore_eos" if outputs == "lengths" else \
         "max_tokens drawn, stopping at EOS"
-    return f"traffic {profile.label()}, {how}"
+    curve = curve_of(profile, arrivals)
+    when = f"open-loop arrivals along its rate curve ({len(curve.rates)} windows of {curve.window_s:g} s)" \
+        if curve is not None else "open-loop arrivals at a mean rate"
+    return f"traffic {profile.label()}, {how}, {when}"
 
 
 # -- arrivals: the rate curve ---------------------------------------------------
