@@ -1015,7 +1015,7 @@ def _pct(x: float | None) -> float | None:
 def run_burst(url: str, config: BurstConfig | None = None, **kwargs: Any) -> BurstResult:
     """Blocking burst, for the CLI, benchmarks and worker threads.
 
-    kwargs: prompts, model, api_key, tokenizer, model_dir, progress(done,
+    kwargs: prompts, sends, model, api_key, tokenizer, model_dir, progress(done,
     total), on_request(RequestRecord), cancel (threading.Event),
     memory_sampler (() -> bytes or None; an attribute `source` on it, if
     any, is reported as memory_source), use_metrics, metrics_feed
