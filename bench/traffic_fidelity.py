@@ -3,12 +3,16 @@ server; a profile is captured from /metrics alone and from the request log;
 each profile is replayed (`probe --burst --traffic`'s path, run_burst with
 replay_settings) and the replica is compared with the source.
 
-The source: N requests to /v1/completions (not streamed), gamma arrivals of
+The source: N requests to /v1/completions, gamma arrivals of
 shape --shape (gap CV 1/sqrt(shape)) at --rate req/s, --share of them opening
 with one 200-word system prompt, user parts of Pareto(1.2) x 20 words (at most
 600), output lengths long-tailed (lognormal, median --out-median, at most 400)
 realised as max_tokens with ignore_eos (a random-weight model's EOS cannot be
-steered), all seeded by --seed.
+steered), all seeded by --seed. The source is sent by the same client as
+the replicas: run_burst, streamed, each request at its planned time
+(`sends`), so source and replica differ only in the requests they send
+(--source-client threads: the first record's non-streamed client of Python
+threads, for comparison).
 
 Compared, source against each replica: p10/p50/p90 of the prompt and output
 lengths (the server's usage of every request), the mean arrival rate
@@ -28,6 +32,7 @@ import argparse
 import json
 import os
 import random
+import statistics
 import subprocess
 import sys
 import threading
@@ -53,6 +58,7 @@ from ernie_tui.engine_ctl.load import (  # noqa: E402
     save_profile,
 )
 from ernie_tui.engine_ctl.load import metrics as M  # noqa: E402
+from ernie_tui.engine_ctl.load.prompts import BuiltPrompt  # noqa: E402
 from vllm_support import tiny_model_dir  # noqa: E402  (the tests' tiny ERNIE-4.5-shaped model)
 
 WORDS = ("the model reads a long prompt and the engine splits it into blocks of the cache so that each "
@@ -125,6 +131,20 @@ def run_source(url: str, plan: list[tuple]) -> list[dict]:
     return done
 
 
+def run_source_burst(url: str, plan: list[tuple], tok) -> list[dict]:
+    """The source through the replicas' own client: run_burst, streamed,
+    each request at its planned time with its max_tokens (ignore_eos)."""
+    prompts = [BuiltPrompt(prompt, len(tok.encode(prompt)), len(tok.encode(prompt))) for _, prompt, _ in plan]
+    t_last = plan[-1][0]
+    cfg = BurstConfig(n=len(plan), seed=0, concurrency=0, rate=len(plan) / t_last, warmup=False, ignore_eos=True,
+                      max_tokens=max(o for _, _, o in plan), min_tokens=1, max_tokens_in=max(p.tokens for p in prompts))
+    r = run_burst(url, cfg, prompts=prompts, sends=[(t, o) for t, _, o in plan], tokenizer=tok, use_metrics=False)
+    if r.failed:
+        print(f"source: {r.failed} failed", file=sys.stderr)
+    return [{"sent": x.start_offset_s, "prompt_tokens": x.prompt_tokens, "output_tokens": x.completion_tokens,
+             "ttft_s": x.ttft_s} for x in r.requests if x.ok]
+
+
 def scrape(url: str) -> M.MetricsSnapshot:
     with M.MetricsClient(url, timeout=30) as c:
         return c.fetch()
@@ -144,7 +164,16 @@ def lengths(values: list[int]) -> dict:
     return {f"p{int(q * 100)}": round(d.quantile(q), 1) for q in (0.1, 0.5, 0.9)}
 
 
-def measure_source(url: str, plan: list[tuple], log: Path, interval: float) -> tuple[dict, list]:
+def client_ttft_p50(values: list) -> float | None:
+    """The client's own TTFT p50 (each request timed to its first token):
+    finer than vLLM's histogram, whose 10-20 ms bucket holds this model's
+    whole p50 and is read by interpolating inside it."""
+    xs = [v for v in values if v is not None]
+    return statistics.median(xs) if xs else None
+
+
+def measure_source(url: str, plan: list[tuple], log: Path, interval: float, client: str,
+                   tok) -> tuple[dict, list]:
     offset = log.stat().st_size
     before = scrape(url)
     snaps: list[M.MetricsSnapshot] = []
@@ -157,7 +186,7 @@ def measure_source(url: str, plan: list[tuple], log: Path, interval: float) -> t
     w = threading.Thread(target=watch, daemon=True)
     w.start()
     t0 = time.monotonic()
-    done = run_source(url, plan)
+    done = run_source_burst(url, plan, tok) if client == "burst" else run_source(url, plan)
     span = time.monotonic() - t0
     stop.set()
     w.join()
@@ -168,16 +197,18 @@ def measure_source(url: str, plan: list[tuple], log: Path, interval: float) -> t
         lines = f.read().decode("utf-8", "replace").splitlines()
     sends = [d["sent"] for d in done]
     row = {"prompt": lengths([d["prompt_tokens"] for d in done]), "output": lengths([d["output_tokens"] for d in done]),
-           "rate": (len(sends) - 1) / (max(sends) - min(sends)), **server_view(before, after, span)}
+           "rate": (len(sends) - 1) / (max(sends) - min(sends)), "span_s": span,
+           "client_ttft_p50_s": client_ttft_p50([d.get("ttft_s") for d in done]),
+           **server_view(before, after, span)}
     caps = [from_metrics(before, after, snaps), from_log_requests(parse_request_log(lines))]
     return row, caps
 
 
-def measure_replay(url: str, profile, n: int, seed: int, tok) -> dict:
+def measure_replay(url: str, profile, n: int, seed: int, tok, arrivals: str) -> dict:
     from dataclasses import replace
 
-    cfg = replace(BurstConfig(n=n, seed=seed, concurrency=0, rate=profile.arrivals.rate_per_s, warmup=False),
-                  **replay_settings(profile))
+    cfg = replace(BurstConfig(n=n, seed=seed, concurrency=0, rate=profile.arrivals.rate_per_s, warmup=False,
+                              arrival_seed=seed), **replay_settings(profile, arrivals=arrivals))
     before = scrape(url)
     t0 = time.monotonic()
     r = run_burst(url, cfg, tokenizer=tok, use_metrics=False)
@@ -187,7 +218,8 @@ def measure_replay(url: str, profile, n: int, seed: int, tok) -> dict:
     ok = [x for x in r.requests if x.ok]
     sched = [x.scheduled_offset_s for x in r.requests if x.scheduled_offset_s is not None]
     return {"prompt": lengths([x.prompt_tokens for x in ok]), "output": lengths([x.completion_tokens for x in ok]),
-            "rate": (len(sched) - 1) / (max(sched) - min(sched)), "failed": r.failed,
+            "rate": (len(sched) - 1) / (max(sched) - min(sched)), "failed": r.failed, "span_s": span,
+            "client_ttft_p50_s": client_ttft_p50([x.ttft_s for x in ok]),
             **server_view(before, after, span)}
 
 
@@ -217,7 +249,7 @@ def _hits(rep: dict, src: dict) -> str:
 def summarise(rows: list[dict]) -> str:
     """A Markdown table from the JSON lines: each replica against its round's source."""
     out = ["| round | replica | prompt p10 / p50 / p90 | output p10 / p50 / p90 | rate req/s | prefix hits "
-           "| output tok/s | TTFT p50 ms |", "|---|---|---|---|---|---|---|---|"]
+           "| output tok/s | TTFT p50 ms (vLLM) | TTFT p50 ms (client) |", "|---|---|---|---|---|---|---|---|---|"]
     src: dict = {}
     for r in rows:
         if "source" in r:
@@ -229,8 +261,52 @@ def summarise(rows: list[dict]) -> str:
             continue
         out.append(f"| {r['round']} | {name} | {_quantiles(rep, src, 'prompt')} | {_quantiles(rep, src, 'output')} "
                    f"| {_value(rep, src, 'rate', '.3f')} | {_hits(rep, src)} | {_value(rep, src, 'output_tps', '.1f')} "
-                   f"| {_value(rep, src, 'ttft_p50_s', '.1f', 1000)} |")
+                   f"| {_value(rep, src, 'ttft_p50_s', '.1f', 1000)} "
+                   f"| {_value(rep, src, 'client_ttft_p50_s', '.1f', 1000)} |")
     return "\n".join(out)
+
+
+def windows_table(keep: Path, n: int, rate: float, shape: float, share: float, out_median: float, seed: int,
+                  rounds: int) -> str:
+    """How the sends of each round's replicas fall in the windows of the
+    profile's rate series, beside the source's (all recomputed from the
+    seeds and the profiles kept with --keep; no server): the distance
+    sum |replica - source| / N over the windows, and the gap CVs."""
+    from ernie_tui.engine_ctl.load import TrafficProfile, arrival_offsets
+    from ernie_tui.engine_ctl.load.traffic_replay import curve_of, curve_offsets
+
+    def counts(ts: list[float], w: float, k: int) -> list[int]:
+        out = [0] * k
+        for t in ts:
+            i = int((t - ts[0]) // w)
+            if i < k:
+                out[i] += 1
+        return out
+
+    def gap_cv(ts: list[float]) -> float:
+        g = [b - a for a, b in zip(ts, ts[1:], strict=False)]
+        return statistics.stdev(g) / statistics.mean(g)
+
+    rows = ["| round | capture | windows | source per window (first 12) | curve replica | mean replica "
+            "| distance curve / mean | gap CV source / curve / mean |", "|---|---|---|---|---|---|---|---|"]
+    for rnd in range(rounds):
+        src = [t for t, _, _ in source_plan(n, rate, shape, share, out_median, seed + rnd)]
+        for cap in ("request-log", "metrics"):
+            prof = TrafficProfile.from_json((keep / f"round{rnd + 1}-{cap}.json").read_text())
+            a = prof.arrivals
+            curve = curve_of(prof)
+            if curve is None or not a.window_s:
+                continue
+            cur = curve_offsets(curve, n, a.rate_per_s, seed=seed + rnd)
+            mean = arrival_offsets(n, a.rate_per_s, seed=seed + rnd, burstiness=a.gamma_shape)
+            w, k = a.window_s, len(a.rate_series)
+            cs, cc, cm = counts(src, w, k), counts(cur, w, k), counts(mean, w, k)
+            dist = [sum(abs(x - y) for x, y in zip(cs, c, strict=True)) / sum(cs) for c in (cc, cm)]
+            rows.append(f"| {rnd + 1} | {cap} | {k} x {w:.2f} s | {' '.join(map(str, cs[:12]))} "
+                        f"| {' '.join(map(str, cc[:12]))} | {' '.join(map(str, cm[:12]))} "
+                        f"| {dist[0]:.2f} / {dist[1]:.2f} "
+                        f"| {gap_cv(src):.2f} / {gap_cv(cur):.2f} / {gap_cv(mean):.2f} |")
+    return "\n".join(rows)
 
 
 def main() -> int:
@@ -248,7 +324,22 @@ def main() -> int:
     ap.add_argument("--interval", type=float, default=2.0)
     ap.add_argument("--summarise", metavar="FILE.jsonl", help="print the table of an earlier run's output")
     ap.add_argument("--keep", metavar="DIR", help="write each round's captured profiles there")
+    ap.add_argument("--source-client", choices=["burst", "threads"], default="burst",
+                    help="burst (default): the source sent by run_burst, as the replicas are; threads: the "
+                         "first record's non-streamed client of Python threads")
+    ap.add_argument("--aa", action="store_true",
+                    help="also send a second source of the same shape from another seed (seed + 1000): how far "
+                         "two draws of the source itself differ, the floor under any replica's difference")
+    ap.add_argument("--replicas", default="metrics:curve,request-log:curve,request-log:mean",
+                    help="the replicas of each round: capture:arrivals, arrivals curve (the profile's rate "
+                         "window by window) or mean (gamma gaps at its mean rate)")
+    ap.add_argument("--windows", metavar="DIR", help="with the -n, --seed and --rounds of an earlier run, the "
+                    "profiles it kept (--keep DIR): the sends per window of its replicas against its source")
     args = ap.parse_args()
+    if args.windows:
+        print(windows_table(Path(args.windows), args.n, args.rate, args.shape, args.share, args.out_median,
+                            args.seed, args.rounds))
+        return 0
     if args.summarise:
         print(summarise([json.loads(line) for line in Path(args.summarise).read_text().splitlines() if line]))
         return 0
@@ -265,7 +356,7 @@ def main() -> int:
         for rnd in range(args.rounds):
             seed = args.seed + rnd
             plan = source_plan(args.n, args.rate, args.shape, args.share, args.out_median, seed)
-            src, caps = measure_source(url, plan, log, args.interval)
+            src, caps = measure_source(url, plan, log, args.interval, args.source_client, tok)
             rows.append({"round": rnd + 1, "source": src})
             print(json.dumps(rows[-1]), flush=True)
             profiles = {"metrics": build_profile("metrics", [caps[0]]),
@@ -274,10 +365,19 @@ def main() -> int:
                 if args.keep:
                     save_profile(prof, Path(args.keep) / f"round{rnd + 1}-{name}.json")
                 print(json.dumps({"round": rnd + 1, "profile": name, "cv": prof.arrivals.cv,
-                                  "rate": prof.arrivals.rate_per_s, "prefix": prof.prefix.__dict__,
+                                  "rate": prof.arrivals.rate_per_s, "window_s": prof.arrivals.window_s,
+                                  "series": prof.arrivals.rate_series, "prefix": prof.prefix.__dict__,
                                   "notes": prof.notes}), flush=True)
-                rep = measure_replay(url, prof, args.n, seed, tok)
-                rows.append({"round": rnd + 1, "replica": name, **rep})
+            if args.aa:
+                other, _ = measure_source(url, source_plan(args.n, args.rate, args.shape, args.share,
+                                                           args.out_median, seed + 1000),
+                                          log, args.interval, args.source_client, tok)
+                rows.append({"round": rnd + 1, "replica": "source, another draw", **other})
+                print(json.dumps(rows[-1]), flush=True)
+            for spec in args.replicas.split(","):
+                name, arrivals = spec.split(":")
+                rep = measure_replay(url, profiles[name], args.n, seed, tok, arrivals)
+                rows.append({"round": rnd + 1, "replica": f"{name} ({arrivals})", **rep})
                 print(json.dumps(rows[-1]), flush=True)
     finally:
         if proc is not None:

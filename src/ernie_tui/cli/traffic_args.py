@@ -21,6 +21,11 @@ def add_traffic_args(p: argparse.ArgumentParser | Any) -> None:
                         "with ignore_eos, so the server generates exactly the profile's lengths whatever the "
                         "model; 'eos' draws max_tokens and lets the model stop at EOS (a real model's own "
                         "answers)")
+    p.add_argument("--traffic-arrivals", choices=["curve", "mean"], default="curve",
+                   help="with --traffic: 'curve' (default) sends along the profile's rate window by window "
+                        "(a captured burst and lull), the whole curve scaled to the rate asked for; 'mean' "
+                        "sends at one mean rate with the profile's burstiness. A profile of one window (the "
+                        "built-in shapes) goes at its mean either way")
 
 
 def traffic_fields(args: Any) -> tuple[Any, dict[str, Any]] | None:
@@ -33,7 +38,8 @@ def traffic_fields(args: Any) -> tuple[Any, dict[str, Any]] | None:
 
     try:
         profile = load_profile(ref)
-        return profile, replay_settings(profile, getattr(args, "traffic_outputs", "lengths"))
+        return profile, replay_settings(profile, getattr(args, "traffic_outputs", "lengths"),
+                                        getattr(args, "traffic_arrivals", "curve"))
     except (TrafficError, ValueError) as exc:
         raise CliError(f"--traffic: {exc}") from exc
 

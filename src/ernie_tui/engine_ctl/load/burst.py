@@ -160,6 +160,9 @@ class BurstConfig:
     # traffic_replay.py; traffic_outputs: how its outputs end there.
     traffic: dict[str, Any] | None = None
     traffic_outputs: str = "lengths"
+    # How its arrivals are replayed (traffic_replay.ARRIVAL_MODES): "curve",
+    # its rate window by window, scaled to `rate`; "mean", gaps at `rate`.
+    traffic_arrivals: str = "curve"
 
     def validate(self) -> None:
         if self.n < 1:
@@ -188,6 +191,8 @@ class BurstConfig:
             raise ValueError("max_tokens must be at least 1")
         if self.traffic is not None and self.traffic_outputs not in traffic_replay.OUTPUTS:
             raise ValueError(f"traffic_outputs must be one of {', '.join(traffic_replay.OUTPUTS)}")
+        if self.traffic is not None and self.traffic_arrivals not in traffic_replay.ARRIVAL_MODES:
+            raise ValueError(f"traffic_arrivals must be one of {', '.join(traffic_replay.ARRIVAL_MODES)}")
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -525,6 +530,7 @@ def _vllm_view(before: M.MetricsSnapshot | None, after: M.MetricsSnapshot | None
 
 async def run_burst_async(url: str, config: BurstConfig | None = None, *,
                           prompts: list[BuiltPrompt] | None = None,
+                          sends: list[tuple[float, int]] | None = None,
                           model: str | None = None, api_key: str | None = None,
                           tokenizer: Any = None, model_dir: str | None = None,
                           progress: Progress | None = None,
@@ -544,9 +550,14 @@ async def run_burst_async(url: str, config: BurstConfig | None = None, *,
     metrics_feed: snapshots someone else already takes of this server (the
     dashboard's, LatestScrape.feed), read instead of scraping while the load
     runs; the burst scrapes for itself whenever the feed has none fresh.
-    transport: new_async_client's ("aiohttp", or "httpx" as before)."""
+    transport: new_async_client's ("aiohttp", or "httpx" as before).
+    sends: with `prompts`, each request's send offset (s) and max_tokens,
+    as a trace has them (an open loop: config.rate must be set, and is
+    only recorded): a recorded load sent by this same client."""
     config = config or BurstConfig()
     config.validate()
+    if sends is not None and (prompts is None or len(sends) != len(prompts) or config.rate is None):
+        raise ValueError("sends needs prompts of the same count and an open loop (a rate)")
     warnings: list[str] = []
     served: ServedModel
     try:
@@ -563,7 +574,7 @@ async def run_burst_async(url: str, config: BurstConfig | None = None, *,
     _warn_prompts(prompts, served, config, warnings)
     metrics_client = M.MetricsClient(url, api_key, model_name=None, timeout=config.metrics_timeout_s) \
         if use_metrics else None
-    plan = _BurstPlan.make(config, prompts)
+    plan = _BurstPlan.make(config, prompts, sends)
     no_room = plan.fit_connections(config, warnings)
     if no_room is not None:
         return _failed_before_start(url, served.id, config, no_room)
@@ -604,17 +615,17 @@ class _BurstPlan:
     connections: int
 
     @classmethod
-    def make(cls, config: BurstConfig, prompts: list[BuiltPrompt]) -> _BurstPlan:
+    def make(cls, config: BurstConfig, prompts: list[BuiltPrompt],
+             sends: list[tuple[float, int]] | None = None) -> _BurstPlan:
         total = len(prompts)
-        out_lengths = plan_output_lengths(replace(config, n=total))
+        out_lengths = [m for _, m in sends] if sends is not None else plan_output_lengths(replace(config, n=total))
         records = [RequestRecord(index=i, prompt_tokens_target=p.tokens, max_tokens=out_lengths[i])
                    for i, p in enumerate(prompts)]
         open_loop = config.rate is not None
         schedule: list[float] = []
         if open_loop:
             assert config.rate is not None
-            schedule = arrival_offsets(total, config.rate, config.arrivals, seed=config.arrival_seed,
-                                       burstiness=config.burstiness)
+            schedule = [t for t, _ in sends] if sends is not None else _schedule(config, total)
             for rec, off in zip(records, schedule, strict=True):
                 rec.scheduled_offset_s = off
         # Requests in flight at most: the closed loop's concurrency, the open
@@ -638,6 +649,17 @@ class _BurstPlan:
             self.connections = max(1, room.connections)
             warnings.append(room.capped(self.connections))
         return None
+
+
+def _schedule(config: BurstConfig, total: int) -> list[float]:
+    """An open loop's send offsets: a traffic profile's rate curve where it
+    is replayed (traffic_replay.curve_of), else gaps at the mean rate."""
+    assert config.rate is not None
+    curve = traffic_replay.curve_of(_profile(config), config.traffic_arrivals) if config.traffic else None
+    if curve is not None:
+        return traffic_replay.curve_offsets(curve, total, config.rate, seed=config.arrival_seed)
+    return arrival_offsets(total, config.rate, config.arrivals, seed=config.arrival_seed,
+                           burstiness=config.burstiness)
 
 
 class _BurstRun:
@@ -993,7 +1015,7 @@ def _pct(x: float | None) -> float | None:
 def run_burst(url: str, config: BurstConfig | None = None, **kwargs: Any) -> BurstResult:
     """Blocking burst, for the CLI, benchmarks and worker threads.
 
-    kwargs: prompts, model, api_key, tokenizer, model_dir, progress(done,
+    kwargs: prompts, sends, model, api_key, tokenizer, model_dir, progress(done,
     total), on_request(RequestRecord), cancel (threading.Event),
     memory_sampler (() -> bytes or None; an attribute `source` on it, if
     any, is reported as memory_source), use_metrics, metrics_feed

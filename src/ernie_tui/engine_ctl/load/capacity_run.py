@@ -43,6 +43,8 @@ from ernie_tui.engine_ctl.load.level_server import MetricsSampler as _MetricsSam
 from ernie_tui.engine_ctl.load.open_files import make_room
 from ernie_tui.engine_ctl.load.prompts import find_tokenizer
 from ernie_tui.engine_ctl.load.server_cpu import cpu_bound_note, server_pid
+from ernie_tui.engine_ctl.load.traffic import TrafficProfile
+from ernie_tui.engine_ctl.load.traffic_replay import RateCurve, curve_of
 from ernie_tui.engine_ctl.load.workload import Workload, burst_workload
 
 # -- the level runner ------------------------------------------------------------
@@ -84,9 +86,12 @@ class HttpLevelRunner:
                  cancel: threading.Event | None = None, progress: Progress | None = None,
                  arrivals: str = C.DEFAULT_ARRIVALS, seed: int = 0,
                  metrics_feed: M.MetricsFeed | None = None, server_pid: int | None = None,
-                 burstiness: float = 1.0) -> None:
+                 burstiness: float = 1.0, curve: RateCurve | None = None) -> None:
         self.url = url
         self.burstiness = burstiness  # an open loop's gamma shape (a traffic profile's; 1: Poisson)
+        # A traffic profile's rate curve: an open loop's level at rate R sends
+        # along it, scaled to a mean of R, from its start (traffic_replay).
+        self.curve = curve
         self.server_pid = server_pid  # a server on this machine: its CPU is read per level
         self.model = model
         self.workload = workload
@@ -210,7 +215,8 @@ def run_capacity(url: str, slo: list[S.Objective], *, search_config: C.SearchCon
     runner = kind(url, served.id, workload, slo, rules, settings, api_key=api_key, use_metrics=use_metrics,
                   cancel=cancel, progress=progress, arrivals=search_config.arrivals, metrics_feed=metrics_feed,
                   server_pid=server_pid(url),
-                  burstiness=burst_config.burstiness if burst_config is not None and burst_config.traffic else 1.0)
+                  burstiness=burst_config.burstiness if burst_config is not None and burst_config.traffic else 1.0,
+                  curve=_curve(burst_config))
     try:
         gated = level_gate(runner) if level_gate is not None else runner
         result = C.search(gated, slo, search_config, progress=progress, cancel=cancel)
@@ -223,6 +229,13 @@ def run_capacity(url: str, slo: list[S.Objective], *, search_config: C.SearchCon
     result.workload = workload.describe()
     result.warnings = warnings + _search_warnings(result, workload, runner.metrics_missing) + result.warnings
     return result
+
+
+def _curve(burst_config: BurstConfig | None) -> RateCurve | None:
+    """A replayed profile's rate curve, where its arrivals are replayed so."""
+    if burst_config is None or not burst_config.traffic:
+        return None
+    return curve_of(TrafficProfile.from_dict(burst_config.traffic), burst_config.traffic_arrivals)
 
 
 def _not_started(message: str, slo: list[S.Objective], t0: float, config: dict[str, Any], url: str,

@@ -51,6 +51,7 @@ from ernie_tui.engine_ctl.load.open_files import FileRoom, make_room
 from ernie_tui.engine_ctl.load.probe import stream_request
 from ernie_tui.engine_ctl.load.server_cpu import ServerCpuWatch
 from ernie_tui.engine_ctl.load.stream_timing import ProbeRequest
+from ernie_tui.engine_ctl.load.traffic_replay import curve_stream
 from ernie_tui.engine_ctl.load.workload import WorkItem, Workload
 
 Progress = Callable[[dict[str, Any]], None]
@@ -283,7 +284,7 @@ class LevelPath:
         if self.rate:
             specs = open_specs(float(self.load), procs.procs, connections=self.conns, arrivals=owner.arrivals,
                                seed=owner.seed * 1009 + owner._levels, late_s=C.LATE_SEND_S,
-                               burstiness=getattr(owner, "burstiness", 1.0))
+                               burstiness=getattr(owner, "burstiness", 1.0), curve=getattr(owner, "curve", None))
         else:
             specs = closed_specs(int(self.load), procs.procs)
         take = self.take_requests
@@ -601,8 +602,11 @@ class LevelStreams:
     async def sender(self) -> None:  # open loop: on schedule
         path, stop = self.path, self.path.stop
         owner = path.owner
-        for due in arrival_stream(float(path.load), owner.arrivals, seed=owner.seed * 1009 + owner._levels,
-                                  burstiness=getattr(owner, "burstiness", 1.0)):
+        seed = owner.seed * 1009 + owner._levels
+        curve = getattr(owner, "curve", None)
+        stream = curve_stream(curve, float(path.load), seed=seed) if curve is not None else \
+            arrival_stream(float(path.load), owner.arrivals, seed=seed, burstiness=getattr(owner, "burstiness", 1.0))
+        for due in stream:
             if stop.is_set():
                 return
             delay = due - (time.perf_counter() - path.t0)

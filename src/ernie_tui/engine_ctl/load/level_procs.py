@@ -45,6 +45,7 @@ from ernie_tui.engine_ctl.load.burst import ClientHealth
 from ernie_tui.engine_ctl.load.http_client import fast_loop_factory, new_async_client
 from ernie_tui.engine_ctl.load.probe import stream_request
 from ernie_tui.engine_ctl.load.stream_timing import ProbeRequest
+from ernie_tui.engine_ctl.load.traffic_replay import RateCurve, curve_stream
 
 # A child is a fresh interpreter (not a fork: the parent runs threads, the
 # dashboard's, the /metrics sampler, the judge, whose locks a fork would copy
@@ -104,17 +105,20 @@ def closed_specs(slots: int, procs: int) -> list[dict[str, Any]]:
 
 
 def open_specs(rate: float, procs: int, *, connections: int, arrivals: str, seed: int,
-               late_s: float, burstiness: float = 1.0) -> list[dict[str, Any]]:
+               late_s: float, burstiness: float = 1.0, curve: RateCurve | None = None) -> list[dict[str, Any]]:
     """An open loop at `rate` req/s over `procs` children, each at rate/procs:
     Poisson arrivals at R/K each (their own seeds) add up to Poisson arrivals
     at R; evenly spaced ones are staggered by 1/R, so that together they are
     evenly spaced at R (child i: i/R later than child 0, the first send still
     at 1/R). A burstiness other than 1 (a traffic profile's) is kept by
-    each child; their sum is less bursty than one such stream would be."""
+    each child; their sum is less bursty than one such stream would be.
+    A rate curve (a traffic profile's) is followed by each child at its
+    share, so their sum follows it too."""
     k = max(1, procs)
     share = rate / k
     conns = max(16, math.ceil(connections / k))
-    return [{"rate": share, "arrivals": arrivals, "seed": seed * 7919 + i, "burstiness": burstiness,
+    shape = None if curve is None else [curve.window_s, list(curve.rates), curve.shape]
+    return [{"rate": share, "arrivals": arrivals, "seed": seed * 7919 + i, "burstiness": burstiness, "curve": shape,
              "offset_s": (i + 1 - k) / rate if arrivals == "constant" else 0.0, "late_s": late_s,
              "connections": conns, "refill": int(share * 4) + 16, "warm_n": min(conns, 64, math.ceil(share))}
             for i in range(k)]
@@ -330,8 +334,11 @@ class _ChildLevel:
     async def sender(self, client: Any) -> None:  # open loop: on schedule, whatever is still out
         spec, rate = self.spec, self.rate
         assert rate is not None
-        for due in arrival_stream(rate, spec["arrivals"], seed=spec["seed"],
-                                  burstiness=spec.get("burstiness", 1.0)):
+        curve = spec.get("curve")
+        stream = curve_stream(RateCurve(curve[0], tuple(curve[1]), curve[2]), rate, seed=spec["seed"]) \
+            if curve else arrival_stream(rate, spec["arrivals"], seed=spec["seed"],
+                                         burstiness=spec.get("burstiness", 1.0))
+        for due in stream:
             due += spec["offset_s"]
             delay = due - (time.perf_counter() - self.t0)
             if delay > 0:

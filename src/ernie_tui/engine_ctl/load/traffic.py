@@ -10,7 +10,8 @@ that looks like them (replay: traffic_replay.py):
   rather than running to max_tokens;
 - the arrival process: the mean rate, its burstiness (the coefficient of
   variation of the gaps between arrivals: 1 for Poisson, above 1 bursty)
-  and the rate per window over the capture, for reading;
+  and the rate per window over the capture, which a replay follows
+  (traffic_replay.curve_of);
 - the shared prefix: the share of requests that start with a common prefix
   and its length in tokens (and vLLM's prefix-cache hit rate, when seen);
 - where it came from: metrics, request-log, trace or built-in, the server,

@@ -185,8 +185,8 @@ def burst_workload(config: Any, tokenizer: Any, size: int) -> Workload:
 
     batches = iter(range(1, 1_000_000))
     if config.traffic is not None:
-        source = (f"{describe(TrafficProfile.from_dict(config.traffic), config.traffic_outputs)}, "
-                  f"seed {config.seed}, word seed {words}")
+        what = describe(TrafficProfile.from_dict(config.traffic), config.traffic_outputs, config.traffic_arrivals)
+        source = f"{what}, seed {config.seed}, word seed {words}"
         return Workload(build(size, 0), source, more=lambda n: build(n, next(batches)))
     return Workload(build(size, 0),
                     f"built prompts of {config.min_tokens}-{config.max_tokens_in} tokens{_outputs(config)}, "
