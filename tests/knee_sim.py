@@ -21,11 +21,17 @@ model="queueing" (SimHost.model) is a real server's knee instead, as vLLM
 0.26 showed on an H100 (docs/lab/data/h100-rank-2026-12-07b): TTFT p99 flat
 under its capacity (300-600 ms against 1 s), then growing steeply with the
 queue past it (1.4-2.8 s one step of 25 % up), ITL p99 30-40 % under its
-limit throughout. With u = C / (K / f(t)) (the load over the capacity the
-drifting host has now), the TTFT p99 over its limit reads
-0.5 + 0.5 exp(QUEUE_SLOPE (u - 1)): 1 at u = 1, 0.6 far under, 2 one step
-of 25 % over; the ITL p99 over its limit 0.6 (1 + 0.1 min(u, 2)) (with the
-same spikes as the ITL model, where u > 0.8); tok/s min(C, K / f) / (itl x f).
+limit throughout. A closed loop of C streams on a server whose batch holds
+B = K / f(t) (the drifting host holds less when slower): past B, requests
+wait for a slot, about (C / B - 1) request times each (Little's law), so
+with u = C / B and a request's time E2E_OVER_LIMIT (4) x the TTFT limit
+(~4 s against 1 s, as on the GPU) the TTFT p99 over its limit reads
+0.4 (1 + 0.25 min(u, 1)) + 4 max(0, u - 1): 0.4-0.5 under the batch, 1 at
+u = 1.125 (the knee), 2.1 one step of 25 % over it, as seen there. The
+throughput saturates at the batch: min(C, B) / (itl x f), so two presets'
+knees and their tok/s there stand in the ratio of their K. The ITL p99 over
+its limit reads 0.6 (1 + 0.1 min(u, 2)) (with the same spikes as the ITL
+model, where u > 0.8).
 Undecided levels, from the search's own rule (a level is decided once its
 percentile's bounds leave the limit; at its cap it ends undecided with its
 point estimate as `passed`): a TTFT p99 of n requests has
@@ -119,8 +125,8 @@ def level(host: SimHost, p: SimPreset, load: float, seconds: float, rng: random.
                          verdict=verdict, stop="decided", objectives=[obj])
 
 
-# queueing: how steeply the TTFT p99 grows past the capacity (2x its limit one step of 25 % over).
-QUEUE_SLOPE = 4.4
+# queueing: a request's time over the TTFT limit (the wait past the batch, per unit of u - 1).
+E2E_OVER_LIMIT = 4.0
 
 
 def _queueing_level(host: SimHost, p: SimPreset, load: float, seconds: float, f: float, rng: random.Random,
@@ -131,7 +137,7 @@ def _queueing_level(host: SimHost, p: SimPreset, load: float, seconds: float, f:
     requests = max(1, int(load * seconds * host.requests_per_slot_s))
     beyond = max(0.5, requests / 100.0)
     w = host.ttft_width / math.sqrt(beyond)
-    ttft = (host.ttft_limit_ms * (0.5 + 0.5 * math.exp(QUEUE_SLOPE * (u - 1.0)))
+    ttft = (host.ttft_limit_ms * (0.4 * (1.0 + 0.25 * min(u, 1.0)) + E2E_OVER_LIMIT * max(0.0, u - 1.0))
             * math.exp(rng.gauss(0.0, w * host.ttft_noise)))
     itl = host.limit_ms * 0.6 * (1.0 + 0.1 * min(u, 2.0)) * math.exp(rng.gauss(0.0, host.p99_noise * noise_scale))
     # (spikes only with a batch near full: at concurrency 1, 60 % of the limit spiked to 114 % ended
