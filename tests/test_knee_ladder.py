@@ -345,13 +345,13 @@ def test_a_bracket_binds_for_a_few_rounds_and_newer_evidence_overrules_it():
     b = kl.Bracket()
     pass_, fail_ = (lambda load: kl.Look(load, True, True, [])), (lambda load: kl.Look(load, False, True, []))
     b.add(0, [pass_(8), fail_(10)])
-    assert b.clamp(20, 1, 0.25, False) == 8  # a hard fail caps one step under it (8), not under the pass
-    assert b.clamp(2, 1, 0.25, False) == 8  # never under the live pass in one go
-    assert b.clamp(20, 3, 0.25, False) == 20 and b.clamp(2, 3, 0.25, False) == 2  # aged out
+    assert b.clamp(20, 1) == 10  # never above the live fail: retested at most
+    assert b.clamp(2, 1) == 8  # never under the live pass in one go
+    assert b.clamp(20, 3) == 20 and b.clamp(2, 3) == 2  # aged out
     b.add(1, [pass_(12)])  # the host sped up: a newer pass over the old fail removes it
     assert b.live(2) == (12, None)
     b.add(2, [fail_(9)])  # then slowed: a newer fail under the pass removes it (the pass of 8 has aged out)
-    assert b.live(3) == (None, (9, False))
+    assert b.live(3) == (None, 9)
     # Undecided levels are no side of the knee.
     b.add(3, [kl.Look(5, False, False, [])])
-    assert b.live(3) == (None, (9, False))
+    assert b.live(3) == (None, 9)

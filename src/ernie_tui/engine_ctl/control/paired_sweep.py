@@ -1123,7 +1123,7 @@ def duel_rounds(result: PairedResult, names: list[str], knees: dict[str, float],
     for n, levels in (searched or {}).items():
         if n in brackets:
             brackets[n].add(0, [kl.Look.of(lv) for lv in levels if getattr(lv, "stop", "") != "cancelled"])
-            knees[n] = brackets[n].clamp(knees[n], 1, result.step, rate)
+            knees[n] = brackets[n].clamp(knees[n], 1)
     result.order_seed = random.SystemRandom().randrange(2 ** 31) if order_seed is None else order_seed
     orders = drawn_orders(names, rounds, random.Random(result.order_seed))
     for r in range(1, rounds + 1):
@@ -1138,7 +1138,7 @@ def duel_rounds(result: PairedResult, names: list[str], knees: dict[str, float],
         for k in readings:
             brackets[k.preset].add(r, seen.get(k.preset, []))
             if k.next_knee is not None:
-                k.next_knee = brackets[k.preset].clamp(k.next_knee, r + 1, result.step, rate)
+                k.next_knee = brackets[k.preset].clamp(k.next_knee, r + 1)
                 knees[k.preset] = k.next_knee if ceiling is None else min(ceiling, k.next_knee)
     for row in result.searches:
         row.final_knee = knees.get(row.preset)
