@@ -15,12 +15,16 @@ Two stands:
   share of levels, noise on every reading): a run takes a fraction of a
   second, so every case runs its full count; --design fixed runs the duels
   at the loads round 0 found, as before 2026-12-07, for comparison;
+  --knee queueing serves knee_sim's queueing model instead (a real
+  server's knee, vLLM on an H100: TTFT p99 flat, then steeply over its
+  limit one step up; short levels near the limit end undecided);
 - --stand paced: `ernie-tui sweep A B --capacity` on two paced stand-ins
   (tests/paced_server.py) with --drift and --tail-jitter: minutes a run on
   the 2-core box, so --runs is what fits.
 
     .venv/bin/python bench/verdict_calibration.py                       # sim, 20/20/10 runs
     .venv/bin/python bench/verdict_calibration.py --design fixed        # the old duels, same cases
+    .venv/bin/python bench/verdict_calibration.py --knee queueing       # a queueing knee, same cases
     .venv/bin/python bench/verdict_calibration.py --stand paced --case 25 --runs 2 --level-time 10
 """
 
@@ -54,7 +58,8 @@ def tally_one(pair: dict, truth_pct: float, names: tuple[str, str]) -> dict:
             "within_10": better == names[1] and g is not None and abs(g - truth_pct) <= 10.0}
 
 
-def run_sim(case: str, runs: int, design: str, drift: float, period: float, jitter: float, first_seed: int) -> list:
+def run_sim(case: str, runs: int, design: str, drift: float, period: float, jitter: float, first_seed: int,
+            knee: str = "itl") -> list:
     from knee_sim import SimHost, SimPreset, run
 
     ka, kb, _ = CASES[case]
@@ -62,7 +67,7 @@ def run_sim(case: str, runs: int, design: str, drift: float, period: float, jitt
     out = []
     for i in range(runs):
         seed = first_seed + i
-        host = SimHost(drift=drift, period_s=period, jitter=jitter, seed=seed, phase=seed * 0.7)
+        host = SimHost(drift=drift, period_s=period, jitter=jitter, seed=seed, phase=seed * 0.7, model=knee)
         result = run([SimPreset("weaker", ka), SimPreset("stronger", kb)], host, ladder=design == "ladder")
         v = tally_one(result.pairs[0].to_dict(), truth, ("weaker", "stronger"))
         rounds = max((d.round for d in result.duels), default=0) or 1
@@ -153,6 +158,8 @@ def main() -> int:
                    help="sim: the share of levels whose p99 spikes by 30-90 %%; paced: of 5 s "
                         "periods whose tail spikes (0.15)")
     p.add_argument("--jitter-ms", type=float, default=15.0, help="paced: a spike's extra gap, ms (15)")
+    p.add_argument("--knee", choices=("itl", "queueing"), default="itl",
+                   help="sim: the servers' knee: the paced stand-in's ITL knee, or a queueing knee (TTFT)")
     p.add_argument("--seed", type=int, default=0, help="sim: the first run's seed (0)")
     p.add_argument("--port", type=int, default=29451, help="paced: the stand-ins' ports, this and the next")
     p.add_argument("--json", metavar="FILE", help="append one JSON line per run here")
@@ -162,15 +169,16 @@ def main() -> int:
         runs = args.runs or (CASES[case][2] if args.stand == "sim" else 1)
         t0 = time.monotonic()
         if args.stand == "sim":
-            vs = run_sim(case, runs, args.design, args.drift, args.period, args.jitter, args.seed)
+            vs = run_sim(case, runs, args.design, args.drift, args.period, args.jitter, args.seed, args.knee)
         else:
             vs = run_paced(case, runs, args.drift, args.period, args.jitter, args.jitter_ms, args.port, extra)
         for v in vs:
-            v.update(case=case, stand=args.stand, design=args.design)
+            v.update(case=case, stand=args.stand, design=args.design, knee=args.knee)
         if args.json:
             with open(args.json, "a") as f:
                 f.writelines(json.dumps(v) + "\n" for v in vs)
-        print(f"[{args.stand}, {args.design}] {summary(case, vs)} ({time.monotonic() - t0:.0f} s)", flush=True)
+        knee = f", {args.knee} knee" if args.stand == "sim" and args.knee != "itl" else ""
+        print(f"[{args.stand}, {args.design}{knee}] {summary(case, vs)} ({time.monotonic() - t0:.0f} s)", flush=True)
         rounds_s = [v["duel_round_s"] for v in vs if v.get("duel_round_s")]
         if rounds_s:
             print(f"    duel levels a round (simulated): mean {sum(rounds_s) / len(rounds_s):.1f} s, "

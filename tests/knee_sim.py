@@ -17,6 +17,33 @@ drift, the same for every preset. A level's readings carry noise:
 - its tok/s is the model's times a lognormal of `tps_noise`.
 Search levels take `search_level_s` of simulated time, duel levels `duel_s`.
 
+model="queueing" (SimHost.model) is a real server's knee instead, as vLLM
+0.26 showed on an H100 (docs/lab/data/h100-rank-2026-12-07b): TTFT p99 flat
+under its capacity (300-600 ms against 1 s), then growing steeply with the
+queue past it (1.4-2.8 s one step of 25 % up), ITL p99 30-40 % under its
+limit throughout. A closed loop of C streams on a server whose batch holds
+B = K / f(t) (the drifting host holds less when slower): past B, requests
+wait for a slot, about (C / B - 1) request times each (Little's law), so
+with u = C / B and a request's time E2E_OVER_LIMIT (4) x the TTFT limit
+(~4 s against 1 s, as on the GPU) the TTFT p99 over its limit reads
+0.4 (1 + 0.25 min(u, 1)) + 4 max(0, u - 1): 0.4-0.5 under the batch, 1 at
+u = 1.125 (the knee), 2.1 one step of 25 % over it, as seen there. The
+throughput saturates at the batch: min(C, B) / (itl x f), so two presets'
+knees and their tok/s there stand in the ratio of their K. The ITL p99 over
+its limit reads 0.6 (1 + 0.1 min(u, 2)) (with the same spikes as the ITL
+model, where u > 0.8).
+Undecided levels, from the search's own rule (a level is decided once its
+percentile's bounds leave the limit; at its cap it ends undecided with its
+point estimate as `passed`): a TTFT p99 of n requests has
+n / 100 samples beyond it; its bounds are the reading x exp(+-w),
+w = ttft_width / sqrt(n / 100), and its reading carries a lognormal noise
+of w x ttft_noise (0.5: the bounds about two deviations wide). n = C x seconds x
+requests_per_slot_s (7.5: a simulated concurrency of 10 stands for the
+GPU's 350 streams, whose ~4 s requests over an 8 s duel level left 6
+beyond the p99; so do 10 x 8 s x 7.5 here). So a short level near the TTFT limit
+ends undecided where a longer search level decides, as seed-A's 350 did in
+every duel round there.
+
 Used by tests/test_knee_ladder.py (fixed seeds) and bench/verdict_calibration.py.
 """
 
@@ -54,6 +81,11 @@ class SimHost:
     search_level_s: float = 10.0
     duel_s: float = 8.0
     seed: int = 0
+    model: str = "itl"  # or "queueing" (the module's docstring)
+    ttft_limit_ms: float = 1000.0  # queueing: the TTFT p99 limit (limit_ms is the ITL p99's)
+    ttft_width: float = 0.35  # queueing: a TTFT p99's bounds' half-width in logs, times 1 / sqrt(samples beyond)
+    ttft_noise: float = 0.5  # queueing: the TTFT p99's lognormal deviation, a share of w (0: none)
+    requests_per_slot_s: float = 7.5  # queueing: requests a level counts per unit of concurrency and second
     now: float = 0.0
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -73,6 +105,8 @@ def level(host: SimHost, p: SimPreset, load: float, seconds: float, rng: random.
         mid = host.now + seconds / 2
         host.now += seconds
     f = host.factor(mid)
+    if host.model == "queueing":
+        return _queueing_level(host, p, load, seconds, f, rng, noise_scale)
     gap = p.itl_ms * f * max(1.0, load / p.knee)
     p99 = gap * p.spread * math.exp(rng.gauss(0.0, host.p99_noise * noise_scale))
     if rng.random() < host.jitter:
@@ -91,23 +125,71 @@ def level(host: SimHost, p: SimPreset, load: float, seconds: float, rng: random.
                          verdict=verdict, stop="decided", objectives=[obj])
 
 
+# queueing: a request's time over the TTFT limit (the wait past the batch, per unit of u - 1).
+E2E_OVER_LIMIT = 4.0
+
+
+def _queueing_level(host: SimHost, p: SimPreset, load: float, seconds: float, f: float, rng: random.Random,
+                    noise_scale: float) -> C.LevelResult:
+    """One level of the queueing model (the module's docstring)."""
+    cap = p.knee / f
+    u = load / cap
+    requests = max(1, int(load * seconds * host.requests_per_slot_s))
+    beyond = max(0.5, requests / 100.0)
+    w = host.ttft_width / math.sqrt(beyond)
+    ttft = (host.ttft_limit_ms * (0.4 * (1.0 + 0.25 * min(u, 1.0)) + E2E_OVER_LIMIT * max(0.0, u - 1.0))
+            * math.exp(rng.gauss(0.0, w * host.ttft_noise)))
+    itl = host.limit_ms * 0.6 * (1.0 + 0.1 * min(u, 2.0)) * math.exp(rng.gauss(0.0, host.p99_noise * noise_scale))
+    # (spikes only with a batch near full: at concurrency 1, 60 % of the limit spiked to 114 % ended
+    # searches that a real server's first level never ends)
+    if u > 0.8 and rng.random() < host.jitter:
+        itl *= rng.uniform(1.3, 1.9)
+    tps = min(load, cap) / (p.itl_ms * f / 1000.0) * math.exp(rng.gauss(0.0, host.tps_noise * noise_scale))
+    low, high = ttft * math.exp(-w), ttft * math.exp(w)
+    t_verdict = S.PASS if high <= host.ttft_limit_ms else S.FAIL if low > host.ttft_limit_ms else S.UNDECIDED
+    i_verdict = S.PASS if itl <= host.limit_ms else S.FAIL
+    objs = [{"objective": f"ttft_p99={host.ttft_limit_ms:g}ms", "metric": "ttft", "percentile": 99,
+             "limit_ms": host.ttft_limit_ms, "value_ms": ttft, "low_ms": low, "high_ms": high, "samples": requests,
+             "verdict": t_verdict, "how": "bounds"},
+            {"objective": f"itl_p99={host.limit_ms:g}ms", "metric": "itl", "percentile": 99,
+             "limit_ms": host.limit_ms, "value_ms": itl, "low_ms": None, "high_ms": None,
+             "samples": int(tps * seconds), "verdict": i_verdict, "how": "bounds"}]
+    # Any fail decides the level; else an undecided objective leaves it undecided at its cap, judged
+    # on its point estimates (capacity.LevelMonitor's rule).
+    if S.FAIL in (t_verdict, i_verdict):
+        verdict, passed = S.FAIL, False
+    elif t_verdict == S.UNDECIDED:
+        verdict, passed = S.UNDECIDED, ttft <= host.ttft_limit_ms
+    else:
+        verdict, passed = S.PASS, True
+    decided = verdict != S.UNDECIDED
+    return C.LevelResult(concurrency=int(load), requests=requests, ok=requests, seconds=seconds,
+                         output_tps=tps, stream_output_tps=tps, window_output_tps=tps,
+                         goodput_output_tps=tps if passed else 0.0, itl_p99_ms=itl, ttft_p99_ms=ttft,
+                         passed=passed, decided=decided, verdict=verdict,
+                         stop="decided" if decided else "time_cap", objectives=objs)
+
+
 SLO_TEXT = "itl_p99={limit}ms"
+SLO_QUEUEING = "ttft_p99={ttft}ms itl_p99={limit}ms"
 
 
 def run(presets: list[SimPreset], host: SimHost, rounds: int = 3, tolerance: float = 0.10,
-        knees: dict[str, float] | None = None, ladder: bool = True, rung_share: float | None = None
-        ) -> ps.PairedResult:
+        knees: dict[str, float] | None = None, ladder: bool = True, rung_share: float | None = None,
+        bracket: bool = True) -> ps.PairedResult:
     """One simulated paired sweep: round 0's searches (levels taking turns;
     skipped for presets given in `knees`, which start there), then the
     ladder rounds and the verdicts (ladder False: the duels at the loads
     round 0 found, as before 2026-12-07; rung_share: a rung's length over a
     duel level's; None: what paired_sweep.rung_seconds() gives a level it
-    knows nothing of, 6 s of 8; 1.0: as long, as before 08:30 UTC that day)."""
+    knows nothing of, 6 s of 8; 1.0: as long, as before 08:30 UTC that day;
+    bracket False: round 0's levels not handed to the ladder's brackets)."""
     if rung_share is None:
         rung_share = ps.rung_seconds(None, None) / ps.DUEL_LEVEL_S
     rngs = {p.name: random.Random(f"{host.seed}-{p.name}") for p in presets}
     by_name = {p.name: p for p in presets}
-    slo = S.parse_slo_text(SLO_TEXT.format(limit=f"{host.limit_ms:g}"))
+    text = SLO_QUEUEING if host.model == "queueing" else SLO_TEXT
+    slo = S.parse_slo_text(text.format(limit=f"{host.limit_ms:g}", ttft=f"{host.ttft_limit_ms:g}"))
     config = C.SearchConfig(confirm_waves=0, tolerance=tolerance, max_concurrency=512)
     result = ps.PairedResult(presets=[p.name for p in presets])
     given = knees or {}
@@ -160,6 +242,7 @@ def run(presets: list[SimPreset], host: SimHost, rounds: int = 3, tolerance: flo
         result.analyse()
         return result
     ps.duel_rounds(result, list(start), start, measure, rounds, False, lambda **_: None, threading.Event(),
-                   clock=host.clock, order_seed=host.seed * 7 + 1)
+                   clock=host.clock, order_seed=host.seed * 7 + 1,
+                   searched={n: r.levels for n, r in found.items()} if bracket else None)
     result.analyse()
     return result

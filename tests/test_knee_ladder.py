@@ -280,3 +280,78 @@ def test_aa_on_a_host_drifting_once_a_minute_is_not_called_beyond_noise():
                            SimHost(drift=0.3, period_s=60.0, jitter=0.15, seed=seed, phase=seed * 0.7)))
               .pairs[0].beyond_noise]
     assert called == []
+
+
+# -- a queueing knee (tests/knee_sim.py, model="queueing"), as vLLM 0.26 on an H100, 2026-12-07 ------
+
+def _queueing_host(**kw) -> SimHost:
+    return SimHost(model="queueing", p99_noise=0.0, tps_noise=0.0, ttft_noise=0.0, **kw)
+
+
+def test_a_queueing_knee_undecided_at_every_duel_level_is_read_at_its_edge():
+    # seed-A on the GPU: its duel levels at 350 ended undecided in every round (round 0's longer level
+    # passed): no round read a knee ("-, -, -"). Here K 7: at 8 its TTFT p99 reads 7 % over its limit,
+    # within the bounds of an 8 s level's p99 (6 requests beyond it), so every look there is undecided.
+    host = _queueing_host()
+    result = run([SimPreset("seed-A", 7.0), SimPreset("seed-C", 9.6)], host, knees={"seed-A": 8, "seed-C": 8})
+    a = [k for k in result.knee_rounds if k.preset == "seed-A"]
+    assert all(d.verdict == "undecided" for d in result.duels if d.preset == "seed-A" and d.load == 8)
+    # Read at its edge (the limit lies within the level's noise), and held there: undecided moves no knee.
+    assert [k.knee for k in a] == [8, 8, 8] and all(k.edge for k in a)
+    assert [k.next_knee for k in a] == [8, 8, 8]
+    assert result.knees["seed-A"]["knees"] == [8, 8, 8]
+
+
+def _long_doc(levels: list[LevelResult], rounds: int = 3) -> tuple[list[kl.KneeRound], list[ps.DuelLevel]]:
+    """The ladder alone (round 0 handed in as `levels`, starting where start_knee() says), on the
+    queueing model without noise, knee at 9 (K 8), tolerance 0.25 as on the GPU."""
+    import random
+
+    host = _queueing_host()
+    p = SimPreset("long-doc", 8.0)
+    q = SimPreset("seed-C", 9.6)
+    rng = random.Random(0)
+    from knee_sim import level
+
+    def measure(name: str, load: float, kind: str) -> LevelResult:
+        s = {"rung": 6.0, "longer": 16.0}.get(kind, 8.0)
+        return level(host, p if name == "long-doc" else q, load, s, rng)
+
+    result = ps.PairedResult(presets=["long-doc", "seed-C"])
+    result.step = 0.25
+    start = kl.start_knee(8.0, levels, 0.25, False)
+    assert start is not None
+    ps.duel_rounds(result, ["long-doc", "seed-C"], {"long-doc": start, "seed-C": 8.0}, measure, rounds, False,
+                   lambda **_: None, threading.Event(), clock=host.clock, order_seed=1,
+                   searched={"long-doc": levels})
+    return [k for k in result.knee_rounds if k.preset == "long-doc"], [d for d in result.duels
+                                                                       if d.preset == "long-doc"]
+
+
+def test_a_queueing_knee_bracketed_in_round_0_stays_in_its_bracket():
+    # long-doc on the GPU: round 0 passed 320 (ITL 30-40 % under its limit, TTFT flat) and failed 400
+    # by a little on ITL; the ladder climbed to 490 (failed), went down 4 steps to 201, climbed from
+    # 251 to 502 (failed twice) and read 201, 251, 206. Here 4, 6 and 8 passed with wide headroom, 10
+    # failed by a little (a spike): the knee lies in [8, 10).
+    levels = [_lv(4, True, 10.0), _lv(6, True, 12.0), _lv(8, True, 13.0), _lv(10, False, 23.0)]
+    knees, duels = _long_doc(levels)
+    # Never above the fail round 0 saw (retested at most), never under its pass in one go.
+    assert max(d.load for d in duels) <= 10, [(d.round, d.load, d.step, d.verdict) for d in duels]
+    assert min(d.load for d in duels) >= 8, [(d.round, d.load, d.step, d.verdict) for d in duels]
+    assert all(k.knee == 8 for k in knees), [k.knee for k in knees]
+
+
+def test_a_bracket_binds_for_a_few_rounds_and_newer_evidence_overrules_it():
+    b = kl.Bracket()
+    pass_, fail_ = (lambda load: kl.Look(load, True, True, [])), (lambda load: kl.Look(load, False, True, []))
+    b.add(0, [pass_(8), fail_(10)])
+    assert b.clamp(20, 1) == 10  # never above the live fail: retested at most
+    assert b.clamp(2, 1) == 8  # never under the live pass in one go
+    assert b.clamp(20, 3) == 20 and b.clamp(2, 3) == 2  # aged out
+    b.add(1, [pass_(12)])  # the host sped up: a newer pass over the old fail removes it
+    assert b.live(2) == (12, None)
+    b.add(2, [fail_(9)])  # then slowed: a newer fail under the pass removes it (the pass of 8 has aged out)
+    assert b.live(3) == (None, 9)
+    # Undecided levels are no side of the knee.
+    b.add(3, [kl.Look(5, False, False, [])])
+    assert b.live(3) == (None, 9)

@@ -72,6 +72,10 @@ CLIMB_TAIL_SHARE = 0.15
 MAX_CLIMB_STEPS = 4
 # The most a knee climbs between rounds: a doubling, as the search's own steps.
 MAX_CLIMB = 2.0
+# A decided pass or fail binds the knee (Bracket) for this many rounds after
+# the one that saw it: a host that sped up or slowed moves the knee, and
+# evidence older than that no longer says where it is.
+BRACKET_ROUNDS = 2
 
 
 @dataclass
@@ -197,6 +201,7 @@ class KneeRound:
     doubts: list[str] = field(default_factory=list)
     next_knee: float | None = None
     loads: list[float] = field(default_factory=list)  # the ladder's loads, in the order measured
+    edge: bool = False  # read at an undecided level, nothing passed (edge_load)
 
     @property
     def clean(self) -> bool:
@@ -258,6 +263,77 @@ def start_knee(load: float | None, levels: Sequence[Any], step: float, rate: boo
     return start
 
 
+@dataclass
+class Bracket:
+    """A preset's decided evidence across rounds (round 0's search levels,
+    then every ladder level): where its knee cannot be. Why: on a real GPU
+    (vLLM 0.26, H100, 2026-12-07) the knee is a queueing knee, the TTFT p99
+    flat at 30-60 % of its limit and then 45-180 % over it one step up, so a
+    pass's headroom says nothing of how far up the knee is and a fail's
+    overshoot nothing of how far down. long-doc passed 320 and failed 400 in
+    round 0; its ladder climbed to 490 (failed), stepped down four steps to
+    201, climbed from 251 to 502 (failed), and read 201, 251, 206. Each
+    round forgot what the earlier ones had seen.
+
+    So the next knee is clamped: never above the lowest live decided fail
+    (retested at most: the cap is its load), never below the highest live
+    decided pass. Evidence is live for BRACKET_ROUNDS rounds
+    after the one that saw it, and newer evidence overrules older: a pass at
+    or above an older fail's load removes that fail, a fail at or below an
+    older pass's load removes that pass (levels taken in the order measured),
+    so a host that sped up or slowed moves the bracket within a round or two."""
+
+    passes: list[tuple[float, int]] = field(default_factory=list)  # (load, round seen)
+    fails: list[tuple[float, int]] = field(default_factory=list)  # (load, round seen)
+
+    def add(self, r: int, looks: Sequence[Look]) -> None:
+        for lk in looks:
+            if not lk.decided:
+                continue  # an undecided level straddles the limit: no side of the knee
+            if lk.passed:
+                self.fails = [f for f in self.fails if f[0] > lk.load]
+                self.passes.append((lk.load, r))
+            else:
+                self.passes = [p for p in self.passes if p[0] < lk.load]
+                self.fails.append((lk.load, r))
+
+    def live(self, r: int) -> tuple[float | None, float | None]:
+        """The highest live pass and the lowest live fail for round r's knee."""
+        passes = [p[0] for p in self.passes if r - p[1] <= BRACKET_ROUNDS]
+        fails = [f[0] for f in self.fails if r - f[1] <= BRACKET_ROUNDS]
+        return max(passes, default=None), min(fails, default=None)
+
+    def clamp(self, knee: float, r: int) -> float:
+        """Round r's knee, `knee` held inside the live bracket (the class's docstring)."""
+        low, fail = self.live(r)
+        if fail is not None:
+            # At most a retest of the fail: a tail spike fails a level by a
+            # little, and a host that sped up since moves the knee over a
+            # fail by far. (Capped one step under a fail by more than a
+            # little, on the simulated queueing knee drifting +-30 % over 2
+            # min, an A/A pair was called beyond noise in 4 of 1000 runs, a
+            # knee held under a host that had sped up; at the fail, 1.)
+            knee = min(knee, fail)
+        if low is not None:
+            knee = max(knee, low)
+        return knee
+
+
+def edge_load(looks: Sequence[Look]) -> float | None:
+    """The highest undecided level under every decided fail: where a
+    round's knee is read when no level passed. Why: an undecided level's
+    bounds straddle the limit at its cap, so the limit lies within the
+    level's own noise: its load is the knee, as near as the round can tell.
+    On the GPU run of 2026-12-07 seed-A's duel levels at 350 (passed in
+    round 0's longer level) ended undecided in every round, no round read a
+    knee ("-, -, -"), and its verdicts stayed within noise at -35..+188 %.
+    Its tok/s there is the preset's at its capacity; the next round stays
+    at it (next_after: undecided is no evidence to move on)."""
+    fails = [lk.load for lk in looks if lk.decided and not lk.passed]
+    edge = [lk.load for lk in looks if not lk.decided and all(lk.load < f for f in fails)]
+    return max(edge, default=None)
+
+
 def next_after(at: float, looks: Sequence[Look], step: float, rate: bool) -> float:
     """The next round's knee, moved only on decided levels: the highest
     decided pass, or further up where it topped the ladder above the knee it
@@ -284,6 +360,11 @@ def next_after(at: float, looks: Sequence[Look], step: float, rate: bool) -> flo
     # 211 undecided, and round 2 measured 515 again).
     if fails and not passes:
         low = min(fails, key=lambda lk: lk.load)
+        if low.load > at:
+            # Only a rung above failed; the knee itself ended undecided (no
+            # decided pass, no decided fail at it): the knee is at its edge,
+            # and a fail above it says nothing new (edge_load).
+            return at
         return step_down(low.load, step, rate, down_steps(low, step)) or low.load
     return at
 
@@ -302,11 +383,13 @@ def read_round(preset: str, r: int, at: float, looks: Sequence[Look], step: floa
     each level's thin tail are checked."""
     passes = [lk for lk in looks if lk.passed]
     knee = max((lk.load for lk in passes), default=None)
-    reading = KneeRound(preset, r, knee, loads=[lk.load for lk in looks])
+    edge = edge_load(looks) if knee is None else None
+    reading = KneeRound(preset, r, knee if edge is None else edge, loads=[lk.load for lk in looks],
+                        edge=edge is not None)
     reading.doubts = [f"near its limit on few requests, twice: {t}" for t in thin]
     h = headroom(counted) if counted is not None else None
     reading.tail = None if h is None else 1.0 - h
-    if knee is not None:
+    if knee is not None and edge is None:
         top = next(lk for lk in passes if lk.load == knee)
         reading.climbing = knee > at and knee >= max(lk.load for lk in looks) and wide(top) and top.decided
     reading.next_knee = next_after(at, looks, step, rate)

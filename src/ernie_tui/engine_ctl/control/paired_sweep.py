@@ -58,7 +58,7 @@ import threading
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from ernie_tui import paths
 from ernie_tui.engine_ctl.control import knee_ladder as kl
@@ -871,7 +871,8 @@ Measure = Callable[[str, float, str], Any]
 def ladder_round(r: int, names: list[str], knees: dict[str, float], measure: Measure, rate: bool, step: float,
                  emit: Callable[..., None], cancel: threading.Event, first_index: int, total: int,
                  clock: Callable[[], float] = time.time, ceiling: float | None = None,
-                 order: list[str] | None = None) -> tuple[list[DuelLevel], list[kl.KneeRound]]:
+                 order: list[str] | None = None, seen: dict[str, list[kl.Look]] | None = None,
+                 floors: dict[str, float | None] | None = None) -> tuple[list[DuelLevel], list[kl.KneeRound]]:
     """One duel round of ladders (knee_ladder.py): in duel_order, each preset
     at its knee, the round's reference at its knee again at the end; then
     for each, one step above where its knee passed, else its knee once more
@@ -881,7 +882,11 @@ def ladder_round(r: int, names: list[str], knees: dict[str, float], measure: Mea
     once more, longer (`measure(name, load, "longer")`), and the second look
     counts: the search's remeasure, for the tail. Returns the levels
     (adjusted against the reference) and each preset's reading. `order`:
-    the round's (drawn_orders); None: duel_order's rotation."""
+    the round's (drawn_orders); None: duel_order's rotation. `seen`: filled
+    with each preset's decided-or-not looks in the order measured (second
+    looks included), for its knee_ladder.Bracket; `floors`: each preset's
+    highest live decided pass (Bracket.live), which the first rung below a
+    failed knee does not go under."""
     order = order or duel_order(names, r)
     out: list[DuelLevel] = []
     looks: dict[str, list[kl.Look]] = {n: [] for n in names}
@@ -904,6 +909,8 @@ def ladder_round(r: int, names: list[str], knees: dict[str, float], measure: Mea
                 thin[name].append(f"{load:g}: {still}")
         d = _duel(name, r, load, t0, t1, lv, reference, rung)
         out.append(d)
+        if look is not None and seen is not None:
+            seen.setdefault(name, []).append(look)
         if look is not None and rung != "again":
             looks[name].append(look)
             finals[name].append(d)
@@ -941,8 +948,14 @@ def ladder_round(r: int, names: list[str], knees: dict[str, float], measure: Mea
         if one(name, at, "at, once more") is None or looks[name][-1].passed or not looks[name][-1].decided:
             continue
         load: float | None = at
-        for _ in range(2):  # as far below as the failed level read over its limit (knee_ladder.down_steps)
+        floor = (floors or {}).get(name)
+        for i in range(2):  # as far below as the failed level read over its limit (knee_ladder.down_steps)
             load = kl.step_down(load, step, rate, kl.down_steps(looks[name][-1], step)) if load is not None else None
+            # The first rung not under the highest load that passed, decided, in recent rounds: a
+            # queueing knee's fail reads far over its limit one step past the knee, so down_steps()
+            # went 4 steps under a knee bracketed one step wide (knee_ladder.Bracket).
+            if i == 0 and load is not None and floor is not None and load < floor < at:
+                load = floor
             if load is None or cancel.is_set():
                 break
             if one(name, load, "below") is None or looks[name][-1].passed or not looks[name][-1].decided:
@@ -1088,32 +1101,44 @@ def _measure(result: PairedResult, runs: list[SweepRun], served: list[_Served], 
 
     ceiling = float(search.max_rate if rate else search.max_concurrency)
     duel_rounds(result, names, {k: min(v, ceiling) for k, v in knees.items()}, measure, rounds, rate, emit, cancel,
-                n, total, ceiling=ceiling)
+                n, total, ceiling=ceiling, searched={run.preset: res.levels for run, res in done if res})
 
 
 def duel_rounds(result: PairedResult, names: list[str], knees: dict[str, float], measure: Measure, rounds: int,
                 rate: bool, emit: Callable[..., None], cancel: threading.Event, first_index: int = 0,
                 total: int = 0, clock: Callable[[], float] = time.time, ceiling: float | None = None,
-                order_seed: int | None = None) -> None:
+                order_seed: int | None = None, searched: dict[str, Sequence[Any]] | None = None) -> None:
     """Rounds 1..rounds of ladders from `knees` (each preset's starting
     load), each round starting where the last left each knee; the levels and
     readings go into `result` (its `step` set), each search row's final_knee
     too. The rounds' orders are drawn at random (drawn_orders) from
     `order_seed`, kept in result.order_seed; None: a seed of its own. Apart
-    from the servers: a simulation hands in its own measure, clock and seed."""
+    from the servers: a simulation hands in its own measure, clock and seed.
+    `searched`: each preset's round-0 search levels; with every ladder level
+    they make its knee_ladder.Bracket, which holds each round's knee between
+    the live decided pass and fail (a queueing knee's tail says nothing of
+    how far the knee is, so the climb and the step down alone wandered)."""
     knees = dict(knees)
+    brackets = {n: kl.Bracket() for n in names}
+    for n, levels in (searched or {}).items():
+        if n in brackets:
+            brackets[n].add(0, [kl.Look.of(lv) for lv in levels if getattr(lv, "stop", "") != "cancelled"])
+            knees[n] = brackets[n].clamp(knees[n], 1)
     result.order_seed = random.SystemRandom().randrange(2 ** 31) if order_seed is None else order_seed
     orders = drawn_orders(names, rounds, random.Random(result.order_seed))
     for r in range(1, rounds + 1):
         if cancel.is_set():
             break
+        seen: dict[str, list[kl.Look]] = {}
         levels, readings = ladder_round(r, names, knees, measure, rate, result.step, emit, cancel,
                                         first_index + (r - 1) * (2 * len(names) + 1), total, clock, ceiling,
-                                        orders[r - 1])
+                                        orders[r - 1], seen, {n: b.live(r)[0] for n, b in brackets.items()})
         result.duels += levels
         result.knee_rounds += readings
         for k in readings:
+            brackets[k.preset].add(r, seen.get(k.preset, []))
             if k.next_knee is not None:
+                k.next_knee = brackets[k.preset].clamp(k.next_knee, r + 1)
                 knees[k.preset] = k.next_knee if ceiling is None else min(ceiling, k.next_knee)
     for row in result.searches:
         row.final_knee = knees.get(row.preset)
