@@ -355,3 +355,19 @@ def test_a_bracket_binds_for_a_few_rounds_and_newer_evidence_overrules_it():
     # Undecided levels are no side of the knee.
     b.add(3, [kl.Look(5, False, False, [])])
     assert b.live(3) == (None, 9)
+
+
+def test_a_knee_no_ladder_round_read_holds_a_verdict_back():
+    # tune-confirm-aa.md, 2026-12-07 09:10: on the loaded box every ladder level ended undecided, so
+    # the rounds compared BASE at 1 with its copy at 6, round 0's loads, and wrote the copy 263 % better.
+    unread = [kl.KneeRound("aa", r, None) for r in (1, 2, 3)]
+    assert kl.knee_doubts([], unread) == ["its ladder read no knee in 3 of 3 rounds (no level at or around it "
+                                          "passed): its figures may compare loads, not presets"]
+    once = [kl.KneeRound("aa", 1, 6.0), kl.KneeRound("aa", 2, None), kl.KneeRound("aa", 3, None)]
+    assert kl.knee_doubts([], once)[0].startswith("its ladder read no knee in 2 of 3 rounds")
+    twice = [kl.KneeRound("aa", 1, 6.0), kl.KneeRound("aa", 2, None), kl.KneeRound("aa", 3, 7.0)]
+    assert kl.knee_doubts([], twice) == []
+    pair = rk.paired_verdict("aa", "aa-tune-0", [1.0, 1.0, 1.0], [3.6, 3.2, 3.7],
+                             a_doubts=kl.knee_doubts([], unread))
+    assert pair.interval_excludes_zero and not pair.beyond_noise
+    assert "within noise / undecided: aa's knee uncertain (its ladder read no knee" in pair.text()

@@ -435,4 +435,14 @@ def knee_doubts(round0: Sequence[str], readings: Sequence[KneeRound]) -> list[st
     clean = [k for k in readings if k.clean]
     if round0 and len(clean) < 2:
         out += [f"round 0 search: {d}" for d in round0]
+    read = [k for k in readings if k.knee is not None]
+    if readings and len(read) < min(2, len(readings)):
+        # Nothing passed at or around its knee in most rounds (every level
+        # undecided, or failed): its figures are at round 0's load, which may
+        # be far from its knee. On the loaded 2-core box (load average 20),
+        # tune's A/A check compared a copy of BASE at 6 with BASE at 1, the
+        # round-0 searches' loads, and wrote the copy as 263 % better: every
+        # ladder level had ended undecided, so no other check had a reading.
+        out.append(f"its ladder read no knee in {len(readings) - len(read)} of {len(readings)} rounds (no level "
+                   "at or around it passed): its figures may compare loads, not presets")
     return out
