@@ -54,7 +54,7 @@ ROOT = HERE.parent.parent
 sys.path.insert(0, str(ROOT / "src"))
 
 from ernie_tui.engine_ctl.load import metrics as M  # noqa: E402
-from ernie_tui.engine_ctl.load.server_cpu import server_pid  # noqa: E402
+from ernie_tui.engine_ctl.load import server_pid  # noqa: E402
 
 
 def finished(url: str) -> float:

@@ -46,6 +46,7 @@ ROOT = HERE.parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
 from ernie_tui.engine_ctl.load import (  # noqa: E402
+    BuiltPrompt,  # noqa: E402
     BurstConfig,
     LengthDist,
     build_profile,
@@ -58,7 +59,6 @@ from ernie_tui.engine_ctl.load import (  # noqa: E402
     save_profile,
 )
 from ernie_tui.engine_ctl.load import metrics as M  # noqa: E402
-from ernie_tui.engine_ctl.load.prompts import BuiltPrompt  # noqa: E402
 from vllm_support import tiny_model_dir  # noqa: E402  (the tests' tiny ERNIE-4.5-shaped model)
 
 WORDS = ("the model reads a long prompt and the engine splits it into blocks of the cache so that each "
@@ -272,8 +272,7 @@ def windows_table(keep: Path, n: int, rate: float, shape: float, share: float, o
     profile's rate series, beside the source's (all recomputed from the
     seeds and the profiles kept with --keep; no server): the distance
     sum |replica - source| / N over the windows, and the gap CVs."""
-    from ernie_tui.engine_ctl.load import TrafficProfile, arrival_offsets
-    from ernie_tui.engine_ctl.load.traffic_replay import curve_of, curve_offsets
+    from ernie_tui.engine_ctl.load import TrafficProfile, arrival_offsets, curve_of, curve_offsets
 
     def counts(ts: list[float], w: float, k: int) -> list[int]:
         out = [0] * k

@@ -86,6 +86,7 @@ from ernie_tui.engine_ctl.load.prompts import (
     CHINESE_PROMPT,
     LONG_PROMPT_TOKENS,
     SHORT_PROMPT,
+    BuiltPrompt,
     find_tokenizer,
     long_prompt,
     ready_prompt,
@@ -133,7 +134,7 @@ from ernie_tui.engine_ctl.load.traffic_capture import (
     window_histograms,
 )
 from ernie_tui.engine_ctl.load.traffic_replay import OUTPUTS as TRAFFIC_OUTPUTS
-from ernie_tui.engine_ctl.load.traffic_replay import replay_settings
+from ernie_tui.engine_ctl.load.traffic_replay import curve_of, curve_offsets, replay_settings
 from ernie_tui.engine_ctl.load.traffic_shapes import BUILT_IN as BUILT_IN_TRAFFIC
 from ernie_tui.engine_ctl.load.traffic_shapes import load_profile
 from ernie_tui.engine_ctl.load.verdict_words import second_look, verdict_text
@@ -270,5 +271,8 @@ __all__ += [
     "load_profile",
     "read_trace",
     "replay_settings",
+    "curve_of",
+    "curve_offsets",
+    "BuiltPrompt",
     "save_profile",
 ]
