@@ -30,7 +30,7 @@ Two stands:
     .venv/bin/python bench/verdict_calibration.py --design fixed        # the old duels, same cases
     .venv/bin/python bench/verdict_calibration.py --stand paced --case 25 --runs 2 --level-time 10
     .venv/bin/python bench/verdict_calibration.py --stand paced --plan aa=10,25=10,10=5 \
-        --json runs.jsonl --keep runs.d --time-scale 2 --start-concurrency 8 --level-time 15
+        --json runs.jsonl --keep runs.d --time-scale 2 --start-concurrency 8 --level-time 15 --rotate 1
     .venv/bin/python bench/verdict_calibration.py --summarise runs.jsonl [more.jsonl]   # the counts
 """
 
@@ -111,14 +111,18 @@ def write_presets(path: Path, ka: int, kb: int, drift: float, period: float, jit
     return "weaker", "stronger"
 
 
-def schedule(plan: dict[str, int]) -> list[str]:
+def schedule(plan: dict[str, int], rotate: int = 0) -> list[str]:
     """The cases of a batch in the order they run: each case's runs spread
     evenly over the batch (its i-th run at (i + 1/2) / n of the way), ties
     in the plan's order. {aa: 2, 25: 2, 10: 1}: aa 25 10 aa 25. So a busy
     spell of the shared box falls on every case alike, not on one case's
-    block of runs."""
+    block of runs. `rotate` starts it that many runs in (wrapping round):
+    streams run side by side with different rotations are at different
+    cases at any moment, so a busy spell does not land on one case in all."""
     slots = [((i + 0.5) / n, k, case) for k, (case, n) in enumerate(plan.items()) for i in range(n)]
-    return [case for _, _, case in sorted(slots)]
+    order = [case for _, _, case in sorted(slots)]
+    k = rotate % len(order) if order else 0
+    return order[k:] + order[:k]
 
 
 def parse_plan(text: str) -> dict[str, int]:
@@ -130,6 +134,14 @@ def parse_plan(text: str) -> dict[str, int]:
             raise ValueError(f"--plan: {part!r} is not CASE=N with CASE one of {', '.join(CASES)}")
         plan[case] = int(n)
     return plan
+
+
+def last_start(hhmm: str, now: datetime.datetime | None = None) -> datetime.datetime:
+    """HH:MM UTC today (tomorrow where that has passed by more than 12 hours)."""
+    now = now or datetime.datetime.now(datetime.timezone.utc)
+    h, m = (int(x) for x in hhmm.split(":"))
+    t = now.replace(hour=h, minute=m, second=0, microsecond=0)
+    return t + datetime.timedelta(days=1) if (now - t).total_seconds() > 12 * 3600 else t
 
 
 def loadavg() -> list[float]:
@@ -179,7 +191,7 @@ def keep_records(export: dict, keep: Path) -> list[str]:
 
 def run_paced(plan: dict[str, int], drift: float, period: float, jitter: float, jitter_ms: float, port: int,
               extra: list[str], scale: float = 1.0, json_path: str | None = None, keep: Path | None = None,
-              timeout_s: float = 1200.0) -> list:
+              timeout_s: float = 1200.0, rotate: int = 0, last_start: datetime.datetime | None = None) -> list:
     """Each run of schedule(plan): two stand-ins (weaker, stronger) on
     `port` and the next, `ernie-tui sweep --capacity` on them; its line is
     appended to json_path as soon as it ends."""
@@ -191,7 +203,10 @@ def run_paced(plan: dict[str, int], drift: float, period: float, jitter: float, 
         keep.mkdir(parents=True, exist_ok=True)
     out = []
     done: dict[str, int] = {}
-    for seq, case in enumerate(schedule(plan), 1):
+    for seq, case in enumerate(schedule(plan, rotate), 1):
+        if last_start and datetime.datetime.now(datetime.timezone.utc) > last_start:
+            print(f"  past {last_start:%H:%M} UTC: no more runs ({seq - 1} of {sum(plan.values())} made)", flush=True)
+            break
         done[case] = done.get(case, 0) + 1
         ka, kb, _ = CASES[case]
         truth = (kb / ka - 1) * 100
@@ -321,12 +336,13 @@ def show(export_path: Path) -> str:
                 out.append(f"  {lv.get('concurrency')}: {lv.get('verdict')} ({lv.get('stop')}, "
                            f"{lv.get('seconds') or 0:.1f} s, {lv.get('requests')} req) itl p99 "
                            f"{lv.get('itl_p99_ms') or 0:.1f} ms, ttft p99 {lv.get('ttft_p99_ms') or 0:.1f} ms, "
-                           f"client lag p99/max "
-                           f"{lv.get('client_lag_p99_ms')}/{lv.get('client_lag_max_ms')} ms")
+                           f"client lag p99/max {lv.get('client_lag_p99_ms') or 0:.0f}/"
+                           f"{lv.get('client_lag_max_ms') or 0:.0f} ms")
     paired = data.get("paired") or {}
     for d in paired.get("duels") or []:
         out.append(f"round {d['round']} {d['preset']} {d['step']} at {d['load']:g}: {d['verdict']} "
-                   f"({d['seconds']:.1f} s, {d.get('output_tps') or 0:.0f} tok/s, adjusted {d.get('adjusted')})")
+                   f"({d['seconds']:.1f} s, {d.get('output_tps') or 0:.0f} tok/s, adjusted "
+                   f"{d.get('adjusted') or 0:.3f})")
     for pair in paired.get("pairs") or []:
         out.append(f"verdict: {pair.get('text')} (held back: {pair.get('held_back')})")
     for name, k in (paired.get("knees") or {}).items():
@@ -349,6 +365,9 @@ def main() -> int:
     p.add_argument("--runs", type=int, default=None, help="runs a case (sim: 20, 20, 10; paced: 1)")
     p.add_argument("--plan", metavar="CASE=N,...", help="paced: a batch, e.g. aa=10,25=10,10=5, its cases taking "
                    "turns (overrides --case and --runs)")
+    p.add_argument("--rotate", type=int, default=0, metavar="K", help="paced: start the plan's order K runs in "
+                   "(streams side by side each get their own K)")
+    p.add_argument("--last-start", metavar="HH:MM", help="paced: start no run after this time of day, UTC")
     p.add_argument("--summarise", nargs="+", metavar="FILE.jsonl", help="print the counts of these runs' lines "
                    "against the goals, and the runs to read; runs nothing")
     p.add_argument("--design", choices=("ladder", "fixed"), default="ladder", help="sim only: the duels' design")
@@ -381,7 +400,8 @@ def main() -> int:
             p.error(str(exc))
         t0 = time.monotonic()
         vs = run_paced(plan, args.drift, args.period, args.jitter, args.jitter_ms, args.port, extra,
-                       args.time_scale, args.json, Path(args.keep) if args.keep else None)
+                       args.time_scale, args.json, Path(args.keep) if args.keep else None, rotate=args.rotate,
+                       last_start=last_start(args.last_start) if args.last_start else None)
         for case in plan:
             print(f"[paced] {summary(case, [v for v in vs if v['case'] == case])}", flush=True)
         print(f"[paced] {time.monotonic() - t0:.0f} s", flush=True)

@@ -28,6 +28,11 @@ def test_schedule_spreads_each_case_over_the_batch():
         part = order[5 * k:5 * k + 5]
         assert part.count("aa") == 2 and part.count("25") == 2 and part.count("10") == 1, part
     assert V.schedule({"25": 3}) == ["25", "25", "25"]
+    # streams side by side start at different cases and still run the whole plan
+    plan = {"aa": 4, "25": 4, "10": 2}
+    assert V.schedule(plan, 1) == V.schedule(plan)[1:] + V.schedule(plan)[:1]
+    assert [V.schedule(plan, k)[0] for k in range(3)] == ["aa", "25", "10"]
+    assert sorted(V.schedule(plan, 7)) == sorted(V.schedule(plan))
 
 
 def test_parse_plan_reads_counts_and_refuses_unknown_cases():
@@ -118,5 +123,14 @@ def test_show_prints_a_kept_run_from_its_export_and_records(tmp_path: Path):
     (tmp_path / "run.json").write_text(json.dumps({"rows": rows, "paired": paired}))
     text = V.show(tmp_path / "run.json")
     assert "weaker search: bracketed (capacity 8)" in text and "stronger: no record kept" in text
-    assert "  16: fail (decided, 5.6 s, 49 req) itl p99 117.6 ms" in text and "client lag p99/max 1.0/400.0" in text
+    assert "  16: fail (decided, 5.6 s, 49 req) itl p99 117.6 ms" in text and "client lag p99/max 1/400 ms" in text
     assert text.count("\nround ") == len(paired["duels"]) and f"verdict: {paired['pairs'][0]['text']}" in text
+
+
+def test_last_start_is_today_or_tomorrow_in_utc():
+    import datetime as dt
+
+    now = dt.datetime(2026, 12, 7, 8, 50, tzinfo=dt.timezone.utc)
+    assert V.last_start("09:53", now) == dt.datetime(2026, 12, 7, 9, 53, tzinfo=dt.timezone.utc)
+    assert V.last_start("08:30", now) < now  # passed minutes ago: no more runs
+    assert V.last_start("00:10", dt.datetime(2026, 12, 7, 23, 0, tzinfo=dt.timezone.utc)).day == 8
