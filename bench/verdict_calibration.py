@@ -403,7 +403,9 @@ def main() -> int:
                        args.time_scale, args.json, Path(args.keep) if args.keep else None, rotate=args.rotate,
                        last_start=last_start(args.last_start) if args.last_start else None)
         for case in plan:
-            print(f"[paced] {summary(case, [v for v in vs if v['case'] == case])}", flush=True)
+            mine = [v for v in vs if v["case"] == case]
+            if mine:
+                print(f"[paced] {summary(case, mine)}", flush=True)
         print(f"[paced] {time.monotonic() - t0:.0f} s", flush=True)
         return 0
     cases = list(CASES) if args.case == "all" else [args.case]
