@@ -82,8 +82,11 @@ def run_sim(case: str, runs: int, design: str, drift: float, period: float, jitt
         host = SimHost(drift=drift, period_s=period, jitter=jitter, seed=seed, phase=seed * 0.7)
         result = run([SimPreset("weaker", ka), SimPreset("stronger", kb)], host, ladder=design == "ladder")
         v = tally_one(result.pairs[0].to_dict(), truth, ("weaker", "stronger"))
+        rounds = max((d.round for d in result.duels), default=0) or 1
         v.update(run=i + 1, seed=seed, sim_s=round(host.now), uncertain=[n for n, k in result.knees.items()
-                                                                          if k.get("uncertain")])
+                                                                          if k.get("uncertain")],
+                 # simulated seconds of duel levels a round (rungs and second looks included)
+                 duel_round_s=round(sum(d.seconds for d in result.duels) / rounds, 1))
         out.append(v)
     return out
 
@@ -419,6 +422,10 @@ def main() -> int:
             with open(args.json, "a") as f:
                 f.writelines(json.dumps(v) + "\n" for v in vs)
         print(f"[{args.stand}, {args.design}] {summary(case, vs)} ({time.monotonic() - t0:.0f} s)", flush=True)
+        rounds_s = [v["duel_round_s"] for v in vs if v.get("duel_round_s")]
+        if rounds_s:
+            print(f"    duel levels a round (simulated): mean {sum(rounds_s) / len(rounds_s):.1f} s, "
+                  f"max {max(rounds_s):.1f} s", flush=True)
     return 0
 
 

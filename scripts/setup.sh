@@ -70,7 +70,7 @@ has_vllm() { [ -x "$V" ] && "$V" -c "import vllm" >/dev/null 2>&1; }
 
 # Again whenever pyproject.toml changed since (or a test tool is missing).
 has_ernie_tui() {
-  [ -x "$V" ] && "$V" -c "import ernie_tui, pytest, textual, hypothesis, matplotlib, xdist, ray" >/dev/null 2>&1 \
+  [ -x "$V" ] && "$V" -c "import ernie_tui, pytest, textual, hypothesis, matplotlib, xdist, ray, psycopg" >/dev/null 2>&1 \
     && [ -x .venv/bin/ruff ] && [ -x .venv/bin/mypy ] && [ -x .venv/bin/lint-imports ] \
     && [ ! pyproject.toml -nt .venv/.ernie-tui-installed ]
 }

@@ -64,17 +64,20 @@ class SimHost:
         return self.now
 
 
-def level(host: SimHost, p: SimPreset, load: float, seconds: float, rng: random.Random) -> C.LevelResult:
-    """One simulated level of `seconds` at concurrency `load`, now; the clock moves on."""
+def level(host: SimHost, p: SimPreset, load: float, seconds: float, rng: random.Random,
+          noise_scale: float = 1.0) -> C.LevelResult:
+    """One simulated level of `seconds` at concurrency `load`, now; the clock
+    moves on. `noise_scale` multiplies the readings' noise (a shorter level
+    counts fewer samples)."""
     with host.lock:
         mid = host.now + seconds / 2
         host.now += seconds
     f = host.factor(mid)
     gap = p.itl_ms * f * max(1.0, load / p.knee)
-    p99 = gap * p.spread * math.exp(rng.gauss(0.0, host.p99_noise))
+    p99 = gap * p.spread * math.exp(rng.gauss(0.0, host.p99_noise * noise_scale))
     if rng.random() < host.jitter:
         p99 *= rng.uniform(1.3, 1.9)
-    tps = min(load, p.knee) / (p.itl_ms * f / 1000.0) * math.exp(rng.gauss(0.0, host.tps_noise))
+    tps = min(load, p.knee) / (p.itl_ms * f / 1000.0) * math.exp(rng.gauss(0.0, host.tps_noise * noise_scale))
     ok = p99 <= host.limit_ms
     verdict = S.PASS if ok else S.FAIL
     gaps = int(tps * seconds)
@@ -92,11 +95,16 @@ SLO_TEXT = "itl_p99={limit}ms"
 
 
 def run(presets: list[SimPreset], host: SimHost, rounds: int = 3, tolerance: float = 0.10,
-        knees: dict[str, float] | None = None, ladder: bool = True) -> ps.PairedResult:
+        knees: dict[str, float] | None = None, ladder: bool = True, rung_share: float | None = None
+        ) -> ps.PairedResult:
     """One simulated paired sweep: round 0's searches (levels taking turns;
     skipped for presets given in `knees`, which start there), then the
     ladder rounds and the verdicts (ladder False: the duels at the loads
-    round 0 found, as before 2026-12-07)."""
+    round 0 found, as before 2026-12-07; rung_share: a rung's length over a
+    duel level's; None: what paired_sweep.rung_seconds() gives a level it
+    knows nothing of, 6 s of 8; 1.0: as long, as before 08:30 UTC that day)."""
+    if rung_share is None:
+        rung_share = ps.rung_seconds(None, None) / ps.DUEL_LEVEL_S
     rngs = {p.name: random.Random(f"{host.seed}-{p.name}") for p in presets}
     by_name = {p.name: p for p in presets}
     slo = S.parse_slo_text(SLO_TEXT.format(limit=f"{host.limit_ms:g}"))
@@ -132,10 +140,18 @@ def run(presets: list[SimPreset], host: SimHost, rounds: int = 3, tolerance: flo
                                               doubts=[] if res is None else ps.kl.search_doubts(res.levels)))
 
     def measure(name: str, load: float, kind: str) -> C.LevelResult:
-        # (a rung runs as long as a duel level here: its early verdict on a real server is not simulated)
+        # A rung runs to its cap, rung_share of a duel level (a real server's
+        # fail that decides early is not simulated: an upper bound of its
+        # time), its readings noisier by the square root of its shorter span.
+        if kind == "rung" and rung_share < 1.0:
+            return level(host, by_name[name], load, host.duel_s * rung_share, rngs[name],
+                         noise_scale=math.sqrt(1.0 / rung_share))
         return level(host, by_name[name], load, host.duel_s * (2 if kind == "longer" else 1), rngs[name])
 
     result.step = tolerance
+    if len(start) < 2:  # a search found no capacity to duel at: not compared (as paired_sweep._measure)
+        result.analyse()
+        return result
     if not ladder:
         runners = {n: (lambda load, n=n: measure(n, float(load), "figure")) for n in start}
         for r in range(1, rounds + 1):
@@ -144,6 +160,6 @@ def run(presets: list[SimPreset], host: SimHost, rounds: int = 3, tolerance: flo
         result.analyse()
         return result
     ps.duel_rounds(result, list(start), start, measure, rounds, False, lambda **_: None, threading.Event(),
-                   clock=host.clock)
+                   clock=host.clock, order_seed=host.seed * 7 + 1)
     result.analyse()
     return result

@@ -8,6 +8,8 @@ from __future__ import annotations
 import json
 import threading
 
+import pytest
+
 from ernie_tui.engine_ctl.control import knee_ladder as kl
 from ernie_tui.engine_ctl.control import paired_sweep as ps
 from ernie_tui.engine_ctl.control import ranking as rk
@@ -204,3 +206,45 @@ def test_a_duel_level_keeps_the_searchs_floor_under_a_verdict():
     ps._reuse(runner, LevelRules(min_requests=10, max_requests=60, time_cap_s=60), 8.0)
     assert runner.rules.min_requests == 60 and runner.rules.time_cap_s == 8.0
     assert runner.rules.judged_floor == 10  # not 60: a short duel level still gets a verdict
+
+
+def test_a_ladder_rounds_order_is_drawn_at_random_each_preset_the_reference_once_a_block():
+    import random
+
+    orders = ps.drawn_orders(["a", "b", "c"], 6, random.Random(7))
+    assert all(o[0] == o[-1] and sorted(o[:-1]) == ["a", "b", "c"] for o in orders)
+    for block in (orders[:3], orders[3:]):  # every preset the reference once in each block of 3 rounds
+        assert sorted(o[0] for o in block) == ["a", "b", "c"]
+    # Drawn, not rotated: over many runs a two-preset block starts with either.
+    firsts = {ps.drawn_orders(["a", "b"], 2, random.Random(seed))[0][0] for seed in range(20)}
+    assert firsts == {"a", "b"}
+    assert ps.duel_order(["a", "b"], 2) == ["b", "a", "b"]  # the fixed design: rotated
+    # The run records the seed its rounds were drawn from, so it can be read back as it ran.
+    result = run([SimPreset("a", 8), SimPreset("b", 8)], SimHost(seed=4))
+    assert result.order_seed == 29 and result.to_dict()["order_seed"] == 29
+
+
+def test_the_drift_curvature_a_preset_shows_across_rounds_is_scaled_to_a_rounds_span():
+    def look(t: float, ln_tps: float, load: float = 8.0) -> ps.DuelLevel:
+        import math
+
+        return ps.DuelLevel("a", 1, load, t, 8.0, math.exp(ln_tps), step="at")
+
+    c = 1e-4  # ln tps = c t^2: f'' = 2c, a line over a span s misses by f'' s^2 / 8 at its middle
+    parabola = [look(0.0, 0.0), look(30.0, c * 900), look(60.0, c * 3600)]
+    assert ps.curvature_residual(parabola, 16.0) == pytest.approx(2 * c * 16.0 ** 2 / 8)
+    assert ps.curvature_residual([look(t, 0.01 * t) for t in (0.0, 30.0, 60.0)], 16.0) == pytest.approx(0.0)
+    # Looks at other loads (a knee that moved) and rungs are not the same series.
+    moved = [look(0.0, 0.0), look(30.0, c * 900, load=9.0), look(60.0, c * 3600)]
+    assert ps.curvature_residual(moved, 16.0) == 0.0
+
+
+def test_aa_on_a_host_drifting_once_a_minute_is_not_called_beyond_noise():
+    # +-30 % over 60 s: rounds of half-length rungs (33 s) about half a period apart. With the reference
+    # rotated and only the reference's own move widening the interval, A/A read 9-12 % apart "beyond
+    # noise" in 6 of these 100 seeds (bench/verdict_calibration.py --drift 0.3 --period 60).
+    called = [(seed, r.pairs[0].text()) for seed in range(1000, 1100)
+              if (r := run([SimPreset("a", 8), SimPreset("b", 8)],
+                           SimHost(drift=0.3, period_s=60.0, jitter=0.15, seed=seed, phase=seed * 0.7)))
+              .pairs[0].beyond_noise]
+    assert called == []

@@ -137,3 +137,52 @@ def test_drift_seen_shows_the_presets_moving_together():
     assert seen["own_range_pct"]["A"] == pytest.approx(73.3, abs=0.1)  # 1.3 / 0.75
     assert seen["pair_range_pct"]["A/B"] == pytest.approx(0.0, abs=0.01)
     assert seen["host_index"][1] > 1 > seen["host_index"][0]
+
+
+# -- the floor: the smallest difference a verdict names (ranking.paired_verdict) ----------
+
+def _pv(a_values, b_values, **kw):
+    from ernie_tui.engine_ctl.control.ranking import paired_verdict
+
+    return paired_verdict("aa", "aa-tune-0", a_values, b_values, **kw)
+
+
+# tune-confirm-aa.md, run 4: an A/A pair on the near-deterministic stand-in, three rounds agreeing to
+# hundredths of a percent: +0.014 % (+0.004 to +0.025 %) was "beyond noise" and a copy of BASE was written.
+AA_A = [1000.0, 1000.0, 1000.0]
+AA_B = [1000.14, 1000.10, 1000.18]
+
+
+def test_a_gap_of_hundredths_of_a_percent_is_no_difference_worth_naming():
+    v = _pv(AA_A, AA_B)
+    assert v.interval_excludes_zero  # true of the measurement ...
+    assert not v.beyond_noise and v.better is None  # ... and worth nothing to an operator
+    assert v.within_floor and v.min_difference == pytest.approx(0.02)
+    assert v.text().startswith("aa vs aa-tune-0: within noise: no difference of 2 % or more (aa-tune-0 +0.01 %")
+    assert "interval +0.00 to +0.02 %" in v.text()
+    d = v.to_dict()
+    assert d["beyond_noise"] is False and d["min_difference_pct"] == 2.0 and d["text"] == v.text()
+    # --min-difference 0: any interval that excludes 0, as before.
+    assert _pv(AA_A, AA_B, min_difference=0.0).better == "aa-tune-0"
+
+
+def test_the_whole_interval_must_clear_the_floor():
+    # +3 % with an interval of about +1 to +5 %: apart from 0, not surely 2 % or more.
+    v = _pv([100.0, 100.0, 100.0], [102.0, 103.0, 104.0])
+    lo, hi = v.gap_pct()[1:]
+    assert 0 < lo < 2 < hi
+    assert not v.beyond_noise and not v.within_floor
+    assert "within noise: less than the 2 % worth naming" in v.text()
+    # A floor of 0.5 %: the same rounds are beyond noise.
+    assert _pv([100.0, 100.0, 100.0], [102.0, 103.0, 104.0], min_difference=0.005).better == "aa-tune-0"
+    # Beyond the floor either way: 20 % more, and 20 % less.
+    up = _pv([100.0, 100.0, 100.0], [119.0, 120.0, 121.0])
+    assert up.better == "aa-tune-0" and up.text().startswith("aa-tune-0 carries 20 % more")
+    down = _pv([119.0, 120.0, 121.0], [100.0, 100.0, 100.0])
+    assert down.better == "aa" and down.worse == "aa-tune-0"
+
+
+def test_an_interval_across_0_and_the_floor_is_plain_within_noise():
+    v = _pv([100.0, 100.0, 100.0], [90.0, 110.0, 104.0])
+    assert not v.interval_excludes_zero and not v.within_floor and not v.beyond_noise
+    assert v.text().startswith("aa vs aa-tune-0: within noise (aa-tune-0 +")

@@ -17,6 +17,7 @@ def test_the_cli_the_app_and_every_control_module_load_without_importing_ray():
     out = _run("""
         import importlib, pkgutil, sys
         import ernie_tui.cli, ernie_tui.tui.app, ernie_tui.engine_ctl.control as control
+        import ernie_tui.tui.tune_app, ernie_tui.tui.fleet_app, ernie_tui.tui.widgets.ray_panel  # the Ray panel's
         for m in pkgutil.iter_modules(control.__path__):
             importlib.import_module(f"ernie_tui.engine_ctl.control.{m.name}")
         from ernie_tui.cli import main
@@ -37,7 +38,8 @@ def test_ray_asked_for_but_not_installed_says_how_to_install_it(tmp_path):
     space = tmp_path / "space.toml"
     space.write_text("max_num_seqs = [1, 2]\n")
     for argv in (["sweep", "cpu-demo", "--out", str(tmp_path / "t.md"), "--ray"],
-                 ["tune", "cpu-demo", "--space", str(space), "--ray", "h:6379"]):
+                 ["tune", "cpu-demo", "--space", str(space), "--ray", "h:6379"],
+                 ["--ray", "h:6379"]):  # the fleet view of a cluster
         out = _run(f"""
             import sys
             sys.modules["ray"] = None  # as if not installed: import ray raises ImportError

@@ -216,14 +216,37 @@ def test_a_node_lost_mid_trial_runs_the_trial_again_on_another_and_leaves_no_ser
             killed.append(ev["node"])
             threading.Thread(target=_kill_node_of, args=(cluster, ev["node"])).start()
 
-    runs = run_sweep(plan, BurstConfig(max_tokens=8, min_tokens=10, max_tokens_in=40), options, progress,
-                     capacity=capacity)
+    # What the tune screen and the fleet view show meanwhile: snapshots of the cluster, every half second.
+    snaps: list = []
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.wait(0.5):
+            snaps.append(trials.snapshot())
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        runs = run_sweep(plan, BurstConfig(max_tokens=8, min_tokens=10, max_tokens_in=40), options, progress,
+                         capacity=capacity)
+    finally:
+        done.set()
+        watcher.join()
     assert killed, [e.get("phase") for e in events]
     (run,) = runs
     assert run.status == "ok" and run.retried_after_node_loss, (run.status, run.message)
     assert run.node != killed[0] and f"ran again after node {killed[0]}" in run.message
     assert any(str(e.get("phase", "")).startswith(f"node {killed[0]} lost") for e in events)
     assert run.record_id and (tmp_path / "logs" / "shaped-r0.log").exists()
+    # The snapshots: the trial on its first node, with its server's URL; the
+    # node lost as lost; the trial again on another node, marked so.
+    assert not any(s.error for s in snaps), [s.error for s in snaps if s.error]
+    seen = [(t, s) for s in snaps for t in s.trials if t.trial == "shaped"]
+    assert any(t.node == killed[0] and not t.lost and t.url and t.url.startswith("http://127.0.0.1:")
+               for t, _ in seen), seen
+    assert any(n.label == killed[0] and not n.alive for s in snaps for n in s.nodes)
+    again = [t for t, _ in seen if t.lost]
+    assert again and all(t.lost == (killed[0],) and t.node != killed[0] for t in again), again
     # The lost node's server was killed by its actor's guard: no stand-in of this test runs.
     deadline = time.monotonic() + 20
     while _servers(mark) and time.monotonic() < deadline:
@@ -238,3 +261,75 @@ def _kill_node_of(cluster, node: str) -> None:
     victim = next(w for w in cluster.workers if w.node_id.startswith(node_id))
     cluster.workers.remove(victim)
     cluster.remove_node(victim, allow_graceful=False)
+
+
+async def test_the_fleet_view_shows_the_clusters_nodes_from_its_own_worker(cluster):
+    # The fleet view joined to the real cluster: its thread worker asks Ray
+    # and posts the snapshot; the panel lists every node Ray lists, with
+    # its resources (each worker node's trial slot).
+    from ernie_tui.engine_ctl.control import RayTrials
+    from ernie_tui.tui.fleet_app import make_fleet_app
+    from ernie_tui.tui.widgets.ray_panel import RayPanel
+
+    app = make_fleet_app([], include_user_presets=False, ray=RayTrials(cluster.address).connect())
+    async with app.run_test(size=(120, 40)) as pilot:
+        panel = app.fleet.query_one("#fleet-ray", RayPanel)
+        deadline = time.monotonic() + 30
+        while panel.snapshot is None and time.monotonic() < deadline:
+            await pilot.pause(0.2)
+        assert panel.snapshot is not None and panel.snapshot.error is None, panel.snapshot
+        alive = [n for n in ray.nodes() if n["Alive"]]
+        text = str(panel.render()).splitlines()
+        assert text[0].startswith(f"Ray {cluster.address} · {len(alive)} nodes alive"), text
+        listed = [line for line in text if line.startswith("● 127.0.0.1 ")]
+        assert len(listed) == len(alive) >= 3, text
+        assert sum("trial_slot 1" in line for line in listed) == len(alive) - 1  # all but the head
+
+
+def test_an_address_where_nothing_answers_is_one_line_at_once(tmp_path):
+    # Ray itself would retry such an address for minutes; the fleet view
+    # and tune say so in one line (run in a fresh interpreter: this one
+    # may be joined to the cluster of the tests above).
+    import subprocess
+
+    nobody = own_port(18699)
+    space = tmp_path / "space.toml"
+    space.write_text("max_num_seqs = [1, 2]\n")
+    for argv in (["--ray", f"127.0.0.1:{nobody}"],
+                 ["tune", "cpu-demo", "--space", str(space), "--model", str(tmp_path), "--ray", f"127.0.0.1:{nobody}"]):
+        out = subprocess.run([sys.executable, "-m", "ernie_tui", *argv], capture_output=True, text=True, timeout=120)
+        assert out.returncode == 1, out.stderr[-800:]
+        assert out.stderr.strip() == (f"ernie-tui: error: no Ray cluster to join at 127.0.0.1:{nobody}: nothing "
+                                      "answers there ([Errno 111] Connection refused); start one with `ray start "
+                                      "--head` or pass --ray HOST:PORT of its head"), out.stderr[-800:]
+
+
+async def test_the_tune_screen_shows_its_trials_on_the_nodes_as_they_run(cluster, tmp_path, tiny_model):
+    # `tune --ray --tui`: while the tune runs, the screen's Ray worker
+    # shows the trial on its node with its server's URL.
+    from ernie_tui.cli import build_parser
+    from ernie_tui.cli.cmd_tune import _setup
+    from ernie_tui.tui.tune_app import TuneApp
+    from ernie_tui.tui.widgets.ray_panel import RayPanel
+
+    mark = uuid.uuid4().hex
+    presets = _presets(tmp_path, tiny_model, own_port(18651), mark)
+    space = tmp_path / "space.toml"
+    space.write_text("max_num_seqs = [1, 3]\n")
+    args = build_parser().parse_args(["tune", "shaped", "--presets", str(presets), "--space", str(space), "--trials",
+                                      "1", "--ray", cluster.address, "--ray-resources", SLOT, "--no-preset", *FAST])
+    app = TuneApp(_setup(args))
+    shown: list[str] = []
+    async with app.run_test(size=(80, 24)) as pilot:
+        screen = app.tune_screen
+        panel = screen.query_one("#tn-ray", RayPanel)
+        deadline = time.monotonic() + 240
+        while screen.running and time.monotonic() < deadline:
+            await pilot.pause(0.2)
+            shown += [line for line in str(panel.render()).splitlines() if line.startswith("  └ shaped")]
+        assert not screen.running and screen.error is None, screen.error
+        await pilot.press("q")
+    # BASE and the trial each listed under a node while they ran, with the URL of their server.
+    assert any(line.startswith("  └ shaped r0  http://127.0.0.1:") for line in shown), shown[-5:]
+    assert any(line.startswith("  └ shaped-tune-") for line in shown), shown[-5:]
+    assert not _servers(mark)

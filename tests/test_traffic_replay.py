@@ -180,3 +180,26 @@ def test_a_report_names_the_traffic_a_burst_record_was_measured_on():
     rec = RunRecord.from_dict({"id": "r1", "kind": "burst", "timestamp": "2026-12-07T05:00:00",
                                "results": {"config": cfg, "requests": []}})
     assert curve_of(rec).info["traffic"] == prof.label()
+
+
+def test_traffic_capture_since_the_server_started_reads_all_it_served(stand_in, tmp_path, capsys):
+    """--since-start: one scrape, everything the server served since its start
+    (its counters' _created samples say when), no window watched."""
+    import httpx
+
+    from ernie_tui.cli import main
+
+    url = stand_in("--slots", "4", "--ttft-ms", "2", "--itl-ms", "1")
+    with httpx.Client(timeout=30) as client:
+        for n in (3, 30, 30, 300):
+            r = client.post(f"{url}/v1/completions", json={"model": "paced", "prompt": " ".join(["hi"] * n),
+                                                            "max_tokens": 8})
+            assert r.status_code == 200, r.text
+    target = tmp_path / "all.json"
+    assert main(["traffic", "capture", "--url", url, "--since-start", "--out", str(target)]) == 0, \
+        capsys.readouterr().err
+    p = TrafficProfile.from_json(target.read_text())
+    assert p.source.requests == 4 and p.prompt_tokens.buckets == [(5.0, 1.0), (50.0, 2.0), (500.0, 1.0)]
+    assert any("since it started" in n for n in p.notes) and p.source.window_s > 0
+    assert main(["traffic", "capture", "--since-start", "--out", str(target)]) != 0
+    assert "--since-start reads a server's /metrics: give --url" in capsys.readouterr().err

@@ -310,3 +310,30 @@ async def test_the_80x24_status_bar_keeps_ready_in_whole(book, fixtures_dir):
             top = app.screen._compositor.render_strips()[0].text
             assert "ready in 28.0 s" in top and "CONTROL" in top, top
             assert ("pid 13903" in top) == (size == (160, 48)), top
+
+
+# -- the traffic view (`T`): a real window of vLLM /metrics (tests/fixtures/traffic) -----------------
+
+def traffic_state():
+    from ernie_tui.engine_ctl.load import MetricsSnapshot
+    from ernie_tui.tui.traffic_watch import TrafficWatch
+
+    fix = Path(__file__).parent / "fixtures" / "traffic" / "cpu-vllm0.32.0"
+    watch = TrafficWatch()
+    for name, t in (("window_before.metrics", 0.0), ("window_before.metrics", 4.0), ("window_after.metrics", 8.0),
+                    ("window_after.metrics", 12.0), ("window_after.metrics", 15.5)):
+        watch.add(URL, MetricsSnapshot.parse((fix / name).read_text(), timestamp=NOW + t, mono=t))
+    return watch.state()
+
+
+def test_traffic_view_at_80x24(snap_compare, book, fixtures_dir):
+    from ernie_tui.tui.messages import TrafficUpdate
+
+    async def run_before(pilot) -> None:
+        ready_feed(pilot, fixtures_dir)
+        pilot.app.post_message(TrafficUpdate(traffic_state()))
+        await settle(pilot)
+        await pilot.press("T")
+        await settle(pilot)
+
+    assert snap_compare(app_for(book), terminal_size=SIZES["80x24"], run_before=run_before)

@@ -430,3 +430,66 @@ def test_a_wall_time_budget_stops_the_tune_and_keeps_what_it_measured(tmp_path, 
     assert {r["outcome"] for r in res["trials"]} <= {"measured", "cancelled", "repeat"}
     with socket.socket() as s:
         assert s.connect_ex(("127.0.0.1", port)) != 0, "a trial's server still listens"
+
+
+def test_the_study_name_tells_traffic_shapes_apart_and_keeps_its_old_name_without_one(tmp_path):
+    """A tune on another traffic shape is another study (not the first one
+    resumed); a copy of one profile under another file name is the same one;
+    a tune without --traffic keeps the name earlier versions gave it."""
+    import hashlib
+    import json
+
+    from ernie_tui.cli import build_parser
+    from ernie_tui.cli.cmd_tune import study_name
+    from ernie_tui.engine_ctl.load.traffic import save_profile
+    from ernie_tui.engine_ctl.load.traffic_shapes import built_in
+    from ernie_tui.presets.store import preset_table
+
+    space_file = tmp_path / "space.toml"
+    space_file.write_text("max_num_seqs = [1, 2]\n")
+    space = load_space(space_file)
+    base = Preset(name="shaped", engine_args={"max_num_seqs": 4})
+    chat_copy = save_profile(built_in("chat"), tmp_path / "ours.json")
+
+    def name(*extra: str) -> str:
+        args = build_parser().parse_args(["tune", "shaped", "--space", str(space_file), "--slo", "ttft_p90=100ms",
+                                          *extra])
+        return study_name(base, space, args)
+
+    plain = name()
+    chat, doc = name("--traffic", "chat"), name("--traffic", "long-doc-qa")
+    assert len({plain, chat, doc}) == 3
+    assert name("--traffic", str(chat_copy)) == chat  # the profile's numbers count, not its file's name
+    assert name("--traffic", "chat", "--traffic-outputs", "eos") != chat
+    assert all(n.startswith("tune-shaped-") for n in (plain, chat, doc))
+    # Without --traffic, the key of the version before traffic counted.
+    args = build_parser().parse_args(["tune", "shaped", "--space", str(space_file), "--slo", "ttft_p90=100ms"])
+    key = json.dumps({"base": preset_table(base), "space": space.digest(), "slo": sorted(args.slo),
+                      "prompts": [args.min_tokens, args.max_tokens_in, args.max_tokens], "workload": args.workload,
+                      "rate": args.rate is not None, "seed": args.seed}, sort_keys=True, default=str)
+    assert plain == f"tune-shaped-{hashlib.sha256(key.encode()).hexdigest()[:10]}"
+
+
+def test_a_gain_smaller_than_the_floor_is_not_written():
+    """tune-confirm-aa.md, run 4: BASE against a copy of itself read +0.014 % (+0.004 to +0.025 %) paired
+    over three rounds, "beyond noise", and the copy was written as BASE-tuned."""
+    from ernie_tui.engine_ctl.control import preset_choice, ranking
+    from ernie_tui.engine_ctl.control.tune import paired_verdict
+
+    pair = ranking.paired_verdict("aa", "aa-tune-0", [1000.0] * 3, [1000.14, 1000.10, 1000.18])
+    v = paired_verdict(pair)
+    assert v.beyond_noise is False and v.text.startswith("within noise: no difference of 2 % or more (+0.01 %")
+    choice = preset_choice(_result(v))
+    assert not choice.write and not choice.confirmed
+    assert choice.why.startswith("the best trial did not beat BASE beyond noise (no difference of 2 % or more: ")
+    # Apart from 0 but not surely by 2 %: not written either; --min-difference 0.5 would.
+    near = [102.0, 103.0, 104.0]
+    small = paired_verdict(ranking.paired_verdict("aa", "t", [100.0] * 3, near))
+    assert small.text.startswith("within noise: less than the 2 % worth naming") and not preset_choice(
+        _result(small)).write
+    assert preset_choice(_result(paired_verdict(ranking.paired_verdict("aa", "t", [100.0] * 3, near,
+                                                                        min_difference=0.005)))).write
+    # Ranges measured in turn (no pairing): apart, but by less than the floor.
+    apart = compare_to_base([100.0, 100.5], [101.0, 101.5], min_difference=0.02)
+    assert apart.beyond_noise is False and apart.text.startswith("within noise: less than the 2 % worth naming")
+    assert compare_to_base([100.0, 100.5], [101.0, 101.5]).beyond_noise is True  # no floor given

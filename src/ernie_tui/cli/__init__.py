@@ -49,6 +49,12 @@ def build_parser() -> argparse.ArgumentParser:
                              "several open the fleet view, one row per server")
     parser.add_argument("--fleet", metavar="FILE",
                         help="fleet view of the servers a TOML file names ([servers.NAME] url, log, preset)")
+    parser.add_argument("--ray", nargs="?", const="auto", metavar="ADDRESS",
+                        help="fleet view with a Ray panel: the nodes of the cluster (address, resources, alive or "
+                             "lost) and the trials of `tune --ray` / `sweep --ray` running on them, each with its "
+                             "node and its server's URL, one run again after a node loss marked so. ADDRESS as "
+                             "tune's --ray (without it, RAY_ADDRESS or the cluster started here); alone, without "
+                             "--attach or --fleet, the view holds just the cluster")
     parser.add_argument("--log", metavar="PATH",
                         help="with one --attach: the server's llm.log to tail (a big one opens on its last start "
                              "and its end)")

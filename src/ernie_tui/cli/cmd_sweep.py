@@ -58,6 +58,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--repeat", type=int, default=None, metavar="R",
                    help="rounds: in rotated order (1); a paired --capacity sweep's duel rounds (3; at least 2 "
                         "for an interval)")
+    p.add_argument("--min-difference", type=float, default=2.0, metavar="PCT", dest="min_difference",
+                   help="a paired --capacity sweep: the smallest difference a verdict names, in %%: a pair is "
+                        "beyond noise only where its whole interval is at least PCT %% from 0; one wholly inside "
+                        "+-PCT %% reads 'within noise: no difference of PCT %% or more'. 0: any interval that "
+                        "excludes 0 (2)")
     p.add_argument("--sequential", action="store_true",
                    help="with --capacity: the old mode, one preset at a time (started, searched, stopped), "
                         "ranked by medians; the host's drift between presets lands in the comparison")
@@ -111,11 +116,12 @@ def _gpu_plan(args) -> list[str] | None:
         raise CliError(str(exc)) from None
 
 
-def _paired(presets, config, options, capacity, rounds: int, progress, cancel):
+def _paired(presets, config, options, capacity, rounds: int, progress, cancel, min_difference: float):
     """The paired capacity sweep (control/paired_sweep.py): (runs, PairedResult)."""
     from ernie_tui.engine_ctl.control import run_paired_sweep  # lazy: --help start-up
 
-    return run_interruptible(lambda: run_paired_sweep(presets, config, options, capacity, rounds, progress, cancel),
+    return run_interruptible(lambda: run_paired_sweep(presets, config, options, capacity, rounds, progress, cancel,
+                                                      min_difference=min_difference / 100.0),
                              cancel, name="sweep", on_interrupt="stopping the servers, keeping the rounds measured ...")
 
 
@@ -138,6 +144,8 @@ def _check_args(args) -> bool:
         args.repeat = 3 if paired else 1
     if args.repeat < 1:
         raise CliError("--repeat must be at least 1")
+    if not 0 <= args.min_difference < 100:
+        raise CliError(f"--min-difference is a percentage from 0 up to 100, got {args.min_difference:g}")
     if args.report:
         check_out(args.report, "--report")
     if not args.capacity and (args.slo or args.workload):
@@ -284,7 +292,7 @@ def _sweep(args) -> int:
     runs, result = None, None
     if paired:
         runs, result = _paired(setup.presets, setup.config, setup.options, setup.capacity, args.repeat, progress,
-                               cancel)
+                               cancel, args.min_difference)
         if result.refused:
             print(f"not side by side: {result.refused}; measuring one preset after another instead",
                   file=sys.stderr)
@@ -314,7 +322,7 @@ def _finish(args, setup: _Setup, runs: list, result: Any, meta: dict) -> list:
     body: dict = {"meta": meta, "runs": runs}
     if result is not None:
         meta.update(mode=f"paired: {args.repeat} rounds, levels alternating between presets",
-                    servers=result.co_residency)
+                    servers=result.co_residency, min_difference_pct=args.min_difference)
         body["paired"] = result.to_dict()
     for out in args.out:
         export_sweep(rows, out, meta, paired=result)

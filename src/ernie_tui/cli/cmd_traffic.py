@@ -1,6 +1,7 @@
 """`ernie-tui traffic`: capture what a server serves into a traffic profile, and show one.
 
     ernie-tui traffic capture --url URL --window 5m [--log LLM.LOG] --out PROFILE.json
+    ernie-tui traffic capture --url URL --since-start --out PROFILE.json
     ernie-tui traffic capture --trace REQUESTS.jsonl [--tokenizer PATH] --out PROFILE.json
     ernie-tui traffic capture --log LLM.LOG --out PROFILE.json
     ernie-tui traffic show PROFILE|chat|long-doc-qa|batch-summarise [--json]
@@ -37,6 +38,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     c.add_argument("--url", help="the server's base URL, e.g. http://127.0.0.1:8000 (its /metrics is watched)")
     c.add_argument("--window", default="5m", metavar="DURATION",
                    help="how long to watch the server: 90s, 5m, 1h (default 5m)")
+    c.add_argument("--since-start", action="store_true",
+                   help="with --url: all the server served since it started, from one scrape (vLLM's counters and "
+                        "histograms run from its start), instead of watching a --window; the mean rate is then "
+                        "over its whole uptime and the burstiness is not seen")
     c.add_argument("--interval", type=float, default=5.0, metavar="S",
                    help="seconds between /metrics scrapes inside the window (default 5): the rate per interval, "
                         "and from it the burstiness")
@@ -96,6 +101,8 @@ def _capture(args) -> int:
         save_profile,
     )
 
+    if args.since_start and not args.url:
+        raise CliError("--since-start reads a server's /metrics: give --url")
     if not (args.url or args.log or args.trace):
         raise CliError("give a source: --url (with --window), --log or --trace")
     if args.url:
@@ -114,7 +121,11 @@ def _capture(args) -> int:
                 except ProbeFailure as exc:
                     raise CliError(str(exc)) from exc
             captures.append(from_trace(read_trace(args.trace), tok, keep_text=args.keep_text))
-        if args.url:
+        if args.url and args.since_start:
+            captures.append(_since_start(args.url, os.environ.get(args.api_key_env) or None))
+            if args.log:
+                captures.append(from_log_file(args.log))
+        elif args.url:
             window = parse_duration(args.window)
             print(f"watching {args.url} for {window:.0f} s (Ctrl-C ends the window early) ...", file=sys.stderr)
             cancel = threading.Event()
@@ -137,6 +148,22 @@ def _capture(args) -> int:
         print_whole(format_profile(profile))
     print(f"wrote {out}", file=sys.stderr)
     return 0
+
+
+def _since_start(url: str, api_key: str | None):
+    """What /metrics says of all the server served since it started (one scrape)."""
+    from ernie_tui.engine_ctl.load import MetricsClient, from_metrics, since_start  # lazy: --help start-up
+
+    with MetricsClient(url, api_key, timeout=10.0) as client:
+        now = client.fetch()
+    start = since_start(now)
+    if start is None:
+        raise CliError(f"{url}/metrics does not say when the server started (no _created samples, no "
+                       "process_start_time_seconds): watch a --window instead")
+    cap = from_metrics(start, now)
+    cap.notes.append("/metrics: all the server served since it started; the mean rate is over its whole uptime, "
+                     "idle hours included")
+    return cap
 
 
 def _show(args) -> int:

@@ -17,7 +17,7 @@ from ernie_tui.cli.errors import CliError
 from ernie_tui.cli.interruptible import run_interruptible
 from ernie_tui.cli.ray_args import add_ray_args, ray_trials
 from ernie_tui.cli.shared_options import shared_options
-from ernie_tui.cli.traffic_args import add_traffic_args, with_traffic
+from ernie_tui.cli.traffic_args import add_traffic_args, traffic_fields, with_traffic
 
 DEFAULT_TRIALS = 20
 
@@ -73,6 +73,11 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "is written as a preset only when it carries more beyond noise. 0: no comparison beyond "
                         "the search's one measurement each, so no preset is written unless "
                         "--write-even-if-not-better (3)")
+    p.add_argument("--min-difference", type=float, default=2.0, metavar="PCT", dest="min_difference",
+                   help="the smallest gain over BASE the comparison names, in %%: the best beats BASE beyond "
+                        "noise, and is written as a preset, only where the whole interval is at least PCT %% above "
+                        "0; an interval wholly inside +-PCT %% reads 'within noise: no difference of PCT %% or "
+                        "more'. 0: any interval that excludes 0 (2)")
     p.add_argument("--tui", action="store_true",
                    help="show the tune on a screen: trials as they finish, the best so far, the budget left "
                         "(x stops it, keeping what was measured; q quits once it has ended)")
@@ -84,8 +89,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_ray_args(p)
     p.add_argument("--storage", metavar="URL",
                    help="keep the study in a database instead of the journal file (an SQLAlchemy URL Optuna "
-                        "takes: sqlite:///study.db, postgresql://user@host/db): several tunes of one study, on "
-                        "one machine or several, then run at once and share it, no setting measured twice")
+                        "takes: sqlite:///study.db, postgresql://user@host/db with pip install 'ernie-tui[postgres]'): "
+                        "several tunes of one study, on one machine or several, then run at once and share it, "
+                        "no setting measured twice")
     add_capacity_args(p)
     add_traffic_args(p)
     p.set_defaults(run=_tune)
@@ -99,12 +105,20 @@ def _duration(text: str) -> float:
 
 
 def study_name(base: Any, space: Any, args: argparse.Namespace) -> str:
-    """tune-BASE-HASH: the same BASE settings, space, SLO and prompts give the same study."""
+    """tune-BASE-HASH: the same BASE settings, space, SLO, prompts and traffic give the same study.
+    The traffic counts by its profile's digest (its numbers, not its file's
+    name or path) and how its outputs end: a tune on another shape is another
+    study, not a resumed one. Without --traffic the key has no traffic entry,
+    so the studies of earlier versions keep their names."""
     from ernie_tui.presets.store import preset_table  # lazy: --help start-up
 
-    key = json.dumps({"base": preset_table(base), "space": space.digest(), "slo": sorted(args.slo),
-                      "prompts": [args.min_tokens, args.max_tokens_in, args.max_tokens], "workload": args.workload,
-                      "rate": args.rate is not None, "seed": args.seed}, sort_keys=True, default=str)
+    fields: dict[str, Any] = {"base": preset_table(base), "space": space.digest(), "slo": sorted(args.slo),
+                              "prompts": [args.min_tokens, args.max_tokens_in, args.max_tokens],
+                              "workload": args.workload, "rate": args.rate is not None, "seed": args.seed}
+    traffic = traffic_fields(args)
+    if traffic is not None:
+        fields["traffic"] = [traffic[0].digest, getattr(args, "traffic_outputs", "lengths")]
+    key = json.dumps(fields, sort_keys=True, default=str)
     return f"tune-{base.name}-{hashlib.sha256(key.encode()).hexdigest()[:10]}"
 
 
@@ -125,6 +139,15 @@ def _setup(args: argparse.Namespace) -> Any:
         raise CliError("--trials must be at least 1")
     if args.confirm < 0:
         raise CliError("--confirm must be 0 or more")
+    if args.storage:  # a database that cannot be reached is said now, before a server starts
+        from ernie_tui.engine_ctl.control import StorageError, storage_reachable  # lazy: --help start-up
+
+        try:
+            storage_reachable(args.storage)
+        except StorageError as exc:
+            raise CliError(str(exc)) from None
+    if not 0 <= args.min_difference < 100:
+        raise CliError(f"--min-difference is a percentage from 0 up to 100, got {args.min_difference:g}")
     try:
         space = load_space(args.space)
         base = load_presets(args.presets).get(args.base)
@@ -161,7 +184,8 @@ def _setup(args: argparse.Namespace) -> Any:
     config = with_traffic(args, config, capacity)
     return TuneSetup(base=base, space=space, capacity=capacity, burst_config=config, options=options,
                      study_dir=study_dir, study_name=name, max_trials=trials, budget_s=args.budget, seed=args.seed,
-                     confirm_rounds=args.confirm, port=_trial_port(base), storage=args.storage)
+                     confirm_rounds=args.confirm, port=_trial_port(base), storage=args.storage,
+                     min_difference=args.min_difference / 100.0)
 
 
 def _forget_study(url: str, name: str) -> None:

@@ -4,6 +4,7 @@
                                           (takes back a server a previous session left running)
     ernie-tui --attach URL [--log PATH]                                   monitor only
     ernie-tui --attach URL --attach URL ... | --fleet FILE                the fleet view
+    ernie-tui [--attach URL ... | --fleet FILE] --ray [ADDRESS]           the fleet view with a Ray cluster
     ernie-tui --replay LOG                                                offline
 
 After the app exits this finishes what it left to do: stop the server (quit
@@ -38,7 +39,7 @@ def run_dashboard(args) -> int:
     log = getattr(args, "log", None)
     attach_all = [attach] if isinstance(attach, str) else list(attach or [])
     attach_all = [server_url(u, "--attach") for u in attach_all]
-    if getattr(args, "fleet", None) or len(attach_all) > 1:
+    if getattr(args, "fleet", None) or len(attach_all) > 1 or getattr(args, "ray", None) is not None:
         return run_fleet(args, attach_all)
     attach = attach_all[0] if attach_all else None
     if attach and replay:

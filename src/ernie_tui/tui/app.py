@@ -58,6 +58,7 @@ from ernie_tui.tui.messages import (
     ReportUpdate,
     SeriesUpdate,
     StatusUpdate,
+    TrafficUpdate,
 )
 from ernie_tui.tui.presets_watch import INTERVAL_S as PRESETS_WATCH_S
 from ernie_tui.tui.presets_watch import PresetFilesWatch
@@ -72,6 +73,7 @@ from ernie_tui.tui.screens.dialogs import (
 from ernie_tui.tui.screens.help import HelpScreen
 from ernie_tui.tui.screens.main import MainScreen
 from ernie_tui.tui.strip_cycles import stop_strip_self_cycles
+from ernie_tui.tui.traffic_watch import TrafficState, TrafficWatch
 from ernie_tui.tui.workers import Sampler, ServerBridge, read_earlier, report_loop
 
 ServerFactory = Callable[..., object]
@@ -100,6 +102,7 @@ class DashboardConfig:
     api_key: str | None = None
     server_log_path: str | None = None  # where a started server writes llm.log
     adopt: bool = True  # control mode: take back a server a previous dashboard left running
+    traffic_interval: float = 5.0  # seconds between the scrapes that feed the traffic view
 
 
 def default_server_factory(spec, *, preset_name: str, log_path: str | None = None):
@@ -128,6 +131,10 @@ class ErnieApp(ShowsWorkerFailures, App[int]):
         # The chart sampler's newest /metrics scrape: a burst or search from the
         # probe pane on this server reads it instead of scraping a second time.
         self.latest_scrape = LatestScrape()
+        # The traffic window of the server watched (the sampler feeds it) and its
+        # latest state, for the traffic view (`T`).
+        self.traffic = TrafficWatch()
+        self.last_traffic: TrafficState | None = None
         self.probe_memory = ProbeMemory()  # the probe pane's fields and results, kept for the session
         self.exit_action: str = "none"  # "stop" | "leave" | "none": what run_dashboard must still do
         self.detach_record = None  # where a detached server was recorded (quit: leave)
@@ -290,7 +297,8 @@ class ErnieApp(ShowsWorkerFailures, App[int]):
         worker = get_current_worker()
         sampler = Sampler(self.post_message, lambda: self.server, self.clock, self.config.sample_interval,
                           self.config.resource_factory, self.config.metrics_factory, self.config.api_key,
-                          latest=self.latest_scrape)
+                          latest=self.latest_scrape, traffic=self.traffic,
+                          traffic_interval=self.config.traffic_interval)
         sampler.run(lambda: worker.is_cancelled)
 
     def _replay(self, path: Path) -> None:
@@ -389,6 +397,15 @@ class ErnieApp(ShowsWorkerFailures, App[int]):
             return
         self._last_series = message
         self.main.show_series(message)
+
+    @on(TrafficUpdate)
+    def _traffic(self, message: TrafficUpdate) -> None:
+        if self._shutting_down:
+            return
+        self.last_traffic = message.state
+        show = getattr(self.screen, "show_traffic", None)  # the traffic view, when it is on top
+        if show is not None:
+            show(message.state)
 
     @on(ReplayDone)
     def _replay_done(self, message: ReplayDone) -> None:
@@ -788,6 +805,18 @@ class ErnieApp(ShowsWorkerFailures, App[int]):
                                      preset=preset, engine_report=self.report, memory=self.probe_memory,
                                      capacity=capacity))
 
+    def open_traffic(self) -> None:
+        """The traffic view (`T`) of the server watched."""
+        if self.mode == "replay":
+            self.notify("a replayed log has no /metrics: `ernie-tui traffic capture --log` reads its request "
+                        "lines", timeout=5)
+            return
+        from ernie_tui.tui.screens.traffic import TrafficScreen  # lazy: as the probe screen
+
+        url = self.status.url if self.status is not None else self.config.attach_url
+        self.push_screen(TrafficScreen(self.last_traffic or TrafficState(url=url or None), url=url or None,
+                                       watch=self.traffic))
+
     def open_sweep(self) -> None:
         if self.mode != "control":
             self.notify("the sweep starts its own servers: control mode only", timeout=3)
@@ -863,6 +892,8 @@ class ErnieApp(ShowsWorkerFailures, App[int]):
                             lambda: self.open_probe(capacity=True))
         yield SystemCommand("Sweep", "Measure several presets: a burst each in turn, or capacity searches, paired (w)",
                             self.open_sweep)
+        yield SystemCommand("Traffic", "The server's lengths, arrivals and prefix hits from /metrics, and the "
+                            "profile so far beside the default load (T)", self.open_traffic)
         yield SystemCommand("Help", "Keys and what each figure means (?)", self.open_help)
 
 
@@ -909,6 +940,7 @@ def make_app(
     api_key: str | None = None,
     server_log_path: str | None = None,
     adopt: bool = True,
+    traffic_interval: float = 5.0,
 ) -> ErnieApp:
     """Build the dashboard. The CLI passes its arguments; tests inject a
     server factory, a frozen clock, or `live=False` to feed data themselves."""
@@ -920,6 +952,6 @@ def make_app(
         start=start, on_exit=on_exit, server_factory=server_factory, clock=clock,
         sample_interval=sample_interval, live=live, resource_factory=resource_factory,
         metrics_factory=metrics_factory, api_key=api_key, server_log_path=server_log_path,
-        adopt=adopt,
+        adopt=adopt, traffic_interval=traffic_interval,
     )
     return ErnieApp(config)

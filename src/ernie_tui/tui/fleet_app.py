@@ -17,13 +17,15 @@ from textual.screen import Screen
 
 from ernie_tui.tui.app import DashboardConfig, ErnieApp
 from ernie_tui.tui.screens.fleet import FleetScreen, ServerDashboard
+from ernie_tui.tui.traffic_watch import TrafficWatch
 
 
 class FleetApp(ErnieApp):
-    def __init__(self, config: DashboardConfig, servers, *, interval: float = 1.0, poller_factory=None):
+    def __init__(self, config: DashboardConfig, servers, *, interval: float = 1.0, poller_factory=None, ray=None):
         super().__init__(config)
         self.servers = list(servers)
-        self.fleet = FleetScreen(self.servers, interval=interval, live=config.live, poller_factory=poller_factory)
+        self.fleet = FleetScreen(self.servers, interval=interval, live=config.live, poller_factory=poller_factory,
+                                 ray=ray)
         self.open_name: str | None = None  # the server whose dashboard is open
         self.sub_title = f"fleet of {len(self.servers)}"
 
@@ -62,6 +64,7 @@ class FleetApp(ErnieApp):
         self.config.api_key = server.api_key
         self.server = self.bridge = self.status = self.report = None
         self._last_series = None
+        self.traffic, self.last_traffic = TrafficWatch(), None  # a new server, a new traffic window
         self._diagnosis = None
         self._log_run = object()
         self._main_ready = False
@@ -114,9 +117,11 @@ def make_fleet_app(
     sample_interval: float = 1.0,
     poller_factory=None,
     metrics_factory: Callable | None = None,
+    ray=None,
 ) -> FleetApp:
-    """The fleet view over `servers` (engine_ctl.fleet.FleetServer)."""
+    """The fleet view over `servers` (engine_ctl.fleet.FleetServer); with
+    `ray` (a connected RayTrials) its Ray panel too."""
     config = DashboardConfig(mode="attach", preset_files=list(preset_files), include_user_presets=include_user_presets,
                              clock=clock, sample_interval=sample_interval, live=live,
                              metrics_factory=metrics_factory)
-    return FleetApp(config, servers, interval=interval, poller_factory=poller_factory)
+    return FleetApp(config, servers, interval=interval, poller_factory=poller_factory, ray=ray)

@@ -19,11 +19,12 @@ from typing import TYPE_CHECKING, Any
 from textual.message import Message
 
 if TYPE_CHECKING:
-    from ernie_tui.engine_ctl.control import ServerStatus, SweepRun
+    from ernie_tui.engine_ctl.control import RaySnapshot, ServerStatus, SweepRun
     from ernie_tui.engine_ctl.load import BurstResult, CapacityResult, LevelResult, ProbeResult, ServedModel
     from ernie_tui.engine_ctl.logs import EngineReport
     from ernie_tui.presets import PresetBook
     from ernie_tui.tui.series import ChartPoint
+    from ernie_tui.tui.traffic_watch import TrafficState
 
 # The log pane keeps this many lines; a merged batch never needs more.
 MAX_BATCH_LINES = 20_000
@@ -108,6 +109,17 @@ class SeriesUpdate(Message):
 
 
 @dataclass
+class TrafficUpdate(Message):
+    """The traffic window so far (latest wins): what the sampler's scrapes
+    say of the server's traffic (tui/traffic_watch.py)."""
+
+    state: "TrafficState"
+
+    def can_replace(self, message: Message) -> bool:
+        return isinstance(message, TrafficUpdate)
+
+
+@dataclass
 class ControlResult(Message):
     """A start/stop/restart/switch finished (or failed) in a worker."""
 
@@ -153,6 +165,17 @@ class FleetUpdate(Message):
 
     def can_replace(self, message: Message) -> bool:
         return isinstance(message, FleetUpdate) and message.server == self.server
+
+
+@dataclass
+class RayStatus(Message):
+    """The Ray cluster's nodes and running trials (engine_ctl's RaySnapshot),
+    for the tune screen's and the fleet view's Ray panel. Latest wins."""
+
+    snapshot: RaySnapshot
+
+    def can_replace(self, message: Message) -> bool:
+        return isinstance(message, RayStatus)
 
 
 # -- the probe pane (`p`): probe, burst and capacity workers -----------------------------------

@@ -7,6 +7,10 @@ so no trial's server is left unwatched: q is refused until it has ended; x
 stops it first (the trial's server is stopped, the finished trials kept).
 The app returns the TuneResult (None if the tune raised) for the command
 line to save and print, as without --tui.
+
+With --ray a second thread worker asks the cluster every 2 s for its nodes
+and the trials running there (RayTrials.snapshot) and posts RayStatus; the
+Ray panel above the trials shows them.
 """
 
 from __future__ import annotations
@@ -15,14 +19,18 @@ import threading
 import time
 from typing import Any
 
-from textual import work
+from textual import on, work
 from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.message import Message
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Static
+from textual.worker import get_current_worker
 
 from ernie_tui.engine_ctl.control import TuneResult, TuneSetup, preset_choice, run_tune
+from ernie_tui.tui.messages import RayStatus
+from ernie_tui.tui.widgets.ray_panel import RayPanel
+from ernie_tui.tui.workers import ray_loop
 
 COLUMNS = ("trial", "setting", "outcome", "goodput tok/s", "capacity", "TTFT p99 ms", "ITL p99 ms")
 
@@ -50,12 +58,19 @@ def _setting(params: dict[str, Any]) -> str:
 
 
 class TuneScreen(Screen):
+    # The trials take the room the lines above them leave (the Ray panel's too).
+    DEFAULT_CSS = """
+    TuneScreen #tn-trials { height: 1fr; }
+    """
     BINDINGS = [Binding("x", "stop", "Stop"), Binding("ctrl+c", "stop", "Stop", priority=True),
                 Binding("q", "leave", "Quit")]
 
-    def __init__(self, setup: TuneSetup, preset: str | None = None, write_anyway: bool = False) -> None:
+    def __init__(self, setup: TuneSetup, preset: str | None = None, write_anyway: bool = False, *,
+                 live: bool = True) -> None:
         super().__init__()
         self.setup = setup
+        self.live = live  # False: nothing runs (tests feed the screen its messages)
+        self.ray = setup.options.ray  # --ray: the cluster whose nodes and trials the Ray panel shows
         # The preset the command line writes once the screen closes (None:
         # --no-preset), and whether it writes it even if not confirmed better.
         self.preset, self.write_anyway = preset, write_anyway
@@ -75,6 +90,8 @@ class TuneScreen(Screen):
         yield Static("no best yet", id="tn-best")
         yield Static("", id="tn-budget")
         yield Static("", id="tn-now")
+        if self.ray is not None:
+            yield RayPanel(self.ray.address or "", id="tn-ray")
         yield DataTable(id="tn-trials", cursor_type="row", zebra_stripes=True)
         yield Footer()
 
@@ -82,7 +99,10 @@ class TuneScreen(Screen):
         self.query_one("#tn-trials", DataTable).add_columns(*COLUMNS)
         self.set_interval(1.0, self._show_budget)
         self._show_budget()
-        self._worker()
+        if self.live:
+            self._worker()
+            if self.ray is not None:
+                self._ray_worker()
 
     def on_unmount(self) -> None:
         self.cancel.set()  # the app quits anyway: the worker stops the trial's server
@@ -99,6 +119,16 @@ class TuneScreen(Screen):
         except Exception as exc:  # noqa: BLE001  shown on the screen and handed to the command line
             error = f"{type(exc).__name__}: {exc}"
         self.post_message(TuneFinished(result, error))
+
+    @work(thread=True, group="tune-ray", exit_on_error=False)
+    def _ray_worker(self) -> None:
+        worker = get_current_worker()
+        ray_loop(self.post_message, self.ray, lambda: worker.is_cancelled)
+
+    @on(RayStatus)
+    def _ray_status(self, message: RayStatus) -> None:
+        if self.ray is not None:
+            self.query_one("#tn-ray", RayPanel).show(message.snapshot)
 
     def on_tune_event(self, message: TuneEvent) -> None:
         ev = message.event
@@ -189,9 +219,10 @@ class TuneApp(App[TuneResult | None]):
 
     TITLE = "ernie-tui tune"
 
-    def __init__(self, setup: TuneSetup, preset: str | None = None, write_anyway: bool = False) -> None:
+    def __init__(self, setup: TuneSetup, preset: str | None = None, write_anyway: bool = False, *,
+                 live: bool = True) -> None:
         super().__init__()
-        self.tune_screen = TuneScreen(setup, preset, write_anyway)
+        self.tune_screen = TuneScreen(setup, preset, write_anyway, live=live)
 
     def get_default_screen(self) -> Screen:
         return self.tune_screen

@@ -8,8 +8,11 @@ reads or computes, then posts a Message (see messages.py) to the app.
   version changed. The watcher's monitor owns the one parser; nothing here
   parses the log.
 - Sampler.run: 1 Hz (configurable), memory (NVML or engine RSS) and /metrics
-  into a bounded series; posts a snapshot for the charts.
+  into a bounded series; posts a snapshot for the charts. Every few seconds
+  the same scrape keeps the families a traffic capture reads too, for the
+  traffic window (TrafficWatch), whose state it posts for the traffic view.
 - read_earlier: lines before the pane's first, when it scrolls up to them.
+- ray_loop: every few seconds, the Ray cluster's nodes and trials (--ray).
 """
 
 from __future__ import annotations
@@ -22,16 +25,27 @@ from typing import Any, Callable
 import psutil
 
 from ernie_tui.engine_ctl.control import LogLines, LogRead, ReportPublished, ResourceSampler, StatusChanged
-from ernie_tui.engine_ctl.load import LatestScrape, MetricsClient, MetricsError, MetricsSnapshot, derive_sample
+from ernie_tui.engine_ctl.load import (
+    TRAFFIC_METRICS,
+    LatestScrape,
+    MetricsClient,
+    MetricsError,
+    MetricsSnapshot,
+    derive_sample,
+)
+from ernie_tui.tui.failures import Failure
 from ernie_tui.tui.messages import (
     LogBatch,
     LogEarlier,
+    RayStatus,
     ReplayDone,
     ReportUpdate,
     SeriesUpdate,
     StatusUpdate,
+    TrafficUpdate,
 )
 from ernie_tui.tui.series import GIB, MAX_WINDOW, ChartPoint, points_from_stats
+from ernie_tui.tui.traffic_watch import TrafficWatch
 
 Post = Callable[[object], object]
 Cancelled = Callable[[], bool]
@@ -89,6 +103,15 @@ def report_loop(post: Post, bridge: ServerBridge, cancelled: Cancelled, interval
         time.sleep(interval)
 
 
+def ray_loop(post: Callable[[RayStatus], object], source: Any, cancelled: Cancelled, interval: float = 2.0) -> None:
+    """`source.snapshot()` (RayTrials: never raises) posted as RayStatus
+    every `interval` seconds until cancelled. Ray's calls block (a node
+    that does not answer is waited for up to 2 s), hence a thread of its own."""
+    while not cancelled():
+        post(RayStatus(source.snapshot()))
+        _sleep(interval, cancelled)
+
+
 def read_earlier(post: Post, server, run: object, line_no: int, max_lines: int = 2000) -> None:
     """The lines before line `line_no` of the watcher's log, for the pane."""
     lines, first = server.read_earlier(run, line_no, max_lines)
@@ -100,8 +123,12 @@ class Sampler:
 
     def __init__(self, post: Post, get_server: Callable[[], object | None], clock: Callable[[], float],
                  interval: float = 1.0, resource_factory=None, metrics_factory=None,
-                 api_key: str | None = None, latest: LatestScrape | None = None):
+                 api_key: str | None = None, latest: LatestScrape | None = None,
+                 traffic: TrafficWatch | None = None, traffic_interval: float = 5.0):
         self.post = post
+        self.traffic = traffic  # the traffic window, fed every traffic_interval seconds
+        self.traffic_interval = traffic_interval
+        self._traffic_next = 0.0  # time.monotonic() of the next scrape that keeps the traffic families
         self.latest = latest  # each scrape, shared with a burst or search on the same server
         self.get_server = get_server
         self.clock = clock
@@ -135,7 +162,12 @@ class Sampler:
         status = server.status if server is not None else None
         running = bool(status and status.running)
         mem, totals = _memory(resources, running)
-        sample = metrics.read(status, running)
+        traffic_due = self.traffic is not None and time.monotonic() >= self._traffic_next
+        sample = metrics.read(status, running, _TRAFFIC_PREFIXES if traffic_due else ())
+        if traffic_due and metrics.last is not None and self.traffic is not None:
+            # Only a scrape of a ready server: the window keeps its state meanwhile.
+            self._traffic_next = time.monotonic() + self.traffic_interval
+            self._feed_traffic(self.traffic, metrics.client_url or "", metrics.last)
         now = self.clock()
         self.points.append(_chart_point(now, mem, sample))
         problem = metrics.problem
@@ -144,6 +176,17 @@ class Sampler:
                                gpu_totals=totals, kv_tokens_metrics=metrics.kv_tokens, now=now,
                                metrics_error=problem[0] if problem else None,
                                metrics_error_since=problem[1] if problem else None))
+
+
+    def _feed_traffic(self, traffic: TrafficWatch, url: str, snap: MetricsSnapshot) -> None:
+        try:
+            traffic.add(url, snap)
+            state = traffic.state()
+        except Exception as exc:  # noqa: BLE001  the traffic view is extra: its bug is shown once, the charts go on
+            self.traffic = None
+            self.post(Failure("the traffic view", exc, after="the charts go on without it"))
+            return
+        self.post(TrafficUpdate(state))
 
 
 class _EnginePids:
@@ -201,12 +244,15 @@ class _MetricsReader:
         self.client: Any = None  # a MetricsClient, or what the metrics_factory made
         self.client_url: str | None = None
         self.prev: MetricsSnapshot | None = None
+        self.last: MetricsSnapshot | None = None  # this read's scrape (None: none taken)
         self.kv_tokens: int | None = None
         self.problem: tuple[str, float] | None = None  # (what is wrong with /metrics, since when)
 
-    def read(self, status, running: bool):
+    def read(self, status, running: bool, extra: tuple[str, ...] = ()):
         """The rates since the last scrape, or None: the server is not ready,
-        or /metrics failed (then `problem` says why)."""
+        or /metrics failed (then `problem` says why). `extra`: more metric
+        families (prefixes) to keep in this scrape (`last`)."""
+        self.last = None
         if status is None or status.state.value != "ready" or not status.url:
             self.prev = None  # a restart resets the counters: no rate across it
             self.problem = None  # not asked while the server is not ready
@@ -215,13 +261,14 @@ class _MetricsReader:
             return None
         self._client_for(status.url)
         try:
-            snap = _fetch_needed(self.client)
+            snap = _fetch_needed(self.client, extra)
         except MetricsError as exc:
             # Say it, rather than look like a server that has not answered yet.
             if self.problem is None or self.problem[0] != exc.reason:
                 self.problem = (exc.reason, self.clock())
             return None
         self.problem = None
+        self.last = snap
         if self.latest is not None:
             self.latest.put(status.url, snap)
         sample = derive_sample(self.prev, snap)
@@ -276,9 +323,13 @@ _NEEDED_PREFIXES = tuple(name.split("_total")[0] for name in (
     "vllm:prompt_tokens_total", "vllm:generation_tokens_total", "vllm:num_requests_running",
     "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc",
     "vllm:cache_config_info"))
+# ... and, every few seconds, what a traffic capture reads (its histograms are
+# most of a scrape's lines: not parsed every second). Counters by their family
+# name, as above, so that their TYPE lines are kept.
+_TRAFFIC_PREFIXES = tuple(name.split("_total")[0] for name in TRAFFIC_METRICS)
 
 
-def _fetch_needed(client):
+def _fetch_needed(client, extra: tuple[str, ...] = ()):
     """One scrape, reduced to what the dashboard shows, then parsed by
     engine_ctl.metrics (so names, renames and the snapshot stay its own).
 
@@ -289,7 +340,7 @@ def _fetch_needed(client):
     text = client.fetch_text()
     mono = (before + time.monotonic()) / 2
     snap = MetricsSnapshot.parse(text, timestamp=time.time(), mono=mono,
-                                   model_name=getattr(client, "model_name", None), only=_NEEDED_PREFIXES)
+                                   model_name=getattr(client, "model_name", None), only=_NEEDED_PREFIXES + extra)
     if not snap.names():
         size = len(text.encode("utf-8", "replace"))
         raise MetricsError(f"{getattr(client, 'url', '/metrics')} answered {size:,} bytes without a vLLM metric",

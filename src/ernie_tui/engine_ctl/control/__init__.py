@@ -1,10 +1,11 @@
 """Running servers and trials: the vLLM process and its group (server), its
 memory (resources), many servers at once (fleet), presets measured in turn or
 side by side (sweep, trial_schedule, trial_load) or on a Ray cluster's nodes
-(ray_trials, orphan_guard), or all served at once and compared pair by pair
-while the host drifts (paired_sweep, turn_gate, ranking; knee_ladder: each duel
-round's ladder around a knee and the checks that hold a verdict back); tune's
-search (tune, its shared study: tune_storage).
+(ray_trials, orphan_guard; ray_status: its nodes and trials for a screen), or
+all served at once and compared pair by pair while the host drifts
+(paired_sweep, turn_gate, ranking; knee_ladder: each duel round's ladder
+around a knee and the checks that hold a verdict back); tune's search (tune,
+its shared study: tune_storage).
 
 The top district: it may use launch, load and logs; none of them uses it.
 """
@@ -12,7 +13,8 @@ The top district: it may use launch, load and logs; none of them uses it.
 from ernie_tui.engine_ctl.control.fleet import FleetError, FleetPoller, connecting_rows, load_fleet, servers_from_urls
 from ernie_tui.engine_ctl.control.paired_rows import PAIRED_TABLE_NOTE
 from ernie_tui.engine_ctl.control.paired_sweep import DEFAULT_ROUNDS, PairedResult, knees_from, run_paired_sweep
-from ernie_tui.engine_ctl.control.ranking import PairVerdict, Ranking
+from ernie_tui.engine_ctl.control.ranking import DEFAULT_MIN_DIFFERENCE, PairVerdict, Ranking, floor_words
+from ernie_tui.engine_ctl.control.ray_status import RayNodeView, RaySnapshot, RayTrialView, build_snapshot
 from ernie_tui.engine_ctl.control.ray_trials import RayTrials, RayTrialsError, parse_resources  # Ray: only on use
 from ernie_tui.engine_ctl.control.resources import EngineMemory, ResourceSampler
 from ernie_tui.engine_ctl.control.server import (
@@ -68,6 +70,8 @@ from ernie_tui.engine_ctl.control.tune import (  # Optuna is imported only when 
     run_tune,
     tuned_preset,
 )
+from ernie_tui.engine_ctl.control.tune_storage import StorageError
+from ernie_tui.engine_ctl.control.tune_storage import reachable as storage_reachable
 
 __all__ = [
     "AttachedServer",
@@ -88,6 +92,9 @@ __all__ = [
     "PairedResult",
     "knees_from",
     "Ranking",
+    "RayNodeView",
+    "RaySnapshot",
+    "RayTrialView",
     "RayTrials",
     "RayTrialsError",
     "LogLines",
@@ -101,6 +108,7 @@ __all__ = [
     "ServerState",
     "ServerStatus",
     "StatusChanged",
+    "StorageError",
     "SweepOptions",
     "SweepPlan",
     "SweepRow",
@@ -111,10 +119,12 @@ __all__ = [
     "TuneSetup",
     "Verdict",
     "at_ceiling",
+    "build_snapshot",
     "cell",
     "compare_to_base",
     "connecting_rows",
     "detect_gpu_ids",
+    "storage_reachable",
     "export_sweep",
     "find_detached",
     "fold",
@@ -128,6 +138,8 @@ __all__ = [
     "preset_choice",
     "require_optuna",
     "run_paired_sweep",
+    "floor_words",
+    "DEFAULT_MIN_DIFFERENCE",
     "run_sweep",
     "run_tune",
     "score_column",

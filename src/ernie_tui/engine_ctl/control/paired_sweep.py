@@ -52,6 +52,7 @@ import json
 import logging
 import math
 import os
+import random
 import statistics
 import threading
 import time
@@ -72,7 +73,13 @@ from ernie_tui.engine_ctl.control.sweep import (
 )
 from ernie_tui.engine_ctl.control.turn_gate import TurnGate
 from ernie_tui.engine_ctl.launch import run_preflight
-from ernie_tui.engine_ctl.load import BurstConfig, CapacityResult, SearchConfig, save_run
+from ernie_tui.engine_ctl.load import (
+    DEFAULT_MIN_WINDOWS,
+    BurstConfig,
+    CapacityResult,
+    SearchConfig,
+    save_run,
+)
 from ernie_tui.engine_ctl.units import GiB
 from ernie_tui.presets.model import LaunchSpec, Preset
 
@@ -87,6 +94,16 @@ DEFAULT_ROUNDS = 3
 # level ran to its cap) the reference moved 11-28 % within a round on the
 # drifting stand-in, and a sine's curvature over that span is not linear.
 DUEL_LEVEL_S = 8.0
+# A ladder's rung (a step above or below a knee) runs at most this share of
+# its preset's duel level. It needs a pass or a fail, not a tok/s figure: it
+# runs under the search's own rules (a fail decides at once, a pass once its
+# windows agree), and one that is still undecided at the cap moves no knee
+# (knee_ladder.next_after). Capped at a whole duel level, a round of two
+# presets ran twice the fixed design's three levels on the simulated host
+# (bench/verdict_calibration.py: 48.6 s against 23.8 s); at half of one, a
+# round of N presets costs at most N + 1 duel levels and N halves, plus the
+# rare second look and step down.
+RUNG_SHARE = 0.5
 # On one GPU the servers share its memory: each gets this much of it in all.
 GPU_SHARE_TOTAL = 0.9
 
@@ -107,6 +124,7 @@ class PresetRound:
     at_ceiling: bool = False
     duel_load: float | None = None  # where its duels started (duel_load())
     duel_seconds: float | None = None  # how long each of its duel levels may run (duel_seconds())
+    rung_seconds: float | None = None  # ... and each rung of its ladder (rung_seconds())
     doubts: list[str] = field(default_factory=list)  # where its levels contradict (knee_ladder.search_doubts)
     final_knee: float | None = None  # where its ladder would start next (the last round's next_knee)
 
@@ -159,6 +177,9 @@ class PairedResult:
     knee_rounds: list[kl.KneeRound] = field(default_factory=list)  # each preset's reading, per duel round
     step: float = 0.0  # the ladder's step (the search's tolerance)
     knees: dict[str, dict[str, Any]] = field(default_factory=dict)  # per preset: knee, uncertain, why (analyse)
+    # The smallest difference a verdict names, a share (--min-difference; ranking.paired_verdict)
+    min_difference: float = rk.DEFAULT_MIN_DIFFERENCE
+    order_seed: int | None = None  # the seed each ladder round's order was drawn from (duel_rounds)
 
     def values(self, column: str) -> dict[str, list[float | None]]:
         """Each preset's duel figure per round (its first look in a round
@@ -198,7 +219,8 @@ class PairedResult:
         if not self.knee_rounds:  # duels at a fixed load (a record from before the ladder)
             adjusted = self.values("adjusted")
             return rk.compare_pair(a, b, adjusted.get(a, []), adjusted.get(b, []),
-                                   metric="output_tps_at_capacity", confidence=confidence)
+                                   metric="output_tps_at_capacity", confidence=confidence,
+                                   min_difference=self.min_difference)
         knees = self.knees or self.knee_summary()
         adjusted, at, lower = self.readings("adjusted"), self.readings("knee"), self.readings("lower_bound")
         # A round that read a preset far under its knee (a lower bound of its
@@ -218,7 +240,11 @@ class PairedResult:
         moved = [abs(math.log((y.output_tps or 1.0) / (x.output_tps or 1.0)))
                  for x, y in zip(refs[::2], refs[1::2], strict=False) if x.round == y.round]
         floor = rk.DRIFT_RESIDUAL * statistics.fmean(moved) if moved else 0.0
+        spans = [y.at - x.at for x, y in zip(refs[::2], refs[1::2], strict=False) if x.round == y.round]
+        if spans:
+            floor = floor + curvature_residual(self.duels, statistics.fmean(spans))
         return rk.paired_verdict(a, b, fig[a], fig[b], confidence=confidence, drift_floor=floor,
+                                 min_difference=self.min_difference,
                                  a_knees=caps[a], b_knees=caps[b], step=step,
                                  a_doubts=knees.get(a, {}).get("why", []), b_doubts=knees.get(b, {}).get("why", []),
                                  a_lower=[bool(x) for x in lower.get(a, [])],
@@ -252,7 +278,41 @@ class PairedResult:
                 "ranking": self.ranking.to_dict() if self.ranking else None, "drift": self.drift,
                 "notes": self.notes, "co_residency": self.co_residency, "refused": self.refused, "turns": self.turns,
                 "seconds": round(self.seconds, 1), "knee_rounds": [asdict(k) for k in self.knee_rounds],
-                "knees": self.knees, "step": self.step}
+                "knees": self.knees, "step": self.step, "min_difference_pct": round(100 * self.min_difference, 3),
+                "order_seed": self.order_seed}
+
+
+def curvature_residual(duels: list[DuelLevel], span: float) -> float:
+    """What the linear drift correction (adjust()) may leave in a round whose
+    reference looks lie `span` seconds apart, from the drift's curvature as
+    the presets' own figure levels show it: for each preset, three looks at
+    one load in a row (t1 < t2 < t3, across rounds), the second's miss of the
+    line through the other two, |r|, is about f'' (t3 - t1)^2 / 8 at the
+    middle, so over a round's span the line misses by about
+    |r| (span / (t3 - t1))^2. The mean over the triples (log ratio).
+
+    Why: DRIFT_RESIDUAL scales what the reference moved within each round,
+    and a reference whose two looks straddle a peak of the drift moved ~0
+    while the look between them sat at the peak. On the simulated host
+    drifting +-30 % over a minute, rounds about half a period apart put
+    every round's figures at a peak or a trough, the rotation of the
+    reference turned each round's miss the same way, and an A/A pair read
+    +-10 % "beyond noise" (4-15 %) in 6 of 100 runs once the rungs were
+    shortened (RUNG_SHARE). The presets' looks across rounds see the peaks
+    and troughs that the reference's pair within a round hides."""
+    by: dict[tuple[str, float], list[tuple[float, float]]] = {}
+    for d in duels:
+        if d.step in ("at", "again") and d.output_tps and d.output_tps > 0:
+            by.setdefault((d.preset, d.load), []).append((d.at, math.log(d.output_tps)))
+    misses = []
+    for looks in by.values():
+        looks.sort()
+        for (t1, x1), (t2, x2), (t3, x3) in zip(looks, looks[1:], looks[2:], strict=False):
+            if t3 - t1 <= 0:
+                continue
+            line = x1 + (x3 - x1) * (t2 - t1) / (t3 - t1)
+            misses.append(abs(x2 - line) * min(1.0, span / (t3 - t1)) ** 2)
+    return statistics.fmean(misses) if misses else 0.0
 
 
 PAIR_CSV_COLUMNS = ("a", "b", "metric", "rounds", "better", "gap_pct", "low_pct", "high_pct", "beyond_noise",
@@ -285,6 +345,7 @@ def summary_lines(result: PairedResult) -> list[str]:
     else:
         lines = [f"Pairs (output tok/s at each preset's capacity, {n} duel round(s) paired against a reference "
                  f"measured before and after, {conf:.0%} interval):"]
+    lines[0] = lines[0][:-2] + f"; {rk.floor_words(result.min_difference)}):"
     for v in result.pairs:
         cap = v.capacity
         lines.append(f"- {v.text()}" + (f"; capacity {cap['gap_pct'][0]:+.0f} % ({cap['gap_pct'][1]:+.0f} to "
@@ -634,7 +695,7 @@ def _preset_round(run: SweepRun, result: CapacityResult | None, step: float = 0.
                        stop=result.stop_reason if result else run.status, levels=len(result.levels) if result else 0,
                        started_at=run.started_at, ended_at=run.ended_at,
                        at_ceiling=bool(result and result.at_ceiling), duel_load=load,
-                       duel_seconds=duel_seconds(result, found),
+                       duel_seconds=duel_seconds(result, found), rung_seconds=rung_seconds(result, found),
                        doubts=kl.search_doubts(result.levels) if result else [])
 
 
@@ -654,6 +715,34 @@ def duel_load(result: CapacityResult | None) -> float | None:
     return max(passed) if passed else None
 
 
+def _level_times(result: CapacityResult | None, load: float | None) -> tuple[float, float, float] | None:
+    """(warm-up, one request's time, window) of the search's passing level
+    at `load`, seconds; None where it has none (or no warm-up)."""
+    level = None
+    if result is not None and load is not None:
+        at = [lv for lv in result.levels if lv.load == load and lv.passed and lv.stop != "cancelled"]
+        level = at[-1] if at else None
+    if level is None or not level.warmup_s:
+        return None
+    e2e = [m / 1000.0 for m in (level.window_e2e_ms or []) if m is not None and math.isfinite(m)]
+    request_s = statistics.median(e2e) if e2e else level.warmup_s
+    return level.warmup_s, request_s, level.window_s or 1.0  # (capacity's shortest window)
+
+
+def rung_seconds(result: CapacityResult | None, load: float | None) -> float:
+    """How long a rung of the ladder may run: RUNG_SHARE of the duel level,
+    but never less than a pass takes under the search's rules: its warm-up,
+    DEFAULT_MIN_WINDOWS windows that agree and one more (a window closes
+    only once its requests have ended), and one request's time. Shorter, a
+    rung that passes would end undecided at its cap and move no knee up. On
+    the paced stand-in (requests 0.7 s, windows 1 s) that is 5.4 s of an 8 s
+    duel level; a fail decides sooner."""
+    duel = duel_seconds(result, load)
+    times = _level_times(result, load)
+    warm, request_s, window = times if times is not None else (1.0, 1.0, 1.0)
+    return round(min(duel, max(RUNG_SHARE * duel, warm + (DEFAULT_MIN_WINDOWS + 1) * window + request_s)), 1)
+
+
 def duel_seconds(result: CapacityResult | None, load: float | None) -> float:
     """How long a duel level at `load` may run: DUEL_LEVEL_S, or longer
     where the preset's requests take long at that load: its search's level
@@ -664,15 +753,11 @@ def duel_seconds(result: CapacityResult | None, load: float | None) -> float:
     8 s duel level closed one window or none and its figure came from a
     handful of requests (the same server read 16.5 k, then 10.3 k tok/s 48 s
     later), so every pair stayed within noise but one."""
-    level = None
-    if result is not None and load is not None:
-        at = [lv for lv in result.levels if lv.load == load and lv.passed and lv.stop != "cancelled"]
-        level = at[-1] if at else None
-    if level is None or not level.warmup_s:
+    times = _level_times(result, load)
+    if times is None:
         return DUEL_LEVEL_S
-    e2e = [m / 1000.0 for m in (level.window_e2e_ms or []) if m is not None and math.isfinite(m)]
-    request_s = statistics.median(e2e) if e2e else level.warmup_s
-    return max(DUEL_LEVEL_S, round(level.warmup_s + 4 * request_s, 1))
+    warm, request_s, _window = times
+    return max(DUEL_LEVEL_S, round(warm + 4 * request_s, 1))
 
 
 # -- rounds 1..R: duels at each preset's capacity --------------------------------------------------
@@ -695,6 +780,34 @@ def duel_order(names: list[str], r: int) -> list[str]:
     k = (r - 1) % len(names)
     order = names[k:] + names[:k]
     return [*order, order[0]]
+
+
+def drawn_orders(names: list[str], rounds: int, rng: random.Random) -> list[list[str]]:
+    """Each ladder round's order (as duel_order's): the rotation, over the
+    names in an order drawn at random afresh every len(names) rounds, so each
+    block of rounds has every preset as its reference once, in a random turn.
+
+    Why draw it: the linear drift correction leaves a miss where the host's
+    speed curves, of one sign at a peak and the other at a trough, and the
+    rotation turns it round each round with the reference. Rounds about half
+    a drift period apart then put it on the same side of the pair every
+    round, and the rounds agree on a bias: on the simulated host (+-30 %
+    over a minute, rounds of 33 s with half-length rungs) an A/A pair read
+    9-12 % apart "beyond noise" in 6 of 100 runs. A turn drawn at random
+    cannot line up with any period of the host's; in blocks, every preset is
+    still the reference as often as the others (drawn freely, one preset was
+    the reference in all three rounds of an A/A run and read 6 % ahead).
+    curvature_residual() widens the interval for what remains."""
+    out: list[list[str]] = []
+    n = len(names)
+    perm: list[str] = []
+    for r in range(rounds):
+        if r % n == 0:
+            perm = rng.sample(names, n)
+        k = r % n
+        order = perm[k:] + perm[:k]
+        out.append([*order, order[0]])
+    return out
 
 
 def adjust(levels: list[DuelLevel], clamp: bool = False) -> bool:
@@ -757,8 +870,8 @@ Measure = Callable[[str, float, str], Any]
 
 def ladder_round(r: int, names: list[str], knees: dict[str, float], measure: Measure, rate: bool, step: float,
                  emit: Callable[..., None], cancel: threading.Event, first_index: int, total: int,
-                 clock: Callable[[], float] = time.time, ceiling: float | None = None
-                 ) -> tuple[list[DuelLevel], list[kl.KneeRound]]:
+                 clock: Callable[[], float] = time.time, ceiling: float | None = None,
+                 order: list[str] | None = None) -> tuple[list[DuelLevel], list[kl.KneeRound]]:
     """One duel round of ladders (knee_ladder.py): in duel_order, each preset
     at its knee, the round's reference at its knee again at the end; then
     for each, one step above where its knee passed, else its knee once more
@@ -767,8 +880,9 @@ def ladder_round(r: int, names: list[str], knees: dict[str, float], measure: Mea
     requests (knee_ladder.thin_near_limit), or undecided near it, is measured
     once more, longer (`measure(name, load, "longer")`), and the second look
     counts: the search's remeasure, for the tail. Returns the levels
-    (adjusted against the reference) and each preset's reading."""
-    order = duel_order(names, r)
+    (adjusted against the reference) and each preset's reading. `order`:
+    the round's (drawn_orders); None: duel_order's rotation."""
+    order = order or duel_order(names, r)
     out: list[DuelLevel] = []
     looks: dict[str, list[kl.Look]] = {n: [] for n in names}
     thin: dict[str, list[str]] = {n: [] for n in names}
@@ -890,7 +1004,8 @@ def _duel(name: str, r: int, load: float, t0: float, t1: float, lv: Any, referen
 def run_paired_sweep(presets: list[Preset], burst_config: BurstConfig, options: SweepOptions,
                      capacity: CapacitySweep, rounds: int = DEFAULT_ROUNDS, progress: Progress | None = None,
                      cancel: threading.Event | None = None,
-                     confidence: float = rk.DEFAULT_CONFIDENCE) -> tuple[list[SweepRun], PairedResult]:
+                     confidence: float = rk.DEFAULT_CONFIDENCE, min_difference: float = rk.DEFAULT_MIN_DIFFERENCE
+                     ) -> tuple[list[SweepRun], PairedResult]:
     """The paired sweep (see the module's docstring): the runs (one search
     per preset, as a sequential sweep's rows) and the PairedResult. When the
     servers cannot be up side by side (one GPU too small for them) nothing is
@@ -904,7 +1019,7 @@ def run_paired_sweep(presets: list[Preset], burst_config: BurstConfig, options: 
     def emit(**event: Any) -> None:
         _emit(progress, lock, **event)
 
-    result = PairedResult(presets=[p.name for p in presets])
+    result = PairedResult(presets=[p.name for p in presets], min_difference=min_difference)
     longest = None if capacity.workload_items else burst_config.max_tokens_in + burst_config.max_tokens
     served, runs, result.co_residency = start_all(presets, options, capacity, log_dir, cancel, longest)
     if not served and not runs:
@@ -946,10 +1061,11 @@ def _measure(result: PairedResult, runs: list[SweepRun], served: list[_Served], 
         return
     seconds = {r.preset: r.duel_seconds or DUEL_LEVEL_S for r in result.searches}
     # A rung's rules: the search's own (a fail decides at once, a pass once
-    # its windows agree), capped at the duel level's length: it needs a
-    # verdict, not a tok/s figure, so it costs less than the duel level it adds.
+    # its windows agree), capped at rung_seconds() (RUNG_SHARE of the duel
+    # level's length, or what a pass needs where that is more).
+    rungs = {r.preset: r.rung_seconds or RUNG_SHARE * seconds[r.preset] for r in result.searches}
     rung_rules = {n: replace(capacity.rules or runners[n].rules,
-                             time_cap_s=min((capacity.rules or runners[n].rules).time_cap_s, seconds[n]))
+                             time_cap_s=min((capacity.rules or runners[n].rules).time_cap_s, rungs[n]))
                   for n in names}
     for name in names:
         _reuse(runners[name], capacity.rules or runners[name].rules, seconds[name])
@@ -977,17 +1093,23 @@ def _measure(result: PairedResult, runs: list[SweepRun], served: list[_Served], 
 
 def duel_rounds(result: PairedResult, names: list[str], knees: dict[str, float], measure: Measure, rounds: int,
                 rate: bool, emit: Callable[..., None], cancel: threading.Event, first_index: int = 0,
-                total: int = 0, clock: Callable[[], float] = time.time, ceiling: float | None = None) -> None:
+                total: int = 0, clock: Callable[[], float] = time.time, ceiling: float | None = None,
+                order_seed: int | None = None) -> None:
     """Rounds 1..rounds of ladders from `knees` (each preset's starting
     load), each round starting where the last left each knee; the levels and
     readings go into `result` (its `step` set), each search row's final_knee
-    too. Apart from the servers: a simulation hands in its own measure and clock."""
+    too. The rounds' orders are drawn at random (drawn_orders) from
+    `order_seed`, kept in result.order_seed; None: a seed of its own. Apart
+    from the servers: a simulation hands in its own measure, clock and seed."""
     knees = dict(knees)
+    result.order_seed = random.SystemRandom().randrange(2 ** 31) if order_seed is None else order_seed
+    orders = drawn_orders(names, rounds, random.Random(result.order_seed))
     for r in range(1, rounds + 1):
         if cancel.is_set():
             break
         levels, readings = ladder_round(r, names, knees, measure, rate, result.step, emit, cancel,
-                                        first_index + (r - 1) * (2 * len(names) + 1), total, clock, ceiling)
+                                        first_index + (r - 1) * (2 * len(names) + 1), total, clock, ceiling,
+                                        orders[r - 1])
         result.duels += levels
         result.knee_rounds += readings
         for k in readings:

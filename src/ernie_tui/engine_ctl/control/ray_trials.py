@@ -22,6 +22,11 @@ again elsewhere, its row marked `retried_after_node_loss`. The server the
 lost actor started is killed by the actor's orphan guard (orphan_guard.py),
 a process of its own that outlives the actor.
 
+Each trial's actor is named (ray_status.TRIAL_ACTOR_PREFIX) and tells what
+it measures, on which node, its server's URL and what it does now
+(TrialActor.status): snapshot() reads them with the cluster's nodes, for the
+tune screen and the fleet view (any process joined to the cluster can).
+
 Ray is imported only here, and only when --ray is given (an optional extra).
 """
 
@@ -31,17 +36,27 @@ import json
 import logging
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from ernie_tui import paths
+from ernie_tui.engine_ctl.control.ray_status import (
+    TRIAL_ACTOR_PREFIX,
+    RaySnapshot,
+    build_snapshot,
+    node_label,
+    phase_of,
+    resources_text,
+)
 from ernie_tui.engine_ctl.control.resources import ResourceSampler
 from ernie_tui.engine_ctl.control.sweep import (
     CapacitySweep,
@@ -67,6 +82,8 @@ POLL_S = 0.5
 NODE_DEATH_WAIT_S = 60.0
 LOG_TAIL_BYTES = 8 << 20  # a server log sent back is cut to its last 8 MiB
 GUARD = Path(__file__).with_name("orphan_guard.py")
+CONNECT_TIMEOUT_S = 5.0  # a head whose port does not answer in this long is not there
+STATUS_WAIT_S = 2.0  # a snapshot waits this long for the trial actors' answers (a busy node's come next time)
 
 
 class RayTrialsError(Exception):
@@ -110,6 +127,8 @@ class RayTrials:
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
     _ports: set[int] = field(default_factory=set, init=False, repr=False)
     _gpus: bool = field(default=False, init=False)
+    # This command, as its trials' actors name it (the fleet view tells drivers apart by it).
+    _driver: str = field(default_factory=lambda: f"{socket.gethostname()}:{os.getpid()}", init=False)
 
     def connect(self) -> RayTrials:
         address = self.address or os.environ.get("RAY_ADDRESS") or ""
@@ -121,6 +140,7 @@ class RayTrials:
             os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
         ray = require_ray()
         if not ray.is_initialized():
+            _answers(self.address or os.environ.get("RAY_ADDRESS") or "")
             try:
                 # log_to_driver off: the trials' own output goes to their
                 # logs, not over the driver's answer or its screen.
@@ -150,13 +170,28 @@ class RayTrials:
         need = self.need(preset)
         return sum(min(int(n["resources"].get(k, 0.0) // v) for k, v in need.items()) for n in self.nodes())
 
+    def snapshot(self) -> RaySnapshot:
+        """The cluster now: every node it knows (a lost one as lost) and each
+        trial running on it (this command's and any other's), as their
+        actors tell it. Never raises: a cluster that cannot be asked is a
+        snapshot with its error."""
+        where = self.address or os.environ.get("RAY_ADDRESS") or "auto"
+        try:
+            ray = require_ray()
+            where = ray.get_runtime_context().gcs_address or where
+            nodes = ray.nodes()
+            statuses = _trial_statuses(ray)
+        except Exception as exc:  # noqa: BLE001  a screen shows it; the trials go on
+            return RaySnapshot(where, error=f"{type(exc).__name__}: {exc}")
+        return build_snapshot(where, nodes, statuses)
+
     def check(self, presets: list[Preset]) -> None:
         """Refuse, before anything starts, a preset no node can hold."""
         for p in presets:
             if self.slots(p) < 1:
-                have = "; ".join(f"{n['ip']}: {_resources_text(n['resources'])}" for n in self.nodes()) or "none"
+                have = "; ".join(f"{n['ip']}: {resources_text(n['resources'])}" for n in self.nodes()) or "none"
                 raise RayTrialsError(f"no node of the Ray cluster has what a trial of {p.name} needs "
-                                     f"({_resources_text(self.need(p))}); the nodes have: {have}")
+                                     f"({resources_text(self.need(p))}); the nodes have: {have}")
 
     # -- a sweep's trials ----------------------------------------------------------
 
@@ -213,7 +248,8 @@ class RayTrials:
         losses: list[str] = []
         sent = replace(options, ray=None, log_dir=None, gpus_per_trial=None, gpu_ids=None)
         while True:
-            outcome = self._attempt(preset, repeat, index, total, burst_config, sent, capacity, emit, cancel)
+            outcome = self._attempt(preset, repeat, index, total, burst_config, sent, capacity, emit, cancel,
+                                    losses)
             if outcome.get("lost") is None:
                 break
             losses.append(outcome["lost"])
@@ -234,9 +270,10 @@ class RayTrials:
 
     def _attempt(self, preset: Preset, repeat: int, index: int, total: int, burst_config: BurstConfig,
                  options: SweepOptions, capacity: CapacitySweep | None, emit: Progress,
-                 cancel: threading.Event) -> dict[str, Any]:
+                 cancel: threading.Event, lost: list[str]) -> dict[str, Any]:
         """One placement of the trial: {"run", "records", "log", "node"}, or
-        {"lost": node} when its node died under it."""
+        {"lost": node} when its node died under it. `lost`: the nodes lost
+        under it before (its actor tells a snapshot it runs again)."""
         ray = require_ray()
         from ray.util.placement_group import placement_group, remove_placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
@@ -251,14 +288,17 @@ class RayTrials:
                 if cancel.is_set():
                     return {"run": _cancelled(preset, repeat, capacity), "records": [], "log": "", "node": None}
             other = {k: v for k, v in need.items() if k not in ("CPU", "GPU")}
+            # Named, so that any process joined to the cluster finds it (ray_status.py).
             actor = _actor_class(ray).options(
                 num_cpus=need.get("CPU", 0.0), num_gpus=need.get("GPU", 0.0), resources=other or None,
                 scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=0),
-                max_restarts=0, max_task_retries=0).remote()
+                max_restarts=0, max_task_retries=0,
+                name=f"{TRIAL_ACTOR_PREFIX}{self._driver}/{uuid.uuid4().hex[:12]}").remote(
+                    {"trial": preset.name, "repeat": repeat, "lost": list(lost), "driver": self._driver})
             try:
                 where = ray.get(actor.where.remote())
                 node = where["node"]
-                named = f"{where['ip']} {node[:12]}"  # the address, and which node at it (several may share one)
+                named = node_label(where["ip"], node)
                 result = actor.run.remote(preset, repeat, index, total, burst_config, options, capacity)
                 told = False
                 while True:
@@ -302,9 +342,41 @@ class RayTrials:
             paths.write_private_text(log_dir / f"{name}-r{repeat}.log", outcome["log"])
 
 
-def _resources_text(res: dict[str, float]) -> str:
-    return ", ".join(f"{k} {v:g}" for k, v in sorted(res.items()) if not k.startswith("node:")
-                     and not k.endswith("memory")) or "nothing"
+def _answers(address: str) -> None:
+    """RayTrialsError when nothing listens at a HOST:PORT address: ray.init
+    would retry such a one for minutes, a warning every few seconds."""
+    host, _, port = address.rpartition(":")
+    if not host or "://" in address or not port.isdigit():
+        return  # ray://, "auto" or the cluster started here: Ray finds it, or says why
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=CONNECT_TIMEOUT_S).close()
+    except OSError as exc:
+        raise RayTrialsError(f"no Ray cluster to join at {address}: nothing answers there ({exc}); start one "
+                             "with `ray start --head` or pass --ray HOST:PORT of its head") from None
+
+
+def _trial_statuses(ray: Any) -> list[dict[str, Any]]:
+    """What each trial actor on the cluster says of itself (TrialActor.status);
+    one that ended or does not answer in STATUS_WAIT_S is left out."""
+    actors = []
+    for name in ray.util.list_named_actors():
+        if not name.startswith(TRIAL_ACTOR_PREFIX):
+            continue
+        try:
+            actors.append(ray.get_actor(name))
+        except ValueError:  # ended since it was listed
+            continue
+    refs = [a.status.remote() for a in actors]
+    if not refs:
+        return []
+    ready, _ = ray.wait(refs, num_returns=len(refs), timeout=STATUS_WAIT_S)
+    out = []
+    for ref in ready:
+        try:
+            out.append(ray.get(ref))
+        except ray.exceptions.RayError:  # its actor died (its node lost, or it was killed as it ended)
+            continue
+    return out
 
 
 def _cancelled(preset: Preset, repeat: int, capacity: CapacitySweep | None) -> SweepRun:
@@ -329,10 +401,15 @@ def _actor_class(ray: Any) -> Any:
 class TrialActor:
     """One trial on the node Ray placed it on (see the module's doc)."""
 
-    def __init__(self) -> None:
+    def __init__(self, about: dict[str, Any] | None = None) -> None:
         self._events: list[dict[str, Any]] = []
         self._lock = threading.Lock()
         self._cancel = threading.Event()
+        # What status() tells: the trial, the nodes it lost before, its driver;
+        # then its server's URL and what it does now.
+        self._about = dict(about or {})
+        self._url: str | None = None
+        self._phase = "placed"
         # The guard outlives this process: a node lost takes the actor down
         # with no cleanup, and the server it started must not serve on.
         subprocess.run([sys.executable, str(GUARD), "--detach", str(os.getpid())], stdin=subprocess.DEVNULL,
@@ -344,6 +421,13 @@ class TrialActor:
         ctx = ray.get_runtime_context()
         return {"node": ctx.get_node_id(), "ip": ray.util.get_node_ip_address(), "pid": os.getpid()}
 
+    def status(self) -> dict[str, Any]:
+        """This trial as a snapshot lists it (ray_status.build_snapshot)."""
+        where = self.where()
+        with self._lock:
+            return {**self._about, "node": node_label(where["ip"], where["node"]), "url": self._url,
+                    "phase": self._phase}
+
     def drain(self) -> list[dict[str, Any]]:
         with self._lock:
             out, self._events = self._events, []
@@ -353,8 +437,11 @@ class TrialActor:
         self._cancel.set()
 
     def _progress(self, event: dict[str, Any]) -> None:
+        phase = phase_of(event)
         with self._lock:
             self._events.append({k: v for k, v in event.items() if k != "run"})
+            if phase is not None:
+                self._phase = phase
 
     def run(self, preset: Preset, repeat: int, index: int, total: int, burst_config: BurstConfig,
             options: SweepOptions, capacity: CapacitySweep | None) -> dict[str, Any]:
@@ -371,6 +458,9 @@ class TrialActor:
             trial = _TrialEnv(gpus=tuple(gpus), port=_trial_port(preset, set()), settle=lambda: None)
         else:
             preset = replace(preset, port=_trial_port(preset, set()))
+        host = preset.host if preset.host not in ("", "0.0.0.0", "::") else ray.util.get_node_ip_address()
+        with self._lock:
+            self._url = f"http://{host}:{trial.port if trial is not None else preset.port}"
         sampler = ResourceSampler()
         try:
             run = _run_one(preset, repeat, burst_config, replace(options, log_dir=log_dir), log_dir, sampler, None,

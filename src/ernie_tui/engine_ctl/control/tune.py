@@ -36,7 +36,7 @@ from ernie_tui import paths
 from ernie_tui.engine_ctl.control import ranking as rk
 from ernie_tui.engine_ctl.control.paired_sweep import run_paired_sweep
 from ernie_tui.engine_ctl.control.sweep import CapacitySweep, SweepOptions, SweepPlan, SweepRun, run_sweep
-from ernie_tui.engine_ctl.control.tune_storage import Heartbeats, open_storage
+from ernie_tui.engine_ctl.control.tune_storage import Heartbeats, StorageError, open_storage
 from ernie_tui.engine_ctl.launch import gpus_needed, next_free_port, port_is_free, run_preflight
 from ernie_tui.engine_ctl.load import BurstConfig
 from ernie_tui.presets.model import Preset
@@ -49,6 +49,9 @@ INSTALL_HINT = "ernie-tui tune needs Optuna: pip install 'ernie-tui[tune]' (or p
 # up after this many proposals in a row (a space that is nearly all refused).
 MAX_IDLE_PROPOSALS = 50
 MIN_TRIALS_FOR_IMPORTANCE = 4
+# How long a trial waits for the values of one asked just before it (by
+# another driver of a shared study) to be written in full: see _same_setting.
+PARAMS_WRITTEN_WAIT_S = 5.0
 
 Progress = Callable[[dict[str, Any]], None]
 
@@ -87,6 +90,9 @@ class TuneSetup:
     # --storage: an SQLAlchemy URL for the study (tune_storage.py: several
     # drivers share it); None: the journal file under study_dir.
     storage: str | None = None
+    # --min-difference: the smallest gain over BASE the verdict names (a
+    # share; ranking.paired_verdict), so the smallest a written preset claims.
+    min_difference: float = rk.DEFAULT_MIN_DIFFERENCE
 
 
 @dataclass
@@ -129,13 +135,18 @@ class Verdict:
     low_pct: float | None = None
     high_pct: float | None = None
     beyond_noise: bool | None = None  # None: one measurement each, no noise estimate
+    # Why a gain that measured apart from 0 is still within noise: the floor
+    # (--min-difference, ranking.floor_reason's words); "" otherwise.
+    floor: str = ""
 
 
-def compare_to_base(base: list[float], best: list[float]) -> Verdict:
+def compare_to_base(base: list[float], best: list[float], min_difference: float = 0.0) -> Verdict:
     """The answer's "how far the best beats BASE" from each one's goodputs,
     where no paired comparison was made (--confirm 0, or the two could not
     be served side by side): medians, and with repeats the min-max ranges;
-    ranges that overlap are noise."""
+    ranges that overlap are noise, and so are ranges apart by less than
+    `min_difference` (a share) at their nearest ends (the paired verdict's
+    floor, ranking.clears_floor: the whole range of gaps beyond it)."""
     if not base or not best:
         return Verdict("not compared: " + ("BASE was not measured" if not base else "no setting was measured"))
     b, t = statistics.median(base), statistics.median(best)
@@ -149,6 +160,11 @@ def compare_to_base(base: list[float], best: list[float]) -> Verdict:
     if min(best) <= max(base) and max(best) >= min(base):
         return Verdict(f"within noise ({gain:+.1f} %, ranges overlap: {low:+.1f} to {high:+.1f} %)",
                        gain, low, high, False)
+    floor = 100 * min_difference
+    if low < floor and high > -floor:
+        why = f"less than the {floor:g} % worth naming"
+        return Verdict(f"within noise: {why} ({gain:+.1f} %, ranges {low:+.1f} to {high:+.1f} %)",
+                       gain, low, high, False, why)
     more = "more" if gain > 0 else "less"
     return Verdict(f"the best carries {abs(gain):.1f} % {more} ({low:+.1f} to {high:+.1f} %)", gain, low, high, True)
 
@@ -196,7 +212,10 @@ def open_study(setup: TuneSetup) -> Any:
 
     paths.private_dir(setup.study_dir)  # the trials' server logs go here too, with the prompts
     if setup.storage:
-        storage = open_storage(optuna, setup.storage)
+        try:
+            storage = open_storage(optuna, setup.storage)
+        except StorageError as exc:
+            raise TuneError(str(exc)) from None
     else:
         storage = JournalStorage(JournalFileBackend(str(setup.study_dir / "journal.log")))
     study = optuna.create_study(study_name=setup.study_name, storage=storage, direction="maximize",
@@ -265,18 +284,36 @@ def trial_rows(study: Any) -> list[TrialRow]:
     return rows
 
 
-def _same_setting(study: Any, params: dict[str, Any], number: int | None = None) -> Any:
+def _same_setting(study: Any, params: dict[str, Any], trial: Any = None) -> Any:
     """An earlier trial of the study with exactly these values, measured or
-    refused; or, given this trial's `number`, one asked before it that is
-    being measured now (by another lane or another driver of a shared study)."""
+    refused; or, given this `trial`, one asked before it that is being
+    measured now (by another lane or another driver of a shared study).
+
+    "Before" is by the storage's trial id, not the trial number: on a
+    database two drivers asking at once can get the same number (Optuna
+    counts the trials with a lower id, each driver's new row not yet seen by
+    the other), never the same id. And a trial asked before this one whose
+    values are still being written (Optuna writes them one by one) is read
+    again until they are all there, so that the two do not both measure."""
     for t in study.get_trials(deepcopy=False):
         if t.params == params and t.user_attrs.get("outcome") in ("measured", "refused", "failed"):
             return t
-    for t in study.get_trials(deepcopy=False):
-        if (number is not None and t.number < number and t.params == params and "outcome" not in t.user_attrs
-                and t.state.name == "RUNNING"):
-            return t
-    return None
+    if trial is None:
+        return None
+    mine = trial._trial_id
+    deadline = time.monotonic() + PARAMS_WRITTEN_WAIT_S
+    while True:
+        partial = False
+        for t in study.get_trials(deepcopy=False):
+            if t._trial_id >= mine or "outcome" in t.user_attrs or t.state.name != "RUNNING":
+                continue
+            if t.params == params:
+                return t
+            partial = partial or (len(t.params) < len(params) and
+                                  all(params.get(k) == v for k, v in t.params.items()))
+        if not partial or time.monotonic() >= deadline:
+            return None
+        time.sleep(0.1)
 
 
 def _preflight_refusal(candidate: Preset, setup: TuneSetup) -> str | None:
@@ -318,7 +355,7 @@ def _run_trial(study: Any, trial: Any, setup: TuneSetup, stop: threading.Event, 
         trial.set_user_attr("reason", "BASE's own setting")
         study.tell(trial, statistics.median(study.user_attrs["base"]["goodputs"]))
         return "repeat"
-    earlier = _same_setting(study, params, trial.number)
+    earlier = _same_setting(study, params, trial)
     if earlier is not None:  # TPE proposes a setting again: its value is known (or coming), no second run
         trial.set_user_attr("outcome", "repeat")
         trial.set_user_attr("reason", f"same setting as trial {earlier.number}"
@@ -521,6 +558,11 @@ def paired_verdict(pair: rk.PairVerdict) -> Verdict:
     if pair.mean is None or pair.low is None or pair.high is None:
         return Verdict(f"not compared: {pair.text()}")
     gain, low, high = (100.0 * (math.exp(x) - 1.0) for x in (pair.mean, pair.low, pair.high))
+    if pair.within_floor or (pair.interval_excludes_zero and not pair.clears_floor):
+        # The floor (--min-difference) in PairVerdict.text's words: said the same everywhere.
+        why = rk.floor_reason(pair)
+        return Verdict(f"within noise: {why} ({rk.pct_span(gain)} %, interval {rk.pct_span(low, high)} %, paired "
+                       f"over {pair.rounds} rounds)", gain, low, high, False, why)
     if not pair.beyond_noise:
         # How many rounds the best led: two of two is no verdict (one degree
         # of freedom, an interval of ±12.7 standard errors), but the operator
@@ -544,7 +586,8 @@ def _confirm_paired(setup: TuneSetup, best: TrialRow, stop: threading.Event,
     base = _as_launched(setup.base, setup)
     _emit(progress, event="confirm", round=1, preset=f"{base.name} and {best_preset.name}, paired")
     _runs, result = run_paired_sweep([base, best_preset], setup.burst_config, setup.options, setup.capacity,
-                                     max(2, setup.confirm_rounds), _relay(progress, -2), stop)
+                                     max(2, setup.confirm_rounds), _relay(progress, -2), stop,
+                                     min_difference=setup.min_difference)
     if result.refused or not result.pairs:
         return None, None
     return paired_verdict(result.pairs[0]), result.to_dict()
@@ -701,10 +744,11 @@ def run_tune(setup: TuneSetup, progress: Progress | None = None, cancel: threadi
             study_name=setup.study_name, study_dir=str(setup.study_dir), base=setup.base.name,
             slo=" ".join(str(o) for o in setup.capacity.slo), space=[p.describe() for p in setup.space.params],
             settings_in_space=setup.space.size(), trials=rows, best=best, base_goodputs=base,
-            best_goodputs=best_values, verdict=verdict or compare_to_base(base, best_values),
+            best_goodputs=best_values, verdict=verdict or compare_to_base(base, best_values, setup.min_difference),
             importances=importances(study), effects=effects(rows), refused=[r for r in rows if r.outcome == "refused"],
             stopped=why, seconds=round(time.monotonic() - t0, 1), measured_trials=len(_measured(rows)),
-            extra={"paired": paired} if paired else {},
+            extra={**({"paired": paired} if paired else {}),
+                   "min_difference_pct": round(100 * setup.min_difference, 3)},
             base_summary=dict((study.user_attrs.get("base") or {}).get("summary") or {}))
     finally:
         done.set()
@@ -766,7 +810,7 @@ def preset_choice(result: TuneResult, even_if_not_better: bool = False) -> Prese
         why = (f"the best trial was measured once, as BASE was: no noise estimate ({_estimate(v)}; "
                "--confirm N compares them)")
     elif not v.beyond_noise:
-        why = f"the best trial did not beat BASE beyond noise ({_estimate(v)})"
+        why = f"the best trial did not beat BASE beyond noise ({v.floor + ': ' if v.floor else ''}{_estimate(v)})"
     elif v.gain_pct <= 0 or (v.low_pct is not None and v.low_pct <= 0):
         why = f"the best trial measured below BASE, beyond noise ({_estimate(v)})"
     else:

@@ -33,11 +33,20 @@ log = logging.getLogger(__name__)
 HEARTBEAT_S = 10  # how often a driver says it is alive, for each of its running trials
 GRACE_S = 60  # a trial (or a BASE claim) not heard of for this long belongs to a driver that died
 CLAIM_SETTLE_S = 1.0  # between writing the BASE claim and reading back who won
+CONNECT_TIMEOUT_S = 10  # a database server that does not answer in this long is reported, not waited for
+# SQLAlchemy 2.1 reads postgresql:// as psycopg (3); postgresql+psycopg2:// names the older driver.
+POSTGRES_HINT = "pip install 'ernie-tui[postgres]' (psycopg 3), or name your driver: postgresql+psycopg2://..."
+
+
+class StorageError(Exception):
+    """--storage URL cannot be opened; the message is one line for humans."""
 
 
 def open_storage(optuna: Any, url: str) -> Any:
     """Optuna's RDB storage for `url` (sqlite:///study.db, postgresql://...),
-    with heartbeats; a stale trial is queued again with its values."""
+    with heartbeats; a stale trial is queued again with its values.
+    StorageError when the URL is malformed, its driver is not installed, or
+    its server does not answer."""
 
     def requeue(study: Any, trial: Any) -> None:
         log.info("trial %s of a driver that stopped: queued again", trial.number)
@@ -45,19 +54,59 @@ def open_storage(optuna: Any, url: str) -> Any:
 
     from sqlalchemy.exc import SQLAlchemyError  # Optuna's own dependency
 
+    where = reachable(url)
     # sqlite: two drivers write the same file; wait for its lock, not fail.
     engine = {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else None
     for attempt in range(3):
         try:
             return optuna.storages.RDBStorage(url, engine_kwargs=engine, heartbeat_interval=HEARTBEAT_S,
                                               grace_period=GRACE_S, failed_trial_callback=requeue)
-        except SQLAlchemyError:
+        except SQLAlchemyError as exc:
             # Two drivers opening a new database at once both create its
             # tables; the one that lost finds them made on its next try.
             if attempt == 2:
-                raise
+                raise StorageError(f"--storage {where}: {_first_line(exc)}") from None
             time.sleep(1.0 + attempt)
     raise AssertionError("unreachable")
+
+
+def reachable(url: str) -> str:
+    """Connect once to `url` and let go; the URL as it may be shown (no
+    password). StorageError, one line, when it cannot be: the URL malformed,
+    SQLAlchemy's driver for it missing, the server not answering or refusing."""
+    import sqlalchemy
+    from sqlalchemy.exc import ArgumentError, SQLAlchemyError
+
+    try:
+        parsed = sqlalchemy.engine.make_url(url)
+    except ArgumentError as exc:
+        raise StorageError(f"--storage takes an SQLAlchemy URL like postgresql://user@host/db or "
+                           f"sqlite:///study.db: {_first_line(exc)}") from None
+    shown = parsed.render_as_string(hide_password=True)
+    try:
+        engine = sqlalchemy.create_engine(parsed, **({"connect_args": {"connect_timeout": CONNECT_TIMEOUT_S}}
+                                                     if parsed.get_backend_name() == "postgresql" else {}))
+    except ImportError as exc:  # the dialect's DBAPI module (psycopg for postgresql://) is not installed
+        hint = POSTGRES_HINT if parsed.get_backend_name() == "postgresql" else "install SQLAlchemy's driver for it"
+        raise StorageError(f"--storage {shown}: no driver ({exc}): {hint}") from None
+    except ArgumentError as exc:  # e.g. a dialect SQLAlchemy does not know
+        raise StorageError(f"--storage {shown}: {_first_line(exc)}") from None
+    try:
+        with engine.connect():
+            pass
+    except SQLAlchemyError as exc:
+        why = getattr(exc, "orig", None) or exc  # the driver's own words, without SQLAlchemy's wrapping
+        raise StorageError(f"--storage {shown}: cannot connect: {_first_line(why)}") from None
+    finally:
+        engine.dispose()
+    return shown
+
+
+def _first_line(exc: BaseException) -> str:
+    """An exception's message cut to its first line (the driver's and
+    SQLAlchemy's run on for several, with a link to their docs)."""
+    text = str(exc).strip().splitlines()
+    return text[0].strip() if text else type(exc).__name__
 
 
 class Heartbeats:

@@ -119,14 +119,18 @@ from ernie_tui.engine_ctl.load.traffic import (
     save_profile,
 )
 from ernie_tui.engine_ctl.load.traffic_capture import (
+    TRAFFIC_METRICS,
     build_profile,
     capture_live,
     from_log_file,
     from_log_requests,
     from_metrics,
     from_trace,
+    interval_completions,
     parse_request_log,
     read_trace,
+    since_start,
+    window_histograms,
 )
 from ernie_tui.engine_ctl.load.traffic_replay import OUTPUTS as TRAFFIC_OUTPUTS
 from ernie_tui.engine_ctl.load.traffic_replay import replay_settings
@@ -255,6 +259,10 @@ __all__ += [
     "TrafficError",
     "TrafficProfile",
     "build_profile",
+    "interval_completions",
+    "window_histograms",
+    "since_start",
+    "TRAFFIC_METRICS",
     "capture_live",
     "format_profile",
     "from_log_file",

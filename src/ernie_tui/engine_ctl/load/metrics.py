@@ -327,6 +327,13 @@ class MetricsSnapshot:
         return MetricsSnapshot(timestamp=self.timestamp, mono=self.mono, model_name=self.model_name,
                                _index=index)
 
+    def zeroed(self, timestamp: float, mono: float) -> "MetricsSnapshot":
+        """The same series with every value 0, taken at `timestamp` (wall)
+        and `mono`: how a server's counters and histograms stood when it
+        started, so that a window from it to this scrape holds all it served."""
+        index = {name: [(labels, 0.0) for labels, _ in samples] for name, samples in self._index.items()}
+        return MetricsSnapshot(timestamp=timestamp, mono=mono, model_name=self.model_name, _index=index)
+
     def _pick(self, names: Iterable[str] | str, suffix: str = "") -> str | None:
         if isinstance(names, str):
             names = (names,)

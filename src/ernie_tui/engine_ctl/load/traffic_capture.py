@@ -48,6 +48,15 @@ MAX_TOKENS_HIST = ("vllm:request_params_max_tokens", "vllm:request_max_num_gener
 # Richest first: a trace sees every request's text; a request log its arrival
 # and parameters; /metrics only histograms and counters.
 RICHNESS = ("trace", "request-log", "metrics")
+# When the server started (since_start): when vLLM created its finished-request
+# counter (prometheus_client's `_created` sample), else its API process' start.
+COUNTER_CREATED = tuple(name.replace("_total", "_created") for name in M.REQUEST_SUCCESS)
+PROCESS_START = ("process_start_time_seconds",)
+# The metric families from_metrics and since_start read: a poller that
+# prefilters its scrapes (the dashboard's sampler) keeps these on the scrapes
+# it hands a capture.
+TRAFFIC_METRICS = (*PROMPT_HIST, *OUTPUT_HIST, *MAX_TOKENS_HIST, *M.REQUEST_SUCCESS, *M.PREFIX_QUERIES,
+                   *M.PREFIX_HITS, *M.CACHE_CONFIG, *COUNTER_CREATED, *PROCESS_START)
 PARTS = ("prompt_tokens", "output_tokens", "max_tokens", "eos_share", "arrivals", "prefix")
 
 
@@ -175,9 +184,7 @@ def from_metrics(before: M.MetricsSnapshot, after: M.MetricsSnapshot,
     if window <= 0:
         raise TrafficError("the two /metrics scrapes are not in order")
     cap = Captured(kind="metrics", window_s=window)
-    hp = M.histogram_delta(before, after, PROMPT_HIST)
-    ho = M.histogram_delta(before, after, OUTPUT_HIST)
-    hm = M.histogram_delta(before, after, MAX_TOKENS_HIST)
+    hp, ho, hm = window_histograms(before, after)
     if hp is None and ho is None:
         raise TrafficError("/metrics has no prompt or generation token histograms (or the server restarted "
                            "within the window)")
@@ -202,6 +209,30 @@ def from_metrics(before: M.MetricsSnapshot, after: M.MetricsSnapshot,
     return cap
 
 
+def since_start(after: M.MetricsSnapshot) -> M.MetricsSnapshot | None:
+    """A scrape as the server stood at its start (every counter and
+    histogram 0), so that from_metrics(since_start(after), after) reads all
+    it served, not only a window watched: last night's traffic, from a
+    dashboard attached this morning. The start is when vLLM created its
+    finished-request counter, else its API process' start time; None when
+    /metrics gives neither. The mean rate is then over the whole uptime,
+    idle hours included."""
+    created = [v for name in COUNTER_CREATED for _, v in after.samples(name) if v > 0]
+    start = min(created) if created else after.maximum(PROCESS_START)
+    if not start or start >= after.timestamp:
+        return None
+    return after.zeroed(start, float(after.mono) - (after.timestamp - start))  # type: ignore[arg-type]
+
+
+def window_histograms(before: M.MetricsSnapshot, after: M.MetricsSnapshot
+                      ) -> tuple[M.Histogram | None, M.Histogram | None, M.Histogram | None]:
+    """The window's histograms from_metrics reads (prompt tokens, generation
+    tokens, max_tokens asked), whole buckets, for showing; None where
+    /metrics has none or the server restarted within the window."""
+    return (M.histogram_delta(before, after, PROMPT_HIST), M.histogram_delta(before, after, OUTPUT_HIST),
+            M.histogram_delta(before, after, MAX_TOKENS_HIST))
+
+
 def _finished_by_reason(before: M.MetricsSnapshot, after: M.MetricsSnapshot) -> dict[str, float]:
     out: dict[str, float] = {}
     for reason in after.label_values("finished_reason"):
@@ -218,15 +249,9 @@ def _metrics_arrivals(before: M.MetricsSnapshot, after: M.MetricsSnapshot, betwe
     interval, and a gap CV from their index of dispersion (variance over
     mean of the counts: 1 for Poisson, CV squared for a renewal process
     watched over intervals long beside its gaps)."""
-    snaps = [before, *between, after]
-    counts, widths = [], []
-    for a, b in zip(snaps, snaps[1:], strict=False):
-        d = M.counter_delta(a, b, M.REQUEST_SUCCESS)
-        w = M.elapsed(a, b)
-        if d is None or w <= 0:
-            continue
-        counts.append(d)
-        widths.append(w)
+    intervals = interval_completions([before, *between, after])
+    counts = [c for _, _, c in intervals]
+    widths = [w for _, w, _ in intervals]
     rate = n / window
     if len(counts) < 4:
         return Arrivals(rate_per_s=rate, window_s=window, rate_series=[rate])
@@ -236,6 +261,19 @@ def _metrics_arrivals(before: M.MetricsSnapshot, after: M.MetricsSnapshot, betwe
     cv = math.sqrt(var / mean) if mean > 0 else 1.0
     return Arrivals(rate_per_s=rate, cv=min(max(cv, 0.2), 5.0), cv_measured=True, window_s=round(width, 3),
                     rate_series=[c / w for c, w in zip(counts, widths, strict=True)])
+
+
+def interval_completions(snaps: list[M.MetricsSnapshot]) -> list[tuple[float, float, float]]:
+    """(end, width, requests finished) for each interval between consecutive
+    scrapes, in seconds of the scrapes' monotonic clock; an interval across a
+    counter reset, or out of order, is left out."""
+    out = []
+    for a, b in zip(snaps, snaps[1:], strict=False):
+        d = M.counter_delta(a, b, M.REQUEST_SUCCESS)
+        w = M.elapsed(a, b)
+        if d is not None and w > 0:
+            out.append((float(b.mono), w, d))  # type: ignore[arg-type]
+    return out
 
 
 def _metrics_prefix(before: M.MetricsSnapshot, after: M.MetricsSnapshot,

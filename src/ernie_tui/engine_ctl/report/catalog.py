@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ernie_tui.engine_ctl.control import floor_words
 from ernie_tui.engine_ctl.load import RunRecord, second_look, verdict_text
 from ernie_tui.engine_ctl.report.inputs import comparison_of, sweep_runs
 
@@ -127,6 +128,9 @@ def _paired_lines(paired: dict[str, Any]) -> list[str]:
     pairs = [p for p in paired.get("pairs") or [] if isinstance(p, dict)]
     rounds = max((int(p.get("rounds") or 0) for p in pairs), default=0)
     lines = [f"  pairs:    {rounds} duel round(s), output tok/s at each preset's capacity against a reference"]
+    floor = paired.get("min_difference_pct")  # (a record from before the floor has none)
+    if isinstance(floor, (int, float)):
+        lines.append(f"  floor:    {floor_words(floor / 100.0)} (--min-difference)")
     lines += [f"    {p.get('text') or p.get('a', '?') + ' / ' + p.get('b', '?')}" for p in pairs]
     ranking = (paired.get("ranking") or {}).get("text") if isinstance(paired.get("ranking"), dict) else None
     if ranking:

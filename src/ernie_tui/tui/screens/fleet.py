@@ -5,6 +5,10 @@ The poller's threads only post FleetUpdate messages; the handler here, on the
 UI thread, rewrites the cells that changed (a whole-table rebuild only when
 the set of rows changes, e.g. a server reports a second engine). Enter opens
 the app's full dashboard for the highlighted server; escape or b comes back.
+
+With --ray the Ray panel under the table shows the cluster's nodes and the
+trials running there (any tune's or sweep's), asked every 2 s on a thread
+worker of its own (RayTrials.snapshot, posted as RayStatus).
 """
 
 from __future__ import annotations
@@ -26,10 +30,12 @@ from ernie_tui.engine_ctl.control import FleetPoller, connecting_rows
 from ernie_tui.engine_ctl.units import gib_str
 from ernie_tui.tui.failures import ShowsWorkerFailures
 from ernie_tui.tui.lifecycle import drop_when_torn_down
-from ernie_tui.tui.messages import FleetUpdate
+from ernie_tui.tui.messages import FleetUpdate, RayStatus
 from ernie_tui.tui.screens.help import HelpScreen
 from ernie_tui.tui.screens.main import MainScreen
 from ernie_tui.tui.widgets.footer import KeyFooter
+from ernie_tui.tui.widgets.ray_panel import RayPanel
+from ernie_tui.tui.workers import ray_loop
 
 if TYPE_CHECKING:  # type-only: what these screens call on the fleet's App (fleet_app.py imports them)
     from ernie_tui.tui.app_protocol import FleetAppView
@@ -66,6 +72,9 @@ FLEET_FIGURES: tuple[tuple[str, str], ...] = (
     ("ITL p99", "99th percentile inter-token latency over the last minute (vLLM's histogram)"),
     ("memory", "local servers only: GPU memory of its processes (NVML), else their RSS"),
     ("engine N", "a data-parallel server's engines, from the engine label on /metrics"),
+    ("Ray panel", "with --ray: the cluster's nodes (alive, or LOST) and their resources; under each, the trials "
+                  "of tune/sweep --ray running there, with their server's URL and what they do; 'again: lost "
+                  "NODE' on a trial that runs again after its node was lost"),
 )
 
 
@@ -152,8 +161,9 @@ class FleetScreen(ShowsWorkerFailures, Screen):
         """self.app, typed: the fleet's App, whose methods this screen calls."""
         return cast("FleetAppView", self.app)
 
-    def __init__(self, servers, *, interval: float = 1.0, live: bool = True, poller_factory=None):
+    def __init__(self, servers, *, interval: float = 1.0, live: bool = True, poller_factory=None, ray=None):
         super().__init__()
+        self.ray = ray  # --ray: a connected RayTrials, whose snapshots the Ray panel shows
         self.servers = list(servers)
         self.interval = interval
         self.live = live
@@ -166,6 +176,8 @@ class FleetScreen(ShowsWorkerFailures, Screen):
     def compose(self) -> ComposeResult:
         yield Static(id="fleet-title")
         yield DataTable(id="fleet-table", cursor_type="row", zebra_stripes=True)
+        if self.ray is not None:
+            yield RayPanel(self.ray.address or "", id="fleet-ray")
         yield Static(id="fleet-detail")
         yield KeyFooter()
 
@@ -185,6 +197,8 @@ class FleetScreen(ShowsWorkerFailures, Screen):
             settle()
         if self.live:
             self._poll()
+            if self.ray is not None:
+                self._ray_poll()
 
     @work(thread=True, group="fleet-poll", exit_on_error=False)
     def _poll(self) -> None:
@@ -201,6 +215,17 @@ class FleetScreen(ShowsWorkerFailures, Screen):
                 self.post_message(FleetUpdate(name, rows))
 
         poller.run(post, lambda: worker.is_cancelled)
+
+    @work(thread=True, group="fleet-ray", exit_on_error=False)
+    def _ray_poll(self) -> None:
+        worker = get_current_worker()
+        ray_loop(self.post_message, self.ray, lambda: worker.is_cancelled)
+
+    @on(RayStatus)
+    @drop_when_torn_down
+    def _ray_status(self, message: RayStatus) -> None:
+        if self.ray is not None:
+            self.query_one("#fleet-ray", RayPanel).show(message.snapshot)
 
     # -- rows from the poller -------------------------------------------------------
     @on(FleetUpdate)

@@ -27,6 +27,12 @@ KEYS: tuple[tuple[str, str], ...] = (
                        "table; once a sweep has run, ctrl+f brings the form back above the results (again: away), "
                        "and ctrl+t puts a capacity sweep's chart in the table's place (again: back) where the "
                        "terminal has the rows for it but not the columns to show both; escape closes"),
+    ("T", "traffic: what the server serves, from /metrics since the dashboard began watching it (prompt, output "
+          "and max_tokens histograms, requests/s, prefix-cache hits) and the profile captured so far beside the "
+          "default load (uniform prompts, 128 tokens that never stop early); red lines mark the default"),
+    ("  in traffic", "ctrl+s saves the captured profile and names the command that replays it (--traffic PATH); "
+                     "a switches to all the server served since it started (and back); o lays a profile file or a "
+                     "shape (chat, long-doc-qa, batch-summarise) beside it; n starts a new window; escape closes"),
     ("t", "chart window: 1 / 5 / 15 minutes"),
     ("/  n  N", "search the log; next / previous match; escape closes the search"),
     ("l / end", "follow the log again (scrolling up pauses it)"),
@@ -70,6 +76,8 @@ FIGURES: tuple[tuple[str, str], ...] = (
     ("KV % chart", "KV-cache use % (left axis), running / waiting requests (right axis)"),
     ("capacity", "the highest load meeting the SLO, measured level by level; ▸ marks the level it reports, "
                  "\"undecided: pass\" a level a cap ended before its windows agreed (judged on its estimates)"),
+    ("traffic", "lengths within one of vLLM's 1-2-5 buckets; requests/s counted as they finish; CV: the gaps' "
+                "burstiness (1 Poisson, above 1 bursty; ? where too few scrapes to read it)"),
     ("log", "live llm.log: INFO green, WARNING yellow, errors red, root-cause line inverted"),
 )
 

@@ -35,10 +35,13 @@ COMPACT_HEIGHT = 32  # below this many rows the charts swap with the log
 NARROW_WIDTH = 120  # below this many columns the footer is compact and leaves out NARROW_OPTIONAL
 # In the help screen; `? Help` and `q Quit` must stay on screen. `p` too: `k`
 # opens the same pane (on its capacity search), ctrl+b there reaches the rest.
-NARROW_OPTIONAL = ("command", "window", "probe", "sweep")
+NARROW_OPTIONAL = ("command", "window", "probe", "sweep", "traffic")
 # `w` from this many columns (at 160 it was in no footer at all): below it,
 # with `f Fix` after a crash, the footer ran past `q Quit`.
 SWEEP_KEY_WIDTH = 132
+# `T` beside the control keys from this many columns (with `f Fix` and `w`,
+# narrower cut `q Quit`); without them (attach) it fits from NARROW_WIDTH.
+TRAFFIC_KEY_WIDTH = 140
 
 CONTROL_ACTIONS = {"start", "stop", "restart", "switch", "edit", "fix", "command", "sweep"}
 
@@ -57,6 +60,7 @@ class MainScreen(Screen):
         Binding("p", "probe", "Probe"),
         Binding("k", "capacity", "Capacity"),
         Binding("w", "sweep", "Sweep"),
+        Binding("T", "traffic", "Traffic"),
         Binding("t", "window", "Window"),
         Binding("slash", "search", "Search"),
         Binding("n", "next_match(1)", "Next", show=False),
@@ -126,7 +130,9 @@ class MainScreen(Screen):
             narrow=self.size.width < NARROW_WIDTH,
             extra=frozenset({"toggle_charts"}) if compact else frozenset(),
             labels={"toggle_charts": "Log" if self.has_class("-show-charts") else "Charts"},
-            left_out=frozenset({"sweep"}) if self.size.width < SWEEP_KEY_WIDTH else frozenset())
+            left_out=frozenset({*(["sweep"] if self.size.width < SWEEP_KEY_WIDTH else []),
+                                *(["traffic"] if self.mode == "control" and self.size.width < TRAFFIC_KEY_WIDTH
+                                  else [])}))
 
     # -- what the app hands us ----------------------------------------------------
     @property
@@ -379,6 +385,8 @@ class MainScreen(Screen):
             return False
         if action == "fix" and not self._fixable:
             return False  # shown in the footer only when there is a fix to apply
+        if action == "traffic" and self.mode == "replay":
+            return False  # a log has no /metrics
         if action in ("probe", "capacity"):
             return False if self.mode == "replay" else (True if self._state == "ready" else None)
         app = self.app
@@ -426,6 +434,9 @@ class MainScreen(Screen):
 
     def action_sweep(self) -> None:
         self.ernie_app.open_sweep()
+
+    def action_traffic(self) -> None:
+        self.ernie_app.open_traffic()
 
     def action_help(self) -> None:
         self.ernie_app.open_help()
