@@ -166,6 +166,8 @@ def paced_record(paired: dict, truth: float, names: tuple[str, str]) -> dict:
     v = tally_one(pair, truth, names)
     if not pair:
         v["text"] = not_compared(paired)
+    elif pair.get("gap_pct") is None:  # a pair with no round measured on both: say why
+        v["text"] = f"{pair.get('text')} | {not_compared(paired)}"
     v["interval"] = pair.get("gap_pct")
     v["held_back_why"] = pair.get("held_back")
     v["uncertain"] = [n for n, k in (paired.get("knees") or {}).items() if k.get("uncertain")]
@@ -261,6 +263,12 @@ def summary(case: str, vs: list) -> str:
             f"{sum(v['held_back'] for v in vs)})")
 
 
+def uncompared(v: dict) -> bool:
+    """A run that gave no comparison: no pair, no round measured on both, or no export."""
+    text = str(v.get("text") or "")
+    return text.startswith(("not compared", "no export")) or "not enough rounds measured" in text
+
+
 # case -> the issue's goal, as (runs, what is counted, the bound)
 GOALS = {"aa": "within noise in at least 19 of 20", "25": "wrong 0 of 20; right beyond noise, gap within 10 "
          "points, in at least 16 of 20", "10": "wrong 0 of 10"}
@@ -272,7 +280,7 @@ def counts(vs: list) -> dict:
             "wrong": sum(bool(v.get("wrong")) for v in vs), "right": sum(bool(v.get("right")) for v in vs),
             "within_10": sum(bool(v.get("within_10")) for v in vs),
             "held_back": sum(bool(v.get("held_back")) for v in vs),
-            "not_compared": sum(1 for v in vs if str(v.get("text") or "").startswith(("not compared", "no export"))),
+            "not_compared": sum(1 for v in vs if uncompared(v)),
             "wall_s": sorted(v["wall_s"] for v in vs if v.get("wall_s") is not None)}
 
 
@@ -311,7 +319,7 @@ def summarise(lines: list[dict]) -> str:
         out.append(f"\nload average (1 min) at runs' starts and ends: {min(loads):.1f} to {max(loads):.1f}")
     odd = [v for v in lines if v.get("wrong") or v.get("held_back") or v.get("right") and not v.get("within_10")
            or v.get("better") is None and v.get("case") != "aa"
-           or str(v.get("text") or "").startswith(("not compared", "no export"))]
+           or uncompared(v)]
     if odd:
         out.append("\nruns to read (wrong; held back; a true gap within noise or not compared; right but more "
                    "than 10 points off):")
