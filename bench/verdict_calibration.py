@@ -263,6 +263,44 @@ def summary(case: str, vs: list) -> str:
             f"{sum(v['held_back'] for v in vs)})")
 
 
+def beyond_stand_in(level: dict, knee: int, scale: float, drift: float = 0.3,
+                    jitter_ms: float = PACED_JITTER_MS) -> bool:
+    """Whether a failed level read more than its stand-in can make: the
+    stand-in's slowest gap at that concurrency (itl x max(1, C / K) x
+    (1 + drift)) plus a tail spike, with 10 % to spare; or a TTFT p99 over
+    its limit (the stand-in's TTFT is 20 ms x scale x the drift, no queue).
+    Such a fail came from the box (the client's or a server thread's stall),
+    not from the stand-in's knee."""
+    if level.get("passed"):
+        return False
+    c = float(level.get("concurrency") or 0)
+    worst = PACED_ITL_MS * scale * max(1.0, c / knee) * (1 + drift) + jitter_ms * scale
+    itl, ttft = level.get("itl_p99_ms") or 0.0, level.get("ttft_p99_ms") or 0.0
+    return itl > 1.1 * worst or ttft > SLO_TTFT_MS * scale
+
+
+def box_fails(v: dict, keep: Path) -> tuple[int, int] | None:
+    """(search levels failed beyond the stand-ins' reach, search levels
+    failed) of one run's line, from its records kept in `keep`; None where
+    none is kept."""
+    ka, kb, _ = CASES[v["case"]]
+    knees = {"weaker": ka, "stronger": kb}
+    beyond = failed = 0
+    found = False
+    for rid in v.get("records") or []:
+        path = keep / f"{rid}.json"
+        if not path.exists():
+            continue
+        found = True
+        rec = json.loads(path.read_text())
+        knee = knees.get(rec.get("preset", {}).get("name"), ka)
+        for lv in rec["results"].get("levels") or []:
+            if not lv.get("passed"):
+                failed += 1
+                beyond += beyond_stand_in(lv, knee, v.get("time_scale") or 1.0)
+    return (beyond, failed) if found else None
+
+
 def uncompared(v: dict) -> bool:
     """A run that gave no comparison: no pair, no round measured on both, or no export."""
     text = str(v.get("text") or "")
@@ -314,6 +352,12 @@ def summarise(lines: list[dict]) -> str:
         out.append(f"| {case} | {c['runs']} | {c['within_noise']} | {c['wrong']} | {c['right']} ({c['within_10']}) "
                    f"| {c['held_back']} | {c['not_compared']} | {wall} | {GOALS[case]} | "
                    f"{'yes' if ok else 'no'} |")
+    boxed = {id(v): box_fails(v, Path(v["export"]).parent) for v in lines if v.get("export")}
+    seen = [b for b in boxed.values() if b]
+    if seen:
+        out.append(f"\nsearch levels failed beyond what the stand-in can make (the box's stalls): "
+                   f"{sum(b[0] for b in seen)} of {sum(b[1] for b in seen)} failed levels, in "
+                   f"{sum(1 for b in seen if b[0])} of {len(seen)} runs")
     loads = [x for v in lines for x in (v.get("load_start") or [])[:1] + (v.get("load_end") or [])[:1]]
     if loads:
         out.append(f"\nload average (1 min) at runs' starts and ends: {min(loads):.1f} to {max(loads):.1f}")
@@ -324,8 +368,11 @@ def summarise(lines: list[dict]) -> str:
         out.append("\nruns to read (wrong; held back; a true gap within noise or not compared; right but more "
                    "than 10 points off):")
         for v in odd:
+            b = boxed.get(id(v))
+            box = f"; search levels failed by the box {b[0]} of {b[1]}" if b else ""
             out.append(f"- {v.get('case')} run {v.get('run')} (port {v.get('port')}, {v.get('started')}, "
-                       f"{v.get('wall_s')} s): {v.get('text')}; knees {v.get('knees')}")
+                       f"{v.get('wall_s')} s, load {(v.get('load_start') or ['?'])[0]} -> "
+                       f"{(v.get('load_end') or ['?'])[0]}): {v.get('text')}; knees {v.get('knees')}{box}")
     return "\n".join(out)
 
 

@@ -136,3 +136,26 @@ def test_last_start_is_today_or_tomorrow_in_utc():
     assert V.last_start("09:53", now) == dt.datetime(2026, 12, 7, 9, 53, tzinfo=dt.timezone.utc)
     assert V.last_start("08:30", now) < now  # passed minutes ago: no more runs
     assert V.last_start("00:10", dt.datetime(2026, 12, 7, 23, 0, tzinfo=dt.timezone.utc)).day == 8
+
+
+def test_a_fail_beyond_what_the_stand_in_can_make_is_the_boxs():
+    # weaker (K 8) at scale 2: at 16 its slowest gap is 40 x 2 x 1.3 = 104 ms, a spike adds 30: 134 ms, 147 with 10 %
+    fail = {"concurrency": 16, "passed": False, "itl_p99_ms": 140.0, "ttft_p99_ms": 60.0}
+    assert not V.beyond_stand_in(fail, 8, 2.0)  # the stand-in's knee and spike can make it
+    assert V.beyond_stand_in({**fail, "itl_p99_ms": 227.0}, 8, 2.0)  # the box's stall
+    assert V.beyond_stand_in({**fail, "ttft_p99_ms": 1100.0}, 8, 2.0)  # no queue: a TTFT over 1 s is the box
+    assert not V.beyond_stand_in({**fail, "passed": True, "itl_p99_ms": 999.0}, 8, 2.0)  # only fails count
+    assert not V.beyond_stand_in({**fail, "concurrency": 32, "itl_p99_ms": 254.0}, 8, 2.0)  # 238 x 1.1 at 32
+    assert V.beyond_stand_in({**fail, "concurrency": 8, "itl_p99_ms": 100.0}, 8, 1.0)  # scale 1: 26 + 15 ms
+
+
+def test_box_fails_reads_the_kept_records_of_a_run(tmp_path: Path):
+    levels = [{"concurrency": 8, "passed": True, "itl_p99_ms": 45.0},
+              {"concurrency": 16, "passed": False, "itl_p99_ms": 140.0},
+              {"concurrency": 16, "passed": False, "itl_p99_ms": 400.0}]
+    (tmp_path / "r1.json").write_text(json.dumps({"preset": {"name": "weaker"}, "results": {"levels": levels}}))
+    # the stronger (K 10) at 16: slowest gap 40 x 1.6 x 1.3 + 30 = 113 ms: 140 is beyond it with 10 % to spare
+    (tmp_path / "r2.json").write_text(json.dumps({"preset": {"name": "stronger"}, "results": {"levels": levels}}))
+    v = {"case": "25", "time_scale": 2.0, "records": ["r1", "r2", "gone"]}
+    assert V.box_fails(v, tmp_path) == (1 + 2, 4)
+    assert V.box_fails({**v, "records": ["gone"]}, tmp_path) is None
