@@ -28,15 +28,14 @@ import math
 import subprocess
 import sys
 import tempfile
-import textwrap
 import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve()
 ROOT = HERE.parent.parent
-PACED = ROOT / "tests" / "paced_server.py"
 sys.path.insert(0, str(ROOT / "tests"))
 
+from paced_presets import paced_preset  # noqa: E402
 from vllm_support import tiny_model_dir  # noqa: E402  (the model dir preflight reads; the stand-in ignores it)
 
 # Output tokens, prompt sizes and SLO of every run (both modes alike).
@@ -55,15 +54,7 @@ def write_presets(path: Path, gap: float, drift: float, period_s: float, knee_a:
     for i, (name, knee) in enumerate((("weaker", knee_a), ("stronger", int(round(knee_b))))):
         env = {"PACED_SLOTS": "512", "PACED_TTFT_MS": "20", "PACED_ITL_MS": str(itl_ms),
                "PACED_ITL_SCALE_KNEE": str(knee), "PACED_DRIFT": str(drift), "PACED_DRIFT_PERIOD_S": str(period_s)}
-        env_text = ", ".join(f'{k} = "{v}"' for k, v in env.items())
-        body += textwrap.dedent(f"""
-            [presets.{name}]
-            extends = "cpu-demo"
-            model = "{tiny_model_dir()}"
-            port = {port + i}
-            launcher = ["{sys.executable}", "{PACED}"]
-            env = {{ {env_text} }}
-        """)
+        body += paced_preset(name, tiny_model_dir(), port + i, env)
     path.write_text(body)
     return "weaker", "stronger"
 

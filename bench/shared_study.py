@@ -21,15 +21,14 @@ import os
 import subprocess
 import sys
 import tempfile
-import textwrap
 import time
 from collections import Counter
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PACED = ROOT / "tests" / "paced_server.py"
 sys.path.insert(0, str(ROOT / "tests"))
 
+from paced_presets import ENGINE_SHAPED, paced_preset  # noqa: E402
 from pg_server import throwaway_postgres  # noqa: E402
 from vllm_support import tiny_model_dir  # noqa: E402  (the model dir preflight reads; the stand-in ignores it)
 
@@ -41,16 +40,8 @@ SPACE = "max_num_seqs = [1, 2, 3]\nmax_num_batched_tokens = [1024, 2048, 4096]\n
 
 def presets(tmp: Path, port: int) -> Path:
     path = tmp / f"presets-{port}.toml"
-    path.write_text(textwrap.dedent(f"""
-        [presets.shaped]
-        extends = "cpu-demo"
-        model = "{tiny_model_dir()}"
-        port = {port}
-        launcher = ["{sys.executable}", "{PACED}"]
-        env = {{ PACED_ENGINE_SHAPED = "1", PACED_TTFT_MS = "20" }}
-        max_num_seqs = 2
-        max_num_batched_tokens = 1024
-    """))
+    path.write_text(paced_preset("shaped", tiny_model_dir(), port, ENGINE_SHAPED, max_num_seqs=2,
+                                 max_num_batched_tokens=1024))
     return path
 
 

@@ -22,14 +22,13 @@ import os
 import subprocess
 import sys
 import tempfile
-import textwrap
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PACED = ROOT / "tests" / "paced_server.py"
 sys.path.insert(0, str(ROOT / "tests"))
 
+from paced_presets import paced_preset  # noqa: E402
 from vllm_support import tiny_model_dir  # noqa: E402  (the model dir preflight reads; the stand-in ignores it)
 
 # The knee at K = 4 requests with 20 ms gaps: under itl_p99=50ms the capacity
@@ -43,16 +42,7 @@ SEARCH = ["--slo", "itl_p99=50ms", "--slo", "ttft_p99=500ms", "--max-tokens", "1
 def files(tmp: Path, port: int, knee: int) -> tuple[Path, Path]:
     presets, space = tmp / "presets.toml", tmp / "space.toml"
     env = {"PACED_SLOTS": "512", "PACED_TTFT_MS": "20", "PACED_ITL_MS": "20", "PACED_ITL_SCALE_KNEE": str(knee)}
-    env_text = ", ".join(f'{k} = "{v}"' for k, v in env.items())
-    presets.write_text(textwrap.dedent(f"""
-        [presets.aa]
-        extends = "cpu-demo"
-        model = "{tiny_model_dir()}"
-        port = {port}
-        launcher = ["{sys.executable}", "{PACED}"]
-        env = {{ {env_text} }}
-        max_num_seqs = 2
-    """))
+    presets.write_text(paced_preset("aa", tiny_model_dir(), port, env, max_num_seqs=2))
     space.write_text("max_num_seqs = [3]  # ignored by this stand-in: the trial is BASE under another name\n")
     return presets, space
 

@@ -23,7 +23,6 @@ import os
 import subprocess
 import sys
 import tempfile
-import textwrap
 import time
 from pathlib import Path
 
@@ -31,6 +30,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
 from ernie_tui.demo_model import shared_tiny_model  # noqa: E402
+from paced_presets import ENGINE_SHAPED, paced_preset  # noqa: E402
 from paced_server import engine_shaped_goodput  # noqa: E402
 
 SEQS = [2, 4, 8, 16, 32]
@@ -43,16 +43,8 @@ SEARCH = ["--slo", "ttft_p90=100ms", "--max-tokens", "16", "--min-tokens", "10",
 def files(tmp: Path, port: int) -> tuple[Path, Path]:
     model = shared_tiny_model()
     presets, space = tmp / "presets.toml", tmp / "space.toml"
-    presets.write_text(textwrap.dedent(f"""
-        [presets.shaped]
-        extends = "cpu-demo"
-        model = "{model}"
-        port = {port}
-        launcher = ["{sys.executable}", "{ROOT / 'tests' / 'paced_server.py'}"]
-        env = {{ PACED_ENGINE_SHAPED = "1", PACED_TTFT_MS = "20" }}
-        max_num_seqs = 4
-        max_num_batched_tokens = 8192
-    """))
+    presets.write_text(paced_preset("shaped", model, port, ENGINE_SHAPED, max_num_seqs=4,
+                                    max_num_batched_tokens=8192))
     space.write_text(f"max_num_seqs = {SEQS}\nmax_num_batched_tokens = {TOKENS}\n")
     return presets, space
 

@@ -47,7 +47,6 @@ import os
 import subprocess
 import sys
 import tempfile
-import textwrap
 import time
 from pathlib import Path
 
@@ -98,6 +97,7 @@ def run_sim(case: str, runs: int, design: str, drift: float, period: float, jitt
 
 def write_presets(path: Path, ka: int, kb: int, drift: float, period: float, jitter: float, jitter_ms: float,
                   port: int, scale: float = 1.0) -> tuple[str, str]:
+    from paced_presets import paced_preset
     from vllm_support import tiny_model_dir
 
     body = ""
@@ -106,15 +106,7 @@ def write_presets(path: Path, ka: int, kb: int, drift: float, period: float, jit
                "PACED_ITL_MS": f"{PACED_ITL_MS * scale:g}", "PACED_ITL_SCALE_KNEE": str(knee),
                "PACED_DRIFT": str(drift), "PACED_DRIFT_PERIOD_S": str(period), "PACED_TAIL_JITTER": str(jitter),
                "PACED_TAIL_JITTER_MS": str(jitter_ms)}
-        env_text = ", ".join(f'{k} = "{v}"' for k, v in env.items())
-        body += textwrap.dedent(f"""
-            [presets.{name}]
-            extends = "cpu-demo"
-            model = "{tiny_model_dir()}"
-            port = {port + i}
-            launcher = ["{sys.executable}", "{ROOT / 'tests' / 'paced_server.py'}"]
-            env = {{ {env_text} }}
-        """)
+        body += paced_preset(name, tiny_model_dir(), port + i, env)
     path.write_text(body)
     return "weaker", "stronger"
 

@@ -13,9 +13,9 @@ from ernie_tui.cli import main
 from ernie_tui.engine_ctl.control import compare_to_base
 from ernie_tui.presets import Preset, PresetError
 from ernie_tui.presets.space import load_space, parse_space, tunable_fields
+from paced_presets import ENGINE_SHAPED, paced_preset
 from worker_ports import own_port
 
-PACED = Path(__file__).resolve().parent / "paced_server.py"
 # A capacity search that decides quickly on the stand-in: short requests, two
 # levels (1 and 2; a setting of 2 slots or more stops at the ceiling, one of
 # 1 fails at 2), two windows a level. These tests check the tune's
@@ -171,16 +171,7 @@ def _standin(tmp_path: Path, model: Path, port: int, space: str) -> tuple[Path, 
     """BASE: the engine-shaped stand-in (slots and gaps from max_num_seqs and
     max_num_batched_tokens, see paced_server.engine_shape), and the space."""
     presets, space_file = tmp_path / "presets.toml", tmp_path / "space.toml"
-    presets.write_text(textwrap.dedent(f"""
-        [presets.shaped]
-        extends = "cpu-demo"
-        model = "{model}"
-        port = {port}
-        launcher = ["{sys.executable}", "{PACED}"]
-        env = {{ PACED_ENGINE_SHAPED = "1", PACED_TTFT_MS = "20" }}
-        max_num_seqs = 2
-        max_num_batched_tokens = 1024
-    """))
+    presets.write_text(paced_preset("shaped", model, port, ENGINE_SHAPED, max_num_seqs=2, max_num_batched_tokens=1024))
     space_file.write_text(textwrap.dedent(space))
     return presets, space_file
 

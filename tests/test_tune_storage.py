@@ -7,15 +7,14 @@ from __future__ import annotations
 
 import json
 import sys
-import textwrap
 from pathlib import Path
 
 import pytest
 
+from paced_presets import ENGINE_SHAPED, paced_preset
 from pg_server import throwaway_postgres
 from worker_ports import own_port
 
-PACED = Path(__file__).resolve().parent / "paced_server.py"
 FAST = ["--slo", "ttft_p90=100ms", "--max-tokens", "8", "--min-tokens", "10", "--max-tokens-in", "40",
         "--start-concurrency", "1", "--max-concurrency", "2", "--min-windows", "2", "--max-requests", "20",
         "--confirm-waves", "0", "--level-time", "5", "--tolerance", "0.5", "--ready-timeout", "60", "--confirm", "0"]
@@ -23,16 +22,7 @@ FAST = ["--slo", "ttft_p90=100ms", "--max-tokens", "8", "--min-tokens", "10", "-
 
 def _presets(tmp_path: Path, model: Path, port: int) -> Path:
     presets = tmp_path / f"presets-{port}.toml"
-    presets.write_text(textwrap.dedent(f"""
-        [presets.shaped]
-        extends = "cpu-demo"
-        model = "{model}"
-        port = {port}
-        launcher = ["{sys.executable}", "{PACED}"]
-        env = {{ PACED_ENGINE_SHAPED = "1", PACED_TTFT_MS = "20" }}
-        max_num_seqs = 2
-        max_num_batched_tokens = 1024
-    """))
+    presets.write_text(paced_preset("shaped", model, port, ENGINE_SHAPED, max_num_seqs=2, max_num_batched_tokens=1024))
     return presets
 
 
