@@ -300,6 +300,9 @@ def test_a_queueing_knee_undecided_at_every_duel_level_is_read_at_its_edge():
     assert [k.knee for k in a] == [8, 8, 8] and all(k.edge for k in a)
     assert [k.next_knee for k in a] == [8, 8, 8]
     assert result.knees["seed-A"]["knees"] == [8, 8, 8]
+    # The table says how the knee was read (the summary feeds the CLI, the export and the TUI).
+    assert result.knees["seed-A"]["edge_rounds"] == [1, 2, 3]
+    assert "Knee of seed-A: 8, 8, 8 by round (read at an undecided level in round 1, 2, 3" in "\n".join(result.lines())
 
 
 def _long_doc(levels: list[LevelResult], rounds: int = 3) -> tuple[list[kl.KneeRound], list[ps.DuelLevel]]:

@@ -210,6 +210,7 @@ class PairedResult:
             why = kl.knee_doubts(round0, mine)
             out[name] = {"knees": [k.knee for k in mine], "uncertain": bool(why), "why": why,
                          "lower_bound_rounds": [k.round for k in mine if k.lower_bound],
+                         "edge_rounds": [k.round for k in mine if k.edge],
                          "round0_doubts": list(round0)}
         return out
 
@@ -353,10 +354,14 @@ def summary_lines(result: PairedResult) -> list[str]:
     for name, k in result.knees.items():
         seen = ", ".join("-" if x is None else f"{x:g}" for x in k.get("knees") or [])
         low = k.get("lower_bound_rounds") or []
+        edge = k.get("edge_rounds") or []
         lines.append(f"Knee of {name}: {seen or '-'} by round" + (
             f" (only a lower bound in round {', '.join(map(str, low))}: measured far under its knee while "
             "another preset was at its own)"
-            if low else "") + (f"; UNCERTAIN: {'; '.join(k['why'])}" if k.get("uncertain") else ""))
+            if low else "") + (
+            f" (read at an undecided level in round {', '.join(map(str, edge))}: no level passed decided, "
+            "and that level's p99 sat within its own noise of the limit)"
+            if edge else "") + (f"; UNCERTAIN: {'; '.join(k['why'])}" if k.get("uncertain") else ""))
     if result.ranking is not None:
         lines.append(f"Ranking (pairs beyond noise only): {result.ranking.text()}")
     d = result.drift
