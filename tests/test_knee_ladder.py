@@ -201,6 +201,29 @@ def test_round_0s_knee_is_not_climbed_past_a_level_its_search_failed_by_far():
     assert kl.start_knee(280.0, high, 0.25, False) == 400
 
 
+def test_round_0s_knee_is_not_climbed_past_a_level_its_search_could_not_pass():
+    # The H100 run of 2026-12-07 (the 27th), seed-C: 280 passed (TTFT p99 432 ms of 1 s, ITL p99 29 ms of
+    # 50), then 350 failed twice, undecided (TTFT p99 1,111 and 1,104 ms). The climb by ITL headroom
+    # started the ladder at 486; the search had not passed anything above 280.
+    def gpu(load: int, passed: bool, ttft: float, itl: float, decided: bool = True) -> LevelResult:
+        lv = _lv(load, passed, itl, limit_ms=50.0)
+        lv.objectives.insert(0, {"objective": "ttft_p99=1s", "metric": "ttft", "percentile": 99,
+                                 "limit_ms": 1000.0, "value_ms": ttft, "samples": 3000})
+        lv.decided = decided
+        return lv
+
+    seed_c = [gpu(280, True, 432.0, 29.0), gpu(350, False, 1111.0, 33.0, False), gpu(350, False, 1104.0, 32.0, False)]
+    assert kl.start_knee(280.0, seed_c, 0.25, False) == 350
+    # One undecided fail is enough: the limit lies within that level's noise.
+    assert kl.start_knee(280.0, seed_c[:2], 0.25, False) == 350
+    # A level that failed at every look, twice, by a spike's size each time: the same.
+    twice = [gpu(280, True, 432.0, 29.0), gpu(350, False, 1100.0, 33.0), gpu(350, False, 1090.0, 33.0)]
+    assert kl.start_knee(280.0, twice, 0.25, False) == 350
+    # Once, by a spike, decided, and passed at another look: the climb stands (the spike).
+    once = [gpu(280, True, 432.0, 29.0), gpu(350, False, 1100.0, 33.0), gpu(350, True, 600.0, 30.0)]
+    assert kl.start_knee(280.0, once, 0.25, False) > 350
+
+
 def test_a_knee_that_failed_twice_moves_down_though_a_rung_below_passed_undecided():
     # The same GPU run, long-doc: 515 failed twice (decided), 211 passed on its point estimate but
     # never decided; round 2 measured 515 again.

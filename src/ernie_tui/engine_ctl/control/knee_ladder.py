@@ -260,6 +260,22 @@ def start_knee(load: float | None, levels: Sequence[Any], step: float, rate: boo
     if hard:
         below = step_down(min(hard), step, rate)
         start = min(start, max(load, below if below is not None else load))
+    # Nor past a level the search could not pass: one whose fail stayed
+    # undecided (its p99's bounds straddled the limit: the knee is there, as
+    # near as the search can tell), or one that failed at every look, two or
+    # more. The ladder may start at it, not above. Why: on the H100 run of
+    # 2026-12-07 (the 27th) seed-C passed 280 with its ITL p99 29 ms against
+    # 50 and failed 350 twice, undecided (TTFT p99 1,111 and 1,104 ms against
+    # 1 s, from 3,000 requests each); climbed by its ITL headroom its ladder
+    # started at 486 and spent round 1 failing there and stepping down.
+    looks: dict[float, list[Any]] = {}
+    for lv in levels:
+        if float(lv.load) > load and getattr(lv, "stop", "") != "cancelled":
+            looks.setdefault(float(lv.load), []).append(lv)
+    held = [at_load for at_load, seen in looks.items()
+            if not any(lv.passed for lv in seen) and (len(seen) >= 2 or any(not lv.decided for lv in seen))]
+    if held:
+        start = min(start, max(load, min(held)))
     return start
 
 
