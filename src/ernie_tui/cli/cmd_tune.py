@@ -235,6 +235,9 @@ def _progress(setup: Any, t0: float):
             say(f"trial {ev['number']} {_params(ev['params'])}: preflight ...")
         elif kind == "confirm":
             say(f"confirming, round {ev['round']}: {ev['preset']} ...")
+        elif kind == "waiting":
+            say(f"--trials {ev['max_trials']}: the rest are being measured by other drivers of the study; "
+                "waiting, in case one turns out a repeat or its driver stops ...")
         elif kind == "sweep":
             ce = ev["sweep"].get("capacity_event")
             if ce and ce.get("event") == "level_done":
