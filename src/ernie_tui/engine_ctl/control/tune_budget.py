@@ -55,7 +55,9 @@ def taken(study: Any) -> tuple[int, int]:
     measured = in_flight = 0
     for t in study.get_trials(deepcopy=False):
         outcome = t.user_attrs.get("outcome")
-        if outcome in COUNTED:  # counted from the moment its outcome is written, before its tell
+        if outcome in COUNTED and t.state.name != "FAIL":
+            # Counted from the moment its outcome is written, before its tell;
+            # not if its driver died in between (failed as stale, its setting queued again).
             measured += 1
         elif outcome is None and t.state.name == "RUNNING":
             in_flight += 1
