@@ -184,3 +184,65 @@ def test_two_drivers_asking_the_last_trial_at_once_one_gives_it_back(tmp_path):
         assert [t.params for t in again] == [{"max_num_seqs": 3}] or \
             [t.system_attrs.get("fixed_params") for t in again] == [{"max_num_seqs": 3}]
         assert a_trial.params != {} and b_study.trials[b_trial.number].user_attrs["outcome"] == "given back"
+
+
+@pytest.mark.timeout(600)
+def test_a_driver_whose_trial_lands_past_the_budget_gives_it_back_and_measures_when_there_is_room(
+        tmp_path, tiny_model):
+    # The race as a driver meets it: B, --trials 1, sees the study's one
+    # trial free and asks it; another driver's trial is written in the same
+    # moment (here by a trigger in the database, inserted with B's first
+    # trial row: the other driver, as PostgreSQL sees it). B counts after
+    # asking, finds two in flight for one, gives its trial back and waits.
+    # When the other trial turns out a repeat (told by the test, as that
+    # driver would), B has room again and measures one: one measured in all.
+    import optuna
+    import sqlalchemy
+
+    from ernie_tui.engine_ctl.control import tune_storage
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    with throwaway_postgres(own_port(18791)) as db:
+        storage = tune_storage.open_storage(optuna, db)
+        optuna.create_study(study_name="shared", storage=storage, direction="maximize")  # its tables
+        engine = sqlalchemy.create_engine(db)
+        with engine.begin() as conn:
+            conn.execute(sqlalchemy.text("CREATE TABLE other_driver_asked (trial_id integer)"))
+            conn.execute(sqlalchemy.text("""
+                CREATE FUNCTION other_driver_asks() RETURNS trigger AS $$
+                BEGIN
+                  IF NOT EXISTS (SELECT 1 FROM other_driver_asked) THEN
+                    INSERT INTO other_driver_asked VALUES (0);
+                    INSERT INTO trials (number, study_id, state, datetime_start)
+                      VALUES (100, NEW.study_id, 'RUNNING', now());
+                    UPDATE other_driver_asked SET trial_id = currval('trials_trial_id_seq');
+                  END IF;
+                  RETURN NEW;
+                END $$ LANGUAGE plpgsql"""))
+            conn.execute(sqlalchemy.text("CREATE TRIGGER other_driver AFTER INSERT ON trials "
+                                         "FOR EACH ROW EXECUTE FUNCTION other_driver_asks()"))
+        b = _driver(tmp_path, tiny_model, own_port(18781), db, 1, 3)
+        study = _load(db)
+        given_back: list = []
+        for _ in range(300):
+            given_back = [t for t in study.get_trials(deepcopy=False) if t.user_attrs.get("outcome") == "given back"]
+            if given_back or b.poll() is not None:
+                break
+            threading.Event().wait(1.0)
+        assert len(given_back) == 1, b.communicate(timeout=60)
+        assert not _measured(study)  # B measured nothing past the budget
+        with engine.begin() as conn:
+            other = conn.execute(sqlalchemy.text("SELECT trial_id FROM other_driver_asked")).scalar_one()
+        storage.set_trial_user_attr(other, "outcome", "repeat")  # the other driver's trial: a repeat, no server
+        storage.set_trial_state_values(other, optuna.trial.TrialState.PRUNED)
+        engine.dispose()
+        out, err = b.communicate(timeout=300)
+        assert b.returncode == 0, err
+        assert "waiting, in case" in err
+        study = _load(db)
+        assert len(_measured(study)) == 1, err
+        from ernie_tui.engine_ctl.load import runstore
+
+        (rec,) = [r.results for r in runstore.list_runs(kind="tune")]
+        assert rec["stopped"] == "budget: 1 trials measured" and rec["measured_trials"] == 1
+        assert all(r["outcome"] != "given back" for r in rec["trials"])  # never run, never listed
