@@ -8,7 +8,8 @@ port (the engine-shaped paced stand-in: no vLLM), each with --trials T over
 the whole study and its own --seed (so their TPE proposals differ). It then
 reads the study: trials measured to the end (or failed to serve) and
 their settings, repeats (a setting another driver measured or was
-measuring), the drivers' answers. No timing is judged.
+measuring), trials given back (asked past --trials: tune_budget.py), the
+drivers' answers and why each stopped. No timing is judged.
 
     PYTHONPATH=src .venv/bin/python bench/shared_study.py --drivers 3 --trials 6 --runs 2 [--sqlite] [--json FILE]
 """
@@ -57,10 +58,11 @@ def drive(url: str, tmp: Path, drivers: int, trials: int, port: int) -> dict:
                                "--storage", url, "--study", "shared", "--no-preset", "--seed", str(i), *FAST],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
              for i in range(drivers)]
-    codes = []
+    codes, waited = [], 0
     for p in procs:
-        p.communicate(timeout=1800)
+        _out, err = p.communicate(timeout=1800)
         codes.append(p.returncode)
+        waited += "waiting, in case" in err  # its --trials taken by other drivers' trials in flight, for a time
     wall = time.monotonic() - t0
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     study = optuna.load_study(study_name="shared", storage=url)
@@ -75,9 +77,14 @@ def drive(url: str, tmp: Path, drivers: int, trials: int, port: int) -> dict:
     os.environ["ERNIE_TUI_HOME"] = env["ERNIE_TUI_HOME"]
     from ernie_tui.engine_ctl.load import runstore
 
-    answers = [len(r.results["trials"]) for r in runstore.list_runs(kind="tune")]
-    told = sum(1 for t in all_trials if "outcome" in t.user_attrs)
+    records = [r.results for r in runstore.list_runs(kind="tune")]
+    answers = [len(r["trials"]) for r in records]
+    # A trial asked past --trials and given back (tune_budget.py) never ran and is listed by no answer.
+    told = sum(1 for t in all_trials if t.user_attrs.get("outcome") not in (None, "given back"))
     return {"exit_codes": codes, "trials_in_study": len(all_trials), "outcomes": dict(outcomes),
+            "given_back": outcomes.get("given back", 0), "drivers_that_waited": waited,
+            "stopped": [r["stopped"] for r in records],
+            "measured_each_answer_says": [r["measured_trials"] for r in records],
             "settings_measured": len(measured), "distinct_settings_measured": len(set(measured)),
             "measured_twice": sorted(s for s, n in Counter(measured).items() if n > 1),
             "trial_numbers_shared": sorted(n for n, c in numbers.items() if c > 1),

@@ -48,7 +48,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="wall time for this run, like 25m, 90s or 1h (no new trial starts that would not fit; "
                         "a trial still running at the end is stopped and runs first next time)")
     p.add_argument("--trials", type=int, metavar="N",
-                   help=f"measured trials in the study (default {DEFAULT_TRIALS} unless --budget is given)")
+                   help=f"measured trials in the study (default {DEFAULT_TRIALS} unless --budget is given); with "
+                        "--storage, the study's budget over all its drivers")
     p.add_argument("--gpus", metavar="LIST", dest="gpu_list",
                    help="GPU ids for the trials' servers, like 0,1,2,3: trials run side by side, each on as many "
                         "of them as BASE needs (tensor x pipeline x local data parallel; CUDA_VISIBLE_DEVICES) "
@@ -91,7 +92,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="keep the study in a database instead of the journal file (an SQLAlchemy URL Optuna "
                         "takes: sqlite:///study.db, postgresql://user@host/db with pip install 'ernie-tui[postgres]'): "
                         "several tunes of one study, on one machine or several, then run at once and share it, "
-                        "no setting measured twice")
+                        "no setting measured twice, --trials N measured in all (one that finds the last ones "
+                        "being measured by the others waits for them)")
     add_capacity_args(p)
     add_traffic_args(p)
     p.set_defaults(run=_tune)
@@ -235,6 +237,9 @@ def _progress(setup: Any, t0: float):
             say(f"trial {ev['number']} {_params(ev['params'])}: preflight ...")
         elif kind == "confirm":
             say(f"confirming, round {ev['round']}: {ev['preset']} ...")
+        elif kind == "waiting":
+            say(f"--trials {ev['max_trials']}: the rest are being measured by other drivers of the study; "
+                "waiting, in case one turns out a repeat or its driver stops ...")
         elif kind == "sweep":
             ce = ev["sweep"].get("capacity_event")
             if ce and ce.get("event") == "level_done":

@@ -141,6 +141,8 @@ class TuneScreen(Screen):
             self.now = f"trial {ev['number']} {_setting(ev['params'])}: preflight, then its capacity search …"
         elif kind == "confirm":
             self.now = f"confirming, round {ev['round']}: {ev['preset']} …"
+        elif kind == "waiting":
+            self.now = "waiting: other drivers of the study are measuring its last trials …"
         elif kind == "sweep":
             ce = ev["sweep"].get("capacity_event")
             if ce and ce.get("event") == "level_done":

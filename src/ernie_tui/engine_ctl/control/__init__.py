@@ -5,7 +5,7 @@ side by side (sweep, trial_schedule, trial_load) or on a Ray cluster's nodes
 all served at once and compared pair by pair while the host drifts
 (paired_sweep, turn_gate, ranking; knee_ladder: each duel round's ladder
 around a knee and the checks that hold a verdict back); tune's search (tune,
-its shared study: tune_storage).
+its shared study: tune_storage, and its --trials over every driver: tune_budget).
 
 The top district: it may use launch, load and logs; none of them uses it.
 """

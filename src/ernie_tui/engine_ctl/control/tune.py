@@ -34,6 +34,7 @@ from typing import Any, Callable
 
 from ernie_tui import paths
 from ernie_tui.engine_ctl.control import ranking as rk
+from ernie_tui.engine_ctl.control import tune_budget as tb
 from ernie_tui.engine_ctl.control.paired_sweep import run_paired_sweep
 from ernie_tui.engine_ctl.control.sweep import CapacitySweep, SweepOptions, SweepPlan, SweepRun, run_sweep
 from ernie_tui.engine_ctl.control.tune_storage import Heartbeats, StorageError, open_storage
@@ -274,7 +275,7 @@ def trial_rows(study: Any) -> list[TrialRow]:
     rows = []
     for t in study.get_trials(deepcopy=False):
         a = t.user_attrs
-        if "outcome" not in a:  # asked, not yet told (running now)
+        if "outcome" not in a or a["outcome"] == tb.GIVEN_BACK:  # running now; or asked past --trials, never run
             continue
         s = a.get("summary") or {}
         rows.append(TrialRow(t.number, a.get("preset", ""), dict(t.params), a["outcome"], s.get("goodput"),
@@ -426,15 +427,24 @@ class _Progress:
     beats: Heartbeats | None = None  # --storage: this driver's heartbeats for its trials
 
 
+# _why_stop's answer when --trials is taken only by other drivers' trials in
+# flight: look again in a moment (tune_budget.py says why).
+WAIT = "wait"
+
+
 def _why_stop(study: Any, setup: TuneSetup, stop: threading.Event, cancel: threading.Event,
               deadline: float | None, seen: _Progress) -> str | None:
-    """Why the search stops before the next trial, or None to go on (call under seen.lock)."""
-    rows = trial_rows(study)
+    """Why the search stops before the next trial, WAIT, or None to go on (call under seen.lock)."""
     if cancel.is_set():
         return "stopped by the operator"
     if stop.is_set():
         return "budget: wall time"
-    if setup.max_trials is not None and len(_measured(rows)) + seen.in_flight >= setup.max_trials:
+    if seen.beats is not None:  # shared: a dead driver's trial stops counting, and runs again
+        tb.fail_stale(require_optuna(), study)
+    rows = trial_rows(study)
+    measured, in_flight = tb.taken(study)  # every lane's and driver's (tune_budget.py)
+    full = setup.max_trials is not None and measured + in_flight >= setup.max_trials
+    if full and (measured >= (setup.max_trials or 0) or seen.in_flight or seen.beats is None):
         return f"budget: {setup.max_trials} trials measured"
     if deadline is not None and seen.durations and time.monotonic() + statistics.mean(seen.durations) > deadline:
         return "budget: wall time (no room for another trial)"
@@ -442,22 +452,38 @@ def _why_stop(study: Any, setup: TuneSetup, stop: threading.Event, cancel: threa
         return "every setting of the space tried"
     if seen.idle >= MAX_IDLE_PROPOSALS:
         return f"{seen.idle} proposals in a row were refused or repeats"
-    return None
+    return WAIT if full else None
 
 
 def _lane(study: Any, setup: TuneSetup, stop: threading.Event, cancel: threading.Event,
           deadline: float | None, progress: Progress | None, seen: _Progress) -> str:
     """One after another, trials on one lane's GPUs until the budget; returns why it stopped."""
     dists = distributions(setup.space)
+    waiting = False
     while True:
+        pause = tb.POLL_S
         with seen.lock:
             why = _why_stop(study, setup, stop, cancel, deadline, seen)
-            if why is not None:
-                return why
-            trial = study.ask(dists)
-            seen.in_flight += 1
-            if seen.beats is not None:
-                seen.beats.add(trial)
+            if why is None:
+                trial = study.ask(dists)
+                seen.in_flight += 1
+                if seen.beats is not None:
+                    seen.beats.add(trial)
+                    # Asked first, then counted: of two drivers that both saw one trial left, one gives back.
+                    if setup.max_trials is not None and tb.over_budget(study, setup.max_trials):
+                        seen.beats.discard(trial)
+                        seen.in_flight -= 1
+                        tb.give_back(require_optuna(), study, trial)
+                        why, pause = WAIT, tb.backoff()
+        if why == WAIT:
+            if not waiting:
+                _emit(progress, event="waiting", max_trials=setup.max_trials)
+            waiting = True
+            stop.wait(pause)
+            continue
+        if why is not None:
+            return why
+        waiting = False
         t0 = time.monotonic()
         try:
             outcome = _run_trial(study, trial, setup, stop, progress)

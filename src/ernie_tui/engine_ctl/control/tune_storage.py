@@ -7,7 +7,9 @@ each of two login nodes, or one restarted while the other goes on), so:
 
 - a trial is left over only when its driver stopped beating: each driver
   records a heartbeat for the trials it runs (Optuna's RDB heartbeat), and
-  one found stale on opening is failed and queued again;
+  one found stale (on opening, or by a driver still searching) is failed
+  and queued again;
+- --trials is the study's, counted over every driver (tune_budget.py);
 - a setting asked by one driver while another measures it is not measured
   twice: the lower-numbered trial measures it, the other is a repeat
   (tune._same_setting);
