@@ -51,7 +51,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 
-from ernie_tui.engine_ctl.load import BuiltPrompt, BurstConfig, run_burst  # noqa: E402
+from ernie_tui.engine_ctl.load import BuiltPrompt, BurstConfig, LengthDist, load_profile, run_burst  # noqa: E402
 
 STAND_INS = {
     "fast-decode": ["--itl-ms", "4", "--prefill-ms-per-token", "1.0"],
@@ -69,6 +69,41 @@ def start(args: list[str]) -> tuple[subprocess.Popen, str]:
     if not line.startswith("listening on "):
         raise SystemExit(f"the stand-in did not start: {line}")
     return proc, line.split()[-1]
+
+
+def shape_of_plan(plan: list[tuple[float, str, int]], system: int, share: float) -> dict:
+    """The source's own shape, as a profile would say it."""
+    times = [t for t, _, _ in plan]
+    gaps = [b - a for a, b in zip(times, times[1:], strict=False)]
+    head = plan_head(plan, system)
+    return {"prompt": quantiles([len(p.split()) for _, p, _ in plan]), "output": quantiles([o for _, _, o in plan]),
+            "rate": (len(plan) - 1) / (times[-1] - times[0]), "cv": statistics.stdev(gaps) / statistics.fmean(gaps),
+            "prefix_share": sum(p.startswith(head) for _, p, _ in plan) / len(plan), "prefix_tokens": system}
+
+
+def plan_head(plan: list[tuple[float, str, int]], system: int) -> str:
+    """The system prompt: the first `system` words of the longest prompt
+    that carries it (the longest prompt among those that open alike)."""
+    firsts: dict[str, int] = {}
+    for _, p, _ in plan:
+        firsts[p.split(" ", 1)[0]] = firsts.get(p.split(" ", 1)[0], 0) + 1
+    top = max(firsts, key=firsts.__getitem__)
+    carrier = next(p for _, p, _ in plan if p.startswith(top + " ") and len(p.split()) > system)
+    return " ".join(carrier.split()[:system]) + " "
+
+
+def shape_of_profile(path: Path) -> dict:
+    prof = load_profile(str(path))
+    a, pre = prof.arrivals, prof.prefix
+    return {"prompt": {q: round(prof.prompt_tokens.quantile(q / 100)) for q in (10, 50, 90)},
+            "output": {q: round(prof.output_tokens.quantile(q / 100)) for q in (10, 50, 90)},
+            "rate": a.rate_per_s, "cv": a.cv, "prefix_share": pre.share, "prefix_tokens": pre.tokens,
+            "hit_rate": pre.hit_rate}
+
+
+def quantiles(values: list[int]) -> dict:
+    d = LengthDist.from_values(values)
+    return {q: round(d.quantile(q / 100)) for q in (10, 50, 90)}
 
 
 def source_plan(n: int, rate: float, shape: float, share: float, system_words: int, user_scale: float,
@@ -185,23 +220,40 @@ def one_run(run: int, seed: int, args: argparse.Namespace, keep: Path) -> dict:
         for proc, _ in servers.values():
             proc.terminate()
             proc.wait(10)
-    return {"run": run, "seed": seed, "order": order, "source_rate": source_rate, "loads": res,
+    shapes = {"source": shape_of_plan(plan, args.system, args.share), "/metrics": shape_of_profile(metrics_profile),
+              "trace": shape_of_profile(trace_profile)}
+    return {"run": run, "seed": seed, "order": order, "source_rate": source_rate, "loads": res, "shapes": shapes,
             "winners": {load: min(r, key=lambda k: r[k]["e2e_mean_s"] or float("inf")) for load, r in res.items()}}
 
 
 def table(rows: list[dict]) -> str:
     names = list(STAND_INS)
-    out = ["| run (seed) | load | " + " / ".join(names) + ": mean e2e s | req/s | TTFT p50 ms | better |",
-           "|---|---|---|---|---|---|"]
+    out = ["| run (seed) | load | " + " / ".join(names) + ": mean e2e s | ratio | req/s | TTFT p50 ms | better |",
+           "|---|---|---|---|---|---|---|"]
     for row in rows:
         for load in LOADS:
             r = row["loads"][load]
-            fmt = " / ".join(f"{r[n]['e2e_mean_s']:.3f}" for n in names)
+            fmt = " / ".join(f"{r[n]['e2e_mean_s']:.3f}" for n in names) + \
+                f" | {r[names[0]]['e2e_mean_s'] / r[names[1]]['e2e_mean_s']:.2f}"
             rps = " / ".join(f"{r[n]['req_per_s']:.2f}" for n in names)
             ttft = " / ".join(f"{r[n]['ttft_p50_s'] * 1000:.0f}" for n in names)
             fails = sum(r[n]["failed"] or 0 for n in names)
             out.append(f"| {row['run']} ({row['seed']}) | {load} | {fmt} | {rps} | {ttft} | {row['winners'][load]}"
                        + (f" ({fails} failed)" if fails else "") + " |")
+    return "\n".join(out)
+
+
+def shapes_table(rows: list[dict]) -> str:
+    out = ["| run | shape of | prompt p10 / p50 / p90 | output p10 / p50 / p90 | rate req/s | gap CV "
+           "| shared prefix |", "|---|---|---|---|---|---|---|"]
+    for row in rows:
+        for name, sh in row["shapes"].items():
+            pre = f"{sh['prefix_share'] * 100:.0f} % x {sh['prefix_tokens']}"
+            if sh.get("hit_rate") is not None:
+                pre += f" (hit rate {sh['hit_rate'] * 100:.0f} %)"
+            q = lambda d: " / ".join(str(d[k]) for k in sorted(d, key=int))  # noqa: E731
+            out.append(f"| {row['run']} | {name} | {q(sh['prompt'])} | {q(sh['output'])} | {sh['rate']:.2f} "
+                       f"| {sh['cv']:.2f} | {pre} |")
     return "\n".join(out)
 
 
@@ -220,7 +272,8 @@ def main() -> int:
     ap.add_argument("--table", metavar="FILE.jsonl", help="print the table of an earlier run's results")
     args = ap.parse_args()
     if args.table:
-        print(table([json.loads(s) for s in Path(args.table).read_text().splitlines() if s.strip()]))
+        rows = [json.loads(s) for s in Path(args.table).read_text().splitlines() if s.strip()]
+        print(table(rows) + "\n\n" + shapes_table(rows))
         return 0
     keep = Path(args.keep or f"/tmp/traffic-decision-{os.getpid()}")
     keep.mkdir(parents=True, exist_ok=True)
@@ -231,7 +284,7 @@ def main() -> int:
         with open(keep / "results.jsonl", "a", encoding="utf-8") as f:
             f.write(json.dumps(row) + "\n")
         print(json.dumps({"run": run, "winners": row["winners"], "load": os.getloadavg()[0]}), flush=True)
-    print(table(rows))
+    print(table(rows) + "\n\n" + shapes_table(rows))
     src = [r["winners"]["source"] for r in rows]
     for load in LOADS[1:]:
         same = sum(r["winners"][load] == s for r, s in zip(rows, src, strict=True))
