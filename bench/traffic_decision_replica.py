@@ -21,8 +21,8 @@ Each run, on freshly started stand-ins (empty prefix caches):
 1. the source on both presets (order alternating by run). While it feeds
    fast-decode (the operator's current preset: the default load's pick),
    `ernie-tui traffic capture --url ... --interval 2` watches that
-   stand-in's /metrics, and its window is ended (Ctrl-C, as an operator
-   would) once the last answer is in;
+   stand-in's /metrics, and its window is ended (SIGTERM, which ends it as
+   Ctrl-C does) once the last answer is in;
 2. `ernie-tui traffic capture --trace` of the source's trace;
 3. on both presets, through the CLI itself: `ernie-tui probe --burst N
    --traffic PROFILE --seed S` for the /metrics profile and the trace
@@ -182,8 +182,15 @@ def start_capture(url: str, out: Path) -> subprocess.Popen:
 
 
 def end_capture(proc: subprocess.Popen) -> None:
-    proc.send_signal(signal.SIGINT)  # Ctrl-C: end the window now, write the profile
-    _out, err = proc.communicate(timeout=60)
+    # SIGTERM ends the window as Ctrl-C does (cli/interruptible.py) and is
+    # handled even where a shell started this bench in the background, with
+    # SIGINT ignored (which the capture then inherits and never sees).
+    proc.send_signal(signal.SIGTERM)
+    try:
+        _out, err = proc.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise
     if proc.returncode != 0:
         raise SystemExit(f"traffic capture failed ({proc.returncode}): {err[-2000:]}")
 
