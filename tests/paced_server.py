@@ -14,8 +14,16 @@ For testing timing and the capacity search over real HTTP without vLLM:
   histograms, the queue and prefill phase histograms, generation/prompt
   token and finished-request counters, the per-request prompt, generation
   and max_tokens histograms (vLLM's 1-2-5 buckets), all
-  measured here, server side; the prefix-cache query/hit counters, where a
-  hit is a whole prompt sent before (its every token);
+  measured here, server side; the length histograms' bounds are vLLM's
+  1-2-5 series up to --max-model-len, as its own are; the prefix-cache
+  query/hit counters, where a hit is a whole prompt sent before (its every
+  token), or with --prefix-block N whole blocks, as vLLM counts them;
+- --prefix-block N: a prefix cache of N-token blocks, as vLLM's: a prompt's
+  hits are the longest run of whole blocks that opened an earlier prompt
+  (registered when a request takes its slot), prefill (--prefill-ms-per-token)
+  is paid only for the tokens after them, and /metrics publishes
+  vllm:cache_config_info with that block_size (a shared system prompt is
+  then served as vLLM serves it: its blocks once, then from the cache);
 - --drop-completions N closes the connections of the first N completion
   requests that ask for more than one token without an answer (-1: all),
   while every other path answers: transport failures from a server that is up;
@@ -123,6 +131,33 @@ ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.
 E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0)
 
 
+def length_buckets(max_model_len: int) -> list[float]:
+    """vLLM's bounds for its per-request length histograms: 1, 2, 5, 10, 20,
+    50 ... up to max_model_len (a 4,096 model: up to 2,000; 16,384: 10,000)."""
+    out, scale = [], 1
+    while True:
+        for m in (1, 2, 5):
+            if m * scale > max_model_len:
+                return out
+            out.append(float(m * scale))
+        scale *= 10
+
+
+def block_hits(ids: list[int], block: int, seen: set[int]) -> int:
+    """Tokens of `ids` served from a prefix cache of `block`-token blocks:
+    the longest run of whole blocks from the start whose chain (every block
+    up to it) opened a prompt before. Adds this prompt's chains to `seen`."""
+    hits, h, cached = 0, 0, True
+    for k in range(len(ids) // block):
+        h = hash((h, tuple(ids[k * block:(k + 1) * block])))
+        if cached and h in seen:
+            hits += block
+        else:
+            cached = False
+            seen.add(h)
+    return hits
+
+
 def host_factor(amplitude: float, period_s: float, t: float | None = None) -> float:
     """The --drift factor on every gap and TTFT at wall time t (now when
     None): 1 + A x sin(2 pi t / P). A function of the wall clock only, so
@@ -212,6 +247,10 @@ class Server:
         self.c_prefix_q = Counter("vllm:prefix_cache_queries", "prefix cache queries", lbl, registry=r)
         self.c_prefix_hits = Counter("vllm:prefix_cache_hits", "prefix cache hits", lbl, registry=r)
         self.seen_prompts: set[str] = set()
+        self.seen_blocks: set[int] = set()  # --prefix-block: the chain hash of every block prefix served
+        if args.prefix_block > 0:
+            Gauge("vllm:cache_config_info", "cache config", ["block_size", "enable_prefix_caching"],
+                  registry=r).labels(str(args.prefix_block), "True").set(1)
         # Load-shaped pacing (see the module's docstring).
         self.pace_lock = threading.Lock()
         # request -> when its first and its last token are due
@@ -236,7 +275,7 @@ class Server:
                                      buckets=E2E_BUCKETS, registry=r)
         # vLLM's per-request length histograms (its 1-2-5 buckets), observed as
         # a request ends: what a traffic capture reads from /metrics.
-        lengths = [1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000.0, 2000.0]
+        lengths = length_buckets(args.max_model_len)
         self.h_prompt = Histogram("vllm:request_prompt_tokens", "prompt", lbl, buckets=lengths, registry=r)
         self.h_gen = Histogram("vllm:request_generation_tokens", "generated", lbl, buckets=lengths, registry=r)
         self.h_max = Histogram("vllm:request_params_max_tokens", "max_tokens", lbl, buckets=lengths, registry=r)
@@ -258,12 +297,14 @@ class Server:
             self.cold_left -= 1
         return self.args.cold_ms / 1000.0
 
-    def paced_ttft_s(self, key: int, n_prompt: int, n_out: int, now: float) -> tuple[float, float]:
-        """This request's time to first token, with the load-shaped pacing,
-        and its time between tokens (--itl-spread); registers when its
-        decoding ends (for --interference-ms)."""
+    def paced_ttft_s(self, key: int, n_prompt: int, n_out: int, now: float,
+                     n_cached: int = 0) -> tuple[float, float]:
+        """This request's time to first token, with the load-shaped pacing
+        (prefill paid for the prompt tokens not served from the prefix
+        cache), and its time between tokens (--itl-spread); registers when
+        its decoding ends (for --interference-ms)."""
         a = self.args
-        base = a.ttft_ms / 1000.0 + a.prefill_ms_per_token * n_prompt / 1000.0
+        base = a.ttft_ms / 1000.0 + a.prefill_ms_per_token * (n_prompt - n_cached) / 1000.0
         extra = 0.0
         itl_s = a.itl_ms / 1000.0
         with self.pace_lock:
@@ -475,16 +516,20 @@ def make_handler(srv: Server):
             try:
                 srv.c_prompt.labels(m).inc(n_prompt)
                 with srv.seen_lock:
-                    again = prompt in srv.seen_prompts
-                    srv.seen_prompts.add(prompt)
+                    if args.prefix_block > 0:
+                        cached = block_hits(srv.vocab.encode(prompt), args.prefix_block, srv.seen_blocks)
+                    else:
+                        cached = n_prompt if prompt in srv.seen_prompts else 0
+                        srv.seen_prompts.add(prompt)
                 srv.c_prefix_q.labels(m).inc(n_prompt)
-                srv.c_prefix_hits.labels(m).inc(n_prompt if again else 0)
+                srv.c_prefix_hits.labels(m).inc(cached)
                 if chat:
                     self._chunk(json.dumps({"id": rid, "object": obj, "model": model, "choices": [
                         {"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]}))
                 # Pace against deadlines, not sleeps in a row, so delays do not add up.
                 t_slot = time.perf_counter()
-                ttft_s, itl_s = srv.paced_ttft_s(id(self), n_prompt, n_out, t_slot)
+                ttft_s, itl_s = srv.paced_ttft_s(id(self), n_prompt, n_out, t_slot,
+                                                 cached if args.prefix_block > 0 else 0)
                 t_first = t_slot + ttft_s * srv.drift() + srv.cold_delay_s(n_out)
                 prev = None
                 due = t_first
@@ -596,6 +641,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="/metrics answers this late, as a busy vLLM CPU server does (env PACED_METRICS_DELAY_MS)")
     p.add_argument("--prefill-ms-per-token", type=float, default=float(env("PACED_PREFILL_MS_PER_TOKEN", "0")),
                    help="prefill time per prompt token, added to the TTFT (env PACED_PREFILL_MS_PER_TOKEN)")
+    p.add_argument("--prefix-block", type=int, default=int(env("PACED_PREFIX_BLOCK", "0")), metavar="N",
+                   help="a prefix cache of N-token blocks: hits in whole blocks, prefill paid only after them "
+                        "(env PACED_PREFIX_BLOCK; 0: a hit is a whole prompt sent before, prefill paid in full)")
     p.add_argument("--interference-ms", type=float, default=float(env("PACED_INTERFERENCE_MS", "0")),
                    help="TTFT added per other request still decoding when this one's prefill ends")
     p.add_argument("--itl-spread", type=float, default=0.0, metavar="F",

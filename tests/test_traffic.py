@@ -244,6 +244,25 @@ def test_trace_capture(tmp_path):
         read_trace(f)
 
 
+def test_trace_prefix_length_from_the_usages_characters_a_token(tmp_path):
+    """Without a tokenizer, the shared prefix is counted at the characters a
+    token the trace's usage shows (here 10: one 9-letter word a token), not
+    at a fixed 4 (which read this 100-token prefix as 250)."""
+    system = " ".join(f"sys{i:05d}x" for i in range(100))
+    lines = []
+    for i in range(6):
+        user = " ".join(f"usr{i:02d}{k:03d}x" for k in range(20 + i))
+        prompt = (system + " " + user) if i % 3 else user
+        lines.append({"timestamp": float(i), "body": {"prompt": prompt, "max_tokens": 8},
+                      "usage": {"prompt_tokens": len(prompt.split()), "completion_tokens": 8}})
+    f = tmp_path / "trace.jsonl"
+    f.write_text("\n".join(json.dumps(x) for x in lines) + "\n")
+    cap = from_trace(read_trace(f))
+    assert cap.prefix.share == pytest.approx(4 / 6, abs=1e-3)
+    assert 99 <= cap.prefix.tokens <= 101
+    assert any("characters a token, the usage's" in n for n in cap.notes)
+
+
 # -- replay draws -------------------------------------------------------------------------
 
 def test_replay_draws_are_seeded_and_keep_the_profiles_quantiles():

@@ -447,22 +447,30 @@ def _int(v: Any) -> int | None:
 def from_trace(reqs: list[TraceRequest], tokenizer: Any = None, keep_text: bool = False) -> Captured:
     """Lengths, arrivals and the shared prefix of a trace. Prompt lengths:
     the usage kept with the request, else the tokenizer's count, else an
-    estimate (4 characters a token, said in the notes)."""
+    estimate (said in the notes). The estimate, and the shared prefix's
+    length without a tokenizer, take the characters a token that the
+    usage shows over the trace's own prompts (4 where no usage was kept):
+    a tokenizer's ratio differs by model and language, the usage's is
+    this traffic's."""
     cap = Captured(kind="trace", requests=float(len(reqs)))
     estimated = 0
+    known = [(len(r.text), r.prompt_tokens) for r in reqs if r.prompt_tokens]
+    per_token = math.fsum(c for c, _ in known) / sum(t for _, t in known) if known else 4.0
+    per_token = per_token if per_token > 0 else 4.0
 
     def count(text: str) -> int:
         nonlocal estimated
         if tokenizer is not None:
             return len(tokenizer.encode(text))
         estimated += 1
-        return max(1, round(len(text) / 4))
+        return max(1, round(len(text) / per_token))
 
     prompt_lens = [r.prompt_tokens if r.prompt_tokens is not None else count(r.text) for r in reqs]
     cap.prompt_tokens = LengthDist.from_values(prompt_lens)
+    how = f"{per_token:.2f} characters a token, the usage's" if known else "4 characters a token"
     if estimated:
-        cap.notes.append(f"trace: {estimated} prompt lengths estimated at 4 characters a token (give --tokenizer "
-                         "or keep the usage)")
+        cap.notes.append(f"trace: {estimated} prompt lengths estimated at {how} (give --tokenizer or keep the "
+                         "usage)")
     outs = [r.output_tokens for r in reqs if r.output_tokens is not None]
     if outs:
         cap.output_tokens = LengthDist.from_values(outs)
@@ -476,6 +484,8 @@ def from_trace(reqs: list[TraceRequest], tokenizer: Any = None, keep_text: bool 
         cap.arrivals = arrivals_from_times([r.at for r in reqs])
         cap.window_s = max(r.at for r in reqs) - min(r.at for r in reqs)
     cap.prefix = shared_prefix([r.text for r in reqs], count)
+    if tokenizer is None and cap.prefix.tokens:
+        cap.notes.append(f"trace: the shared prefix's length estimated at {how} (give --tokenizer to count it)")
     if keep_text:
         cap.texts = [r.text for r in reqs]
     return cap
