@@ -362,6 +362,7 @@ def main() -> int:
                         "request-log": build_profile("request-log", [caps[1]])}
             for name, prof in profiles.items():
                 if args.keep:
+                    Path(args.keep).mkdir(parents=True, exist_ok=True)  # --keep DIR need not exist yet
                     save_profile(prof, Path(args.keep) / f"round{rnd + 1}-{name}.json")
                 print(json.dumps({"round": rnd + 1, "profile": name, "cv": prof.arrivals.cv,
                                   "rate": prof.arrivals.rate_per_s, "window_s": prof.arrivals.window_s,
