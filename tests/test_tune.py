@@ -345,7 +345,7 @@ def test_sigterm_stops_a_tune_keeping_its_trials_and_the_cut_trial_runs_first_ne
         for line in proc.stderr:  # wait until trial 0 is measured and trial 1's server is loaded
             seen.append(line)
             done_one = done_one or (line.startswith("trial 0 shaped-tune-0") and "tok/s" in line)
-            if done_one and line.startswith("  concurrency 1:"):
+            if done_one and line.startswith("  trial 1: concurrency 1:"):
                 break
         assert done_one, "".join(seen)
         proc.send_signal(signal.SIGTERM)

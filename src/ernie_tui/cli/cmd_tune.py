@@ -244,7 +244,11 @@ def _progress(setup: Any, t0: float):
             ce = ev["sweep"].get("capacity_event")
             if ce and ce.get("event") == "level_done":
                 lv = ce["level"]
-                say(f"  concurrency {lv.concurrency}: {'pass' if lv.passed else 'fail'}")
+                # Two lanes (--gpus, --ray) interleave their levels: each line says whose it is.
+                node = ev["sweep"].get("node")
+                n = int(ev.get("number", 0))
+                whose = {-1: "BASE", -2: "confirming"}.get(n, f"trial {n}") + (f" on {node}" if node else "")
+                say(f"  {whose}: concurrency {lv.concurrency}: {'pass' if lv.passed else 'fail'}")
         elif kind == "trial_done" and ev["row"] is not None:
             r, best = ev["row"], ev["best"]
             what = f"{_fmt(r.goodput)} tok/s" if r.outcome == "measured" else f"{r.outcome}: {r.reason}"
