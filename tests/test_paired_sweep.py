@@ -113,12 +113,21 @@ def test_sweep_capacity_pairs_two_drifting_stand_ins(tmp_path, tiny_model, capsy
     base = list(args)
     for out in outs:
         args += ["--out", str(out)]
-    assert main(args) == 0, capsys.readouterr().err
-    data = json.loads(outs[0].read_text())
-    paired = data["paired"]
+    # A second sweep only where the first was not beyond noise, never where it was wrong: on a CI box
+    # running four test workers one duel level read 22 tok/s against 200-300 around it (the box
+    # stalled the stand-in), and "within noise" was the honest answer (ci5, 2026-12-07). Two such
+    # stalls in a row are what would fail this.
+    for attempt in (1, 2):
+        assert main(args) == 0, capsys.readouterr().err
+        data = json.loads(outs[0].read_text())
+        paired = data["paired"]
+        (pair,) = paired["pairs"]
+        assert not (pair["beyond_noise"] and pair["better"] == "weak"), pair["text"]  # never the wrong way
+        if pair["beyond_noise"] or attempt == 2:
+            break
+        capsys.readouterr()
     assert [r["preset"] for r in paired["searches"]] == ["weak", "strong"]
     assert len({d["round"] for d in paired["duels"]}) == 3  # the default: three duel rounds
-    (pair,) = paired["pairs"]
     assert pair["better"] == "strong" and pair["beyond_noise"], pair["text"]
     assert pair["text"].startswith("strong carries ")
     assert set(paired["turns"]) == {"weak", "strong"}
