@@ -42,8 +42,9 @@ STAND_INS = {
 COMMON = ["--slots", "8", "--ttft-ms", "5", "--max-model-len", "16384"]
 
 
-def start(args: list[str]) -> tuple[subprocess.Popen, str]:
-    proc = subprocess.Popen([sys.executable, str(ROOT / "tests" / "paced_server.py"), "--port", "0", *COMMON, *args],
+def start(args: list[str], common: list[str] = COMMON) -> tuple[subprocess.Popen, str]:
+    """A paced stand-in on a free port: (its process, its URL). Also traffic_decision_replica.py's."""
+    proc = subprocess.Popen([sys.executable, str(ROOT / "tests" / "paced_server.py"), "--port", "0", *common, *args],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     line = proc.stdout.readline() if proc.stdout else ""
     if not line.startswith("listening on "):

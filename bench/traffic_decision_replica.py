@@ -52,23 +52,17 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 from ernie_tui.engine_ctl.load import BuiltPrompt, BurstConfig, LengthDist, load_profile, run_burst  # noqa: E402
+from traffic_decision import COMMON as DECISION_COMMON  # noqa: E402  (bench/ is no package)
+from traffic_decision import STAND_INS  # noqa: E402
+from traffic_decision import start as start_paced  # noqa: E402
 
-STAND_INS = {
-    "fast-decode": ["--itl-ms", "4", "--prefill-ms-per-token", "1.0"],
-    "fast-prefill": ["--itl-ms", "12", "--prefill-ms-per-token", "0.05"],
-}
-COMMON = ["--slots", "8", "--ttft-ms", "5", "--max-model-len", "16384", "--prefix-block", "16"]
+COMMON = [*DECISION_COMMON, "--prefix-block", "16"]
 CAPTURED_ON = "fast-decode"
 LOADS = ("source", "replica: /metrics", "replica: trace", "default (c=4)", "default at the source's rate")
 
 
 def start(args: list[str]) -> tuple[subprocess.Popen, str]:
-    proc = subprocess.Popen([sys.executable, str(ROOT / "tests" / "paced_server.py"), "--port", "0", *COMMON, *args],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    line = proc.stdout.readline() if proc.stdout else ""
-    if not line.startswith("listening on "):
-        raise SystemExit(f"the stand-in did not start: {line}")
-    return proc, line.split()[-1]
+    return start_paced(args, COMMON)  # with block-counted prefix hits (--prefix-block)
 
 
 def shape_of_plan(plan: list[tuple[float, str, int]], system: int, share: float) -> dict:
