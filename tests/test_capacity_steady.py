@@ -383,18 +383,29 @@ def test_cli_search_finds_where_token_gaps_outgrow_an_itl_limit(paced, capsys):
 def test_the_stand_ins_speed_wanders_by_period(paced):
     # --itl-wander 0.9 over 0.2 s periods: every gap starting in one period is
     # scaled by one factor within 0.1..1.9 (seeded by the period), so a
-    # burst's gaps spread around the 10 ms set; without it they sit at 10 ms.
+    # burst's gaps spread around the 25 ms set; without it they sit at 25 ms.
     # (Any 12 periods in a row hold factors whose p90 is 0.25 over their median.)
+    # The stand-in paces by deadlines, so a box that stalls it sends the late
+    # tokens back to back: on a CI box with four workers beside real vLLM the
+    # steady burst once read a gap p50 of 0 (ci on 9f0a5bf). A pair whose
+    # steady burst does not read its set pace measured the box, not the
+    # stand-in, and is taken again (three tries).
     from ernie_tui.engine_ctl.load import BurstConfig, run_burst
 
     cfg = BurstConfig(n=32, concurrency=4, min_tokens=10, max_tokens_in=20, max_tokens=40)
-    steady = run_burst(paced("--itl-ms", "10"), cfg, use_metrics=False).itl
-    wander = run_burst(paced("--itl-ms", "10", "--itl-wander", "0.9", "--itl-wander-s", "0.2"), cfg,
-                       use_metrics=False).itl
-    print(f"gaps p50/p90 steady {steady['p50']:.4f}/{steady['p90']:.4f}, wandering "
-          f"{wander['p50']:.4f}/{wander['p90']:.4f}")
-    assert steady["p50"] == pytest.approx(0.010, rel=0.1)
-    assert wander["p90"] - wander["p50"] > steady["p90"] - steady["p50"] + 0.0015
+    steady_url = paced("--itl-ms", "25")
+    wander_url = paced("--itl-ms", "25", "--itl-wander", "0.9", "--itl-wander-s", "0.2")
+    said = []
+    for _ in range(3):
+        steady = run_burst(steady_url, cfg, use_metrics=False).itl
+        wander = run_burst(wander_url, cfg, use_metrics=False).itl
+        said.append(f"gaps p50/p90 steady {steady['p50']:.4f}/{steady['p90']:.4f}, wandering "
+                    f"{wander['p50']:.4f}/{wander['p90']:.4f}")
+        if steady["p50"] == pytest.approx(0.025, rel=0.1) and steady["p90"] < 0.025 * 1.25:
+            break
+    print("\n".join(said))
+    assert steady["p50"] == pytest.approx(0.025, rel=0.1), said
+    assert wander["p90"] - wander["p50"] > steady["p90"] - steady["p50"] + 0.004, said
 
 
 def _search(url: str, **kw) -> C.CapacityResult:
