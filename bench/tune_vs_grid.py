@@ -32,6 +32,7 @@ import json
 import os
 import re
 import shlex
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -62,7 +63,10 @@ def _ints(text: str) -> list[int]:
     return [int(x) for x in text.split(",") if x.strip()]
 
 
-def write_presets(work: Path, port: int, name: str = "base") -> Path:
+def write_presets(work: Path, port: int, base_seqs: int, base_tokens: int, name: str = "base") -> Path:
+    """BASE is a point of the grid (--base-seqs x --base-tokens): the tune's
+    answer "keep BASE" is then a setting of the same space, and the grid's
+    server command (BASE's argv, the swept arguments replaced) is the same."""
     presets = work / "presets.toml"
     presets.write_text(textwrap.dedent(f"""
         [presets.{name}]
@@ -70,6 +74,8 @@ def write_presets(work: Path, port: int, name: str = "base") -> Path:
         extends = "cpu-demo"
         model = "{tiny_model_dir()}"
         port = {port}
+        max_num_seqs = {base_seqs}
+        max_num_batched_tokens = {base_tokens}
     """))
     return presets
 
@@ -139,6 +145,7 @@ def run_tune(work: Path, presets: Path, args: argparse.Namespace, budget_s: floa
     space.write_text(f"max_num_seqs = {args.seqs}\nmax_num_batched_tokens = {args.tokens}\n")
     argv = [sys.executable, "-m", "ernie_tui", "tune", "base", "--presets", str(presets), "--space", str(space),
             "--budget", f"{max(60, int(budget_s))}s", "--confirm", "0", "--out-preset", "tuned",
+            "--seed", str(args.seed),
             "--slo", f"ttft_p99={args.ttft_ms}ms", "--slo", f"itl_p99={args.itl_ms}ms", *TUNE_LOAD]
     print("$", shlex.join(argv[1:]), flush=True)
     t0 = time.monotonic()
@@ -152,8 +159,15 @@ def run_tune(work: Path, presets: Path, args: argparse.Namespace, budget_s: floa
     runs = runstore.list_runs(kind="tune")
     res = runs[0].results if runs else {}
     best = res.get("best") or None
-    return {"measured_trials": res.get("measured_trials"), "stopped": res.get("stopped"),
-            "best": None if best is None else {**best["params"], "goodput": best.get("goodput")}}, wall
+    base = statistics.median(res["base_goodputs"]) if res.get("base_goodputs") else None
+    answer = None if best is None else {**best["params"], "goodput": best.get("goodput")}
+    if base is not None and (answer is None or (answer["goodput"] or 0.0) <= base):
+        # No trial carried more than BASE: the tune's answer is BASE's own setting.
+        answer = {"max_num_seqs": args.base_seqs, "max_num_batched_tokens": args.base_tokens, "goodput": base,
+                  "keep_base": True}
+    return {"measured_trials": res.get("measured_trials"), "stopped": res.get("stopped"), "base_goodput": base,
+            "best_trial": None if best is None else {**best["params"], "goodput": best.get("goodput")},
+            "best": answer}, wall
 
 
 def run_paired(work: Path, presets: Path, grid_best: dict, tune_best: dict, args: argparse.Namespace,
@@ -196,6 +210,9 @@ def main() -> None:
     ap.add_argument("--grid-runs", type=int, default=1, help="the grid's bench runs per setting (1)")
     ap.add_argument("--budget-fraction", type=float, default=1 / 3, help="tune's budget: this part of the grid's wall")
     ap.add_argument("--rounds", type=int, default=3, help="the paired comparison's duel rounds (3)")
+    ap.add_argument("--base-seqs", type=int, default=4, help="BASE's max_num_seqs, a grid point (4)")
+    ap.add_argument("--base-tokens", type=int, default=4096, help="BASE's max_num_batched_tokens, a grid point (4096)")
+    ap.add_argument("--seed", type=int, default=0, help="tune's sampler seed (0): give each run its own")
     ap.add_argument("--port", type=int, default=28491)
     ap.add_argument("--keep", type=Path, help="work here (kept) instead of a temporary folder")
     args = ap.parse_args()
@@ -204,7 +221,9 @@ def main() -> None:
     home = work / "home"
     env = {**os.environ, "ERNIE_TUI_HOME": str(home), "PYTHONPATH": str(ROOT / "src")}
     os.environ["ERNIE_TUI_HOME"] = str(home)  # run records read below
-    presets = write_presets(work, args.port)
+    if args.base_seqs not in args.seqs or args.base_tokens not in args.tokens:
+        ap.error("BASE (--base-seqs x --base-tokens) must be a point of the grid")
+    presets = write_presets(work, args.port, args.base_seqs, args.base_tokens)
     grid, grid_wall = run_grid(work, presets, args, env)
     print("grid best:", grid["best"], flush=True)
     tune, tune_wall = run_tune(work, presets, args, grid_wall * args.budget_fraction, env)
