@@ -6,9 +6,6 @@ from __future__ import annotations
 
 import csv
 import json
-import sys
-import textwrap
-from pathlib import Path
 
 import pytest
 
@@ -23,9 +20,8 @@ from ernie_tui.engine_ctl.control.paired_sweep import (
     search_around,
 )
 from ernie_tui.engine_ctl.load import CapacityResult, LevelResult, SearchConfig
+from paced_presets import paced_preset
 from worker_ports import own_port
-
-PACED = Path(__file__).resolve().parent / "paced_server.py"
 
 
 def test_duel_order_rotates_the_reference():
@@ -92,18 +88,10 @@ def test_knees_from_reads_a_paired_export_and_the_search_starts_there(tmp_path):
 
 
 def test_sweep_capacity_pairs_two_drifting_stand_ins(tmp_path, tiny_model, capsys):
-    body = ""
-    for name, knee, port in (("weak", 2, own_port(18161)), ("strong", 4, own_port(18162))):
-        env = (f'PACED_SLOTS = "64", PACED_TTFT_MS = "10", PACED_ITL_MS = "20", PACED_ITL_SCALE_KNEE = "{knee}", '
-               'PACED_DRIFT = "0.3", PACED_DRIFT_PERIOD_S = "60"')
-        body += textwrap.dedent(f"""
-            [presets.{name}]
-            extends = "cpu-demo"
-            model = "{tiny_model}"
-            port = {port}
-            launcher = ["{sys.executable}", "{PACED}"]
-            env = {{ {env} }}
-        """)
+    env = {"PACED_SLOTS": "64", "PACED_TTFT_MS": "10", "PACED_ITL_MS": "20", "PACED_DRIFT": "0.3",
+           "PACED_DRIFT_PERIOD_S": "60"}
+    body = "".join(paced_preset(name, tiny_model, port, {**env, "PACED_ITL_SCALE_KNEE": str(knee)})
+                   for name, knee, port in (("weak", 2, own_port(18161)), ("strong", 4, own_port(18162))))
     presets = tmp_path / "p.toml"
     presets.write_text(body)
     outs = [tmp_path / f"sweep.{ext}" for ext in ("json", "md", "csv")]
