@@ -90,7 +90,11 @@ def run_sim(case: str, runs: int, design: str, drift: float, period: float, jitt
         v.update(run=i + 1, seed=seed, sim_s=round(host.now), uncertain=[n for n, k in result.knees.items()
                                                                           if k.get("uncertain")],
                  # simulated seconds of duel levels a round (rungs and second looks included)
-                 duel_round_s=round(sum(d.seconds for d in result.duels) / rounds, 1))
+                 duel_round_s=round(sum(d.seconds for d in result.duels) / rounds, 1),
+                 # duel levels measured a round, and rungs skipped (paired_sweep.ladder_round: a live bracket
+                 # one step wide above a knee that passed: a row that says so, nothing measured)
+                 duel_levels_round=round(sum(1 for d in result.duels if not getattr(d, "skipped", "")) / rounds, 2),
+                 rungs_skipped=sum(1 for d in result.duels if getattr(d, "skipped", "")))
         out.append(v)
     return out
 
@@ -479,8 +483,10 @@ def main() -> int:
         print(f"[{args.stand}, {args.design}{knee}] {summary(case, vs)} ({time.monotonic() - t0:.0f} s)", flush=True)
         rounds_s = [v["duel_round_s"] for v in vs if v.get("duel_round_s")]
         if rounds_s:
+            levels = [v.get("duel_levels_round", 0.0) for v in vs]
             print(f"    duel levels a round (simulated): mean {sum(rounds_s) / len(rounds_s):.1f} s, "
-                  f"max {max(rounds_s):.1f} s", flush=True)
+                  f"max {max(rounds_s):.1f} s; {sum(levels) / len(levels):.2f} levels a round, "
+                  f"{sum(v.get('rungs_skipped', 0) for v in vs)} rungs skipped in {len(vs)} runs", flush=True)
     return 0
 
 
