@@ -192,8 +192,10 @@ def run_paired(work: Path, presets: Path, grid_best: dict, tune_best: dict, args
                           check=False)
     wall = time.monotonic() - t0
     (work / "paired.log").write_text(done.stdout + done.stderr)
-    verdict = next((ln for ln in done.stdout.splitlines() if "grid-best" in ln and "tune-best" in ln
-                    and ("noise" in ln or "%" in ln)), f"(exit {done.returncode}; see {work / 'paired.log'})")
+    # The pair's line under "Pairs": "- A carries N % more ... than B (..)" or "- ... within noise ...";
+    # the table's rows name both presets too ("vs tune-best"), so only the list's lines are read.
+    verdict = next((ln[2:] for ln in done.stdout.splitlines() if ln.startswith("- ") and "grid-best" in ln
+                    and "tune-best" in ln), f"(exit {done.returncode}; see {work / 'paired.log'})")
     print(f"paired: {verdict} ({wall:.0f} s wall)", flush=True)
     return verdict, wall
 
