@@ -246,3 +246,24 @@ def test_a_driver_whose_trial_lands_past_the_budget_gives_it_back_and_measures_w
         (rec,) = [r.results for r in runstore.list_runs(kind="tune")]
         assert rec["stopped"] == "budget: 1 trials measured" and rec["measured_trials"] == 1
         assert all(r["outcome"] != "given back" for r in rec["trials"])  # never run, never listed
+
+
+def test_a_trial_starts_only_where_the_longest_so_far_still_fits():
+    from ernie_tui.engine_ctl.control.tune import room_for_trial
+
+    # Trials of 49-52 s with 51 s left: the mean (50.3) fits, the longest does not (tune vs grid, run 1).
+    assert not room_for_trial(200.0, 251.0, [52.0, 49.0, 50.0])
+    assert room_for_trial(199.0, 251.0, [52.0, 49.0, 50.0])
+    assert room_for_trial(250.0, 251.0, [])  # nothing measured yet: no estimate to refuse on
+
+
+def test_the_budget_counts_from_the_process_start():
+    import time
+
+    from ernie_tui.cli.cmd_tune import budget_left
+
+    assert budget_left(None) is None
+    assert budget_left(60.0, started=time.time() - 5.0) == pytest.approx(55.0, abs=0.5)
+    assert budget_left(60.0, started=time.time() - 600.0) == 1.0  # spent already: the tune stops at once
+    left = budget_left(3600.0)  # this test process started a while ago: some of the hour is gone
+    assert left is not None and left < 3600.0

@@ -45,8 +45,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("base", metavar="BASE", help="the preset to start from and compare with")
     p.add_argument("--space", metavar="FILE.toml", required=True, help="the engine arguments to search")
     p.add_argument("--budget", metavar="TIME", type=_duration,
-                   help="wall time for this run, like 25m, 90s or 1h (no new trial starts that would not fit; "
-                        "a trial still running at the end is stopped and runs first next time)")
+                   help="wall time for this run, like 25m, 90s or 1h, counted from the command's start (no new "
+                        "trial starts unless the longest so far would fit; a trial still running at the end is "
+                        "stopped and runs first next time)")
     p.add_argument("--trials", type=int, metavar="N",
                    help=f"measured trials in the study (default {DEFAULT_TRIALS} unless --budget is given); with "
                         "--storage, the study's budget over all its drivers")
@@ -185,7 +186,8 @@ def _setup(args: argparse.Namespace) -> Any:
     capacity = capacity_sweep(args)
     config = with_traffic(args, config, capacity)
     return TuneSetup(base=base, space=space, capacity=capacity, burst_config=config, options=options,
-                     study_dir=study_dir, study_name=name, max_trials=trials, budget_s=args.budget, seed=args.seed,
+                     study_dir=study_dir, study_name=name, max_trials=trials, budget_s=budget_left(args.budget),
+                     seed=args.seed,
                      confirm_rounds=args.confirm, port=_trial_port(base), storage=args.storage,
                      min_difference=args.min_difference / 100.0)
 
@@ -199,6 +201,19 @@ def _forget_study(url: str, name: str) -> None:
         optuna.delete_study(study_name=name, storage=url)
     except KeyError:
         pass  # no such study yet
+
+
+def budget_left(budget: float | None, started: float | None = None) -> float | None:
+    """--budget counts from this process's start (`started`, epoch seconds;
+    psutil's create_time by default): the command ends within it, its
+    imports and set-up included, as a wall clock around it reads."""
+    if budget is None:
+        return None
+    if started is None:
+        import psutil
+
+        started = psutil.Process().create_time()
+    return max(1.0, budget - max(0.0, time.time() - started))
 
 
 def _trial_port(base: Any) -> int | None:
