@@ -22,6 +22,21 @@ from vLLM's own /metrics over each window, output tok/s and TTFT p50.
     .venv/bin/python bench/traffic_fidelity.py                       # starts its own server
     .venv/bin/python bench/traffic_fidelity.py --url URL --log LLM.LOG  # a server already up
 
+--source vllm-bench: the source is vLLM's own bench client instead
+(bench/vb_source.py: its random dataset, prompt and output lengths uniform
+over len * (1 -/+ --vb-range-ratio), one --vb-prefix-len prefix in every
+prompt, gamma arrivals of shape --shape at --rate, ignore_eos, seeded by
+the round's seed). Captured, replayed and compared as the other source;
+its /metrics window opens when the bench client says it sends its first
+request and closes when it says its last answer is in (on our clock; its
+process starts ~10 s before, vLLM's import and the dataset, which a
+capture would read as empty windows). Its row's output tok/s and vLLM TTFT
+are the server's /metrics over that window, its client TTFT the bench
+client's own per-request timing, and the output tok/s and vLLM TTFT cells
+add in brackets what the bench client reported (a cross-check of our
+reading). Rerun a seed only on a fresh server: the dataset's prompts are
+fixed by it, and the prefix cache would hold them.
+
 Its own server: the tests' tiny model, --enable-log-requests and prefix
 caching, VLLM_LOGGING_LEVEL=DEBUG so the log carries each prompt's tokens.
 """
@@ -44,6 +59,7 @@ import httpx
 HERE = Path(__file__).resolve()
 ROOT = HERE.parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(HERE.parent))  # vb_source, beside this file
 
 from ernie_tui.engine_ctl.load import (  # noqa: E402
     BuiltPrompt,  # noqa: E402
@@ -59,7 +75,16 @@ from ernie_tui.engine_ctl.load import (  # noqa: E402
     save_profile,
 )
 from ernie_tui.engine_ctl.load import metrics as M  # noqa: E402
-from vllm_support import tiny_model_dir  # noqa: E402  (the tests' tiny ERNIE-4.5-shaped model)
+from vb_source import BenchShape, run_bench_source  # noqa: E402
+
+
+def tiny_model_dir() -> Path:
+    """The tests' tiny ERNIE-4.5-shaped model (imported here, not at the top:
+    a GPU run copies src/ and bench/ only, and names its model with --tokenizer)."""
+    from vllm_support import tiny_model_dir as tiny
+
+    return Path(tiny())
+
 
 WORDS = ("the model reads a long prompt and the engine splits it into blocks of the cache so that each "
          "request can share memory with other requests in the same batch").split()
@@ -172,10 +197,11 @@ def client_ttft_p50(values: list) -> float | None:
     return statistics.median(xs) if xs else None
 
 
-def measure_source(url: str, plan: list[tuple], log: Path, interval: float, client: str,
-                   tok) -> tuple[dict, list]:
+def measure_source(url: str, plan: list[tuple] | BenchShape, log: Path, interval: float, client: str,
+                   tok, n: int = 0, seed: int = 0, tokenizer_dir: str = "") -> tuple[dict, list]:
+    """The source's row and its two captures. `plan` is a BenchShape for
+    client "vllm-bench" (n requests from seed, tokenizer_dir for it)."""
     offset = log.stat().st_size
-    before = scrape(url)
     snaps: list[M.MetricsSnapshot] = []
     stop = threading.Event()
 
@@ -184,10 +210,29 @@ def measure_source(url: str, plan: list[tuple], log: Path, interval: float, clie
             snaps.append(scrape(url))
 
     w = threading.Thread(target=watch, daemon=True)
-    w.start()
-    t0 = time.monotonic()
-    done = run_source_burst(url, plan, tok) if client == "burst" else run_source(url, plan)
-    span = time.monotonic() - t0
+    window: dict = {}
+
+    def begin() -> None:
+        """The /metrics window opens: now for our own clients; for vLLM's
+        bench client when it says it sends its first request (its process's
+        start, ~10 s before, would be read as empty windows of traffic)."""
+        window["before"] = scrape(url)
+        window["t0"] = time.monotonic()
+        w.start()
+
+    bench = None
+    if isinstance(plan, BenchShape):
+        done, bench = run_bench_source(url, tokenizer_dir, plan, n, seed, on_start=begin)
+        if "t0" not in window:
+            raise RuntimeError("vLLM's bench client never said it began sending (its output has changed?)")
+        # to when it said its last answer was in, on our clock (its own
+        # duration is the cross-check: row["bench_client"]["duration_s"])
+        span = (bench.pop("ended_at") or time.monotonic()) - window["t0"]
+    else:
+        begin()
+        done = run_source_burst(url, plan, tok) if client == "burst" else run_source(url, plan)
+        span = time.monotonic() - window["t0"]
+    before = window["before"]
     stop.set()
     w.join()
     time.sleep(1.5)
@@ -200,6 +245,8 @@ def measure_source(url: str, plan: list[tuple], log: Path, interval: float, clie
            "rate": (len(sends) - 1) / (max(sends) - min(sends)), "span_s": span,
            "client_ttft_p50_s": client_ttft_p50([d.get("ttft_s") for d in done]),
            **server_view(before, after, span)}
+    if bench is not None:
+        row["bench_client"] = bench
     caps = [from_metrics(before, after, snaps), from_log_requests(parse_request_log(lines))]
     return row, caps
 
@@ -235,7 +282,12 @@ def _quantiles(rep: dict, src: dict, kind: str) -> str:
 def _value(rep: dict, src: dict, key: str, fmt: str, scale: float = 1.0) -> str:
     x = rep.get(key)
     s = "-" if x is None else format(x * scale, fmt)
-    return s if rep is src else f"{s} ({_pct(src.get(key), x)})"
+    if rep is src:
+        # vLLM's bench client as the source: what it reported (output tok/s,
+        # TTFT p50), beside our reading of the server's /metrics
+        theirs = (rep.get("bench_client") or {}).get(key)
+        return s if theirs is None else f"{s} [bench {theirs * scale:{fmt}}]"
+    return f"{s} ({_pct(src.get(key), x)})"
 
 
 def _hits(rep: dict, src: dict) -> str:
@@ -332,6 +384,21 @@ def main() -> int:
     ap.add_argument("--replicas", default="metrics:curve,request-log:curve,request-log:mean",
                     help="the replicas of each round: capture:arrivals, arrivals curve (the profile's rate "
                          "window by window) or mean (gamma gaps at its mean rate)")
+    ap.add_argument("--source", choices=["plan", "vllm-bench"], default="plan",
+                    help="plan (default): the source_plan shape, sent by --source-client; vllm-bench: vLLM's own "
+                         "bench client sends the source (its random dataset, the --vb-* shape, gamma arrivals of "
+                         "--shape at --rate, -n requests, seeded by the round's seed)")
+    vb = BenchShape()
+    ap.add_argument("--vb-input-len", type=int, default=vb.input_len,
+                    help="vllm-bench: the prompt's drawn part, tokens (before the prefix)")
+    ap.add_argument("--vb-output-len", type=int, default=vb.output_len, help="vllm-bench: output tokens")
+    ap.add_argument("--vb-range-ratio", type=float, default=vb.range_ratio,
+                    help="vllm-bench: both lengths uniform over len * (1 - r) .. len * (1 + r)")
+    ap.add_argument("--vb-prefix-len", type=int, default=vb.prefix_len,
+                    help="vllm-bench: tokens of one prefix every prompt opens with")
+    ap.add_argument("--tokenizer", metavar="DIR",
+                    help="the served model's directory (its tokenizer.json; the bench client's --tokenizer); "
+                         "default the tests' tiny model")
     ap.add_argument("--windows", metavar="DIR", help="with the -n, --seed and --rounds of an earlier run, the "
                     "profiles it kept (--keep DIR): the sends per window of its replicas against its source")
     args = ap.parse_args()
@@ -350,12 +417,18 @@ def main() -> int:
         log = Path(os.environ.get("TMPDIR", "/tmp")) / f"traffic-fidelity-{os.getpid()}.log"
         proc = start_server(args.port, log)
         url = f"http://127.0.0.1:{args.port}"
-    tok = find_tokenizer(tiny_model_dir())  # its tokenizer.json
+    tok_dir = str(args.tokenizer or tiny_model_dir())
+    tok = find_tokenizer(tok_dir)  # its tokenizer.json
     try:
         for rnd in range(args.rounds):
             seed = args.seed + rnd
-            plan = source_plan(args.n, args.rate, args.shape, args.share, args.out_median, seed)
-            src, caps = measure_source(url, plan, log, args.interval, args.source_client, tok)
+            plan: list[tuple] | BenchShape
+            if args.source == "vllm-bench":
+                plan = BenchShape(args.vb_input_len, args.vb_output_len, args.vb_range_ratio, args.vb_prefix_len,
+                                  args.rate, args.shape)
+            else:
+                plan = source_plan(args.n, args.rate, args.shape, args.share, args.out_median, seed)
+            src, caps = measure_source(url, plan, log, args.interval, args.source_client, tok, args.n, seed, tok_dir)
             rows.append({"round": rnd + 1, "source": src})
             print(json.dumps(rows[-1]), flush=True)
             profiles = {"metrics": build_profile("metrics", [caps[0]]),
@@ -369,9 +442,10 @@ def main() -> int:
                                   "series": prof.arrivals.rate_series, "prefix": prof.prefix.__dict__,
                                   "notes": prof.notes}), flush=True)
             if args.aa:
-                other, _ = measure_source(url, source_plan(args.n, args.rate, args.shape, args.share,
-                                                           args.out_median, seed + 1000),
-                                          log, args.interval, args.source_client, tok)
+                again = plan if isinstance(plan, BenchShape) else source_plan(args.n, args.rate, args.shape,
+                                                                              args.share, args.out_median, seed + 1000)
+                other, _ = measure_source(url, again, log, args.interval, args.source_client, tok, args.n,
+                                          seed + 1000, tok_dir)
                 rows.append({"round": rnd + 1, "replica": "source, another draw", **other})
                 print(json.dumps(rows[-1]), flush=True)
             for spec in args.replicas.split(","):
