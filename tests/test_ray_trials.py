@@ -119,6 +119,16 @@ def _servers(mark: str) -> list[psutil.Process]:
     return out
 
 
+def _said(p: psutil.Process, since: float) -> str:
+    """A stand-in left running, in words: who its parent is and when it started against `since`."""
+    try:
+        parent = p.parent()
+        return (f"pid {p.pid} {p.status()}, started {p.create_time() - since:+.1f} s from the sweep's end, "
+                f"parent {parent.pid if parent else None} {parent.cmdline()[:3] if parent else ''}")
+    except psutil.Error as e:
+        return f"pid {p.pid}: {e}"
+
+
 def _record(kind: str = "tune") -> dict:
     from ernie_tui.engine_ctl.load import runstore
 
@@ -232,6 +242,13 @@ def test_a_node_lost_mid_trial_runs_the_trial_again_on_another_and_leaves_no_ser
     finally:
         done.set()
         watcher.join()
+        if killed:
+            # The module's cluster gets its node back whatever this test finds: the fleet view's
+            # test after it counts three alive (ci7, 2026-12-07: a failure here cascaded there).
+            cluster.workers.append(cluster.add_node(**NODE, resources={"trial_slot": 1},
+                                                    node_ip_address="127.0.0.1"))
+            cluster.wait_for_nodes()
+    sweep_end = time.time()
     assert killed, [e.get("phase") for e in events]
     (run,) = runs
     assert run.status == "ok" and run.retried_after_node_loss, (run.status, run.message)
@@ -247,13 +264,13 @@ def test_a_node_lost_mid_trial_runs_the_trial_again_on_another_and_leaves_no_ser
     assert any(n.label == killed[0] and not n.alive for s in snaps for n in s.nodes)
     again = [t for t, _ in seen if t.lost]
     assert again and all(t.lost == (killed[0],) and t.node != killed[0] for t in again), again
-    # The lost node's server was killed by its actor's guard: no stand-in of this test runs.
-    deadline = time.monotonic() + 20
+    # The lost node's server was killed by its actor's guard: no stand-in of this test runs. (On the
+    # 2-core box alone the guard had it within 3 s of the kill; a CI box running four test workers
+    # once still showed one 20 s after the retried trial ended: it is given a minute, and named.)
+    deadline = time.monotonic() + 60
     while _servers(mark) and time.monotonic() < deadline:
         time.sleep(0.5)
-    assert not _servers(mark)
-    cluster.workers.append(cluster.add_node(**NODE, resources={"trial_slot": 1}, node_ip_address="127.0.0.1"))
-    cluster.wait_for_nodes()
+    assert not _servers(mark), [_said(p, sweep_end) for p in _servers(mark)]
 
 
 def _kill_node_of(cluster, node: str) -> None:
