@@ -704,10 +704,11 @@ def main(argv: list[str] | None = None) -> int:
         args.model_name = args.served_model_name
     srv = Server(args)
     if args.busy_child:
-        # Spins until its parent is gone (its parent pid changes): a server
-        # killed outright leaves no busy orphan behind.
-        subprocess.Popen(["VLLM::EngineCore", "-c", "import os\nq = os.getppid()\nwhile os.getppid() == q: pass"],
-                         executable=sys.executable)
+        # Spins until its parent, whose pid it is handed, is gone: a server
+        # killed outright leaves no busy orphan behind (its own getppid() at
+        # start would be init's where the server died before it got there).
+        spin = "import os, sys\nq = int(sys.argv[1])\nwhile os.getppid() == q: pass"
+        subprocess.Popen(["VLLM::EngineCore", "-c", spin, str(os.getpid())], executable=sys.executable)
     httpd = _Http((args.host, args.port), make_handler(srv))
     host, port = httpd.server_address[:2]
     print(f"listening on http://{host}:{port}", flush=True)

@@ -51,16 +51,19 @@ def _children(pid: int, n: int) -> list[psutil.Process]:
     raise AssertionError(f"process {pid} has no {n} children after 60 s")
 
 
-SPIN = "import os\nq = os.getppid()\nwhile os.getppid() == q: pass"
-IDLE = "import os, time\nq = os.getppid()\nwhile os.getppid() == q: time.sleep(0.1)"
+# Each child runs until its parent, whose pid it is handed (not its own
+# getppid() at start: a parent killed before a slow child got there left it
+# reparented, comparing against init, alive for good; ci7 left two), is gone.
+SPIN = "import os, sys\nq = int(sys.argv[1])\nwhile os.getppid() == q: pass"
+IDLE = "import os, sys, time\nq = int(sys.argv[1])\nwhile os.getppid() == q: time.sleep(0.1)"
 
 
 def _read_tree(children: list[tuple[str, str]], *parent_args: str):
     """A parent running each child's code under its title (argv[0]), its
     tree's CPU read over 1.5 s: (parent pid, children, the reading, each
     child's CPU in % of a core as the kernel counted it over the same span)."""
-    code = ("import subprocess, sys, time\n"
-            + "".join(f"subprocess.Popen([{title!r}, '-c', {body!r}], executable=sys.executable)\n"
+    code = ("import os, subprocess, sys, time\n"
+            + "".join(f"subprocess.Popen([{title!r}, '-c', {body!r}, str(os.getpid())], executable=sys.executable)\n"
                       for title, body in children)
             + "time.sleep(60)")
     parent = subprocess.Popen([sys.executable, "-c", code, *parent_args])
@@ -106,9 +109,9 @@ def test_a_busy_child_reads_as_a_core_and_its_idle_parent_as_next_to_nothing():
 
 def test_the_server_processes_are_the_top_one_and_its_descendants_each_with_its_part():
     # bench/cpu_watch.py follows these processes' threads second by second
-    code = ("import subprocess, sys, time\n"
-            f"subprocess.Popen(['VLLM::EngineCore', '-c', {IDLE!r}], executable=sys.executable)\n"
-            f"subprocess.Popen(['VLLM::Worker_TP0', '-c', {IDLE!r}], executable=sys.executable)\n"
+    code = ("import os, subprocess, sys, time\n"
+            f"subprocess.Popen(['VLLM::EngineCore', '-c', {IDLE!r}, str(os.getpid())], executable=sys.executable)\n"
+            f"subprocess.Popen(['VLLM::Worker_TP0', '-c', {IDLE!r}, str(os.getpid())], executable=sys.executable)\n"
             "time.sleep(60)")
     parent = subprocess.Popen([sys.executable, "-c", code, "vllm"])
     try:
