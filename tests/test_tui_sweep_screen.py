@@ -18,7 +18,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from textual.widgets import DataTable, Input, Label, ProgressBar
+from textual.widgets import DataTable, Input, Label, ProgressBar, Static
 
 from ernie_tui.engine_ctl.launch.ports import free_port
 from ernie_tui.engine_ctl.load import BurstConfig
@@ -349,11 +349,20 @@ async def test_a_paired_sweep_on_screen_counts_true_and_records_its_rounds(paced
                            ("#sw-lmax", "40"), ("#sw-cap-start", "2"), ("#sw-cap-maxc", "8"), ("#sw-cap-tol", "0.5"),
                            ("#sw-cap-time", "4"), ("#sw-cap-maxr", "24"), ("#sw-repeat", "2")):
             screen.query_one(wid, Input).value = value
+        # Every line the phase widget is given, not a sample of it every 0.2 s: a stalled CI box once slept
+        # through the whole "starting 2 servers" phase between two samples.
+        lines: set[str] = set()
+        phase = screen.query_one("#sw-phase", Static)
+        shown_on = phase.update
+
+        def record(content="", **kwargs):
+            lines.add(str(content))
+            return shown_on(content, **kwargs)
+
+        phase.update = record  # type: ignore[method-assign]
         await pilot.press("ctrl+r")
         assert screen.running and screen.rounds == 2, screen.last_error
-        lines = set()
         while screen.running:
-            lines.add(str(screen.query_one("#sw-phase").content))
             await pilot.pause(0.2)
             assert len(lines) < 5000
         bar = screen.query_one("#sw-overall", ProgressBar)
