@@ -486,13 +486,19 @@ async def test_p_opens_the_probe_pane_in_the_dashboard(cpu_server):
         await wait_for(pilot, lambda: not isinstance(app.screen, ProbeScreen), 10, "the pane to close")
 
 
-async def test_a_burst_from_the_dashboard_reads_the_charts_scrapes_not_its_own():
+async def test_a_burst_from_the_dashboard_reads_the_charts_scrapes_not_its_own(monkeypatch):
     """The dashboard's chart sampler scrapes /metrics once a second; a burst
     from its probe pane used to scrape as often beside it, and vLLM renders
     each scrape in the process streaming the tokens being timed. It now takes
     its peaks from the dashboard's scrapes of the same server."""
     from ernie_tui.tui.app import make_app
+    from ernie_tui.tui.widgets import burst_tab
     from test_loadgen import PacedServer
+
+    # The feed counts as fresh for 30 s here, not 2.5 intervals: a stalled CI box held the dashboard's
+    # 0.5 s scrape back past 1.25 s twice, and the burst rightly scraped for itself (staleness itself:
+    # test_loadgen's sampler tests). This test is about the wiring from the dashboard to the burst.
+    monkeypatch.setattr(burst_tab, "FEED_AGE_INTERVALS", 60.0)
 
     srv = PacedServer("--slots", "4", "--ttft-ms", "20", "--itl-ms", "20")
     try:

@@ -63,6 +63,11 @@ from ernie_tui.tui.widgets.capacity_view import (
 from ernie_tui.tui.widgets.form import labelled, read_int
 from ernie_tui.tui.widgets.probe_tab import ProbeTarget
 
+# The dashboard's scrape stands for the load's own while it is younger than
+# this many sampling intervals: one or two missed ticks are a busy box, more
+# is a sampler that stopped (another server now, or the app closing).
+FEED_AGE_INTERVALS = 2.5
+
 
 @dataclass
 class Shown:
@@ -279,7 +284,7 @@ class BurstTab(ShowsWorkerFailures, Vertical):
         if latest is None:
             return None
         interval = getattr(getattr(self.app, "config", None), "sample_interval", 1.0)
-        return latest.feed(self.target.url, max_age_s=2.5 * interval)
+        return latest.feed(self.target.url, max_age_s=FEED_AGE_INTERVALS * interval)
 
     @work(thread=True, group="pf-burst", exit_on_error=False)
     def _burst_worker(self, run: int, config: BurstConfig, cancel: threading.Event,
