@@ -12,7 +12,12 @@ VLLM_CPU_OMP_THREADS_BIND=k-1 (mod the cores): its trials' vLLM engines run
 their OpenMP threads on that core (vLLM's own "auto" binds every engine to
 core 0, reserving the last core for the rest), the way two machines would
 not share one. Nothing of the product is changed for this: Ray's workers
-and the trials' servers inherit the node's environment.
+and the trials' servers inherit the node's environment. With --own-cores,
+worker node k's `ray start` is also bound to core k-1 by CPU affinity before
+it runs, so everything the node starts (raylet, Ray workers, the trials'
+servers and load generators) runs on that core alone: nodes with resources
+of their own ("two machines"), part 1's single node one core, as each of
+part 2's. The head and the tune's driver stay unbound.
 
 The parts, on one cluster, each a fresh run store (ERNIE_TUI_HOME) and study:
   1. one worker node: `ernie-tui tune BASE --space S --trials N --confirm 0
@@ -152,19 +157,28 @@ class Cluster:
     """A head and worker nodes, each a `ray start --block` in a process
     group of its own (the node: its raylet, agents and Ray workers)."""
 
-    def __init__(self, port: int, work: Path, pin: bool) -> None:
+    def __init__(self, port: int, work: Path, pin: bool, own_cores: bool = False) -> None:
         self.port = port
         self.address = f"127.0.0.1:{port}"
         self.work = work
         self.pin = pin
+        self.own_cores = own_cores
+        self.cores: dict[str, int] = {}  # --own-cores: name -> the one core its processes may run on
         self.temp_dir = f"/tmp/ray-bench-{port}"  # short: Ray's socket paths must fit 107 bytes
         self.nodes: dict[str, subprocess.Popen] = {}  # name -> its `ray start --block`
         self.pins: dict[str, str] = {}
 
-    def _start(self, name: str, argv: list[str], env: dict[str, str]) -> None:
+    def _start(self, name: str, argv: list[str], env: dict[str, str], core: int | None = None) -> None:
         log = open(self.work / f"node-{name}.log", "ab")  # noqa: SIM115  (kept open for the node's life)
+        # --own-cores: the node's `ray start` is bound to its core before it runs, so its raylet, workers,
+        # trials' servers and load generators (all its descendants) inherit the binding: a node with a
+        # core of its own, as a machine of its own would have.
+        bind = None if core is None else (lambda: os.sched_setaffinity(0, {core}))
         self.nodes[name] = subprocess.Popen([*RAY_START, "--block", *argv], env=env, stdin=subprocess.DEVNULL,
-                                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+                                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                                            preexec_fn=bind)
+        if core is not None:
+            self.cores[name] = core
 
     def start_head(self) -> None:
         p = self.port
@@ -180,14 +194,16 @@ class Cluster:
         k = sum(1 for n in self.nodes if n != "head") + 1
         name = f"w{k}"
         env = ray_env()
-        if self.pin:
-            env["VLLM_CPU_OMP_THREADS_BIND"] = self.pins[name] = str((k - 1) % (os.cpu_count() or 1))
+        core = (k - 1) % (os.cpu_count() or 1)
+        if self.pin or self.own_cores:
+            env["VLLM_CPU_OMP_THREADS_BIND"] = self.pins[name] = str(core)
         p = self.port
         self._start(name, ["--address", self.address, "--node-ip-address", "127.0.0.1", "--num-cpus", "1",
                            "--resources", SLOT, "--object-store-memory", "80000000",
                            "--dashboard-agent-listen-port", str(p + 10 + 10 * k),
                            "--min-worker-port", str(p + 100 + 100 * k), "--max-worker-port", str(p + 199 + 100 * k),
-                           "--disable-usage-stats", "--temp-dir", self.temp_dir], env)
+                           "--disable-usage-stats", "--temp-dir", self.temp_dir], env,
+                    core if self.own_cores else None)
         self.wait_nodes(len(self.nodes))
         return name
 
@@ -357,11 +373,15 @@ def vllm_processes() -> list[tuple[int, str]]:
 
 
 class CpuWatch:
-    """Each core's busy % and the load average, every 2 s, while a part runs."""
+    """Each core's busy % and the load average, every 2 s, while a part runs;
+    with `mark`, also the cores this bench's trial servers were allowed (their
+    CPU affinity: what --own-cores bound them to is seen, not assumed)."""
 
-    def __init__(self) -> None:
+    def __init__(self, mark: str | None = None) -> None:
         self.samples: list[list[float]] = []
         self.loads: list[float] = []
+        self.mark = mark
+        self.affinities: set[tuple[int, ...]] = set()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -370,6 +390,11 @@ class CpuWatch:
         while not self._stop.wait(2.0):
             self.samples.append(psutil.cpu_percent(percpu=True))
             self.loads.append(os.getloadavg()[0])
+            for proc in servers(self.mark) if self.mark else []:
+                try:
+                    self.affinities.add(tuple(sorted(proc.cpu_affinity())))
+                except psutil.Error:
+                    continue
 
     def __enter__(self) -> CpuWatch:
         self._thread.start()
@@ -385,7 +410,8 @@ class CpuWatch:
         cores = len(self.samples[0])
         mean = [round(sum(s[c] for s in self.samples) / len(self.samples), 1) for c in range(cores)]
         return {"core_busy_pct_mean": mean, "load1_min": min(self.loads), "load1_max": max(self.loads),
-                "load1_mean": round(sum(self.loads) / len(self.loads), 2)}
+                "load1_mean": round(sum(self.loads) / len(self.loads), 2),
+                "server_affinities": sorted(list(a) for a in self.affinities)}
 
 
 # -- one tune --------------------------------------------------------------------------
@@ -696,6 +722,9 @@ def main() -> None:
     ap.add_argument("--parts", default="1,2,3,local", help="which of 1,2,3,local to run (local runs last)")
     ap.add_argument("--port", type=int, default=37000, help="the head's port; nodes and servers take ports above it")
     ap.add_argument("--no-pin", action="store_true", help="leave vLLM's OpenMP binding to 'auto' on every node")
+    ap.add_argument("--own-cores", action="store_true",
+                    help="worker node k and everything it runs (by CPU affinity) on core k-1 alone: nodes with "
+                         "resources of their own, so part 1's one node has one core, as part 2's two have")
     ap.add_argument("--deadline", help="HH:MM UTC: the running tune is stopped then, the cluster stopped")
     ap.add_argument("--keep", type=Path, help="work here (kept) instead of a new temporary folder")
     ap.add_argument("--json", type=Path, help="write every figure here")
@@ -722,7 +751,7 @@ def main() -> None:
             args.json.write_text(json.dumps(out, indent=1, default=str))
 
     forms: dict[str, dict[str, set[str]]] = {}
-    cluster = Cluster(args.port, work, pin=not args.no_pin)
+    cluster = Cluster(args.port, work, pin=not args.no_pin, own_cores=args.own_cores)
     try:
         run_cluster_parts(args, parts, cluster, base_argv, work, mark, deadline, out, forms, dump)
     finally:
@@ -768,7 +797,9 @@ def run_cluster_parts(args: argparse.Namespace, parts: list[str], cluster: Clust
     cluster.add_worker()
     out["cluster_start_s"] = round(time.monotonic() - t0, 1)
     out["pins"] = cluster.pins
-    say(f"cluster up in {out['cluster_start_s']} s at {cluster.address}; pins {cluster.pins}")
+    out["own_cores"] = cluster.cores
+    say(f"cluster up in {out['cluster_start_s']} s at {cluster.address}; pins {cluster.pins}; own cores "
+        f"{cluster.cores or 'no (every node may use every core)'}")
     for part, workers in (("1", 1), ("2", 2), ("3", 2)):
         if part not in parts:
             continue
@@ -777,10 +808,10 @@ def run_cluster_parts(args: argparse.Namespace, parts: list[str], cluster: Clust
             break
         while sum(1 for n in cluster.nodes if n != "head") < workers:
             name = cluster.add_worker()
-            say(f"worker node {name} added (pin {cluster.pins.get(name)})")
+            say(f"worker node {name} added (pin {cluster.pins.get(name)}, own core {cluster.cores.get(name)})")
         trials = args.trials if part != "3" else (args.kill_trials or args.trials)
         tune = Tune(f"part{part}", work, [*base_argv, "--trials", str(trials)], cluster.address)
-        with CpuWatch() as cpu:
+        with CpuWatch(mark) as cpu:
             tune.start()
             seen = kill_mid_trial(tune, cluster, mark, args.kill_after, deadline) if part == "3" else None
             code = tune.wait(deadline)
@@ -788,7 +819,8 @@ def run_cluster_parts(args: argparse.Namespace, parts: list[str], cluster: Clust
         summary["cpu"] = cpu.summary()
         print(f"    cores busy (mean %): {summary['cpu'].get('core_busy_pct_mean')}, load1 "
               f"{summary['cpu'].get('load1_min')}..{summary['cpu'].get('load1_max')} "
-              f"(mean {summary['cpu'].get('load1_mean')})")
+              f"(mean {summary['cpu'].get('load1_mean')}); the trial servers' allowed cores "
+              f"{summary['cpu'].get('server_affinities')}")
         forms[f"part{part}"] = form(tune.records())
         left = wait_gone(lambda: servers(mark), 30.0)
         summary["servers_left"] = [p.pid for p in left]
