@@ -42,6 +42,7 @@ records, their results and engine reports).
 
     PYTHONPATH=src nice -n 15 .venv/bin/python bench/ray_vllm_cpu.py --stand paced
     PYTHONPATH=src .venv/bin/python bench/ray_vllm_cpu.py --stand vllm --keep /tmp/rayvllm --json out.json
+    PYTHONPATH=src .venv/bin/python bench/ray_vllm_cpu.py --stand vllm --own-cores --parts 1,2 --json out.json
 
 Every figure is printed; --json keeps them. `--deadline HH:MM` (UTC): past
 it the running tune is stopped (SIGTERM: it stops its servers), the
