@@ -219,15 +219,18 @@ def test_a_node_lost_mid_trial_runs_the_trial_again_on_another_and_leaves_no_ser
     killed: list[str] = []
     events: list[dict] = []
 
-    def progress(ev: dict) -> None:
-        events.append(ev)
-        # Once the trial's load runs, its node goes (raylet and all, no goodbye).
-        if not killed and ev.get("phase") == "capacity" and ev.get("node"):
-            killed.append(ev["node"])
-            threading.Thread(target=_kill_node_of, args=(cluster, ev["node"])).start()
-
     # What the tune screen and the fleet view show meanwhile: snapshots of the cluster, every half second.
     snaps: list = []
+
+    def progress(ev: dict) -> None:
+        events.append(ev)
+        # Once the trial's load runs, its node goes (raylet and all, no goodbye), after two more
+        # snapshots (the second begun after the load did), so the views' picture of the trial on its
+        # node is one taken, not one a stalled box's watcher may miss (ci13 of stop 65 killed it
+        # between two snapshots). At most 8 s: the node must still go during the first 10 s level.
+        if not killed and ev.get("phase") == "capacity" and ev.get("node"):
+            killed.append(ev["node"])
+            threading.Thread(target=_kill_after_snapshots, args=(cluster, ev["node"], snaps, len(snaps) + 2)).start()
     done = threading.Event()
 
     def watch() -> None:
@@ -271,6 +274,13 @@ def test_a_node_lost_mid_trial_runs_the_trial_again_on_another_and_leaves_no_ser
     while _servers(mark) and time.monotonic() < deadline:
         time.sleep(0.5)
     assert not _servers(mark), [_said(p, sweep_end) for p in _servers(mark)]
+
+
+def _kill_after_snapshots(cluster, node: str, snaps: list, count: int, bound_s: float = 8.0) -> None:
+    deadline = time.monotonic() + bound_s
+    while len(snaps) < count and time.monotonic() < deadline:
+        time.sleep(0.05)
+    _kill_node_of(cluster, node)
 
 
 def _kill_node_of(cluster, node: str) -> None:
