@@ -17,7 +17,7 @@ from ernie_tui.engine_ctl.launch.ports import free_port
 from ernie_tui.engine_ctl.load import CapacityResult, verdict_text
 from ernie_tui.tui.messages import CapacityDone
 from ernie_tui.tui.screens.probe import ProbeScreen
-from ernie_tui.tui.widgets.capacity_view import CapacityView
+from ernie_tui.tui.widgets.capacity_view import CapacityView, capacity_row
 from finished_search import finished_search
 from test_tui_probe import Host, _capacity_form, shown, wait_for
 
@@ -47,6 +47,10 @@ async def show_finished(pilot, app, result: CapacityResult | None = None) -> tup
     # An upper bound, not a speed claim: a CI box with both cores busy took over 10 s (2026-12-06).
     await wait_for(pilot, lambda: tab.last_capacity is not None and view.levels, 60, "the result on screen")
     await pilot.pause(0.3)
+    mark = capacity_row(view.levels, view.capacity)
+    if mark is not None:  # the table scrolls to it after a refresh, which a stalled box delays past the pause
+        row = str(screen.query_one("#pf-cap-levels", DataTable).get_cell(f"level-{mark}", "concurrency")).strip()
+        await wait_for(pilot, lambda: any(row in line for line in screen_lines(app)), 30, "the answer's row in view")
     return screen, view
 
 
