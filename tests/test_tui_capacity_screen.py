@@ -221,7 +221,9 @@ async def test_the_pane_keeps_its_fields_and_results_and_k_opens_the_search(size
             await pilot.press("k")
             await wait_for(pilot, lambda: isinstance(app.screen, ProbeScreen), 10, "the pane on its search")
             pane = app.screen
-            await wait_for(pilot, lambda: pane.on_burst_tab and pane.burst_tab.capacity_mode, 10, "the search's form")
+            # The focus moves after the restore, later still on a stalled box: waited for with the form.
+            await wait_for(pilot, lambda: pane.on_burst_tab and pane.burst_tab.capacity_mode
+                           and pane.query_one("#pf-cap-slo", Input).has_focus, 30, "the search's form, its SLO focused")
             await pilot.pause(0.2)
             assert pane.on_burst_tab and pane.burst_tab.capacity_mode and not pane.burst_tab.folded
             assert pane.query_one("#pf-cap-slo", Input).has_focus
