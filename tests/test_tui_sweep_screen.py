@@ -294,17 +294,18 @@ async def test_the_chart_takes_the_tables_place_only_where_it_has_the_rows():
         chart, table = screen.query_one("#sw-chart"), screen.query_one("#sw-table")
         assert not chart.display and table.region.width > 90
         await pilot.press("ctrl+t")
+        # The swap is a class, styled once the app idles: waited for, as a stalled box idles late.
+        await wait_for(pilot, lambda: chart.display and not table.display, 30, "the chart in the table's place")
         await pilot.pause()
         assert chart.display and not table.display and chart.region.height >= CHART_MIN_HEIGHT
         assert_within_screen(app, "#sw-chart")
         await pilot.press("ctrl+t")
-        await pilot.pause()
-        assert not chart.display and table.display
+        await wait_for(pilot, lambda: not chart.display and table.display, 30, "the table back")
         # Squeezed below its rows it goes, and ctrl+t does not bring it back.
         await pilot.press("ctrl+t")
         await pilot.resize_terminal(100, 24)
         await settle(pilot)
-        assert not chart.display and table.display
+        await wait_for(pilot, lambda: not chart.display and table.display, 30, "the squeezed chart gone")
         await pilot.press("ctrl+t")
         await pilot.pause()
         assert not chart.display
