@@ -480,7 +480,8 @@ def test_a_shared_scrape_counts_once_and_never_from_before_the_load():
     latest = LatestScrape()
     latest.put("http://h:8000/v1", snap(50))  # the last level's queue, scraped before this load
     time.sleep(0.01)
-    s = sampler(latest.feed("http://h:8000", max_age_s=5.0))
+    # Live for a minute: a stalled box can hold this thread past a few seconds between the lines.
+    s = sampler(latest.feed("http://h:8000", max_age_s=60.0))
     assert s.next() is None and not own_scrapes  # live but old: wait for the next
     latest.put("http://h:8000", snap(7))
     assert s.next().waiting == 7 and s.shared == 1
@@ -519,7 +520,8 @@ def test_a_capacity_levels_queue_mean_weighs_each_shared_scrape_once():
     latest = LatestScrape()
     latest.put("http://h:8000", snap(99))  # the dashboard's, from before the level: live, not the level's
     time.sleep(0.01)
-    sampler = _MetricsSampler(Client(), 0.005, feed=latest.feed("http://h:8000", max_age_s=5.0))
+    # Live for a minute, as long as each scrape is waited for: a stalled box can hold the sampler seconds.
+    sampler = _MetricsSampler(Client(), 0.005, feed=latest.feed("http://h:8000", max_age_s=60.0))
     sampler.start()
     for n, waiting in enumerate((2, 10, 30), 1):  # three scrapes, each looked at many times
         latest.put("http://h:8000", snap(waiting))

@@ -350,10 +350,16 @@ async def test_the_tune_screen_shows_its_trials_on_the_nodes_as_they_run(cluster
     async with app.run_test(size=(80, 24)) as pilot:
         screen = app.tune_screen
         panel = screen.query_one("#tn-ray", RayPanel)
+        show = panel.show
+
+        def record(snap) -> None:  # every snapshot drawn: one sampled every 0.2 s a stalled box can skip
+            show(snap)
+            shown.extend(line for line in str(panel.render()).splitlines() if line.startswith("  └ shaped"))
+
+        panel.show = record  # type: ignore[method-assign]
         deadline = time.monotonic() + 240
         while screen.running and time.monotonic() < deadline:
             await pilot.pause(0.2)
-            shown += [line for line in str(panel.render()).splitlines() if line.startswith("  └ shaped")]
         assert not screen.running and screen.error is None, screen.error
         await pilot.press("q")
     # BASE and the trial each listed under a node while they ran, with the URL of their server.

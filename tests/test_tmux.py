@@ -566,10 +566,7 @@ def test_a_paired_sweep_reads_at_80x24_without_scrolling(tmp_path):
             return "Done:" in s or "Cancelled:" in s
 
         screen = tmux.wait_for(done, 300, "the sweep's Done line")
-        time.sleep(2.0)  # the layout after Done settles over a few refreshes
-        screen = tmux.screen()
-        on_screen = flat(" ".join(row.strip() for row in screen.splitlines()))
-        assert "Done: 2 run(s), 2 measured, in " in on_screen, screen
+        assert "Cancelled:" not in screen, screen
 
         listed = subprocess.run([str(ERNIE_TUI), "runs", "list", "--kind", "sweep"], env=env, capture_output=True,
                                 text=True, timeout=60, check=True).stdout.splitlines()
@@ -583,6 +580,18 @@ def test_a_paired_sweep_reads_at_80x24_without_scrolling(tmp_path):
         paired = results["paired"]
         ranking = f"Ranking (pairs beyond noise only): {paired['ranking']['text']}"
         verdict = paired["pairs"][0]["text"]
+
+        def whole(s: str) -> bool:
+            on = flat(" ".join(row.strip() for row in s.splitlines()))
+            return f"Run record {record_id}." in on and flat(ranking) in on and flat(verdict) in on
+
+        # The layout after Done settles over a few refreshes: waited for, as a stalled box draws them late.
+        try:
+            screen = tmux.wait_for(whole, 30, "the Done line, the ranking and the verdict whole")
+        except AssertionError:
+            screen = tmux.screen()  # the checks below say which is missing
+        on_screen = flat(" ".join(row.strip() for row in screen.splitlines()))
+        assert "Done: 2 run(s), 2 measured, in " in on_screen, screen
         assert re.search(rf"Done: 2 run\(s\), 2 measured, in [^.]+\. Run record {re.escape(record_id)}\.",
                          on_screen), screen
         assert flat(ranking) in on_screen, f"{ranking!r} not whole on the screen:\n{screen}"

@@ -17,7 +17,7 @@ from ernie_tui.engine_ctl.launch.ports import free_port
 from ernie_tui.engine_ctl.load import CapacityResult, verdict_text
 from ernie_tui.tui.messages import CapacityDone
 from ernie_tui.tui.screens.probe import ProbeScreen
-from ernie_tui.tui.widgets.capacity_view import CapacityView
+from ernie_tui.tui.widgets.capacity_view import CapacityView, capacity_row
 from finished_search import finished_search
 from test_tui_probe import Host, _capacity_form, shown, wait_for
 
@@ -47,6 +47,10 @@ async def show_finished(pilot, app, result: CapacityResult | None = None) -> tup
     # An upper bound, not a speed claim: a CI box with both cores busy took over 10 s (2026-12-06).
     await wait_for(pilot, lambda: tab.last_capacity is not None and view.levels, 60, "the result on screen")
     await pilot.pause(0.3)
+    mark = capacity_row(view.levels, view.capacity)
+    if mark is not None:  # the table scrolls to it after a refresh, which a stalled box delays past the pause
+        row = str(screen.query_one("#pf-cap-levels", DataTable).get_cell(f"level-{mark}", "concurrency")).strip()
+        await wait_for(pilot, lambda: any(row in line for line in screen_lines(app)), 30, "the answer's row in view")
     return screen, view
 
 
@@ -102,8 +106,10 @@ async def test_the_answer_and_its_row_are_in_view_after_a_long_search(size):
         if size == (80, 24):  # narrow: the table in the chart's place, ctrl+t swaps them
             assert not screen.query_one("#pf-cap-chart").display
             await pilot.press("ctrl+t")
+            # The swap is a class, styled once the app idles: late on a stalled box.
+            await wait_for(pilot, lambda: screen.query_one("#pf-cap-chart").display
+                           and not screen.query_one("#pf-cap-levels").display, 30, "the chart in the table's place")
             await pilot.pause(0.2)
-            assert screen.query_one("#pf-cap-chart").display and not screen.query_one("#pf-cap-levels").display
             assert "capacity: concurrency 128" in "\n".join(screen_lines(app))
 
 
@@ -217,7 +223,9 @@ async def test_the_pane_keeps_its_fields_and_results_and_k_opens_the_search(size
             await pilot.press("k")
             await wait_for(pilot, lambda: isinstance(app.screen, ProbeScreen), 10, "the pane on its search")
             pane = app.screen
-            await wait_for(pilot, lambda: pane.on_burst_tab and pane.burst_tab.capacity_mode, 10, "the search's form")
+            # The focus moves after the restore, later still on a stalled box: waited for with the form.
+            await wait_for(pilot, lambda: pane.on_burst_tab and pane.burst_tab.capacity_mode
+                           and pane.query_one("#pf-cap-slo", Input).has_focus, 30, "the search's form, its SLO focused")
             await pilot.pause(0.2)
             assert pane.on_burst_tab and pane.burst_tab.capacity_mode and not pane.burst_tab.folded
             assert pane.query_one("#pf-cap-slo", Input).has_focus

@@ -237,12 +237,13 @@ async def test_the_detail_line_still_grows_and_shrinks_with_its_text():
                FleetServer("long", "http://10.0.0.2:8000", log="/srv/" + "deep/" * 40 + "llm.log")]
     app = make_fleet_app(servers, live=False, include_user_presets=False)
     async with app.run_test(size=(100, 30)) as pilot:
-        await pilot.pause(0.2)
         detail = app.fleet.query_one("#fleet-detail", Static)
+        # Waited for, not fixed pauses: a stalled box handles the highlight and lays the screen out late.
+        await wait_for(pilot, lambda: "10.0.0.1" in str(detail.content) and detail.size.height > 0, 30,
+                       "the first server's detail")
         short = detail.size.height
         await pilot.press("down")
-        await pilot.pause(0.1)
-        assert detail.size.height > short and "llm.log" in str(detail.content)
+        await wait_for(pilot, lambda: detail.size.height > short and "llm.log" in str(detail.content), 30,
+                       "the long detail on more rows")
         await pilot.press("up")
-        await pilot.pause(0.1)
-        assert detail.size.height == short
+        await wait_for(pilot, lambda: detail.size.height == short, 30, "the short detail on its rows again")

@@ -77,7 +77,9 @@ async def test_scroll_up_pauses_and_end_resumes_past_the_cap(tmp_path: Path):
     async with app.run_test(size=(120, 40)) as pilot:
         log = app.main.query_one(LogView)
         await wait_for(pilot, lambda: log.line_count == 500, timeout=60, what="the first lines")
-        await pilot.pause(0.3)
+        # The pane scrolls to the end after a refresh, which a stalled box delays past a fixed pause.
+        await wait_for(pilot, lambda: bottom_line(log).rstrip().endswith("#499"), timeout=60,
+                       what="the last of the first lines at the bottom of the pane")
         log.focus()
         await pilot.press("up")
         await pilot.pause()

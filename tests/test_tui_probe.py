@@ -233,9 +233,10 @@ async def _capacity_form(pilot, app, **fields: str):
     await pilot.press("ctrl+b")
     tab = screen.burst_tab
     screen.query_one("#pf-b-capacity").value = True
-    await pilot.pause()
-    assert tab.has_class("-capacity") and screen.query_one("#pf-cap-form").display
-    assert not screen.query_one("#pf-b-n").parent.display  # N and C belong to a burst
+    # The box's message sets the mode, styled once the app idles: waited for, as a stalled box idles late.
+    await wait_for(pilot, lambda: tab.has_class("-capacity") and screen.query_one("#pf-cap-form").display
+                   and not screen.query_one("#pf-b-n").parent.display, 30,  # N and C belong to a burst
+                   "the capacity search's form")
     for wid, value in fields.items():
         screen.query_one(f"#{wid}", Input).value = value
     return screen, tab

@@ -241,12 +241,13 @@ async def test_a_finished_paired_sweep_reads_without_scrolling_at(size):
             assert chart.display and chart.region.height >= CHART_MIN_HEIGHT
             assert_within_screen(app, "#sw-chart")
         # The form comes back on ctrl+f, and goes again.
+        # Each a class, styled once the app idles: waited for, as a stalled box idles late.
         await pilot.press("ctrl+f")
-        await pilot.pause()
-        assert screen.query_one("#sw-top").region.height > 0 and on_screen(app, "Done: 3 run(s)")
+        top = screen.query_one("#sw-top")
+        await wait_for(pilot, lambda: top.region.height > 0 and on_screen(app, "Done: 3 run(s)"), 30,
+                       "the form back, the Done line still in view")
         await pilot.press("ctrl+f")
-        await pilot.pause()
-        assert screen.query_one("#sw-top").region.height == 0
+        await wait_for(pilot, lambda: top.region.height == 0, 30, "the form gone again")
 
 
 async def test_a_measured_preset_in_no_duel_is_not_called_within_noise(tmp_path):
@@ -294,17 +295,18 @@ async def test_the_chart_takes_the_tables_place_only_where_it_has_the_rows():
         chart, table = screen.query_one("#sw-chart"), screen.query_one("#sw-table")
         assert not chart.display and table.region.width > 90
         await pilot.press("ctrl+t")
+        # The swap is a class, styled once the app idles: waited for, as a stalled box idles late.
+        await wait_for(pilot, lambda: chart.display and not table.display, 30, "the chart in the table's place")
         await pilot.pause()
         assert chart.display and not table.display and chart.region.height >= CHART_MIN_HEIGHT
         assert_within_screen(app, "#sw-chart")
         await pilot.press("ctrl+t")
-        await pilot.pause()
-        assert not chart.display and table.display
+        await wait_for(pilot, lambda: not chart.display and table.display, 30, "the table back")
         # Squeezed below its rows it goes, and ctrl+t does not bring it back.
         await pilot.press("ctrl+t")
         await pilot.resize_terminal(100, 24)
         await settle(pilot)
-        assert not chart.display and table.display
+        await wait_for(pilot, lambda: not chart.display and table.display, 30, "the squeezed chart gone")
         await pilot.press("ctrl+t")
         await pilot.pause()
         assert not chart.display
