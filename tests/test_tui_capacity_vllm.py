@@ -36,9 +36,9 @@ async def _capacity_form(pilot, app, **fields: str):
     screen = await _open_probe(pilot, app)
     await pilot.press("ctrl+b")
     screen.query_one("#pf-b-capacity").value = True
-    await pilot.pause()
     tab = screen.burst_tab
-    assert tab.has_class("-capacity")
+    # The box's message sets the mode: waited for, as a stalled box handles it late.
+    await wait_for(pilot, lambda: tab.has_class("-capacity"), 30, "the capacity search's mode")
     for wid, value in fields.items():
         screen.query_one(f"#{wid}", Input).value = value
     return screen, tab
